@@ -1,0 +1,205 @@
+// Package pgtest gives tests a real PostgreSQL: one server per test package,
+// and a fresh schema or database per test that needs isolation.
+//
+// The server comes from, in order: OUTBOX_TEST_DATABASE_URL; a container
+// started with testcontainers-go when a Docker engine answers; or a
+// throwaway cluster started from the local PostgreSQL binaries.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgserver"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// EnvURL names the variable that points the tests at an existing server.
+// The role needs CREATEDB for tests that create databases.
+const EnvURL = "OUTBOX_TEST_DATABASE_URL"
+
+var (
+	baseURL string // the package's server, database "postgres" unless EnvURL says otherwise
+	local   *pgserver.Server
+)
+
+// Main starts the package's server, runs setup (if any) with the server's
+// URL, runs the tests and stops the server. Call it from TestMain.
+func Main(m *testing.M, setup ...func(serverURL string) error) {
+	stop, err := start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		os.Exit(1)
+	}
+	for _, s := range setup {
+		if err := s(baseURL); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: setup:", err)
+			_ = stop()
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	if err := stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest: stop:", err)
+	}
+	os.Exit(code)
+}
+
+func start() (stop func() error, err error) {
+	if u := os.Getenv(EnvURL); u != "" {
+		baseURL = u
+		return func() error { return nil }, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if u, stop, ok := startContainer(ctx); ok {
+		baseURL = u
+		return stop, nil
+	}
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		return nil, err
+	}
+	local = srv
+	baseURL = srv.DSN("postgres")
+	return srv.Stop, nil
+}
+
+// URL returns the connection string of the package's server.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	if baseURL == "" {
+		tb.Fatal("pgtest: no server; call pgtest.Main from TestMain")
+	}
+	return baseURL
+}
+
+// Local returns the throwaway cluster when the tests started one, for tests
+// that restart the server; they skip otherwise.
+func Local(tb testing.TB) *pgserver.Server {
+	tb.Helper()
+	if local == nil {
+		tb.Skip("pgtest: the server is not a local throwaway cluster")
+	}
+	return local
+}
+
+// NewDatabase creates an empty database and returns its connection string.
+// The database is dropped when the test ends.
+func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	ctx := context.Background()
+	name := "t_" + randomSuffix()
+	dsn, err := CreateDatabase(ctx, URL(tb), name)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, URL(tb))
+		if err != nil {
+			tb.Errorf("pgtest: connect: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			tb.Errorf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	return dsn
+}
+
+// CreateDatabase creates database name on the server serverURL points at and
+// returns a connection string for it. Use it from Main's setup functions,
+// where there is no test to clean up after; NewDatabase otherwise.
+func CreateDatabase(ctx context.Context, serverURL, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return "", fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		return "", fmt.Errorf("parse server URL: %w", err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// Schema is a fresh, migrated outbox schema.
+type Schema struct {
+	// Name is the schema's name.
+	Name string
+	// URL connects to the schema's database.
+	URL string
+	// Pool connects with search_path set to the schema, so test SQL can
+	// name the outbox table unqualified.
+	Pool *pgxpool.Pool
+}
+
+// NewSchema creates a schema in the package server's default database,
+// applies the outbox migrations to it and drops it when the test ends.
+func NewSchema(tb testing.TB) *Schema {
+	tb.Helper()
+	return NewSchemaIn(tb, URL(tb))
+}
+
+// NewSchemaIn is NewSchema in the database that dbURL names.
+func NewSchemaIn(tb testing.TB, dbURL string) *Schema {
+	tb.Helper()
+	ctx := context.Background()
+	name := "t_" + randomSuffix()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		tb.Fatalf("pgtest: parse URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	m, err := migrations.New(db, name)
+	if err != nil {
+		pool.Close()
+		tb.Fatalf("pgtest: %v", err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		pool.Close()
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		pool.Close()
+		conn, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			tb.Errorf("pgtest: connect: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+name+" CASCADE"); err != nil {
+			tb.Errorf("pgtest: drop schema %s: %v", name, err)
+		}
+	})
+	return &Schema{Name: name, URL: dbURL, Pool: pool}
+}
+
+func randomSuffix() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,204 @@
+// Package migrations holds the outbox schema as goose SQL migrations embedded
+// in the binary, and runs them against a configurable PostgreSQL schema.
+//
+// The SQL files name every object through the {{.Schema}} placeholder; they
+// are rendered for the configured schema before goose reads them, so one
+// database can hold several independent outboxes (one per schema) and every
+// statement is schema-qualified whatever the session's search_path.
+package migrations
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"regexp"
+	"testing/fstest"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// DefaultSchema is the schema used when none is configured.
+const DefaultSchema = "public"
+
+// VersionTable is the table, inside the configured schema, that records the
+// applied migrations. It is not goose's default name so that an application
+// that manages its own schema with goose keeps its own history.
+const VersionTable = "outbox_relay_migrations"
+
+// maxSchemaLen keeps the wake-up channel "<schema>.outbox" within
+// PostgreSQL's 63-byte identifier limit.
+const maxSchemaLen = 56
+
+var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidateSchema reports whether name can be used as the outbox schema: a
+// plain identifier (letters, digits, underscores) of at most 56 bytes.
+func ValidateSchema(name string) error {
+	switch {
+	case name == "":
+		return errors.New("schema name is empty")
+	case len(name) > maxSchemaLen:
+		return fmt.Errorf("schema name %q is longer than %d bytes", name, maxSchemaLen)
+	case !schemaPattern.MatchString(name):
+		return fmt.Errorf("schema name %q must start with a letter or underscore and contain only letters, digits and underscores", name)
+	}
+	return nil
+}
+
+// Migrator applies and reverts the outbox migrations in one schema.
+type Migrator struct {
+	db       *sql.DB
+	schema   string
+	lockID   int64
+	provider *goose.Provider
+}
+
+// Result describes one migration that was applied or reverted.
+type Result = goose.MigrationResult
+
+// Status describes one known migration and whether it is applied.
+type Status = goose.MigrationStatus
+
+// New returns a Migrator for schema on db. The caller keeps ownership of db.
+func New(db *sql.DB, schema string) (*Migrator, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	rendered, err := render(schema)
+	if err != nil {
+		return nil, err
+	}
+	store, err := database.NewStore(database.DialectPostgres, schema+"."+VersionTable)
+	if err != nil {
+		return nil, fmt.Errorf("create migration store: %w", err)
+	}
+	lockID := LockID(schema)
+	// Replicas starting together all run "migrate up": one applies, the
+	// others wait on the advisory lock and then find nothing to do.
+	locker, err := lock.NewPostgresSessionLocker(
+		lock.WithLockID(lockID),
+		lock.WithLockTimeout(1, 600), // poll every second for up to 10 minutes
+	)
+	if err != nil {
+		return nil, fmt.Errorf("create migration lock: %w", err)
+	}
+	provider, err := goose.NewProvider(goose.DialectCustom, db, rendered,
+		goose.WithStore(store),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("load migrations: %w", err)
+	}
+	return &Migrator{db: db, schema: schema, lockID: lockID, provider: provider}, nil
+}
+
+// LockID is the advisory lock key that serialises migrations of schema.
+// Each schema has its own, so independent outboxes migrate independently.
+func LockID(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outbox-relay migrations " + schema))
+	return int64(h.Sum64())
+}
+
+// Up applies every pending migration, creating the schema if needed.
+func (m *Migrator) Up(ctx context.Context) ([]*Result, error) {
+	if err := m.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	res, err := m.provider.Up(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrate %s up: %w", m.schema, err)
+	}
+	return res, nil
+}
+
+// Down reverts the most recently applied migration. Reverting the table's
+// creation is refused while the table still holds rows.
+func (m *Migrator) Down(ctx context.Context) (*Result, error) {
+	if err := m.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	res, err := m.provider.Down(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrate %s down: %w", m.schema, err)
+	}
+	return res, nil
+}
+
+// Status lists every known migration with the time it was applied, if it was.
+func (m *Migrator) Status(ctx context.Context) ([]*Status, error) {
+	if err := m.ensureSchema(ctx); err != nil {
+		return nil, err
+	}
+	st, err := m.provider.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migration status of %s: %w", m.schema, err)
+	}
+	return st, nil
+}
+
+// ensureSchema creates the schema under the migration lock, because two
+// concurrent CREATE SCHEMA IF NOT EXISTS can still collide on the catalog's
+// unique index.
+func (m *Migrator) ensureSchema(ctx context.Context) error {
+	tx, err := m.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create schema %s: %w", m.schema, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", m.lockID); err != nil {
+		return fmt.Errorf("create schema %s: lock: %w", m.schema, err)
+	}
+	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s: %w", m.schema, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("create schema %s: %w", m.schema, err)
+	}
+	return nil
+}
+
+// render returns the embedded migrations with the schema filled in.
+func render(schema string) (fs.FS, error) {
+	names, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	data := struct{ Schema, SchemaText string }{
+		Schema:     pgx.Identifier{schema}.Sanitize(),
+		SchemaText: schema,
+	}
+	out := fstest.MapFS{}
+	for _, name := range names {
+		src, err := files.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(src))
+		if err != nil {
+			return nil, fmt.Errorf("parse migration %s: %w", name, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("render migration %s: %w", name, err)
+		}
+		out[name] = &fstest.MapFile{Data: buf.Bytes(), Mode: 0o444}
+	}
+	return out, nil
+}

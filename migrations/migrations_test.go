@@ -1,0 +1,315 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func openDB(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close(); pool.Close() })
+	return db
+}
+
+func tableExists(t *testing.T, db *sql.DB, schema, table string) bool {
+	t.Helper()
+	var ok bool
+	err := db.QueryRow(`SELECT to_regclass($1) IS NOT NULL`, schema+"."+table).Scan(&ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestUpDownUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m, err := migrations.New(db, "") // default schema
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := m.Up(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) < 2 {
+		t.Fatalf("applied %d migrations, want at least 2", len(res))
+	}
+	if !tableExists(t, db, "public", "outbox") {
+		t.Fatal("public.outbox missing after up")
+	}
+	if !tableExists(t, db, "public", migrations.VersionTable) {
+		t.Fatal("version table missing after up")
+	}
+	if tableExists(t, db, "public", "goose_db_version") {
+		t.Fatal("goose's default version table was created; an application's own goose history would collide")
+	}
+
+	// Up again is a no-op.
+	res, err = m.Up(ctx)
+	if err != nil || len(res) != 0 {
+		t.Fatalf("second up: %d results, err %v", len(res), err)
+	}
+
+	st, err := m.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if s.State != "applied" {
+			t.Errorf("migration %d state %q, want applied", s.Source.Version, s.State)
+		}
+	}
+
+	// Down all the way.
+	for range st {
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tableExists(t, db, "public", "outbox") {
+		t.Fatal("outbox still there after every migration was reverted")
+	}
+	var fn sql.NullString
+	if err := db.QueryRow(`SELECT to_regproc('public.outbox_notify')::text`).Scan(&fn); err != nil {
+		t.Fatal(err)
+	}
+	if fn.Valid {
+		t.Fatal("notify function left behind by down")
+	}
+
+	// And up again.
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO public.outbox (topic, payload) VALUES ('t', 'x')`); err != nil {
+		t.Fatalf("insert after up/down/up: %v", err)
+	}
+}
+
+func TestDownRefusesToDropRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m, err := migrations.New(db, "app_outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := m.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO app_outbox.outbox (topic, payload) VALUES ('orders', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	// Revert everything above the table itself; the last step must refuse.
+	for range len(st) - 1 {
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = m.Down(ctx)
+	if err == nil || !strings.Contains(err.Error(), "still holds rows") {
+		t.Fatalf("down with rows: err = %v, want a refusal", err)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM app_outbox.outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("rows after refused down = %d, want 1", n)
+	}
+}
+
+func TestConcurrentUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	const replicas = 4
+	var wg sync.WaitGroup
+	errs := make([]error, replicas)
+	start := make(chan struct{})
+	for i := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db := openDB(t, dsn)
+			m, err := migrations.New(db, "shared")
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			<-start
+			_, errs[i] = m.Up(ctx)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("replica %d: %v", i, err)
+		}
+	}
+	db := openDB(t, dsn)
+	var applied int
+	if err := db.QueryRow(`SELECT count(*) FROM shared.` + migrations.VersionTable + ` WHERE version_id > 0`).Scan(&applied); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := migrations.New(db, "shared")
+	st, err := m.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied != len(st) {
+		t.Fatalf("version table has %d applied rows, want %d (each migration once)", applied, len(st))
+	}
+}
+
+func TestPlainInsertFillsDefaults(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	var (
+		id                     int64
+		eventID                string
+		status                 string
+		retries                int
+		headers                string
+		createdAt, nextAttempt time.Time
+		now                    time.Time
+		history                string
+	)
+	err := s.Pool.QueryRow(ctx, `
+		INSERT INTO outbox (topic, key, payload, headers)
+		VALUES ('orders', 'order-1', '\x7b7d', '{"traceparent": "00-abc"}')
+		RETURNING id, event_id::text, status, retry_count, headers::text, created_at, next_attempt_at, now(), error_history::text`).
+		Scan(&id, &eventID, &status, &retries, &headers, &createdAt, &nextAttempt, &now, &history)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id <= 0 || len(eventID) != 36 || status != "pending" || retries != 0 || history != "[]" {
+		t.Fatalf("defaults: id=%d event_id=%q status=%q retry_count=%d history=%s", id, eventID, status, retries, history)
+	}
+	if !createdAt.Equal(now) || !nextAttempt.Equal(now) {
+		t.Fatalf("created_at=%v next_attempt_at=%v, want the transaction's now() %v", createdAt, nextAttempt, now)
+	}
+	// Headers default to an empty object; the key may be null.
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('orders', '')`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConstraints(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	for name, stmt := range map[string]string{
+		"empty topic":        `INSERT INTO outbox (topic, payload) VALUES ('', 'x')`,
+		"null payload":       `INSERT INTO outbox (topic, payload) VALUES ('t', NULL)`,
+		"headers not object": `INSERT INTO outbox (topic, payload, headers) VALUES ('t', 'x', '["a"]')`,
+		"unknown status":     `INSERT INTO outbox (topic, payload, status) VALUES ('t', 'x', 'lost')`,
+		"unknown reason":     `INSERT INTO outbox (topic, payload, status, dead_letter_reason) VALUES ('t', 'x', 'dead_lettered', 'bored')`,
+		"reason on pending":  `INSERT INTO outbox (topic, payload, dead_letter_reason) VALUES ('t', 'x', 'permanent')`,
+		"explicit id":        `INSERT INTO outbox (id, topic, payload) VALUES (1, 't', 'x')`,
+	} {
+		if _, err := s.Pool.Exec(ctx, stmt); err == nil {
+			t.Errorf("%s: insert succeeded, want a constraint error", name)
+		}
+	}
+}
+
+// The wake-up trigger notifies once per statement, not once per row.
+func TestWakeupOncePerStatement(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	channel := s.Name + ".outbox"
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	// One statement inserting 500 rows.
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 500)`); err != nil {
+		t.Fatal(err)
+	}
+	// A marker on another channel, sent after the inserts committed, tells
+	// us every notification of the inserts has arrived before it.
+	if _, err := listener.Exec(ctx, "LISTEN marker"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool.Exec(ctx, "NOTIFY marker"); err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for notifications: %v", err)
+		}
+		if n.Channel == "marker" {
+			break
+		}
+		if n.Channel != channel {
+			t.Fatalf("notification on %q, want %q", n.Channel, channel)
+		}
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("500-row insert sent %d notifications, want 1", got)
+	}
+}
+
+func TestValidateSchema(t *testing.T) {
+	t.Parallel()
+	for name, ok := range map[string]bool{
+		"public":                  true,
+		"_outbox":                 true,
+		"Orders2":                 true,
+		"":                        false,
+		"1abc":                    false,
+		"a-b":                     false,
+		`a"b`:                     false,
+		"a.b":                     false,
+		strings.Repeat("a", 56):   true,
+		strings.Repeat("a", 57):   false,
+		"robert'); DROP TABLE x;": false,
+	} {
+		err := migrations.ValidateSchema(name)
+		if (err == nil) != ok {
+			t.Errorf("ValidateSchema(%q) = %v, want ok=%v", name, err, ok)
+		}
+	}
+	if _, err := migrations.New(nil, "bad-name"); err == nil {
+		t.Error("New accepted an invalid schema name")
+	}
+}

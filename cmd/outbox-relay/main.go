@@ -1,0 +1,133 @@
+// Command outbox-relay delivers the rows of a PostgreSQL outbox table to
+// Kafka and HTTP destinations, and manages the table's schema.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/config"
+)
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2 // bad flags, arguments or configuration
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// usageError marks errors in how the command was called.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// app carries what every command needs.
+type app struct {
+	flags  *config.Flags
+	env    []string
+	stdout io.Writer
+	stderr io.Writer
+	cfg    *config.Config // set by load
+	log    *slog.Logger
+}
+
+func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int {
+	a := &app{env: env, stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "outbox-relay",
+		Short:         "Deliver PostgreSQL outbox rows to Kafka and HTTP, at least once and in order per key",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	a.flags = config.Bind(root.PersistentFlags())
+	root.AddCommand(a.migrateCmd())
+	root.SetArgs(args)
+
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	dsn := ""
+	if a.cfg != nil {
+		dsn = a.cfg.Database.URL
+	}
+	var ce *config.Error
+	switch {
+	case errors.As(err, &ce):
+		fmt.Fprintln(stderr, "outbox-relay:", err)
+		return exitUsage
+	case errors.As(err, new(usageError)) || strings.HasPrefix(err.Error(), "unknown command"):
+		fmt.Fprintln(stderr, "outbox-relay:", err)
+		fmt.Fprintln(stderr, "Run 'outbox-relay --help' for usage.")
+		return exitUsage
+	default:
+		fmt.Fprintln(stderr, "outbox-relay:", oneLine(config.Redact(err.Error(), dsn)))
+		return exitFailed
+	}
+}
+
+// load reads and validates the configuration and sets up the logger.
+func (a *app) load() error {
+	cfg, err := config.Load(a.flags, a.env)
+	if err != nil {
+		return err
+	}
+	level, _ := config.ParseLevel(cfg.Log.Level) // validated by Load
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(a.stderr, opts)
+	if cfg.Log.Format == "json" {
+		h = slog.NewJSONHandler(a.stderr, opts)
+	}
+	a.cfg = cfg
+	a.log = slog.New(h)
+	return nil
+}
+
+// connect opens a pool and checks that the database answers.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	pc, err := a.cfg.Database.PoolConfig()
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
+	}
+	return nil
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

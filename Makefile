@@ -1,0 +1,32 @@
+GO ?= go
+
+.PHONY: all build test run vet fmt-check postgres clean
+
+all: build
+
+## build: the outbox-relay binary in bin/
+build:
+	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
+
+## test: vet, formatting, and every test with the race detector against a real PostgreSQL
+test: postgres vet fmt-check
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it)
+run: postgres
+	$(GO) build -o bin/localstack ./internal/cmd/localstack
+	bin/localstack
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# Installs the PostgreSQL server binaries when they are missing.
+postgres:
+	@scripts/ensure-postgres
+
+clean:
+	rm -rf bin

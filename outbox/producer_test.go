@@ -25,27 +25,34 @@ import (
 // The examples read OUTBOX_DATABASE_URL like an application would; point it
 // at a database with a migrated public schema.
 func TestMain(m *testing.M) {
-	pgtest.Main(m, func(serverURL string) error {
+	pgtest.Main(m, func(serverURL string) (func(), error) {
 		ctx := context.Background()
-		dsn, err := pgtest.CreateDatabase(ctx, serverURL, "examples")
+		name := pgtest.UniqueName("examples")
+		dsn, err := pgtest.CreateDatabase(ctx, serverURL, name)
 		if err != nil {
-			return err
+			return nil, err
 		}
+		drop := func() { _ = pgtest.DropDatabase(context.Background(), serverURL, name) }
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
-			return err
+			drop()
+			return nil, err
 		}
 		defer pool.Close()
 		db := stdlib.OpenDBFromPool(pool)
 		defer db.Close()
 		mig, err := migrations.New(db, "public")
+		if err == nil {
+			_, err = mig.Up(ctx)
+		}
+		if err == nil {
+			err = os.Setenv("OUTBOX_DATABASE_URL", dsn)
+		}
 		if err != nil {
-			return err
+			drop()
+			return nil, err
 		}
-		if _, err := mig.Up(ctx); err != nil {
-			return err
-		}
-		return os.Setenv("OUTBOX_DATABASE_URL", dsn)
+		return drop, nil
 	})
 }
 

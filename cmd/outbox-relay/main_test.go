@@ -21,17 +21,19 @@ import (
 var binary string // the outbox-relay binary under test
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m, func(string) error {
+	pgtest.Main(m, func(string) (func(), error) {
 		dir, err := os.MkdirTemp("", "outbox-relay-bin-")
 		if err != nil {
-			return err
+			return nil, err
 		}
+		cleanup := func() { os.RemoveAll(dir) }
 		binary = filepath.Join(dir, "outbox-relay")
 		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("build outbox-relay: %v: %s", err, out)
+			cleanup()
+			return nil, fmt.Errorf("build outbox-relay: %v: %s", err, out)
 		}
-		return nil
+		return cleanup, nil
 	})
 }
 

@@ -33,22 +33,39 @@ var (
 	local   *pgserver.Server
 )
 
-// Main starts the package's server, runs setup (if any) with the server's
-// URL, runs the tests and stops the server. Call it from TestMain.
-func Main(m *testing.M, setup ...func(serverURL string) error) {
+// Setup prepares a test package once its server runs, and returns what to
+// undo after the tests (or nil).
+type Setup func(serverURL string) (cleanup func(), err error)
+
+// Main starts the package's server, runs the setups with the server's URL,
+// runs the tests, undoes the setups and stops the server. Call it from
+// TestMain.
+func Main(m *testing.M, setups ...Setup) {
 	stop, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest:", err)
 		os.Exit(1)
 	}
-	for _, s := range setup {
-		if err := s(baseURL); err != nil {
+	var cleanups []func()
+	undo := func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	for _, s := range setups {
+		c, err := s(baseURL)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: setup:", err)
+			undo()
 			_ = stop()
 			os.Exit(1)
 		}
+		if c != nil {
+			cleanups = append(cleanups, c)
+		}
 	}
 	code := m.Run()
+	undo()
 	if err := stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest: stop:", err)
 	}
@@ -105,17 +122,28 @@ func NewDatabase(tb testing.TB) string {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	tb.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, URL(tb))
-		if err != nil {
-			tb.Errorf("pgtest: connect: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			tb.Errorf("pgtest: drop database %s: %v", name, err)
+		if err := DropDatabase(ctx, URL(tb), name); err != nil {
+			tb.Errorf("pgtest: %v", err)
 		}
 	})
 	return dsn
+}
+
+// UniqueName returns prefix followed by a random suffix, for databases and
+// schemas that must not collide with those of other test runs.
+func UniqueName(prefix string) string { return prefix + "_" + randomSuffix() }
+
+// DropDatabase drops database name, disconnecting its sessions.
+func DropDatabase(ctx context.Context, serverURL, name string) error {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	return nil
 }
 
 // CreateDatabase creates database name on the server serverURL points at and

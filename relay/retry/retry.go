@@ -1,0 +1,352 @@
+// Package retry decides what happens to a failed delivery: retry it later,
+// defer it without counting an attempt, or dead-letter it.
+//
+// Sinks classify their own errors by wrapping them with Permanent, Transient
+// or Systemic; the relay never parses error strings. An error nobody
+// classified is transient: retried, counted, and dead-lettered once attempts
+// or time run out, so it can neither be lost nor retried forever.
+package retry
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Class says how a failure is handled.
+type Class int
+
+const (
+	// ClassTransient failures are retried with backoff and count an attempt:
+	// timeouts, connection resets, HTTP 429/5xx, Kafka retriable errors.
+	ClassTransient Class = iota
+	// ClassPermanent failures dead-letter the row at once: malformed or
+	// oversized messages, HTTP 400/404/410/422, Kafka InvalidTopic.
+	ClassPermanent
+	// ClassSystemic failures mean the destination as a whole is unusable:
+	// refused connections, DNS failures, authentication and authorization
+	// errors. The destination is paused and rows are deferred without
+	// counting an attempt, so an outage never dead-letters healthy rows.
+	ClassSystemic
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassTransient:
+		return "transient"
+	case ClassPermanent:
+		return "permanent"
+	case ClassSystemic:
+		return "systemic"
+	}
+	return fmt.Sprintf("Class(%d)", int(c))
+}
+
+// Dead-letter reasons. They match the outbox table's check constraint.
+const (
+	ReasonPermanent        = "permanent"
+	ReasonRetriesExhausted = "retries_exhausted"
+	ReasonMaxAgeExceeded   = "max_age_exceeded"
+	ReasonTooLarge         = "too_large"
+	ReasonNoRoute          = "no_route"
+	ReasonInvalidMessage   = "invalid_message"
+)
+
+// Error is a classified delivery failure.
+type Error struct {
+	Class Class
+	// Reason is the dead-letter reason of a permanent failure; empty means
+	// ReasonPermanent.
+	Reason string
+	// RetryAfter is the destination's hint (HTTP Retry-After); zero if none.
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Permanent classifies err as permanent with the given dead-letter reason
+// (ReasonPermanent when empty).
+func Permanent(err error, reason string) error {
+	return &Error{Class: ClassPermanent, Reason: reason, Err: err}
+}
+
+// Transient classifies err as transient, with an optional retry-after hint.
+func Transient(err error, retryAfter time.Duration) error {
+	return &Error{Class: ClassTransient, RetryAfter: retryAfter, Err: err}
+}
+
+// Systemic classifies err as a failure of the destination as a whole.
+func Systemic(err error) error { return &Error{Class: ClassSystemic, Err: err} }
+
+// Classify returns err's classification; unclassified errors are transient.
+func Classify(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Class: ClassTransient, Err: err}
+}
+
+// Strategy names a backoff jitter strategy.
+type Strategy string
+
+// Strategies. See Backoff.Delay.
+const (
+	StrategyFull         Strategy = "full"
+	StrategyEqual        Strategy = "equal"
+	StrategyDecorrelated Strategy = "decorrelated"
+	StrategyNone         Strategy = "none"
+)
+
+// Strategies lists the valid strategies.
+var Strategies = []Strategy{StrategyFull, StrategyEqual, StrategyDecorrelated, StrategyNone}
+
+// Rand is the randomness backoff needs; *rand.Rand satisfies it.
+type Rand interface {
+	// Int64N returns a uniform value in [0, n).
+	Int64N(n int64) int64
+}
+
+// Backoff computes capped exponential delays with jitter.
+type Backoff struct {
+	Strategy Strategy
+	Base     time.Duration
+	Max      time.Duration
+}
+
+// Exponential returns base * 2^attempt capped at max, without jitter.
+// attempt 0 is the delay after the first failure.
+func Exponential(attempt int, base, max time.Duration) time.Duration {
+	if base <= 0 {
+		return 0
+	}
+	if attempt < 0 {
+		attempt = 0
+	}
+	if attempt >= 62 || float64(base)*math.Pow(2, float64(attempt)) >= float64(max) {
+		return max
+	}
+	return base << attempt
+}
+
+// Delay returns the delay before the next attempt after failure number
+// attempt+1 (attempt 0 is the first failure). prev is the delay chosen after
+// the previous failure, used by the decorrelated strategy.
+//
+//   - none: d = min(max, base*2^attempt)
+//   - full: uniform in [0, d]
+//   - equal: d/2 + uniform in [0, d/2]
+//   - decorrelated: min(max, uniform in [base, 3*prev]), with prev ≥ base
+func (b Backoff) Delay(attempt int, prev time.Duration, r Rand) time.Duration {
+	d := Exponential(attempt, b.Base, b.Max)
+	switch b.Strategy {
+	case StrategyNone:
+		return d
+	case StrategyEqual:
+		return d/2 + uniform(r, 0, d-d/2)
+	case StrategyDecorrelated:
+		if prev < b.Base {
+			prev = b.Base
+		}
+		hi := prev * 3
+		if hi/3 != prev || hi > b.Max { // overflow or past the cap
+			hi = b.Max
+		}
+		if hi < b.Base {
+			return hi
+		}
+		return uniform(r, b.Base, hi)
+	default: // full
+		return uniform(r, 0, d)
+	}
+}
+
+// uniform returns a value in [lo, hi].
+func uniform(r Rand, lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+// Action is what to do with a failed row.
+type Action int
+
+const (
+	// Retry counts an attempt and schedules the next one after Delay.
+	Retry Action = iota
+	// Defer schedules the next attempt without counting one.
+	Defer
+	// DeadLetter moves the row to the dead-letter status with Reason.
+	DeadLetter
+)
+
+func (a Action) String() string {
+	switch a {
+	case Retry:
+		return "retry"
+	case Defer:
+		return "defer"
+	case DeadLetter:
+		return "dead_letter"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
+// Decision is the outcome of a failure.
+type Decision struct {
+	Action Action
+	// Delay until the next attempt (Retry; Defer leaves it to the caller,
+	// which knows how long the destination is paused).
+	Delay time.Duration
+	// Reason is the dead-letter reason (DeadLetter).
+	Reason string
+}
+
+// Failure describes one failed delivery attempt.
+type Failure struct {
+	// Err is the sink's error, classified or not.
+	Err error
+	// Attempt is the number of failed attempts before this one
+	// (the row's retry_count).
+	Attempt int
+	// Age is the time since the row was created, by the database clock.
+	Age time.Duration
+	// PrevDelay is the delay chosen after the previous failure, if any.
+	PrevDelay time.Duration
+}
+
+// Defaults of Policy.
+const (
+	DefaultMaxAttempts   = 25
+	DefaultMaxAge        = 72 * time.Hour
+	DefaultBaseDelay     = time.Second
+	DefaultMaxDelay      = 5 * time.Minute
+	DefaultMaxRetryAfter = 15 * time.Minute
+	DefaultStrategy      = StrategyFull
+)
+
+// Policy turns failures into decisions. It is safe for concurrent use.
+type Policy struct {
+	// MaxAttempts is the number of attempts, the first included, after
+	// which a transient failure dead-letters the row (retries_exhausted).
+	MaxAttempts int
+	// MaxAge is the age after which a failing row is dead-lettered
+	// (max_age_exceeded) whatever its attempts; 0 disables the limit.
+	MaxAge  time.Duration
+	Backoff Backoff
+	// MaxRetryAfter caps a destination's Retry-After hint, so a receiver
+	// can neither stall a row nor disable retries.
+	MaxRetryAfter time.Duration
+
+	mu   sync.Mutex
+	rand Rand
+}
+
+// PolicyConfig configures NewPolicy. Zero values take the defaults.
+type PolicyConfig struct {
+	MaxAttempts   int
+	MaxAge        time.Duration // negative disables the limit
+	Strategy      Strategy
+	BaseDelay     time.Duration
+	MaxDelay      time.Duration
+	MaxRetryAfter time.Duration
+	// Rand is the source of jitter; default a randomly seeded PCG.
+	Rand Rand
+}
+
+// Validate reports every problem of c at once, or nil.
+func (c PolicyConfig) Validate() error {
+	var errs []error
+	if c.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("max_attempts is %d; it must be at least 1", c.MaxAttempts))
+	}
+	if c.Strategy != "" {
+		ok := false
+		for _, s := range Strategies {
+			ok = ok || s == c.Strategy
+		}
+		if !ok {
+			errs = append(errs, fmt.Errorf("strategy %q is not one of full, equal, decorrelated, none", c.Strategy))
+		}
+	}
+	if c.BaseDelay < 0 || c.MaxDelay < 0 || c.MaxRetryAfter < 0 {
+		errs = append(errs, errors.New("base_delay, max_delay and max_retry_after must not be negative"))
+	}
+	if c.BaseDelay > 0 && c.MaxDelay > 0 && c.MaxDelay < c.BaseDelay {
+		errs = append(errs, fmt.Errorf("max_delay %s is below base_delay %s", c.MaxDelay, c.BaseDelay))
+	}
+	return errors.Join(errs...)
+}
+
+// NewPolicy returns a Policy for c.
+func NewPolicy(c PolicyConfig) (*Policy, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Policy{
+		MaxAttempts:   c.MaxAttempts,
+		MaxAge:        c.MaxAge,
+		Backoff:       Backoff{Strategy: c.Strategy, Base: c.BaseDelay, Max: c.MaxDelay},
+		MaxRetryAfter: c.MaxRetryAfter,
+		rand:          c.Rand,
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	switch {
+	case p.MaxAge == 0:
+		p.MaxAge = DefaultMaxAge
+	case p.MaxAge < 0:
+		p.MaxAge = 0
+	}
+	if p.Backoff.Strategy == "" {
+		p.Backoff.Strategy = DefaultStrategy
+	}
+	if p.Backoff.Base == 0 {
+		p.Backoff.Base = DefaultBaseDelay
+	}
+	if p.Backoff.Max == 0 {
+		p.Backoff.Max = max(DefaultMaxDelay, p.Backoff.Base)
+	}
+	if p.MaxRetryAfter == 0 {
+		p.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if p.rand == nil {
+		p.rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	return p, nil
+}
+
+// Decide returns what to do with f.
+func (p *Policy) Decide(f Failure) Decision {
+	e := Classify(f.Err)
+	switch e.Class {
+	case ClassPermanent:
+		reason := e.Reason
+		if reason == "" {
+			reason = ReasonPermanent
+		}
+		return Decision{Action: DeadLetter, Reason: reason}
+	case ClassSystemic:
+		return Decision{Action: Defer}
+	}
+	if f.Attempt+1 >= p.MaxAttempts {
+		return Decision{Action: DeadLetter, Reason: ReasonRetriesExhausted}
+	}
+	if p.MaxAge > 0 && f.Age >= p.MaxAge {
+		return Decision{Action: DeadLetter, Reason: ReasonMaxAgeExceeded}
+	}
+	p.mu.Lock()
+	d := p.Backoff.Delay(f.Attempt, f.PrevDelay, p.rand)
+	p.mu.Unlock()
+	if e.RetryAfter > 0 {
+		d = max(d, min(e.RetryAfter, p.MaxRetryAfter))
+	}
+	return Decision{Action: Retry, Delay: d}
+}

@@ -1,0 +1,7 @@
+package outbox
+
+// Hooks for the package's external tests.
+
+func ClaimSQL(s *Store) string     { return s.sql.claim }
+func HoldingSQL(s *Store) string   { return s.sql.holding }
+func CleanupLockID(s *Store) int64 { return s.lockID }

@@ -1,0 +1,522 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// Record is a claimed outbox row, ready to publish.
+type Record struct {
+	ID      int64
+	EventID uuid.UUID
+	Topic   string
+	// Key is the ordering and Kafka message key; HasKey is false for a
+	// null key.
+	Key    string
+	HasKey bool
+	// Payload is nil when PayloadSize is above the claim's payload cap: an
+	// oversized payload is never loaded.
+	Payload     []byte
+	PayloadSize int
+	Headers     map[string]string
+	CreatedAt   time.Time
+	// RetryCount is the number of failed attempts so far.
+	RetryCount int
+	// LastDelay is the delay chosen after the previous failure, if any.
+	LastDelay time.Duration
+	// Undeliverable says why the row cannot be delivered as it is (empty
+	// when it can); UndeliverableReason is its dead-letter reason.
+	Undeliverable       string
+	UndeliverableReason string
+}
+
+// Dead-letter reasons of rows the store finds undeliverable.
+const (
+	ReasonTooLarge       = "too_large"
+	ReasonInvalidMessage = "invalid_message"
+)
+
+// ParkedRecheck is how long rows behind a parked key are deferred before
+// they are looked at again. Releasing the key makes them ready at once.
+const ParkedRecheck = 5 * time.Minute
+
+// DefaultErrorHistory is the number of recent failures kept per row.
+const DefaultErrorHistory = 10
+
+// MaxErrorLen bounds last_error and each error history entry, in bytes.
+const MaxErrorLen = 2048
+
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	// Schema holds the outbox table. Default "public".
+	Schema string
+	// KeepSent marks delivered rows sent instead of deleting them, for
+	// sent_retention > 0. Deleting is the default: half the WAL and no
+	// bloat.
+	KeepSent bool
+	// ErrorHistory is the number of recent failures kept per row.
+	// Default 10.
+	ErrorHistory int
+}
+
+// Store is the relay's access to the outbox table.
+type Store struct {
+	pool         *pgxpool.Pool
+	keepSent     bool
+	errorHistory int
+	lockID       int64
+	sql          struct {
+		claim, holding, defer_, sent, fail, cleanup string
+	}
+}
+
+// NewStore returns a Store on pool for cfg.
+func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
+	if cfg.Schema == "" {
+		cfg.Schema = migrations.DefaultSchema
+	}
+	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("outbox store: %w", err)
+	}
+	if cfg.ErrorHistory <= 0 {
+		cfg.ErrorHistory = DefaultErrorHistory
+	}
+	s := &Store{pool: pool, keepSent: cfg.KeepSent, errorHistory: cfg.ErrorHistory, lockID: migrations.LockID(cfg.Schema) + 1}
+	t := pgx.Identifier{cfg.Schema, "outbox"}.Sanitize()
+
+	// The plain form on the partial index keeps its plan after ANALYZE;
+	// IN (SELECT ... LIMIT) and CTE forms flip to generic plans that scan
+	// the whole table.
+	s.sql.claim = `SELECT id, event_id, topic, key,
+       CASE WHEN octet_length(payload) <= $2 THEN payload END,
+       octet_length(payload), headers::text, created_at, retry_count,
+       CASE WHEN last_attempt_at IS NOT NULL
+            THEN (extract(epoch FROM next_attempt_at - last_attempt_at) * 1e6)::bigint END,
+       now()
+FROM ` + t + `
+WHERE status = 'pending' AND next_attempt_at <= now()
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+	// Rows that still hold the keys of a claim, below each key's last
+	// claimed row: the claimed rows themselves and any blocker.
+	s.sql.holding = `SELECT p.key, p.id, p.key_parked, p.next_attempt_at, p.next_attempt_at > now()
+FROM (SELECT c.key, max(c.id) AS max_id
+      FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c
+JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND (p.status = 'pending' OR p.key_parked)
+ORDER BY p.key, p.id`
+
+	s.sql.defer_ = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at
+FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
+WHERE o.id = d.id`
+
+	if cfg.KeepSent {
+		s.sql.sent = `UPDATE ` + t + ` SET status = 'sent', sent_at = statement_timestamp(),
+       last_attempt_at = statement_timestamp(), lease_token = NULL
+WHERE id = ANY($1)`
+	} else {
+		s.sql.sent = `DELETE FROM ` + t + ` WHERE id = ANY($1)`
+	}
+
+	s.sql.fail = `UPDATE ` + t + ` AS o SET
+    status = f.status,
+    retry_count = o.retry_count + f.inc,
+    next_attempt_at = CASE WHEN f.status = 'pending'
+                           THEN statement_timestamp() + f.delay_us * interval '1 microsecond'
+                           ELSE o.next_attempt_at END,
+    last_error = f.err,
+    last_attempt_at = CASE WHEN f.attempted THEN statement_timestamp() ELSE o.last_attempt_at END,
+    dead_letter_reason = f.reason,
+    dead_lettered_at = CASE WHEN f.status = 'dead_lettered' THEN statement_timestamp() END,
+    key_parked = f.park,
+    lease_token = NULL,
+    error_history = (
+        SELECT coalesce(jsonb_agg(h.e ORDER BY h.n), '[]')
+        FROM jsonb_array_elements(o.error_history || jsonb_build_array(jsonb_build_object(
+                 'at', statement_timestamp(), 'attempt', o.retry_count + f.inc,
+                 'class', f.class, 'error', f.err)))
+             WITH ORDINALITY AS h(e, n)
+        WHERE h.n > jsonb_array_length(o.error_history) + 1 - $10)
+FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[],
+            $7::text[], $8::bool[], $9::bool[])
+     AS f(id, status, inc, delay_us, err, class, reason, park, attempted)
+WHERE o.id = f.id`
+
+	s.sql.cleanup = `DELETE FROM ` + t + `
+WHERE id = ANY(ARRAY(
+    SELECT id FROM ` + t + `
+    WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'
+    ORDER BY sent_at LIMIT $2))`
+	return s, nil
+}
+
+// ClaimParams bounds a claim.
+type ClaimParams struct {
+	// Limit is the most rows claimed.
+	Limit int
+	// PayloadCap is the largest payload loaded, in bytes; larger rows come
+	// back undeliverable (too_large) without their payload.
+	PayloadCap int
+}
+
+// Claim is a batch of rows locked by one open transaction. Finish it with
+// Complete or Release.
+type Claim struct {
+	store *Store
+	tx    pgx.Tx
+	// Records are the claimed rows in id order. For each key they are the
+	// oldest rows that still hold it, consecutive: no other row of the key
+	// comes before or between them.
+	Records []Record
+	// Now is the database clock at the claim.
+	Now time.Time
+	// Deferred counts rows held back because an earlier row of their key
+	// is waiting (backoff, a delay, or a parked key); they were rescheduled
+	// for when it is due, without counting an attempt.
+	Deferred int
+	// Skipped counts rows held back because an earlier row of their key is
+	// in flight elsewhere; they stay ready.
+	Skipped int
+}
+
+// Claim locks up to p.Limit ready rows and returns them in an open
+// transaction. Rows whose key is held by an earlier row outside the claim
+// are left out, so rows of one key are always published in id order.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox rows: begin: %w", err)
+	}
+	c := &Claim{store: s, tx: tx}
+	if err := c.claim(ctx, p); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
+	rows, err := c.tx.Query(ctx, c.store.sql.claim, p.Limit, p.PayloadCap)
+	if err != nil {
+		return fmt.Errorf("claim outbox rows: %w", err)
+	}
+	var (
+		recs    = make([]Record, 0, p.Limit)
+		key     pgtype.Text
+		headers string
+		lastUS  pgtype.Int8
+	)
+	for rows.Next() {
+		var r Record
+		if err := rows.Scan(&r.ID, &r.EventID, &r.Topic, &key, &r.Payload, &r.PayloadSize,
+			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &c.Now); err != nil {
+			rows.Close()
+			return fmt.Errorf("claim outbox rows: scan: %w", err)
+		}
+		r.Key, r.HasKey = key.String, key.Valid
+		if lastUS.Valid {
+			r.LastDelay = time.Duration(lastUS.Int64) * time.Microsecond
+		}
+		r.Headers, r.Undeliverable = decodeHeaders(headers)
+		if r.Undeliverable != "" {
+			r.UndeliverableReason = ReasonInvalidMessage
+		}
+		if r.Payload == nil && r.Undeliverable == "" {
+			r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, p.PayloadCap)
+			r.UndeliverableReason = ReasonTooLarge
+		}
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("claim outbox rows: %w", err)
+	}
+	c.Records = recs
+	if len(recs) == 0 {
+		return nil
+	}
+	return c.keepKeyOrder(ctx)
+}
+
+// keepKeyOrder drops the claimed rows that an earlier row of their key,
+// outside the claim, must precede, and defers them when that row is
+// waiting rather than in flight.
+func (c *Claim) keepKeyOrder(ctx context.Context) error {
+	var keys []string
+	var ids []int64
+	claimed := make(map[int64]bool, len(c.Records))
+	for _, r := range c.Records {
+		if r.HasKey {
+			keys = append(keys, r.Key)
+			ids = append(ids, r.ID)
+			claimed[r.ID] = true
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	rows, err := c.tx.Query(ctx, c.store.sql.holding, keys, ids)
+	if err != nil {
+		return fmt.Errorf("check key order: %w", err)
+	}
+	type blocker struct {
+		id      int64
+		waiting bool      // parked or not yet due, rather than in flight
+		until   time.Time // when its rows may be looked at again
+	}
+	blocked := map[string]blocker{}
+	for rows.Next() {
+		var (
+			key             string
+			id              int64
+			parked, waiting bool
+			next            time.Time
+		)
+		if err := rows.Scan(&key, &id, &parked, &next, &waiting); err != nil {
+			rows.Close()
+			return fmt.Errorf("check key order: scan: %w", err)
+		}
+		if _, seen := blocked[key]; seen || claimed[id] {
+			continue // rows come in id order: only the first blocker counts
+		}
+		b := blocker{id: id, waiting: parked || waiting, until: next}
+		if parked {
+			b.until = c.Now.Add(ParkedRecheck)
+		}
+		blocked[key] = b
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check key order: %w", err)
+	}
+	if len(blocked) == 0 {
+		return nil
+	}
+	kept := c.Records[:0]
+	var deferIDs []int64
+	var deferAt []time.Time
+	for _, r := range c.Records {
+		b, ok := blocked[r.Key]
+		if !r.HasKey || !ok || r.ID < b.id {
+			kept = append(kept, r)
+			continue
+		}
+		if b.waiting {
+			deferIDs = append(deferIDs, r.ID)
+			deferAt = append(deferAt, b.until)
+			c.Deferred++
+		} else {
+			c.Skipped++
+		}
+	}
+	c.Records = kept
+	if len(deferIDs) > 0 {
+		if _, err := c.tx.Exec(ctx, c.store.sql.defer_, deferIDs, deferAt); err != nil {
+			return fmt.Errorf("defer rows behind a waiting key: %w", err)
+		}
+	}
+	return nil
+}
+
+// Outcome kinds.
+type OutcomeKind int
+
+const (
+	// Sent rows are deleted, or marked sent when kept.
+	Sent OutcomeKind = iota
+	// Retried rows count an attempt and wait Delay.
+	Retried
+	// Deferred rows wait Delay without counting an attempt.
+	Deferred
+	// DeadLettered rows move to the dead-letter status with Reason.
+	DeadLettered
+)
+
+// Outcome is what happened to one claimed row. Rows of a claim without an
+// outcome are left as they were.
+type Outcome struct {
+	ID    int64
+	Kind  OutcomeKind
+	Delay time.Duration
+	// Error describes the failure (all kinds but Sent).
+	Error string
+	// Class is the failure's class, kept in the error history.
+	Class string
+	// Reason is the dead-letter reason (DeadLettered).
+	Reason string
+	// Attempted is true when the row was handed to the destination; an
+	// attempted failure counts towards retry_count unless Deferred.
+	Attempted bool
+	// ParkKey makes a dead-lettered row hold its key until released.
+	ParkKey bool
+}
+
+// Complete writes the outcomes back, with the claim's deferrals, and
+// commits. On error the transaction is rolled back and every row stays as
+// it was before the claim.
+func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
+	var sent []int64
+	var (
+		ids                     []int64
+		statuses, errs, classes []string
+		incs                    []int32
+		delays                  []int64
+		reasons                 []pgtype.Text
+		parks, attempted        []bool
+	)
+	for _, o := range outcomes {
+		if o.Kind == Sent {
+			sent = append(sent, o.ID)
+			continue
+		}
+		status, inc := "pending", int32(0)
+		if o.Attempted && o.Kind != Deferred {
+			inc = 1
+		}
+		reason := pgtype.Text{}
+		if o.Kind == DeadLettered {
+			status = "dead_lettered"
+			reason = pgtype.Text{String: o.Reason, Valid: true}
+		}
+		ids = append(ids, o.ID)
+		statuses = append(statuses, status)
+		incs = append(incs, inc)
+		delays = append(delays, o.Delay.Microseconds())
+		errs = append(errs, truncate(o.Error, MaxErrorLen))
+		classes = append(classes, o.Class)
+		reasons = append(reasons, reason)
+		parks = append(parks, o.ParkKey && o.Kind == DeadLettered)
+		attempted = append(attempted, o.Attempted)
+	}
+	b := &pgx.Batch{}
+	if len(sent) > 0 {
+		b.Queue(c.store.sql.sent, sent)
+	}
+	if len(ids) > 0 {
+		b.Queue(c.store.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, c.store.errorHistory)
+	}
+	if b.Len() > 0 {
+		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+			_ = c.tx.Rollback(context.WithoutCancel(ctx))
+			return fmt.Errorf("write back %d outcomes: %w", len(outcomes), err)
+		}
+	}
+	if err := c.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit %d outcomes: %w", len(outcomes), err)
+	}
+	return nil
+}
+
+// Release ends the claim without writing anything: every row stays as it
+// was before the claim, including rows the claim deferred. Use Complete
+// with no outcomes to keep those deferrals.
+func (c *Claim) Release(ctx context.Context) error {
+	if err := c.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("release claim: %w", err)
+	}
+	return nil
+}
+
+// DeleteSent deletes up to limit rows marked sent longer than retention
+// ago, on one replica at a time: when another replica is cleaning up, it
+// returns 0 and busy. Only rows kept with KeepSent are ever sent.
+func (s *Store) DeleteSent(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("delete sent rows: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	var locked bool
+	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockID).Scan(&locked); err != nil {
+		return 0, false, fmt.Errorf("delete sent rows: lock: %w", err)
+	}
+	if !locked {
+		return 0, true, nil
+	}
+	tag, err := tx.Exec(ctx, s.sql.cleanup, retention.Microseconds(), limit)
+	if err != nil {
+		return 0, false, fmt.Errorf("delete sent rows: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, false, fmt.Errorf("delete sent rows: commit: %w", err)
+	}
+	return tag.RowsAffected(), false, nil
+}
+
+// decodeHeaders parses a headers column. Producers writing plain SQL can
+// store any JSON object; a value that is not a string makes the row
+// undeliverable, and problem says which.
+func decodeHeaders(text string) (map[string]string, string) {
+	if text == "{}" {
+		return nil, ""
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(text), &raw); err != nil {
+		return nil, fmt.Sprintf("headers are not a JSON object: %v", err)
+	}
+	h := make(map[string]string, len(raw))
+	var bad []string
+	for k, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			bad = append(bad, fmt.Sprintf("header %q is %s, not a string", k, jsonKind(v)))
+			continue
+		}
+		h[k] = s
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return nil, joinProblems(bad)
+	}
+	return h, ""
+}
+
+func jsonKind(v json.RawMessage) string {
+	if len(v) == 0 {
+		return "empty"
+	}
+	switch v[0] {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	default:
+		return "a number"
+	}
+}
+
+func joinProblems(p []string) string {
+	out := p[0]
+	for _, s := range p[1:] {
+		out += "; " + s
+	}
+	return out
+}
+
+// truncate shortens s to at most n bytes without splitting a character.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const ellipsis = "…"
+	cut := n - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}

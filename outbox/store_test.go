@@ -1,0 +1,370 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+func newStore(t *testing.T, s *pgtest.Schema, keepSent bool) *outbox.Store {
+	t.Helper()
+	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, KeepSent: keepSent, ErrorHistory: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func exec(t *testing.T, s *pgtest.Schema, sql string, args ...any) {
+	t.Helper()
+	if _, err := s.Pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func ids(recs []outbox.Record) []int64 {
+	out := make([]int64, len(recs))
+	for i, r := range recs {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func claim(t *testing.T, st *outbox.Store, limit int) *outbox.Claim {
+	t.Helper()
+	c, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: limit, PayloadCap: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestClaimReadsRows(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	exec(t, s, `INSERT INTO outbox (topic, key, payload, headers) VALUES
+		('a', 'k1', 'hello', '{"h":"v"}'),
+		('b', NULL, 'later', '{}'),
+		('c', NULL, repeat('x', 101)::bytea, '{}'),
+		('d', NULL, 'x', '{"n": 1, "ok": "yes", "o": {}}')`)
+	exec(t, s, `UPDATE outbox SET next_attempt_at = now() + interval '1 hour' WHERE topic = 'b'`)
+
+	c := claim(t, st, 10)
+	defer c.Release(context.Background())
+	if got := ids(c.Records); len(got) != 3 {
+		t.Fatalf("claimed %v, want the 3 due rows", got)
+	}
+	a, big, bad := c.Records[0], c.Records[1], c.Records[2]
+	if a.Topic != "a" || !a.HasKey || a.Key != "k1" || string(a.Payload) != "hello" || a.Headers["h"] != "v" || a.Undeliverable != "" {
+		t.Errorf("row a = %+v", a)
+	}
+	if big.Payload != nil || big.PayloadSize != 101 || big.UndeliverableReason != outbox.ReasonTooLarge ||
+		!strings.Contains(big.Undeliverable, "101 bytes") {
+		t.Errorf("oversized row = %+v: want no payload loaded and too_large", big)
+	}
+	if bad.UndeliverableReason != outbox.ReasonInvalidMessage ||
+		!strings.Contains(bad.Undeliverable, `header "n" is a number, not a string`) ||
+		!strings.Contains(bad.Undeliverable, `header "o" is an object`) {
+		t.Errorf("bad headers row = %+v", bad)
+	}
+	if c.Now.IsZero() {
+		t.Error("claim did not report the database clock")
+	}
+}
+
+// Two open claims never share a row, and a key's later rows wait for the
+// earlier ones in flight.
+func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	// ids 1..6: K K x K y K
+	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES
+		('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4'), ('t','y','5'), ('t','K','6')`)
+
+	first := claim(t, st, 2) // ids 1, 2: a run of K
+	defer first.Release(context.Background())
+	if got := ids(first.Records); fmt.Sprint(got) != "[1 2]" {
+		t.Fatalf("first claim = %v, want [1 2]", got)
+	}
+	second := claim(t, st, 10) // 3..6 unlocked; K's 4 and 6 must wait for 1 and 2
+	defer second.Release(context.Background())
+	if got := ids(second.Records); fmt.Sprint(got) != "[3 5]" {
+		t.Fatalf("second claim = %v, want [3 5]", got)
+	}
+	if second.Skipped != 2 || second.Deferred != 0 {
+		t.Fatalf("second claim skipped %d deferred %d, want 2 skipped (in flight, not deferred)", second.Skipped, second.Deferred)
+	}
+	if err := first.Complete(context.Background(), []outbox.Outcome{{ID: 1, Kind: outbox.Sent}, {ID: 2, Kind: outbox.Sent}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	third := claim(t, st, 10)
+	defer third.Release(context.Background())
+	if got := ids(third.Records); fmt.Sprint(got) != "[3 4 5 6]" {
+		t.Fatalf("after K's head was sent, claim = %v, want [3 4 5 6] (K's run travels together)", got)
+	}
+}
+
+// A key whose head waits for its next attempt is deferred with it, and
+// does not hold back other keys.
+func TestWaitingHeadDefersItsKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4')`)
+	exec(t, s, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = 1`)
+
+	c := claim(t, st, 10)
+	if got := ids(c.Records); fmt.Sprint(got) != "[3]" || c.Deferred != 2 {
+		t.Fatalf("claim = %v deferred %d, want [3] with K's 2 and 4 deferred", got, c.Deferred)
+	}
+	if err := c.Complete(ctx, nil); err != nil { // keeps the deferrals
+		t.Fatal(err)
+	}
+	var same int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id IN (2, 4)
+		AND next_attempt_at = (SELECT next_attempt_at FROM outbox WHERE id = 1) AND retry_count = 0`).Scan(&same); err != nil {
+		t.Fatal(err)
+	}
+	if same != 2 {
+		t.Fatalf("%d of K's waiting rows deferred to the head's next attempt without counting one, want 2", same)
+	}
+	// Now nothing of K is due, and the next claim does not touch it.
+	c = claim(t, st, 10)
+	defer c.Release(ctx)
+	if len(c.Records) != 1 || c.Deferred != 0 {
+		t.Fatalf("second claim = %v deferred %d, want only row 3", ids(c.Records), c.Deferred)
+	}
+}
+
+func TestParkedKeyHoldsLaterRows(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t', NULL, '3')`)
+	exec(t, s, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true WHERE id = 1`)
+	c := claim(t, st, 10)
+	defer c.Release(context.Background())
+	if got := ids(c.Records); fmt.Sprint(got) != "[3]" || c.Deferred != 1 {
+		t.Fatalf("claim = %v deferred %d, want [3] with K's row 2 deferred behind the parked row", got, c.Deferred)
+	}
+}
+
+func TestCompleteWritesOutcomes(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep sent %v", keep), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := pgtest.NewSchema(t)
+			st := newStore(t, s, keep)
+			exec(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'p' FROM generate_series(1, 5) g`)
+			exec(t, s, `UPDATE outbox SET retry_count = 2, error_history = '[{"error":"e1"},{"error":"e2"},{"error":"e3"}]' WHERE id = 2`)
+
+			c := claim(t, st, 10)
+			err := c.Complete(ctx, []outbox.Outcome{
+				{ID: 1, Kind: outbox.Sent},
+				{ID: 2, Kind: outbox.Retried, Delay: 90 * time.Second, Error: "timeout", Class: "transient", Attempted: true},
+				{ID: 3, Kind: outbox.Deferred, Delay: 30 * time.Second, Error: "connection refused", Class: "systemic", Attempted: true},
+				{ID: 4, Kind: outbox.DeadLettered, Reason: "too_large", Error: strings.Repeat("é", 3000), Class: "permanent", Attempted: true, ParkKey: true},
+				// 5: no outcome, left as it was
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			type row struct {
+				status         string
+				retries        int
+				delay          float64 // next_attempt_at - last_attempt_at, seconds
+				lastError      *string
+				reason         *string
+				deadAt, sentAt *time.Time
+				parked         bool
+				history        []map[string]any
+			}
+			get := func(id int) (row, bool) {
+				var r row
+				var hist []byte
+				err := s.Pool.QueryRow(ctx, `SELECT status, retry_count,
+					coalesce(extract(epoch FROM next_attempt_at - last_attempt_at), -1)::float8,
+					last_error, dead_letter_reason, dead_lettered_at, sent_at, key_parked, error_history
+					FROM outbox WHERE id = $1`, id).Scan(&r.status, &r.retries, &r.delay, &r.lastError, &r.reason, &r.deadAt, &r.sentAt, &r.parked, &hist)
+				if err == pgx.ErrNoRows {
+					return r, false
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := json.Unmarshal(hist, &r.history); err != nil {
+					t.Fatal(err)
+				}
+				return r, true
+			}
+			sent, found := get(1)
+			if keep && (!found || sent.status != "sent" || sent.sentAt == nil) {
+				t.Errorf("kept sent row = %+v found %v", sent, found)
+			}
+			if !keep && found {
+				t.Errorf("sent row still there: %+v", sent)
+			}
+			r, _ := get(2)
+			if r.status != "pending" || r.retries != 3 || r.delay != 90 || *r.lastError != "timeout" {
+				t.Errorf("retried row = %+v", r)
+			}
+			if len(r.history) != 3 || r.history[0]["error"] != "e2" || r.history[2]["error"] != "timeout" || r.history[2]["attempt"] != float64(3) {
+				t.Errorf("history = %v, want the newest 3 ending with the timeout at attempt 3", r.history)
+			}
+			r, _ = get(3)
+			if r.status != "pending" || r.retries != 0 || r.delay != 30 || *r.lastError != "connection refused" {
+				t.Errorf("deferred row = %+v: want no attempt counted", r)
+			}
+			r, _ = get(4)
+			if r.status != "dead_lettered" || *r.reason != "too_large" || r.deadAt == nil || !r.parked || r.retries != 1 ||
+				len(*r.lastError) > outbox.MaxErrorLen || !strings.HasSuffix(*r.lastError, "…") {
+				t.Errorf("dead-lettered row = %+v (last_error %d bytes)", r, len(*r.lastError))
+			}
+			r, _ = get(5)
+			if r.status != "pending" || r.retries != 0 || r.lastError != nil {
+				t.Errorf("untouched row = %+v", r)
+			}
+		})
+	}
+}
+
+func TestReleaseLeavesRowsAsTheyWere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	exec(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', '1'), ('t', '2')`)
+	c := claim(t, st, 10)
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c = claim(t, st, 10)
+	defer c.Release(ctx)
+	if len(c.Records) != 2 {
+		t.Fatalf("after release, claim got %v", ids(c.Records))
+	}
+}
+
+// The claim keeps its index plan after ANALYZE of a large table, even as
+// a generic prepared plan (what pgx's statement cache ends up using).
+func TestClaimPlanSurvivesAnalyze(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	exec(t, s, `INSERT INTO outbox (topic, key, payload, status, sent_at)
+		SELECT 't', 'k' || (g % 1000), 'x', CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'sent' END, now()
+		FROM generate_series(1, 200000) g`)
+	exec(t, s, `ANALYZE outbox`)
+	st := newStore(t, s, false)
+
+	conn, err := s.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	prepared := 0
+	plan := func(sql, args string) string {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		prepared++ // prepared statements outlive the transaction
+		name := fmt.Sprintf("plan_%d", prepared)
+		if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN EXECUTE "+name+"("+args+")")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576")
+	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
+		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
+	}
+	holdingPlan := plan(outbox.HoldingSQL(st), "'{k1,k2}', '{100,200}'")
+	if !strings.Contains(holdingPlan, "outbox_key_holding_idx") || strings.Contains(holdingPlan, "Seq Scan on outbox") {
+		t.Fatalf("key order check does not use the holding index:\n%s", holdingPlan)
+	}
+
+	// And it is fast: a claim of 1000 rows out of 20,000 pending.
+	start := time.Now()
+	c := claim(t, st, 1000)
+	elapsed := time.Since(start)
+	defer c.Release(ctx)
+	if len(c.Records) != 1000 {
+		t.Fatalf("claimed %d rows, want 1000", len(c.Records))
+	}
+	t.Logf("claim of 1000 rows with key order check: %v", elapsed)
+}
+
+func TestDeleteSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, true)
+	exec(t, s, `INSERT INTO outbox (topic, payload, status, sent_at)
+		SELECT 't', 'x', 'sent', now() - interval '2 hours' FROM generate_series(1, 25)`)
+	exec(t, s, `INSERT INTO outbox (topic, payload, status, sent_at) VALUES ('t', 'recent', 'sent', now()), ('t', 'pending', 'pending', NULL)`)
+
+	total := int64(0)
+	for {
+		n, busy, err := st.DeleteSent(ctx, time.Hour, 10)
+		if err != nil || busy {
+			t.Fatalf("DeleteSent: %d busy %v err %v", n, busy, err)
+		}
+		total += n
+		if n < 10 {
+			break
+		}
+	}
+	if total != 25 {
+		t.Fatalf("deleted %d rows, want the 25 sent over an hour ago", total)
+	}
+	var left int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 2 {
+		t.Fatalf("%d rows left, want the recent sent row and the pending one", left)
+	}
+
+	// Another replica holding the cleanup lock makes this one step aside.
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, outbox.CleanupLockID(st)); err != nil {
+		t.Fatal(err)
+	}
+	if _, busy, err := st.DeleteSent(ctx, 0, 10); err != nil || !busy {
+		t.Fatalf("DeleteSent while another replica cleans: busy %v err %v", busy, err)
+	}
+}

@@ -1,0 +1,248 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+func record(id int64, topic, key, payload string) outbox.Record {
+	return outbox.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
+		Payload: []byte(payload), PayloadSize: len(payload)}
+}
+
+func newPublisher(t *testing.T, c *kfake.Cluster) *kafka.Publisher {
+	t.Helper()
+	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func publish(t *testing.T, p *kafka.Publisher, recs []outbox.Record) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return p.Publish(ctx, recs)
+}
+
+func TestPublishDeliveryFormat(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders", "audit"})
+	p := newPublisher(t, c)
+	recs := []outbox.Record{
+		record(1, "orders", "order-1", `{"n":1}`),
+		record(2, "audit", "", "no key"),
+		record(3, "orders", "order-1", `{"n":2}`),
+	}
+	recs[0].Headers = map[string]string{"traceparent": "00-abc-def-01", "content-type": "application/json"}
+	for i, err := range publish(t, p, recs) {
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	orders := kafkatest.Consume(ctx, t, c.ListenAddrs(), "orders", 2)
+	if string(orders[0].Value) != `{"n":1}` || string(orders[1].Value) != `{"n":2}` {
+		t.Fatalf("orders out of order: %s, %s", orders[0].Value, orders[1].Value)
+	}
+	h := orders[0].Headers
+	if string(orders[0].Key) != "order-1" || h["traceparent"] != "00-abc-def-01" || h["content-type"] != "application/json" ||
+		h[kafka.HeaderEventID] != recs[0].EventID.String() || h[kafka.HeaderID] != "1" {
+		t.Fatalf("first message key %q headers %v", orders[0].Key, h)
+	}
+	audit := kafkatest.Consume(ctx, t, c.ListenAddrs(), "audit", 1)
+	if audit[0].Key != nil || audit[0].Headers[kafka.HeaderID] != "2" {
+		t.Fatalf("null-key message: key %q headers %v", audit[0].Key, audit[0].Headers)
+	}
+}
+
+// Keys go to the partition the Java client would choose.
+func TestMurmur2Partitioning(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	p := newPublisher(t, c)
+	var recs []outbox.Record
+	for i := range 30 {
+		recs = append(recs, record(int64(i+1), "orders", fmt.Sprintf("key-%d", i), "x"))
+	}
+	for _, err := range publish(t, p, recs) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := kafkatest.Consume(ctx, t, c.ListenAddrs(), "orders", 30)
+	partitions := []int{0, 1, 2}
+	for _, r := range got {
+		want := (&kafkago.Murmur2Balancer{}).Balance(kafkago.Message{Key: r.Key}, partitions...)
+		if int(r.Partition) != want {
+			t.Errorf("key %s on partition %d, murmur2 says %d", r.Key, r.Partition, want)
+		}
+	}
+}
+
+// The balancer agrees with the Java client's Utils.murmur2 (values from
+// Kafka's own tests): partition = (murmur2(key) & 0x7fffffff) % n.
+func TestMurmur2MatchesJavaClient(t *testing.T) {
+	t.Parallel()
+	partitions := make([]int, 1000)
+	for i := range partitions {
+		partitions[i] = i
+	}
+	for key, javaHash := range map[string]int32{"21": -973932308, "foobar": -790332482} {
+		want := int(uint32(javaHash)&0x7fffffff) % 1000
+		if got := (&kafkago.Murmur2Balancer{}).Balance(kafkago.Message{Key: []byte(key)}, partitions...); got != want {
+			t.Errorf("key %q: partition %d, the Java client picks %d", key, got, want)
+		}
+	}
+}
+
+// A failing topic fails only its own records.
+func TestPublishIsolatesTopics(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"good", "bad"})
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "bad", Err: kerr.NotLeaderForPartition, Count: -1})
+	p := newPublisher(t, c)
+	errs := publish(t, p, []outbox.Record{record(1, "good", "a", "1"), record(2, "bad", "b", "2"), record(3, "good", "", "3")})
+	if errs[0] != nil || errs[2] != nil {
+		t.Fatalf("good topic failed: %v", errs)
+	}
+	if e := retry.Classify(errs[1]); errs[1] == nil || e.Class != retry.ClassTransient {
+		t.Fatalf("bad topic: %v, want a transient error", errs[1])
+	}
+}
+
+// The broker refuses a batch holding one message above max.message.bytes:
+// only that message is too large; its neighbours are delivered.
+func TestPublishIsolatesOversizedMessage(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, nil)
+	if err := c.CreateTopic("small", 1, map[string]string{"max.message.bytes": "2000"}); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, c)
+	recs := []outbox.Record{
+		record(1, "small", "k", "a"),
+		record(2, "small", "k", strings.Repeat("x", 3000)),
+		record(3, "small", "k", "c"),
+		record(4, "small", "other", "d"),
+	}
+	errs := publish(t, p, recs)
+	for i, err := range errs {
+		if i == 1 {
+			if e := retry.Classify(err); err == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonTooLarge {
+				t.Fatalf("oversized record: %v, want permanent too_large", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := kafkatest.Consume(ctx, t, c.ListenAddrs(), "small", 3)
+	var order []string
+	for _, r := range got {
+		order = append(order, r.Headers[kafka.HeaderID])
+	}
+	if strings.Join(order, ",") != "1,3,4" {
+		t.Fatalf("delivered ids %v, want 1,3,4 in order", order)
+	}
+}
+
+func TestPublishBrokerDownIsSystemic(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens here now
+	p, err := kafka.New(kafka.Config{Brokers: []string{addr}, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	errs := publish(t, p, []outbox.Record{record(1, "orders", "k", "x"), record(2, "orders", "", "y")})
+	for i, err := range errs {
+		if e := retry.Classify(err); err == nil || e.Class != retry.ClassSystemic {
+			t.Errorf("record %d: %v, want systemic", i, err)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err    error
+		class  retry.Class
+		reason string
+	}{
+		{kafkago.MessageSizeTooLarge, retry.ClassPermanent, retry.ReasonTooLarge},
+		{fmt.Errorf("write: %w", kafkago.MessageSizeTooLarge), retry.ClassPermanent, retry.ReasonTooLarge},
+		{kafkago.InvalidTopic, retry.ClassPermanent, retry.ReasonPermanent},
+		{kafkago.InvalidRecord, retry.ClassPermanent, retry.ReasonPermanent},
+		{kafkago.TopicAuthorizationFailed, retry.ClassSystemic, ""},
+		{kafkago.ClusterAuthorizationFailed, retry.ClassSystemic, ""},
+		{kafkago.SASLAuthenticationFailed, retry.ClassSystemic, ""},
+		{kafkago.BrokerNotAvailable, retry.ClassSystemic, ""},
+		{kafkago.NotLeaderForPartition, retry.ClassTransient, ""},
+		{kafkago.LeaderNotAvailable, retry.ClassTransient, ""},
+		{kafkago.RequestTimedOut, retry.ClassTransient, ""},
+		{kafkago.NotEnoughReplicas, retry.ClassTransient, ""},
+		{kafkago.UnknownTopicOrPartition, retry.ClassTransient, ""},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, retry.ClassSystemic, ""},
+		{&net.DNSError{Err: "no such host", Name: "kafka"}, retry.ClassSystemic, ""},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, retry.ClassTransient, ""},
+		{context.DeadlineExceeded, retry.ClassTransient, ""},
+		{io.ErrUnexpectedEOF, retry.ClassTransient, ""},
+		{retry.Permanent(errors.New("already classified"), "no_route"), retry.ClassPermanent, "no_route"},
+		{kafkago.WriteErrors{nil, kafkago.MessageSizeTooLarge}, retry.ClassPermanent, retry.ReasonTooLarge},
+	} {
+		got := retry.Classify(kafka.Classify(tc.err))
+		if got.Class != tc.class || got.Reason != tc.reason {
+			t.Errorf("Classify(%v) = %v/%q, want %v/%q", tc.err, got.Class, got.Reason, tc.class, tc.reason)
+		}
+	}
+	if kafka.Classify(nil) != nil {
+		t.Error("Classify(nil) is not nil")
+	}
+}
+
+func TestMessageHeadersAreSorted(t *testing.T) {
+	t.Parallel()
+	r := record(42, "t", "k", "v")
+	r.Headers = map[string]string{"b": "2", "a": "1"}
+	m := kafka.Message(r)
+	var keys []string
+	for _, h := range m.Headers {
+		keys = append(keys, h.Key)
+	}
+	if strings.Join(keys, ",") != "a,b,"+kafka.HeaderEventID+","+kafka.HeaderID || string(m.Headers[3].Value) != strconv.Itoa(42) {
+		t.Fatalf("headers %v", m.Headers)
+	}
+}

@@ -183,6 +183,9 @@ type Claim struct {
 	Records []Record
 	// Now is the database clock at the claim.
 	Now time.Time
+	// Claimed counts the rows locked, before rows were held back for their
+	// key; a claim that reached its limit suggests more rows are ready.
+	Claimed int
 	// Deferred counts rows held back because an earlier row of their key
 	// is waiting (backoff, a delay, or a parked key); they were rescheduled
 	// for when it is due, without counting an attempt.
@@ -244,6 +247,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		return fmt.Errorf("claim outbox rows: %w", err)
 	}
 	c.Records = recs
+	c.Claimed = len(recs)
 	if len(recs) == 0 {
 		return nil
 	}

@@ -66,8 +66,9 @@ type Config struct {
 
 // Publisher writes records to the topics they name.
 type Publisher struct {
-	writers chan *kafkago.Writer
-	all     []*kafkago.Writer
+	transport *kafkago.Transport
+	writers   chan *kafkago.Writer
+	all       []*kafkago.Writer
 }
 
 // New returns a Publisher for cfg. It does not connect until the first
@@ -100,7 +101,7 @@ func New(cfg Config) (*Publisher, error) {
 		SASL:        cfg.SASL,
 		DialTimeout: cfg.DialTimeout,
 	}
-	p := &Publisher{writers: make(chan *kafkago.Writer, cfg.Writers)}
+	p := &Publisher{transport: transport, writers: make(chan *kafkago.Writer, cfg.Writers)}
 	for range cfg.Writers {
 		w := &kafkago.Writer{
 			Addr:         kafkago.TCP(cfg.Brokers...),
@@ -130,6 +131,9 @@ func (p *Publisher) Close() error {
 	for _, w := range p.all {
 		errs = append(errs, w.Close())
 	}
+	// Writers do not own a shared transport: its connection pools would
+	// outlive them.
+	p.transport.CloseIdleConnections()
 	return errors.Join(errs...)
 }
 

@@ -1,0 +1,184 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// ListenerConfig configures a Listener.
+type ListenerConfig struct {
+	// Schema holds the outbox table; its wake-up channel is "<schema>.outbox".
+	Schema string
+	// ProbeInterval is how often the listener checks that notifications
+	// still arrive, by sending itself one through the pool. Default 1m.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe may take. Default 10s.
+	ProbeTimeout time.Duration
+	// Logger receives warnings; default discards.
+	Logger *slog.Logger
+}
+
+// Listener turns the outbox trigger's notifications into wake-ups. It holds
+// one pooled connection while it listens. Behind a transaction-mode pooler
+// LISTEN silently stops working; the listener notices because its own
+// probes stop arriving, says so, and the relay keeps polling.
+type Listener struct {
+	pool    *pgxpool.Pool
+	channel string
+	cfg     ListenerConfig
+	log     *slog.Logger
+	state   atomic.Int32 // listenUnknown, listenHealthy or listenBroken
+	probeN  atomic.Int64
+}
+
+// NewListener returns a Listener on pool.
+func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
+	if cfg.Schema == "" {
+		cfg.Schema = migrations.DefaultSchema
+	}
+	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("outbox listener: %w", err)
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = time.Minute
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Listener{pool: pool, channel: cfg.Schema + ".outbox", cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Channel is the notification channel the listener listens on.
+func (l *Listener) Channel() string { return l.channel }
+
+const (
+	listenUnknown int32 = iota
+	listenHealthy
+	listenBroken
+)
+
+// Healthy reports whether notifications are arriving.
+func (l *Listener) Healthy() bool { return l.state.Load() == listenHealthy }
+
+const probePrefix = "probe:"
+
+// Run listens until ctx ends, calling wake for every notification of new
+// rows. It reconnects after errors, backing off, and returns nil when ctx
+// ends.
+func (l *Listener) Run(ctx context.Context, wake func()) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := l.listen(ctx, wake)
+		if ctx.Err() != nil {
+			break
+		}
+		l.setHealthy(false, err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+	return nil
+}
+
+func (l *Listener) listen(ctx context.Context, wake func()) error {
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire listen connection: %w", err)
+	}
+	defer func() {
+		// A connection that was listening must not go back to the pool.
+		_ = conn.Conn().Close(context.Background())
+		conn.Release()
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen on %s: %w", l.channel, err)
+	}
+	// Rows may have arrived while nobody listened.
+	wake()
+
+	probeTick := time.NewTicker(l.cfg.ProbeInterval)
+	defer probeTick.Stop()
+	var (
+		outstanding string // payload of the probe in flight
+		deadline    time.Time
+	)
+	sendProbe := func() error {
+		outstanding = probePrefix + strconv.FormatInt(l.probeN.Add(1), 10)
+		deadline = time.Now().Add(l.cfg.ProbeTimeout)
+		_, err := l.pool.Exec(ctx, "SELECT pg_notify($1, $2)", l.channel, outstanding)
+		return err
+	}
+	if err := sendProbe(); err != nil {
+		return fmt.Errorf("probe notifications: %w", err)
+	}
+	for {
+		wctx, cancel := context.WithDeadline(ctx, nextWake(deadline, outstanding, l.cfg.ProbeInterval))
+		n, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil && outstanding != "" && n.Payload == outstanding:
+			outstanding = ""
+			l.setHealthy(true, nil)
+		case err == nil && len(n.Payload) >= len(probePrefix) && n.Payload[:len(probePrefix)] == probePrefix:
+			// Another replica's probe, or a late one of ours.
+		case err == nil:
+			wake()
+		case errors.Is(err, context.DeadlineExceeded):
+			// Woken to check the probe or send the next one.
+		default:
+			return fmt.Errorf("wait for notifications: %w", err)
+		}
+		if outstanding != "" && time.Now().After(deadline) {
+			l.setHealthy(false, errors.New("a notification sent through the pool did not arrive"))
+			outstanding = ""
+		}
+		select {
+		case <-probeTick.C:
+			if err := sendProbe(); err != nil {
+				return fmt.Errorf("probe notifications: %w", err)
+			}
+		default:
+		}
+	}
+}
+
+// nextWake is when the wait must end to check a probe or send one.
+func nextWake(deadline time.Time, outstanding string, interval time.Duration) time.Time {
+	if outstanding != "" {
+		return deadline
+	}
+	return time.Now().Add(interval)
+}
+
+func (l *Listener) setHealthy(ok bool, cause error) {
+	next := listenBroken
+	if ok {
+		next = listenHealthy
+	}
+	if l.state.Swap(next) == next {
+		return
+	}
+	if ok {
+		l.log.Info("wake-up notifications are arriving", slog.String("channel", l.channel))
+		return
+	}
+	l.log.Warn("wake-up notifications are not arriving; relying on polling (is a transaction-mode pooler between the relay and the database?)",
+		slog.String("channel", l.channel), slog.Any("error", cause))
+}

@@ -163,4 +163,3 @@ func TestPolicyDefaultsAndValidation(t *testing.T) {
 		}
 	}
 }
-

@@ -13,10 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -28,6 +30,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
 // EnvPrefix starts the name of every configuration environment variable.
@@ -50,7 +54,125 @@ const (
 type Config struct {
 	Database Database `koanf:"database"`
 	Log      Log      `koanf:"log"`
+	Relay    Relay    `koanf:"relay"`
+	Retry    Retry    `koanf:"retry"`
+	Kafka    Kafka    `koanf:"kafka"`
 }
+
+// Relay configures delivery.
+type Relay struct {
+	// Workers is the number of batches in flight at once. Default 2.
+	Workers int `koanf:"workers"`
+	// BatchSize is the most rows claimed per batch. Default 500.
+	BatchSize int `koanf:"batch_size"`
+	// MaxBatchBytes bounds the payload, key and header bytes of one batch.
+	// Default 921600 (900 KiB), which with Kafka's per-message overhead
+	// stays under the broker's default max.message.bytes.
+	MaxBatchBytes int `koanf:"max_batch_bytes"`
+	// PayloadCap is the largest payload delivered; larger rows are
+	// dead-lettered too_large without being loaded. Default max_batch_bytes.
+	PayloadCap int `koanf:"payload_cap"`
+	// PollInterval is the longest an idle worker waits before looking for
+	// rows without a wake-up notification. Default 1s.
+	PollInterval time.Duration `koanf:"poll_interval"`
+	// PublishTimeout bounds one publish. Default 15s.
+	PublishTimeout time.Duration `koanf:"publish_timeout"`
+	// DrainTimeout is how long in-flight batches may finish on shutdown.
+	// Default 30s.
+	DrainTimeout time.Duration `koanf:"drain_timeout"`
+	// SentRetention keeps delivered rows as sent for this long; 0 (the
+	// default) deletes them as they are delivered.
+	SentRetention time.Duration `koanf:"sent_retention"`
+	// CleanupInterval is how often sent rows past retention are deleted.
+	// Default 1m.
+	CleanupInterval time.Duration `koanf:"cleanup_interval"`
+	// OnDeadLetter is release (a dead-lettered row lets its key's later
+	// rows go on; the default) or block (it parks the key).
+	OnDeadLetter string `koanf:"on_dead_letter"`
+	// Listen enables LISTEN/NOTIFY wake-ups. Default true; polling covers
+	// for it either way.
+	Listen bool `koanf:"listen"`
+}
+
+// Retry configures the retry policy.
+type Retry struct {
+	// MaxAttempts is the number of attempts, the first included, before a
+	// row is dead-lettered retries_exhausted. Default 25.
+	MaxAttempts int `koanf:"max_attempts"`
+	// MaxAge dead-letters a failing row older than this
+	// (max_age_exceeded). Default 72h.
+	MaxAge time.Duration `koanf:"max_age"`
+	// Strategy is the backoff jitter: full (default), equal, decorrelated
+	// or none.
+	Strategy string `koanf:"strategy"`
+	// BaseDelay is the first retry's delay before jitter. Default 1s.
+	BaseDelay time.Duration `koanf:"base_delay"`
+	// MaxDelay caps the delay. Default 5m.
+	MaxDelay time.Duration `koanf:"max_delay"`
+	// MaxRetryAfter caps a destination's Retry-After hint. Default 15m.
+	MaxRetryAfter time.Duration `koanf:"max_retry_after"`
+	// PauseBase and PauseMax bound the pause after systemic failures
+	// (destination down or refusing the relay); it doubles while they go
+	// on. Defaults 1s and 30s.
+	PauseBase time.Duration `koanf:"pause_base"`
+	PauseMax  time.Duration `koanf:"pause_max"`
+}
+
+// Kafka configures the Kafka destination.
+type Kafka struct {
+	// Brokers are the bootstrap brokers, host:port; comma-separated in
+	// OUTBOX_KAFKA_BROKERS. Required by run.
+	Brokers []string `koanf:"brokers"`
+	// ClientID names the relay to the brokers. Default outbox-relay.
+	ClientID string `koanf:"client_id"`
+	// DialTimeout bounds connecting to a broker. Default 5s.
+	DialTimeout time.Duration `koanf:"dial_timeout"`
+	TLS         KafkaTLS      `koanf:"tls"`
+	SASL        KafkaSASL     `koanf:"sasl"`
+}
+
+// KafkaTLS configures TLS to the brokers.
+type KafkaTLS struct {
+	// Enabled turns TLS on, verifying brokers against the system roots or
+	// CAFile.
+	Enabled bool `koanf:"enabled"`
+	// CAFile is a PEM bundle of extra roots.
+	CAFile string `koanf:"ca_file"`
+	// CertFile and KeyFile are a PEM client certificate and key (mTLS).
+	CertFile string `koanf:"cert_file"`
+	KeyFile  string `koanf:"key_file"`
+	// ServerName overrides the name verified in brokers' certificates.
+	ServerName string `koanf:"server_name"`
+	// InsecureSkipVerify disables certificate verification. Never in
+	// production.
+	InsecureSkipVerify bool `koanf:"insecure_skip_verify"`
+}
+
+// KafkaSASL configures SASL authentication.
+type KafkaSASL struct {
+	// Mechanism is plain, scram-sha-256 or scram-sha-512; empty disables
+	// SASL.
+	Mechanism string `koanf:"mechanism"`
+	Username  string `koanf:"username"`
+	// Password is a secret: set it with OUTBOX_KAFKA_SASL_PASSWORD or in
+	// the file, or put it in a file named by password_file.
+	Password     string `koanf:"password"`
+	PasswordFile string `koanf:"password_file"`
+}
+
+// SASL mechanisms.
+var saslMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
+
+// Need says what a command requires of the configuration beyond what is
+// always checked.
+type Need int
+
+const (
+	// NeedDatabase: the database URL (migrate, run, dlq).
+	NeedDatabase Need = 1 << iota
+	// NeedKafka: Kafka brokers (run).
+	NeedKafka
+)
 
 // Database configures the PostgreSQL connection.
 type Database struct {
@@ -78,6 +200,10 @@ type Log struct {
 	Format string `koanf:"format"`
 }
 
+// DefaultMaxBatchBytes keeps a full batch, with Kafka's per-message
+// overhead, under a broker's default max.message.bytes (1 MiB).
+const DefaultMaxBatchBytes = 900 << 10
+
 func defaults() Config {
 	return Config{
 		Database: Database{
@@ -86,6 +212,28 @@ func defaults() Config {
 			ConnectTimeout: DefaultConnectTimeout,
 		},
 		Log: Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		Relay: Relay{
+			Workers:         relay.DefaultWorkers,
+			BatchSize:       relay.DefaultBatchSize,
+			MaxBatchBytes:   DefaultMaxBatchBytes,
+			PollInterval:    relay.DefaultPollInterval,
+			PublishTimeout:  relay.DefaultPublishTimeout,
+			DrainTimeout:    relay.DefaultDrainTimeout,
+			CleanupInterval: relay.DefaultCleanupInterval,
+			OnDeadLetter:    relay.OnDeadLetterRelease,
+			Listen:          true,
+		},
+		Retry: Retry{
+			MaxAttempts:   retry.DefaultMaxAttempts,
+			MaxAge:        retry.DefaultMaxAge,
+			Strategy:      string(retry.DefaultStrategy),
+			BaseDelay:     retry.DefaultBaseDelay,
+			MaxDelay:      retry.DefaultMaxDelay,
+			MaxRetryAfter: retry.DefaultMaxRetryAfter,
+			PauseBase:     relay.DefaultPauseBase,
+			PauseMax:      relay.DefaultPauseMax,
+		},
+		Kafka: Kafka{ClientID: "outbox-relay", DialTimeout: 5 * time.Second},
 	}
 }
 
@@ -128,9 +276,9 @@ func (e *Error) Error() string {
 }
 
 // Load builds the configuration from the file (flag --config, else
-// OUTBOX_CONFIG), the environment and the flags, and validates it. A
-// returned *Error lists every problem found.
-func Load(flags *Flags, environ []string) (*Config, error) {
+// OUTBOX_CONFIG), the environment and the flags, and validates it for what
+// the command needs. A returned *Error lists every problem found.
+func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	env := envMap(environ)
 	k := koanf.New(".")
 	var problems []string
@@ -182,15 +330,20 @@ func Load(flags *Flags, environ []string) (*Config, error) {
 			failed[p.path] = true
 		}
 	}
-	if cfg.Database.URL == "" && cfg.Database.URLFile != "" {
-		b, err := os.ReadFile(cfg.Database.URLFile)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("database.url_file: %v", err))
-		} else {
-			cfg.Database.URL = strings.TrimSpace(string(b))
+	readSecret := func(path, file string, into *string) {
+		if *into != "" || file == "" {
+			return
 		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("%s: %v", path, err))
+			return
+		}
+		*into = strings.TrimSpace(string(b))
 	}
-	if err := cfg.Validate(); err != nil {
+	readSecret("database.url_file", cfg.Database.URLFile, &cfg.Database.URL)
+	readSecret("kafka.sasl.password_file", cfg.Kafka.SASL.PasswordFile, &cfg.Kafka.SASL.Password)
+	if err := cfg.Validate(need); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) {
 			for _, p := range ce.Problems {
@@ -207,11 +360,14 @@ func Load(flags *Flags, environ []string) (*Config, error) {
 	return &cfg, nil
 }
 
-// Validate reports every problem of c at once as an *Error, or nil.
-func (c *Config) Validate() error {
+// Validate reports every problem of c, for what a command needs, at once
+// as an *Error, or nil.
+func (c *Config) Validate(need Need) error {
 	var p []string
 	if c.Database.URL == "" {
-		p = append(p, "database.url is required: set "+EnvName("database.url")+", database.url in the file, or database.url_file")
+		if need&NeedDatabase != 0 {
+			p = append(p, "database.url is required: set "+EnvName("database.url")+", database.url in the file, or database.url_file")
+		}
 	} else if _, err := pgxpool.ParseConfig(c.Database.URL); err != nil {
 		p = append(p, "database.url: "+Redact(err.Error(), c.Database.URL))
 	}
@@ -230,10 +386,118 @@ func (c *Config) Validate() error {
 	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
 		p = append(p, fmt.Sprintf("log.format is %q; use text or json", c.Log.Format))
 	}
+	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
+	p = append(p, c.Retry.problems()...)
+	p = append(p, c.Kafka.problems(need&NeedKafka != 0)...)
 	if len(p) > 0 {
 		return &Error{Problems: p}
 	}
 	return nil
+}
+
+func (r Relay) problems(maxConns int32) []string {
+	var p []string
+	positive := func(name string, v int) {
+		if v < 1 {
+			p = append(p, fmt.Sprintf("relay.%s is %d; it must be at least 1", name, v))
+		}
+	}
+	positive("workers", r.Workers)
+	positive("batch_size", r.BatchSize)
+	positive("max_batch_bytes", r.MaxBatchBytes)
+	if r.BatchSize > 10000 {
+		p = append(p, fmt.Sprintf("relay.batch_size is %d; at most 10000 rows fit one claim", r.BatchSize))
+	}
+	if r.PayloadCap < 0 {
+		p = append(p, fmt.Sprintf("relay.payload_cap is %d; it must not be negative", r.PayloadCap))
+	}
+	if r.PayloadCap > r.MaxBatchBytes {
+		p = append(p, fmt.Sprintf("relay.payload_cap %d is above relay.max_batch_bytes %d: such a row could never be sent", r.PayloadCap, r.MaxBatchBytes))
+	}
+	for name, d := range map[string]time.Duration{"poll_interval": r.PollInterval, "publish_timeout": r.PublishTimeout,
+		"drain_timeout": r.DrainTimeout, "cleanup_interval": r.CleanupInterval} {
+		if d <= 0 {
+			p = append(p, fmt.Sprintf("relay.%s is %s; it must be positive", name, d))
+		}
+	}
+	if r.SentRetention < 0 {
+		p = append(p, fmt.Sprintf("relay.sent_retention is %s; use 0 to delete rows as they are sent", r.SentRetention))
+	}
+	if r.OnDeadLetter != relay.OnDeadLetterRelease && r.OnDeadLetter != relay.OnDeadLetterBlock {
+		p = append(p, fmt.Sprintf("relay.on_dead_letter is %q; use release or block", r.OnDeadLetter))
+	}
+	if maxConns >= 2 && r.Workers >= 1 && int(maxConns) < r.Workers+2 {
+		p = append(p, fmt.Sprintf("database.max_conns %d is below relay.workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", maxConns, r.Workers+2))
+	}
+	sort.Strings(p)
+	return p
+}
+
+func (r Retry) problems() []string {
+	var p []string
+	if r.MaxAttempts < 1 {
+		p = append(p, fmt.Sprintf("retry.max_attempts is %d; it must be at least 1", r.MaxAttempts))
+	}
+	if r.MaxAge < 0 {
+		p = append(p, fmt.Sprintf("retry.max_age is %s; it must not be negative", r.MaxAge))
+	}
+	if !slices.Contains(retry.Strategies, retry.Strategy(r.Strategy)) {
+		p = append(p, fmt.Sprintf("retry.strategy is %q; use full, equal, decorrelated or none", r.Strategy))
+	}
+	for name, d := range map[string]time.Duration{"base_delay": r.BaseDelay, "max_delay": r.MaxDelay,
+		"max_retry_after": r.MaxRetryAfter, "pause_base": r.PauseBase, "pause_max": r.PauseMax} {
+		if d <= 0 {
+			p = append(p, fmt.Sprintf("retry.%s is %s; it must be positive", name, d))
+		}
+	}
+	if r.MaxDelay > 0 && r.MaxDelay < r.BaseDelay {
+		p = append(p, fmt.Sprintf("retry.max_delay %s is below retry.base_delay %s", r.MaxDelay, r.BaseDelay))
+	}
+	if r.PauseMax > 0 && r.PauseMax < r.PauseBase {
+		p = append(p, fmt.Sprintf("retry.pause_max %s is below retry.pause_base %s", r.PauseMax, r.PauseBase))
+	}
+	sort.Strings(p)
+	return p
+}
+
+func (k Kafka) problems(required bool) []string {
+	var p []string
+	if len(k.Brokers) == 0 && required {
+		p = append(p, "kafka.brokers is required: set "+EnvName("kafka.brokers")+" (comma-separated host:port) or kafka.brokers in the file")
+	}
+	for _, b := range k.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			p = append(p, fmt.Sprintf("kafka.brokers: %q is not host:port", b))
+		}
+	}
+	if k.DialTimeout <= 0 {
+		p = append(p, fmt.Sprintf("kafka.dial_timeout is %s; it must be positive", k.DialTimeout))
+	}
+	if m := k.SASL.Mechanism; m != "" {
+		if !slices.Contains(saslMechanisms, m) {
+			p = append(p, fmt.Sprintf("kafka.sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", m))
+		}
+		if k.SASL.Username == "" || k.SASL.Password == "" {
+			p = append(p, "kafka.sasl needs username and password (password from "+EnvName("kafka.sasl.password")+" or kafka.sasl.password_file)")
+		}
+	}
+	t := k.TLS
+	if !t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.InsecureSkipVerify) {
+		p = append(p, "kafka.tls settings are given but kafka.tls.enabled is false")
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		p = append(p, "kafka.tls.cert_file and kafka.tls.key_file go together")
+	}
+	for name, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			p = append(p, fmt.Sprintf("kafka.tls.%s: %v", name, err))
+		}
+	}
+	sort.Strings(p)
+	return p
 }
 
 // ParseLevel parses a log level name.

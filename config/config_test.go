@@ -24,7 +24,7 @@ func writeFile(t *testing.T, body string) string {
 
 func TestLoadDefaultsAndEnv(t *testing.T) {
 	t.Parallel()
-	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://u:p@db/app", "HOME=/root"})
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://u:p@db/app", "HOME=/root"}, config.NeedDatabase)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ log:
 	if err := fs.Parse([]string{"--config", path, "--schema", "from_flag"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(flags, []string{"OUTBOX_DATABASE_MAX_CONNS=7", "OUTBOX_DATABASE_SCHEMA=from_env", "OUTBOX_LOG_LEVEL=debug"})
+	cfg, err := config.Load(flags, []string{"OUTBOX_DATABASE_MAX_CONNS=7", "OUTBOX_DATABASE_SCHEMA=from_env", "OUTBOX_LOG_LEVEL=debug"}, config.NeedDatabase)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestLoadConfigFileFromEnvAndURLFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := writeFile(t, "database:\n  url_file: "+secret+"\n")
-	cfg, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path})
+	cfg, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDatabase)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ log:
   level: loud
   format: xml
 `)
-	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path})
+	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDatabase)
 	var ce *config.Error
 	if !errors.As(err, &ce) {
 		t.Fatalf("err = %v, want *config.Error", err)
@@ -108,7 +108,7 @@ log:
 	}
 	// Decode errors prevent a valid struct, but the schema problem is
 	// still found when decoding succeeds.
-	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_DATABASE_SCHEMA=bad-schema", "OUTBOX_LOG_FORMAT=xml"})
+	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_DATABASE_SCHEMA=bad-schema", "OUTBOX_LOG_FORMAT=xml"}, config.NeedDatabase)
 	if err == nil || !strings.Contains(err.Error(), "database.schema") || !strings.Contains(err.Error(), "log.format") {
 		t.Errorf("err = %v, want both the schema and the log format", err)
 	}
@@ -116,7 +116,7 @@ log:
 
 func TestLoadMissingFile(t *testing.T) {
 	t.Parallel()
-	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=/nonexistent/relay.yaml", "OUTBOX_DATABASE_URL=postgres://db/app"})
+	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=/nonexistent/relay.yaml", "OUTBOX_DATABASE_URL=postgres://db/app"}, config.NeedDatabase)
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/relay.yaml") {
 		t.Fatalf("err = %v, want the missing file named", err)
 	}

@@ -10,8 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -28,6 +30,9 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, a second one gets the default behaviour:
+	// exit at once.
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -61,7 +66,7 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	a.flags = config.Bind(root.PersistentFlags())
-	root.AddCommand(a.migrateCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd())
 	root.SetArgs(args)
 
 	err := root.ExecuteContext(ctx)
@@ -87,9 +92,10 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	}
 }
 
-// load reads and validates the configuration and sets up the logger.
-func (a *app) load() error {
-	cfg, err := config.Load(a.flags, a.env)
+// load reads and validates the configuration for what the command needs,
+// and sets up the logger.
+func (a *app) load(need config.Need) error {
+	cfg, err := config.Load(a.flags, a.env, need)
 	if err != nil {
 		return err
 	}
@@ -110,6 +116,14 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	rp := pc.ConnConfig.RuntimeParams
+	if rp["application_name"] == "" {
+		rp["application_name"] = "outbox-relay"
+	}
+	// A claim's transaction stays open while its batch is published; if
+	// the relay vanishes behind a network black hole, the server ends the
+	// transaction and releases the rows rather than waiting for TCP.
+	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt((a.cfg.Relay.PublishTimeout + idleGrace).Milliseconds(), 10)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)
@@ -120,6 +134,10 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	return pool, nil
 }
+
+// idleGrace is added to the publish timeout for the server-side idle
+// transaction timeout: a publish that times out is still written back.
+const idleGrace = 30 * time.Second
 
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
+	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -81,7 +82,7 @@ migrations while the others wait and then find nothing to do.`,
 
 func (a *app) withMigrator(fn func(context.Context, *migrations.Migrator) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
-		if err := a.load(); err != nil {
+		if err := a.load(config.NeedDatabase); err != nil {
 			return err
 		}
 		ctx := cmd.Context()

@@ -38,6 +38,16 @@ type Record struct {
 	Headers   map[string]string
 }
 
+// ConsumeAll reads every record topic holds now, duplicates included.
+func ConsumeAll(ctx context.Context, tb testing.TB, c *kfake.Cluster, topic string) []Record {
+	tb.Helper()
+	total := int64(0)
+	for _, p := range c.PartitionInfos(topic) {
+		total += p.HighWatermark - p.LogStartOffset
+	}
+	return Consume(ctx, tb, c.ListenAddrs(), topic, int(total))
+}
+
 // Consume reads topic from the start until it has n records or ctx ends,
 // and returns them in partition then offset order as they arrive.
 func Consume(ctx context.Context, tb testing.TB, brokers []string, topic string, n int) []Record {

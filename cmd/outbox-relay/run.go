@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/spf13/cobra"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// kafkaMessageOverhead is a generous allowance for a Kafka record's own
+// bytes (lengths, timestamps, the relay's two headers) beyond the payload,
+// key and headers the relay counts.
+const kafkaMessageOverhead = 128
+
+func (a *app) runCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "Deliver outbox rows until SIGTERM or SIGINT",
+		Long: `Deliver outbox rows to Kafka until SIGTERM or SIGINT.
+
+On a signal the relay stops claiming, lets in-flight batches finish within
+relay.drain_timeout and exits 0; rows of an abandoned batch stay pending and
+are delivered again later. A second signal exits at once.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.load(config.NeedDatabase | config.NeedKafka); err != nil {
+				return err
+			}
+			return a.run(cmd.Context())
+		},
+	}
+}
+
+func (a *app) run(ctx context.Context) error {
+	cfg := a.cfg
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := checkSchema(ctx, pool, cfg.Database.Schema); err != nil {
+		return err
+	}
+	store, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: cfg.Database.Schema, KeepSent: cfg.Relay.SentRetention > 0})
+	if err != nil {
+		return err
+	}
+	policy, err := retry.NewPolicy(retry.PolicyConfig{
+		MaxAttempts:   cfg.Retry.MaxAttempts,
+		MaxAge:        maxAge(cfg.Retry),
+		Strategy:      retry.Strategy(cfg.Retry.Strategy),
+		BaseDelay:     cfg.Retry.BaseDelay,
+		MaxDelay:      cfg.Retry.MaxDelay,
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter,
+	})
+	if err != nil {
+		return err
+	}
+	kcfg, err := kafkaConfig(cfg)
+	if err != nil {
+		return err
+	}
+	publisher, err := kafka.New(kcfg)
+	if err != nil {
+		return err
+	}
+	defer publisher.Close()
+
+	var listener *outbox.Listener
+	if cfg.Relay.Listen {
+		listener, err = outbox.NewListener(pool, outbox.ListenerConfig{Schema: cfg.Database.Schema, Logger: a.log})
+		if err != nil {
+			return err
+		}
+	}
+	payloadCap := cfg.Relay.PayloadCap
+	if payloadCap == 0 {
+		payloadCap = cfg.Relay.MaxBatchBytes
+	}
+	r, err := relay.New(relay.Config{
+		Store:           store,
+		Publisher:       publisher,
+		Listener:        listener,
+		Policy:          policy,
+		Logger:          a.log,
+		Workers:         cfg.Relay.Workers,
+		BatchSize:       cfg.Relay.BatchSize,
+		MaxBatchBytes:   cfg.Relay.MaxBatchBytes,
+		PayloadCap:      payloadCap,
+		PollInterval:    cfg.Relay.PollInterval,
+		PublishTimeout:  cfg.Relay.PublishTimeout,
+		DrainTimeout:    cfg.Relay.DrainTimeout,
+		OnDeadLetter:    cfg.Relay.OnDeadLetter,
+		SentRetention:   cfg.Relay.SentRetention,
+		CleanupInterval: cfg.Relay.CleanupInterval,
+		PauseBase:       cfg.Retry.PauseBase,
+		PauseMax:        cfg.Retry.PauseMax,
+	})
+	if err != nil {
+		return err
+	}
+	a.log.Info("delivering outbox rows to Kafka",
+		slog.String("schema", cfg.Database.Schema), slog.Any("brokers", cfg.Kafka.Brokers))
+	return r.Run(ctx)
+}
+
+// maxAge maps the configuration's 0 (no limit) to the policy's negative.
+func maxAge(r config.Retry) time.Duration {
+	if r.MaxAge == 0 {
+		return -1
+	}
+	return r.MaxAge
+}
+
+// checkSchema fails clearly when the outbox table is missing.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, "outbox"}.Sanitize()).Scan(&exists); err != nil {
+		return fmt.Errorf("check the outbox table: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("table %s.outbox does not exist: run 'outbox-relay migrate up' first", schema)
+	}
+	return nil
+}
+
+func kafkaConfig(cfg *config.Config) (kafka.Config, error) {
+	k := cfg.Kafka
+	kc := kafka.Config{
+		Brokers:     k.Brokers,
+		ClientID:    k.ClientID,
+		Writers:     cfg.Relay.Workers,
+		BatchSize:   cfg.Relay.BatchSize,
+		BatchBytes:  int64(cfg.Relay.MaxBatchBytes + cfg.Relay.BatchSize*kafkaMessageOverhead),
+		DialTimeout: k.DialTimeout,
+	}
+	if k.TLS.Enabled {
+		tc := &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			ServerName:         k.TLS.ServerName,
+			InsecureSkipVerify: k.TLS.InsecureSkipVerify, //nolint:gosec // an explicit operator choice
+		}
+		if k.TLS.CAFile != "" {
+			pem, err := os.ReadFile(k.TLS.CAFile)
+			if err != nil {
+				return kc, fmt.Errorf("kafka.tls.ca_file: %w", err)
+			}
+			roots := x509.NewCertPool()
+			if !roots.AppendCertsFromPEM(pem) {
+				return kc, fmt.Errorf("kafka.tls.ca_file %s holds no PEM certificate", k.TLS.CAFile)
+			}
+			tc.RootCAs = roots
+		}
+		if k.TLS.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(k.TLS.CertFile, k.TLS.KeyFile)
+			if err != nil {
+				return kc, fmt.Errorf("kafka.tls client certificate: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		kc.TLS = tc
+	}
+	mech, err := saslMechanism(k.SASL)
+	if err != nil {
+		return kc, err
+	}
+	kc.SASL = mech
+	return kc, nil
+}
+
+func saslMechanism(s config.KafkaSASL) (sasl.Mechanism, error) {
+	switch s.Mechanism {
+	case "":
+		return nil, nil
+	case "plain":
+		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
+	case "scram-sha-256", "scram-sha-512":
+		algo := scram.SHA256
+		if s.Mechanism == "scram-sha-512" {
+			algo = scram.SHA512
+		}
+		m, err := scram.Mechanism(algo, s.Username, s.Password)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.sasl: %w", err)
+		}
+		return m, nil
+	}
+	return nil, errors.New("kafka.sasl.mechanism: unknown mechanism " + s.Mechanism)
+}

@@ -1,0 +1,435 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
+)
+
+// syncBuffer is a bytes.Buffer safe for a process's output and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// relayProcess is "outbox-relay run" as a subprocess.
+type relayProcess struct {
+	cmd    *exec.Cmd
+	output *syncBuffer
+	done   chan struct{}
+	err    error
+}
+
+// spawnRelay starts the relay; the test kills it at the latest when it
+// ends. Safe to call from any goroutine.
+func spawnRelay(t *testing.T, env []string) (*relayProcess, error) {
+	p := &relayProcess{output: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(binary, "run")
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p, nil
+}
+
+func startRelay(t *testing.T, env []string) *relayProcess {
+	t.Helper()
+	p, err := spawnRelay(t, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *relayProcess) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("relay did not exit within %s; output:\n%s", timeout, p.output)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (p *relayProcess) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// migrated returns a fresh database with the outbox in public, and a pool.
+func migrated(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	if r := runBinary(t, []string{"OUTBOX_DATABASE_URL=" + dsn}, "migrate", "up"); r.code != 0 {
+		t.Fatalf("migrate up: %s", r.stderr)
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return dsn, pool
+}
+
+func relayEnv(dsn string, c *kfake.Cluster, extra ...string) []string {
+	return append([]string{
+		"OUTBOX_DATABASE_URL=" + dsn,
+		"OUTBOX_KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
+		"OUTBOX_RELAY_POLL_INTERVAL=50ms",
+		"OUTBOX_LOG_LEVEL=info",
+	}, extra...)
+}
+
+func TestRunDeliversAndStopsCleanlyOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	dsn, pool := migrated(t)
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload)
+		SELECT 'orders', 'k' || (g % 50), g::text::bytea FROM generate_series(1, 2000) g`); err != nil {
+		t.Fatal(err)
+	}
+	p := startRelay(t, relayEnv(dsn, c))
+	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return countRows(t, pool, "true") == 0 })
+
+	// New rows arrive while it runs, and are woken up for.
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k1', 'late')`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the late row", func() bool { return countRows(t, pool, "true") == 0 })
+
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0; output:\n%s", code, p.output)
+	}
+	if out := p.output.String(); !strings.Contains(out, "relay stopped") {
+		t.Fatalf("no clean stop in the log:\n%s", out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if got := kafkatest.ConsumeAll(ctx, t, c, "orders"); len(got) != 2001 {
+		t.Fatalf("%d messages in Kafka, want 2001", len(got))
+	}
+}
+
+func TestRunWithoutMigratedSchema(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDatabase(t)
+	c := kafkatest.NewCluster(t, nil)
+	r := runBinary(t, relayEnv(dsn, c), "run")
+	if r.code != 1 || !strings.Contains(r.stderr, "run 'outbox-relay migrate up' first") {
+		t.Fatalf("code %d, stderr: %s", r.code, r.stderr)
+	}
+}
+
+func TestRunReportsEveryConfigurationProblem(t *testing.T) {
+	t.Parallel()
+	r := runBinary(t, []string{
+		"OUTBOX_DATABASE_URL=postgres://localhost/db",
+		"OUTBOX_RELAY_WORKERS=0",
+		"OUTBOX_RELAY_ON_DEAD_LETTER=ignore",
+		"OUTBOX_RETRY_STRATEGY=random",
+		"OUTBOX_KAFKA_SASL_MECHANISM=kerberos",
+	}, "run")
+	if r.code != 2 {
+		t.Fatalf("exit code %d, want 2; stderr: %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"kafka.brokers is required", "relay.workers", "relay.on_dead_letter", "retry.strategy", "kafka.sasl.mechanism", "kafka.sasl needs username and password"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr does not mention %q:\n%s", want, r.stderr)
+		}
+	}
+}
+
+// A Jepsen-style check of the delivery contract: concurrent producers (some
+// rolling back), three relays SIGKILLed and restarted at random moments, a
+// broker failing produce requests now and then. Afterwards every committed
+// row was delivered, no rolled-back row was, first deliveries of each key
+// follow id order, and nothing is left pending.
+func TestKillRestartChecker(t *testing.T) {
+	t.Parallel()
+	const (
+		rows      = 20_000
+		keys      = 200
+		producers = 4
+		relays    = 3
+		minKills  = 3
+	)
+	dsn, pool := migrated(t)
+	c := kafkatest.NewCluster(t, []string{"events"}, kfake.DefaultNumPartitions(6))
+	var produceRequests atomic.Int64
+	c.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.Produce}, Topic: "events", Err: kerr.NotLeaderForPartition, Count: -1,
+		When: func(kmsg.Request) bool { return produceRequests.Add(1)%13 == 0 },
+	})
+	env := relayEnv(dsn, c,
+		"OUTBOX_RELAY_BATCH_SIZE=200",
+		"OUTBOX_RELAY_WORKERS=2",
+		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
+		"OUTBOX_RETRY_BASE_DELAY=5ms",
+		"OUTBOX_RETRY_MAX_DELAY=100ms",
+		"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
+		"OUTBOX_RETRY_PAUSE_BASE=20ms",
+		"OUTBOX_RETRY_PAUSE_MAX=200ms",
+		"OUTBOX_LOG_LEVEL=warn",
+	)
+
+	// Producers: transactions of 1-20 rows over random keys, 10% rolled
+	// back. Like an application locking the aggregate it changes, a
+	// producer locks each key it writes, so a key's ids follow commit order.
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu         sync.Mutex
+		committed  = map[uuid.UUID]bool{}
+		rolledBack = map[uuid.UUID]bool{}
+		written    atomic.Int64
+		prodWG     sync.WaitGroup
+	)
+	for w := range producers {
+		prodWG.Add(1)
+		go func() {
+			defer prodWG.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			ctx := context.Background()
+			for written.Load() < rows {
+				n := 1 + rng.IntN(20)
+				msgs := make([]outbox.Message, n)
+				keySet := map[string]bool{}
+				for i := range msgs {
+					k := "key-" + strconv.Itoa(rng.IntN(keys))
+					keySet[k] = true
+					msgs[i] = outbox.Message{Topic: "events", Key: k, Payload: []byte(strconv.Itoa(i))}
+				}
+				sorted := make([]string, 0, len(keySet))
+				for k := range keySet {
+					sorted = append(sorted, k)
+				}
+				sort.Strings(sorted)
+				rollback := rng.IntN(10) == 0
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					for _, k := range sorted {
+						if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", k); err != nil {
+							return err
+						}
+					}
+					ids, err := producer.Write(ctx, tx, msgs...)
+					if err != nil {
+						return err
+					}
+					mu.Lock()
+					for _, id := range ids {
+						if rollback {
+							rolledBack[id] = true
+						} else {
+							committed[id] = true
+						}
+					}
+					mu.Unlock()
+					if rollback {
+						return errRollback
+					}
+					return nil
+				})
+				if err != nil && err != errRollback {
+					t.Errorf("producer: %v", err)
+					return
+				}
+				if !rollback {
+					written.Add(int64(n))
+				}
+			}
+		}()
+	}
+	producing := make(chan struct{})
+	go func() { prodWG.Wait(); close(producing) }()
+
+	// Chaos: each relay is SIGKILLed at a random moment and restarted,
+	// until the producers are done and every relay died minKills times.
+	var chaosWG sync.WaitGroup
+	kills := make([]int, relays)
+	for i := range relays {
+		chaosWG.Add(1)
+		go func() {
+			defer chaosWG.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for {
+				p, err := spawnRelay(t, env)
+				if err != nil {
+					t.Errorf("start relay %d: %v", i, err)
+					return
+				}
+				lifetime := time.Duration(150+rng.IntN(1000)) * time.Millisecond
+				select {
+				case <-p.done:
+					t.Errorf("relay %d exited by itself: %v\n%s", i, p.err, p.output)
+					return
+				case <-time.After(lifetime):
+				}
+				if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Errorf("kill relay %d: %v", i, err)
+					return
+				}
+				<-p.done
+				kills[i]++
+				select {
+				case <-producing:
+					if kills[i] >= minKills {
+						return
+					}
+				default:
+				}
+			}
+		}()
+	}
+	chaosWG.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// Calm: fresh relays drain what is left, then stop cleanly.
+	var final []*relayProcess
+	for range relays {
+		p := startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info"))
+		final = append(final, p)
+		waitFor(t, time.Minute, "a relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
+	}
+	waitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	for _, p := range final {
+		p.signal(t, syscall.SIGTERM)
+	}
+	for _, p := range final {
+		if code := p.wait(t, time.Minute); code != 0 {
+			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
+		}
+	}
+
+	// Check.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	recs := kafkatest.ConsumeAll(ctx, t, c, "events")
+	sort.SliceStable(recs, func(i, j int) bool {
+		if recs[i].Partition != recs[j].Partition {
+			return recs[i].Partition < recs[j].Partition
+		}
+		return recs[i].Offset < recs[j].Offset
+	})
+	delivered := map[uuid.UUID]int{}
+	lastFirst := map[string]int64{} // key → id of its latest first delivery
+	for _, r := range recs {
+		id, err := uuid.Parse(r.Headers[kafka.HeaderEventID])
+		if err != nil {
+			t.Fatalf("message without a valid event id: %v", r.Headers)
+		}
+		delivered[id]++
+		if delivered[id] > 1 {
+			continue // a duplicate: only first deliveries are ordered
+		}
+		rowID, err := strconv.ParseInt(r.Headers[kafka.HeaderID], 10, 64)
+		if err != nil {
+			t.Fatalf("message without a row id: %v", r.Headers)
+		}
+		k := string(r.Key)
+		if rowID < lastFirst[k] {
+			t.Errorf("key %s: row %d first delivered after row %d", k, rowID, lastFirst[k])
+		}
+		lastFirst[k] = rowID
+	}
+	missing, phantom, duplicates := 0, 0, 0
+	for id := range committed {
+		if delivered[id] == 0 {
+			missing++
+		}
+	}
+	for id, n := range delivered {
+		if rolledBack[id] {
+			phantom++
+		}
+		duplicates += n - 1
+	}
+	if missing > 0 || phantom > 0 {
+		t.Errorf("%d committed rows never delivered, %d rolled-back rows delivered", missing, phantom)
+	}
+	if n := countRows(t, pool, "true"); n != 0 {
+		t.Errorf("%d rows left in the outbox", n)
+	}
+	t.Logf("%d committed rows, %d rolled back, %d messages, %d duplicates (%.2f%%), kills per relay %v, produce requests %d (every 13th failed)",
+		len(committed), len(rolledBack), len(recs), duplicates, 100*float64(duplicates)/float64(len(committed)), kills, produceRequests.Load())
+	if len(committed) < rows {
+		t.Errorf("only %d committed rows, want at least %d", len(committed), rows)
+	}
+	for i, k := range kills {
+		if k < minKills {
+			t.Errorf("relay %d was killed %d times, want at least %d", i, k, minKills)
+		}
+	}
+}
+
+var errRollback = fmt.Errorf("rolled back on purpose")

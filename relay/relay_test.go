@@ -676,3 +676,13 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	c.Close()
 	s.Pool.Close()
 }
+
+// With a retention, sent rows are kept, then deleted once past it.
+func TestSentRowsCleanedUpAfterRetention(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 30)`)
+	start(t, s, &fakePublisher{}, options{keepSent: true, cfg: relay.Config{SentRetention: 200 * time.Millisecond, CleanupInterval: 20 * time.Millisecond}})
+	waitFor(t, "rows kept as sent", func() bool { return count(t, s.Pool, "status = 'sent'") == 30 })
+	waitFor(t, "sent rows deleted after their retention", func() bool { return count(t, s.Pool, "true") == 0 })
+}

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sort"
 	"strconv"
@@ -66,6 +67,7 @@ type Config struct {
 
 // Publisher writes records to the topics they name.
 type Publisher struct {
+	sasl      bool
 	transport *kafkago.Transport
 	writers   chan *kafkago.Writer
 	all       []*kafkago.Writer
@@ -101,7 +103,7 @@ func New(cfg Config) (*Publisher, error) {
 		SASL:        cfg.SASL,
 		DialTimeout: cfg.DialTimeout,
 	}
-	p := &Publisher{transport: transport, writers: make(chan *kafkago.Writer, cfg.Writers)}
+	p := &Publisher{sasl: cfg.SASL != nil, transport: transport, writers: make(chan *kafkago.Writer, cfg.Writers)}
 	for range cfg.Writers {
 		w := &kafkago.Writer{
 			Addr:         kafkago.TCP(cfg.Brokers...),
@@ -171,7 +173,7 @@ func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []erro
 			for j, i := range idx {
 				msgs[j] = Message(records[i])
 			}
-			for j, err := range write(ctx, w, msgs) {
+			for j, err := range p.write(ctx, w, msgs) {
 				errs[idx[j]] = err
 			}
 		}()
@@ -206,7 +208,7 @@ func Message(r outbox.Record) kafkago.Message {
 
 // write writes msgs (one topic, in id order) and returns one classified
 // error per message.
-func write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message) []error {
+func (p *Publisher) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message) []error {
 	errs := make([]error, len(msgs))
 	pending := make([]int, len(msgs))
 	for i := range pending {
@@ -244,8 +246,9 @@ func write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message) []err
 			isolate(ctx, w, msgs, oversized, errs)
 			return errs
 		default:
+			classified := p.classifyCall(err)
 			for _, i := range pending {
-				errs[i] = Classify(err)
+				errs[i] = classified
 			}
 			return errs
 		}
@@ -276,6 +279,18 @@ func isolate(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx
 			stopped[key] = errs[i]
 		}
 	}
+}
+
+// classifyCall classifies an error that failed a whole write. With SASL,
+// brokers answer a failed authentication by closing the connection, which
+// kafka-go reports as a bare EOF: treat that as the destination refusing
+// the relay (pause, count nothing) rather than as a message failure that
+// burns attempts. A genuine network EOF then only costs a short pause.
+func (p *Publisher) classifyCall(err error) error {
+	if p.sasl && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+		return retry.Systemic(fmt.Errorf("kafka: the broker closed the connection; with SASL this usually means authentication failed (check kafka.sasl): %w", err))
+	}
+	return Classify(err)
 }
 
 // culprit finds the message kafka-go refused, by its event id.

@@ -14,6 +14,9 @@ import (
 
 	"github.com/google/uuid"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -244,5 +247,42 @@ func TestMessageHeadersAreSorted(t *testing.T) {
 	}
 	if strings.Join(keys, ",") != "a,b,"+kafka.HeaderEventID+","+kafka.HeaderID || string(m.Headers[3].Value) != strconv.Itoa(42) {
 		t.Fatalf("headers %v", m.Headers)
+	}
+}
+
+func TestPublishWithSASL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		method string
+		mech   func(user, pass string) (sasl.Mechanism, error)
+	}{
+		{"PLAIN", func(u, p string) (sasl.Mechanism, error) { return plain.Mechanism{Username: u, Password: p}, nil }},
+		{"SCRAM-SHA-256", func(u, p string) (sasl.Mechanism, error) { return scram.Mechanism(scram.SHA256, u, p) }},
+		{"SCRAM-SHA-512", func(u, p string) (sasl.Mechanism, error) { return scram.Mechanism(scram.SHA512, u, p) }},
+	} {
+		t.Run(tc.method, func(t *testing.T) {
+			t.Parallel()
+			c := kafkatest.NewCluster(t, []string{"orders"}, kfake.EnableSASL(), kfake.Superuser(tc.method, "relay", "s3cret"))
+			for _, pass := range []string{"s3cret", "wrong"} {
+				mech, err := tc.mech("relay", pass)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), SASL: mech, DialTimeout: time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				errs := publish(t, p, []outbox.Record{record(1, "orders", "k", "x")})
+				p.Close()
+				if pass == "s3cret" && errs[0] != nil {
+					t.Fatalf("with the right password: %v", errs[0])
+				}
+				if pass == "wrong" {
+					if e := retry.Classify(errs[0]); errs[0] == nil || e.Class != retry.ClassSystemic {
+						t.Fatalf("with a wrong password: %v, want a systemic failure", errs[0])
+					}
+				}
+			}
+		})
 	}
 }

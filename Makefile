@@ -1,12 +1,16 @@
 GO ?= go
 
-.PHONY: all build test run vet fmt-check postgres clean
+.PHONY: all build static test run vet fmt-check postgres clean
 
 all: build
 
 ## build: the outbox-relay binary in bin/
 build:
 	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
+
+## static: a static binary, as the container image builds it
+static:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/outbox-relay-static ./cmd/outbox-relay
 
 ## test: vet, formatting, and every test with the race detector against a real PostgreSQL
 test: postgres vet fmt-check

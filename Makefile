@@ -17,9 +17,9 @@ test: postgres vet fmt-check
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it)
-run: postgres
+run: postgres build
 	$(GO) build -o bin/localstack ./internal/cmd/localstack
-	bin/localstack
+	bin/localstack -relay bin/outbox-relay
 
 vet:
 	$(GO) vet ./...

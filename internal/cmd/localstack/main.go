@@ -1,19 +1,31 @@
-// Command localstack runs a throwaway local outbox stack for trying the
-// relay out: a PostgreSQL cluster with the outbox schema migrated. With
-// OUTBOX_DATABASE_URL set it uses that database instead. Ctrl-C stops
-// everything and removes what it created.
+// Command localstack runs the relay on a throwaway local stack, for trying it
+// out: a PostgreSQL cluster with the outbox schema, an in-process
+// Kafka-protocol broker, the outbox-relay binary, and a demo producer that
+// places orders for a few hundred customers in real transactions, some of
+// which roll back. A progress line shows what flows. With
+// OUTBOX_DATABASE_URL or OUTBOX_KAFKA_BROKERS set it uses those instead.
+// Ctrl-C stops everything and removes what it created.
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"os/signal"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/internal/pgserver"
@@ -21,20 +33,26 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
+const topic = "orders"
+
 func main() {
+	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
+	rate := flag.Int("rate", 200, "order transactions per second")
+	customers := flag.Int("customers", 300, "distinct customers (message keys)")
+	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "localstack:", err)
+	if err := run(ctx, *relayBin, *rate, *customers); err != nil {
+		fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context) error {
+func run(ctx context.Context, relayBin string, rate, customers int) error {
 	dsn := os.Getenv("OUTBOX_DATABASE_URL")
 	if dsn == "" {
 		fmt.Println("starting a throwaway PostgreSQL cluster ...")
-		srv, err := pgserver.Start(ctx, pgserver.Options{})
+		srv, err := pgserver.Start(context.WithoutCancel(ctx), pgserver.Options{})
 		if err != nil {
 			return err
 		}
@@ -47,64 +65,187 @@ func run(ctx context.Context) error {
 		}()
 		dsn = srv.DSN("postgres")
 	}
+	brokers := os.Getenv("OUTBOX_KAFKA_BROKERS")
+	if brokers == "" {
+		fmt.Println("starting an in-process Kafka-protocol broker ...")
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			c.Close()
+			fmt.Println("broker stopped")
+		}()
+		brokers = strings.Join(c.ListenAddrs(), ",")
+	}
 	fmt.Println("database:", config.RedactURL(dsn))
+	fmt.Println("brokers: ", brokers)
 
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	if err := migrate(ctx, pool); err != nil {
+		return err
+	}
+
+	relay := exec.Command(relayBin, "run")
+	relay.Env = append(os.Environ(),
+		"OUTBOX_DATABASE_URL="+dsn, "OUTBOX_KAFKA_BROKERS="+brokers,
+		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"))
+	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr
+	// Its own process group: Ctrl-C reaches it through us, as SIGTERM.
+	relay.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := relay.Start(); err != nil {
+		return fmt.Errorf("start %s (run 'make build' first): %w", relayBin, err)
+	}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Wait() }()
+	defer func() {
+		_ = relay.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-relayDone:
+			fmt.Println("relay stopped:", exitText(err))
+		case <-time.After(time.Minute):
+			_ = relay.Process.Kill()
+		}
+	}()
+	fmt.Printf("relay started (pid %d); demo producer: %d order transactions/s over %d customers, 1 in 10 rolled back\n",
+		relay.Process.Pid, rate, customers)
+	fmt.Println("Press Ctrl-C to stop and clean up.")
+	fmt.Println()
+
+	var produced, delivered atomic.Int64
+	go produce(ctx, pool, rate, customers, &produced)
+	go consume(ctx, brokers, &delivered)
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, lastAt := int64(0), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Println()
+			return nil
+		case err := <-relayDone:
+			relayDone <- err
+			return fmt.Errorf("the relay exited: %s", exitText(err))
+		case now := <-tick.C:
+			var pending, dead, oldestMS int64
+			err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'),
+				count(*) FILTER (WHERE status = 'dead_lettered'),
+				coalesce((extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')) * 1000)::bigint, 0)
+				FROM outbox`).Scan(&pending, &dead, &oldestMS)
+			if err != nil {
+				if ctx.Err() != nil {
+					continue
+				}
+				return err
+			}
+			d := delivered.Load()
+			perSec := float64(d-last) / now.Sub(lastAt).Seconds()
+			last, lastAt = d, now
+			fmt.Printf("\rproduced %7d | delivered %7d (%6.0f/s) | pending %5d | dead-lettered %d | oldest pending %6s   ",
+				produced.Load(), d, perSec, pending, dead, (time.Duration(oldestMS) * time.Millisecond).String())
+		}
+	}
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	m, err := migrations.New(db, migrations.DefaultSchema)
 	if err != nil {
 		return err
 	}
-	res, err := m.Up(ctx)
-	if err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		return err
 	}
-	for _, r := range res {
-		fmt.Printf("applied migration %s\n", r.Source.Path)
-	}
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS demo_orders (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		customer text NOT NULL,
+		total_cents int NOT NULL,
+		placed_at timestamptz NOT NULL DEFAULT now())`)
+	return err
+}
 
+// produce places orders: each transaction inserts an order and its outbox
+// message, keyed by customer, and one in ten rolls back.
+func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produced *atomic.Int64) {
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{})
 	if err != nil {
-		return err
+		fmt.Fprintln(os.Stderr, "localstack: producer:", err)
+		return
 	}
-	if _, err := producer.Write(ctx, pool, outbox.Message{
-		Topic: "orders.placed", Key: "order-1", Payload: []byte(`{"order_id":1,"total_cents":4999}`),
-		Headers: map[string]string{"content-type": "application/json"},
-	}); err != nil {
-		return err
-	}
-	fmt.Printf(`
-The outbox is ready and holds a first message. Try:
-
-  psql '%s' -c "INSERT INTO outbox (topic, key, payload) VALUES ('orders.placed', 'order-2', '{\"order_id\":2}')"
-  psql '%s' -c "SELECT id, event_id, topic, key, status, created_at FROM outbox ORDER BY id"
-
-Delivery to Kafka arrives with 'outbox-relay run'. Press Ctrl-C to stop and clean up.
-`, dsn, dsn)
-
-	tick := time.NewTicker(2 * time.Second)
+	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	tick := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
 	defer tick.Stop()
+	errRollback := errors.New("the customer changed their mind")
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Println()
-			return nil
+			return
 		case <-tick.C:
-			var pending, oldestUS int64
-			err := pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)) * 1e6, 0)::bigint
-				FROM outbox WHERE status = 'pending'`).Scan(&pending, &oldestUS)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
+		}
+		customer := fmt.Sprintf("customer-%d", rng.IntN(customers))
+		total := 100 + rng.IntN(50_000)
+		rollback := rng.IntN(10) == 0
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var id int64
+			if err := tx.QueryRow(ctx, `INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id`,
+				customer, total).Scan(&id); err != nil {
 				return err
 			}
-			fmt.Printf("\rpending %d, oldest pending %s   ", pending, (time.Duration(oldestUS) * time.Microsecond).Round(time.Second))
+			_, err := producer.Write(ctx, tx, outbox.Message{
+				Topic:   topic,
+				Key:     customer,
+				Payload: fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"total_cents":%d}`, id, customer, total),
+				Headers: map[string]string{"content-type": "application/json", "type": "order.placed"},
+			})
+			if err != nil {
+				return err
+			}
+			if rollback {
+				return errRollback
+			}
+			return nil
+		})
+		switch {
+		case err == nil:
+			produced.Add(1)
+		case errors.Is(err, errRollback) || ctx.Err() != nil:
+		default:
+			fmt.Fprintln(os.Stderr, "\nlocalstack: producer:", err)
 		}
 	}
+}
+
+// consume counts the messages that reach the topic.
+func consume(ctx context.Context, brokers string, delivered *atomic.Int64) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "localstack: consumer:", err)
+		return
+	}
+	defer cl.Close()
+	for ctx.Err() == nil {
+		fetches := cl.PollFetches(ctx)
+		delivered.Add(int64(fetches.NumRecords()))
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "exit 0"
+	}
+	return err.Error()
 }

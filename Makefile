@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: all build static test run vet fmt-check postgres clean
+.PHONY: all build static test run bench vet fmt-check postgres clean
 
 all: build
 
@@ -20,6 +20,10 @@ test: postgres vet fmt-check
 run: postgres build
 	$(GO) build -o bin/localstack ./internal/cmd/localstack
 	bin/localstack -relay bin/outbox-relay
+
+## bench: end-to-end throughput and latency figures, written to bench-results/ (not a pass/fail test)
+bench: postgres
+	$(GO) run ./internal/cmd/bench -out bench-results
 
 vet:
 	$(GO) vet ./...

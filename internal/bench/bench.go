@@ -1,0 +1,620 @@
+// Package bench measures the relay end to end against a real PostgreSQL and
+// an in-process Kafka-protocol broker: backlog drain throughput beside the
+// SQL ceiling of its own claim and write-back, commit-to-ack latency under
+// offered load, the wake-up trigger's cost to producers, a naive relay as a
+// baseline, and claim times while ANALYZE and VACUUM run.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
+)
+
+// Config sizes a run.
+type Config struct {
+	// URL is the database to use; each scenario gets a schema of its own.
+	URL string
+	// Rows is the backlog of each drain scenario.
+	Rows int
+	// BatchSize is the claim batch of the relay and of the SQL ceiling.
+	BatchSize int
+	// PayloadBytes is the size of each message.
+	PayloadBytes int
+	// Rates are the offered loads (rows/s) of the latency scenarios, each
+	// run for LatencyFor.
+	Rates      []int
+	LatencyFor time.Duration
+	// ProducersFor is how long each producer-throughput scenario runs.
+	ProducersFor time.Duration
+	// NaiveRows is the backlog of the naive relay (one row per
+	// transaction); it also stops after NaiveFor.
+	NaiveRows int
+	NaiveFor  time.Duration
+	// Logf reports progress; nil is silent.
+	Logf func(format string, args ...any)
+}
+
+// Result is one measured figure.
+type Result struct {
+	Group  string  `json:"group"`
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	Unit   string  `json:"unit"`
+	Detail string  `json:"detail,omitempty"`
+}
+
+// Key distributions of the drain scenarios.
+var distributions = []struct{ name, expr string }{
+	{"10k keys", "'key-' || (g % 10000)"},
+	{"hot key", "'hot'"},
+	{"no keys", "NULL"},
+}
+
+// Run runs every scenario and returns the figures in report order.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	r := &runner{cfg: cfg}
+	steps := []func(context.Context) error{r.drains, r.latencies, r.producers, r.naive, r.claimsUnderMaintenance}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			return r.results, err
+		}
+	}
+	return r.results, nil
+}
+
+type runner struct {
+	cfg     Config
+	results []Result
+	schemaN int
+}
+
+func (r *runner) add(res Result) {
+	r.cfg.Logf("%-10s %-44s %12.1f %s %s", res.Group, res.Name, res.Value, res.Unit, res.Detail)
+	r.results = append(r.results, res)
+}
+
+// env is one scenario's schema, pool and broker.
+type env struct {
+	schema  string
+	pool    *pgxpool.Pool
+	cluster *kfake.Cluster
+}
+
+func (r *runner) newEnv(ctx context.Context, conns int32) (*env, error) {
+	r.schemaN++
+	name := fmt.Sprintf("bench_%d_%d", time.Now().UnixNano()%1_000_000, r.schemaN)
+	pc, err := pgxpool.ParseConfig(r.cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = conns
+	pc.ConnConfig.RuntimeParams["search_path"] = name
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	m, err := migrations.New(db, name)
+	if err == nil {
+		_, err = m.Up(ctx)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "bench"))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &env{schema: name, pool: pool, cluster: c}, nil
+}
+
+func (e *env) close() {
+	_, _ = e.pool.Exec(context.Background(), "DROP SCHEMA "+e.schema+" CASCADE")
+	e.pool.Close()
+	e.cluster.Close()
+}
+
+// fill inserts n ready rows with the given key expression.
+func (r *runner) fill(ctx context.Context, e *env, n int, keyExpr string) error {
+	_, err := e.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO outbox (topic, key, payload)
+		SELECT 'bench', %s, convert_to(rpad(g::text, %d, 'x'), 'UTF8') FROM generate_series(1, %d) g`,
+		keyExpr, r.cfg.PayloadBytes, n))
+	if err != nil {
+		return fmt.Errorf("fill backlog: %w", err)
+	}
+	_, err = e.pool.Exec(ctx, "VACUUM ANALYZE outbox")
+	return err
+}
+
+func (r *runner) publisher(e *env, workers int) (*kafka.Publisher, error) {
+	return kafka.New(kafka.Config{
+		Brokers:    e.cluster.ListenAddrs(),
+		Writers:    workers,
+		BatchSize:  r.cfg.BatchSize,
+		BatchBytes: int64(r.cfg.BatchSize * (r.cfg.PayloadBytes + 256)),
+	})
+}
+
+// drains measures backlog drain throughput of the relay and of its SQL
+// alone, for each write-back mode, key distribution and worker count.
+func (r *runner) drains(ctx context.Context) error {
+	for _, keep := range []bool{false, true} {
+		mode := "delete-on-send"
+		if keep {
+			mode = "mark-sent"
+		}
+		for _, dist := range distributions {
+			for _, workers := range []int{1, 2} {
+				name := fmt.Sprintf("%s, %s, %d worker(s)", mode, dist.name, workers)
+				ceiling, err := r.sqlCeiling(ctx, keep, dist.expr, workers)
+				if err != nil {
+					return fmt.Errorf("%s: SQL ceiling: %w", name, err)
+				}
+				got, err := r.drain(ctx, keep, dist.expr, workers)
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				r.add(Result{Group: "ceiling", Name: name, Value: ceiling, Unit: "rows/s"})
+				r.add(Result{Group: "drain", Name: name, Value: got, Unit: "rows/s",
+					Detail: fmt.Sprintf("%.0f%% of the SQL ceiling", 100*got/ceiling)})
+			}
+		}
+	}
+	return nil
+}
+
+func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers int) (float64, error) {
+	e, err := r.newEnv(ctx, int32(workers+4))
+	if err != nil {
+		return 0, err
+	}
+	defer e.close()
+	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
+		return 0, err
+	}
+	pub, err := r.publisher(e, workers)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
+	if err != nil {
+		return 0, err
+	}
+	cfg := relay.Config{
+		Store: store, Publisher: pub, Workers: workers, BatchSize: r.cfg.BatchSize,
+		MaxBatchBytes: r.cfg.BatchSize * (r.cfg.PayloadBytes + 64), PayloadCap: r.cfg.PayloadBytes * 2,
+		PollInterval: 5 * time.Millisecond,
+	}
+	if keep {
+		cfg.SentRetention = time.Hour
+	}
+	rel, err := relay.New(cfg)
+	if err != nil {
+		return 0, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- rel.Run(runCtx) }()
+	err = waitUntil(ctx, 10*time.Minute, func() bool { return rel.Stats().Delivered >= int64(r.cfg.Rows) })
+	elapsed := time.Since(start)
+	stop()
+	if runErr := <-done; runErr != nil {
+		return 0, runErr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("drain: %w (delivered %d of %d)", err, rel.Stats().Delivered, r.cfg.Rows)
+	}
+	return float64(r.cfg.Rows) / elapsed.Seconds(), nil
+}
+
+// sqlCeiling drains a backlog with the relay's own claim and write-back
+// statements and nothing else: no publish.
+func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, workers int) (float64, error) {
+	e, err := r.newEnv(ctx, int32(workers+2))
+	if err != nil {
+		return 0, err
+	}
+	defer e.close()
+	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
+		return 0, err
+	}
+	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
+	if err != nil {
+		return 0, err
+	}
+	var done atomic.Int64
+	start := time.Now()
+	err = parallel(workers, func() error {
+		for done.Load() < int64(r.cfg.Rows) {
+			if _, err := claimAndAck(ctx, store, r.cfg.BatchSize, &done); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return float64(r.cfg.Rows) / time.Since(start).Seconds(), err
+}
+
+func claimAndAck(ctx context.Context, store *outbox.Store, limit int, done *atomic.Int64) (time.Duration, error) {
+	start := time.Now()
+	c, err := store.Claim(ctx, outbox.ClaimParams{Limit: limit, PayloadCap: 1 << 20})
+	if err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	outcomes := make([]outbox.Outcome, len(c.Records))
+	for i, rec := range c.Records {
+		outcomes[i] = outbox.Outcome{ID: rec.ID, Kind: outbox.Sent}
+	}
+	if err := c.Complete(ctx, outcomes); err != nil {
+		return 0, err
+	}
+	done.Add(int64(len(outcomes)))
+	return took, nil
+}
+
+// ackTimes wraps a publisher and records when each event was acknowledged.
+type ackTimes struct {
+	inner relay.Publisher
+	mu    sync.Mutex
+	at    map[uuid.UUID]time.Time
+}
+
+func (a *ackTimes) Publish(ctx context.Context, recs []outbox.Record) []error {
+	errs := a.inner.Publish(ctx, recs)
+	now := time.Now()
+	a.mu.Lock()
+	for i, rec := range recs {
+		if errs[i] == nil {
+			if _, seen := a.at[rec.EventID]; !seen {
+				a.at[rec.EventID] = now
+			}
+		}
+	}
+	a.mu.Unlock()
+	return errs
+}
+
+// latencies measures commit-to-ack latency under offered load from
+// concurrent producers, with LISTEN/NOTIFY wake-ups.
+func (r *runner) latencies(ctx context.Context) error {
+	for _, rate := range r.cfg.Rates {
+		lat, err := r.latency(ctx, rate)
+		if err != nil {
+			return fmt.Errorf("latency at %d rows/s: %w", rate, err)
+		}
+		achieved := float64(len(lat)) / r.cfg.LatencyFor.Seconds()
+		for _, q := range []float64{50, 95, 99} {
+			r.add(Result{Group: "latency", Name: fmt.Sprintf("p%.0f commit→ack at %d rows/s offered", q, rate),
+				Value: ms(percentile(lat, q)), Unit: "ms", Detail: fmt.Sprintf("%d rows, %.0f rows/s committed", len(lat), achieved)})
+		}
+	}
+	return nil
+}
+
+func (r *runner) latency(ctx context.Context, rate int) ([]time.Duration, error) {
+	const producers, workers = 4, 2
+	e, err := r.newEnv(ctx, workers+4+producers)
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	pub, err := r.publisher(e, workers)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	acks := &ackTimes{inner: pub, at: map[uuid.UUID]time.Time{}}
+	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema})
+	if err != nil {
+		return nil, err
+	}
+	listener, err := outbox.NewListener(e.pool, outbox.ListenerConfig{Schema: e.schema})
+	if err != nil {
+		return nil, err
+	}
+	rel, err := relay.New(relay.Config{Store: store, Publisher: acks, Listener: listener, Workers: workers, BatchSize: r.cfg.BatchSize})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rel.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	// Let the listener come up before the clock starts.
+	if err := waitUntil(ctx, 10*time.Second, listener.Healthy); err != nil {
+		return nil, fmt.Errorf("listener: %w", err)
+	}
+
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: e.schema})
+	if err != nil {
+		return nil, err
+	}
+	// Each producer commits transactions of perTx rows at a steady pace.
+	perTx := max(1, rate/producers/500)
+	interval := time.Duration(float64(time.Second) * float64(perTx*producers) / float64(rate))
+	payload := make([]byte, r.cfg.PayloadBytes)
+	var mu sync.Mutex
+	committed := map[uuid.UUID]time.Time{}
+	deadline := time.Now().Add(r.cfg.LatencyFor)
+	err = parallel(producers, func() error {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		msgs := make([]outbox.Message, perTx)
+		for time.Now().Before(deadline) {
+			<-tick.C
+			for i := range msgs {
+				msgs[i] = outbox.Message{Topic: "bench", Key: "key-" + uuid.NewString()[:4], Payload: payload}
+			}
+			var ids []uuid.UUID
+			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				var err error
+				ids, err = producer.Write(ctx, tx, msgs...)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			mu.Lock()
+			for _, id := range ids {
+				committed[id] = now
+			}
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := waitUntil(ctx, time.Minute, func() bool { return rel.Stats().Delivered >= int64(len(committed)) }); err != nil {
+		return nil, err
+	}
+	acks.mu.Lock()
+	defer acks.mu.Unlock()
+	lat := make([]time.Duration, 0, len(committed))
+	for id, c := range committed {
+		a, ok := acks.at[id]
+		if !ok {
+			return nil, fmt.Errorf("event %s committed but never acknowledged", id)
+		}
+		// An ack can land before the producer reads the clock after its
+		// commit returns: that is a latency of about zero.
+		lat = append(lat, max(0, a.Sub(c)))
+	}
+	return lat, nil
+}
+
+// producers measures producer throughput, single-row transactions from 8
+// connections, with and without the wake-up trigger.
+func (r *runner) producers(ctx context.Context) error {
+	with, err := r.producerThroughput(ctx, true)
+	if err != nil {
+		return err
+	}
+	without, err := r.producerThroughput(ctx, false)
+	if err != nil {
+		return err
+	}
+	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, with trigger", Value: with, Unit: "rows/s"})
+	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, without trigger", Value: without, Unit: "rows/s",
+		Detail: fmt.Sprintf("trigger costs %.1f%%", 100*(1-with/without))})
+	return nil
+}
+
+func (r *runner) producerThroughput(ctx context.Context, trigger bool) (float64, error) {
+	const producers = 8
+	e, err := r.newEnv(ctx, producers+1)
+	if err != nil {
+		return 0, err
+	}
+	defer e.close()
+	if !trigger {
+		if _, err := e.pool.Exec(ctx, "DROP TRIGGER outbox_notify ON outbox"); err != nil {
+			return 0, err
+		}
+	}
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: e.schema})
+	if err != nil {
+		return 0, err
+	}
+	payload := make([]byte, r.cfg.PayloadBytes)
+	var n atomic.Int64
+	start := time.Now()
+	deadline := start.Add(r.cfg.ProducersFor)
+	err = parallel(producers, func() error {
+		for time.Now().Before(deadline) {
+			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				_, err := producer.Write(ctx, tx, outbox.Message{Topic: "bench", Key: "k", Payload: payload})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			n.Add(1)
+		}
+		return nil
+	})
+	return float64(n.Load()) / time.Since(start).Seconds(), err
+}
+
+// naive drains a backlog the simplest way: one row per transaction, one
+// message per write.
+func (r *runner) naive(ctx context.Context) error {
+	e, err := r.newEnv(ctx, 2)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	if err := r.fill(ctx, e, r.cfg.NaiveRows, distributions[0].expr); err != nil {
+		return err
+	}
+	w := &kafkago.Writer{
+		Addr: kafkago.TCP(e.cluster.ListenAddrs()...), RequiredAcks: kafkago.RequireAll,
+		Balancer: &kafkago.Murmur2Balancer{}, BatchTimeout: time.Millisecond,
+	}
+	defer w.Close()
+	start := time.Now()
+	deadline := start.Add(r.cfg.NaiveFor)
+	n := 0
+	for n < r.cfg.NaiveRows && time.Now().Before(deadline) {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var id int64
+			var key *string
+			var payload []byte
+			err := tx.QueryRow(ctx, `SELECT id, key, payload FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
+				ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id, &key, &payload)
+			if err != nil {
+				return err
+			}
+			m := kafkago.Message{Topic: "bench", Value: payload}
+			if key != nil {
+				m.Key = []byte(*key)
+			}
+			if err := w.WriteMessages(ctx, m); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1", id)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("naive relay: %w", err)
+		}
+		n++
+	}
+	naive := float64(n) / time.Since(start).Seconds()
+	r.add(Result{Group: "baseline", Name: "naive relay, 1 row per transaction", Value: naive, Unit: "rows/s"})
+	best := 0.0
+	for _, res := range r.results {
+		if res.Group == "drain" && strings.HasPrefix(res.Name, "delete-on-send") {
+			best = math.Max(best, res.Value)
+		}
+	}
+	if best > 0 {
+		r.add(Result{Group: "baseline", Name: "relay (best delete-on-send drain) ÷ naive", Value: best / naive, Unit: "×"})
+	}
+	return nil
+}
+
+// claimsUnderMaintenance times every claim of a drain while ANALYZE and
+// VACUUM run on the table over and over, with autovacuum set to fire
+// often.
+func (r *runner) claimsUnderMaintenance(ctx context.Context) error {
+	e, err := r.newEnv(ctx, 4)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	if err := r.fill(ctx, e, r.cfg.Rows, distributions[0].expr); err != nil {
+		return err
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_vacuum_threshold = 1000,
+		autovacuum_vacuum_scale_factor = 0, autovacuum_analyze_threshold = 1000, autovacuum_analyze_scale_factor = 0)`); err != nil {
+		return err
+	}
+	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema})
+	if err != nil {
+		return err
+	}
+	maintCtx, stopMaint := context.WithCancel(ctx)
+	maintDone := make(chan int)
+	go func() {
+		rounds := 0
+		for maintCtx.Err() == nil {
+			for _, stmt := range []string{"ANALYZE outbox", "VACUUM outbox"} {
+				if _, err := e.pool.Exec(maintCtx, stmt); err == nil {
+					rounds++
+				}
+			}
+		}
+		maintDone <- rounds
+	}()
+	var done atomic.Int64
+	var took []time.Duration
+	for done.Load() < int64(r.cfg.Rows) {
+		d, err := claimAndAck(ctx, store, r.cfg.BatchSize, &done)
+		if err != nil {
+			stopMaint()
+			<-maintDone
+			return err
+		}
+		took = append(took, d)
+	}
+	stopMaint()
+	rounds := <-maintDone
+	detail := fmt.Sprintf("%d claims, %d ANALYZE/VACUUM runs", len(took), rounds)
+	r.add(Result{Group: "claim", Name: "claim p99 during ANALYZE and VACUUM", Value: ms(percentile(took, 99)), Unit: "ms", Detail: detail})
+	r.add(Result{Group: "claim", Name: "claim max during ANALYZE and VACUUM", Value: ms(slices.Max(took)), Unit: "ms", Detail: detail})
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// percentile returns the q-th percentile (nearest rank) of d.
+func percentile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(math.Ceil(q/100*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// parallel runs fn n times concurrently and returns the first error.
+func parallel(n int, fn func() error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn()
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// waitUntil polls cond until it holds, the timeout passes or ctx ends.
+func waitUntil(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}

@@ -1,0 +1,58 @@
+package bench_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// A small run of every scenario, so the benchmark cannot rot.
+func TestSmoke(t *testing.T) {
+	results, err := bench.Run(context.Background(), bench.Config{
+		URL: pgtest.URL(t), Rows: 2000, BatchSize: 200, PayloadBytes: 100,
+		Rates: []int{500}, LatencyFor: time.Second, ProducersFor: 300 * time.Millisecond,
+		NaiveRows: 200, NaiveFor: 5 * time.Second,
+		Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string]int{}
+	for _, r := range results {
+		groups[r.Group]++
+		if r.Value <= 0 && r.Group != "latency" && r.Group != "claim" {
+			t.Errorf("%s / %s = %v %s", r.Group, r.Name, r.Value, r.Unit)
+		}
+	}
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 3, "producer": 2, "baseline": 2, "claim": 2} {
+		if groups[g] != want {
+			t.Errorf("%d %s results, want %d", groups[g], g, want)
+		}
+	}
+	dir := t.TempDir()
+	var table strings.Builder
+	if err := bench.WriteTable(&table, results); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "| drain | delete-on-send, hot key, 2 worker(s) |") {
+		t.Errorf("table:\n%s", table.String())
+	}
+	if err := bench.WriteJSON(filepath.Join(dir, "r.json"), results); err != nil {
+		t.Fatal(err)
+	}
+	png := filepath.Join(dir, "chart.png")
+	if err := bench.WriteChart(png, results); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(png); err != nil || len(b) < 1000 || string(b[1:4]) != "PNG" {
+		t.Fatalf("chart: %d bytes, err %v", len(b), err)
+	}
+}

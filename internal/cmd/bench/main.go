@@ -1,0 +1,126 @@
+// Command bench runs the end-to-end benchmark on a throwaway PostgreSQL
+// cluster (durable: fsync on, as in production) and an in-process
+// Kafka-protocol broker, prints a table and writes it, as Markdown and JSON,
+// with a PNG chart, to a results directory.
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/pgserver"
+)
+
+func main() {
+	rows := flag.Int("rows", 200_000, "backlog rows per drain scenario")
+	batch := flag.Int("batch", 1000, "claim batch size")
+	payload := flag.Int("payload", 200, "payload bytes per message")
+	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *rows, *batch, *payload, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, rows, batch, payload int, out string) error {
+	url := os.Getenv("OUTBOX_BENCH_DATABASE_URL")
+	if url == "" {
+		srv, err := pgserver.Start(ctx, pgserver.Options{Durable: true, Settings: map[string]string{
+			"autovacuum_naptime": "1s",
+			"max_wal_size":       "2GB",
+		}})
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		url = srv.DSN("postgres")
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	var pgVersion string
+	_ = conn.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion)
+	conn.Close(ctx)
+
+	machine := fmt.Sprintf("%d CPUs (%s), %s, PostgreSQL %s (fsync on), Go %s, %s",
+		runtime.NumCPU(), cpuModel(), memTotal(), pgVersion, strings.TrimPrefix(runtime.Version(), "go"), time.Now().UTC().Format("2006-01-02"))
+	fmt.Println("machine:", machine)
+	fmt.Printf("backlog %d rows, batch %d, payload %d bytes\n\n", rows, batch, payload)
+
+	start := time.Now()
+	results, err := bench.Run(ctx, bench.Config{
+		URL: url, Rows: rows, BatchSize: batch, PayloadBytes: payload,
+		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
+		ProducersFor: 5 * time.Second,
+		NaiveRows:    5000, NaiveFor: 15 * time.Second,
+		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
+	})
+	if err != nil {
+		return err
+	}
+	var table bytes.Buffer
+	fmt.Fprintf(&table, "Machine: %s. Backlog %d rows, batch %d, payload %d bytes. Run took %s.\n\n",
+		machine, rows, batch, payload, time.Since(start).Round(time.Second))
+	if err := bench.WriteTable(&table, results); err != nil {
+		return err
+	}
+	fmt.Println()
+	fmt.Print(table.String())
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "results.md"), table.Bytes(), 0o644); err != nil {
+		return err
+	}
+	if err := bench.WriteJSON(filepath.Join(out, "results.json"), results); err != nil {
+		return err
+	}
+	if err := bench.WriteChart(filepath.Join(out, "chart.png"), results); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s/results.md, results.json and chart.png\n", out)
+	return nil
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+func memTotal() string {
+	out, err := exec.Command("free", "-h", "--si").Output()
+	if err != nil {
+		return "memory unknown"
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "Mem:" {
+			return f[1] + " memory"
+		}
+	}
+	return "memory unknown"
+}

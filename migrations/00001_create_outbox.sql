@@ -49,9 +49,10 @@ CREATE TABLE {{.Schema}}.outbox (
 -- slow it down.
 CREATE INDEX outbox_pending_idx ON {{.Schema}}.outbox (id) WHERE status = 'pending';
 
--- Per-key order: "is an earlier row of this key still holding it?"
-CREATE INDEX outbox_key_holding_idx ON {{.Schema}}.outbox (key, id)
-    WHERE key IS NOT NULL AND (status = 'pending' OR key_parked);
+-- Per-key order: "is an earlier row of this key still pending, or parked?"
+CREATE INDEX outbox_key_pending_idx ON {{.Schema}}.outbox (key, id)
+    WHERE status = 'pending' AND key IS NOT NULL;
+CREATE INDEX outbox_key_parked_idx ON {{.Schema}}.outbox (key, id) WHERE key_parked;
 
 -- Dead-letter listing, filtering and retention.
 CREATE INDEX outbox_dead_letter_idx ON {{.Schema}}.outbox (dead_lettered_at, id)

@@ -262,10 +262,11 @@ func TestWakeupOncePerStatement(t *testing.T) {
 	}
 	// A marker on another channel, sent after the inserts committed, tells
 	// us every notification of the inserts has arrived before it.
-	if _, err := listener.Exec(ctx, "LISTEN marker"); err != nil {
+	marker := s.Name + ".marker" // parallel tests share the database
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{marker}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Pool.Exec(ctx, "NOTIFY marker"); err != nil {
+	if _, err := s.Pool.Exec(ctx, "SELECT pg_notify($1, '')", marker); err != nil {
 		t.Fatal(err)
 	}
 	got := 0
@@ -276,7 +277,7 @@ func TestWakeupOncePerStatement(t *testing.T) {
 		if err != nil {
 			t.Fatalf("waiting for notifications: %v", err)
 		}
-		if n.Channel == "marker" {
+		if n.Channel == marker {
 			break
 		}
 		if n.Channel != channel {
@@ -311,5 +312,64 @@ func TestValidateSchema(t *testing.T) {
 	}
 	if _, err := migrations.New(nil, "bad-name"); err == nil {
 		t.Error("New accepted an invalid schema name")
+	}
+}
+
+// Of transactions inserting at the same time, one notifies: the others'
+// rows are found by the claim that its notification triggers, or the next.
+func TestWakeupOneNotifierAtATime(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	channel := s.Name + ".outbox"
+	marker := s.Name + ".marker" // parallel tests share the database
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()+"; LISTEN "+pgx.Identifier{marker}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tx := range []pgx.Tx{first, second} {
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tx := range []pgx.Tx{second, first} {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A third, alone, notifies again.
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('t', 'y')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool.Exec(ctx, "SELECT pg_notify($1, '')", marker); err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Channel == marker {
+			break
+		}
+		got++
+	}
+	if got != 2 {
+		t.Fatalf("%d notifications, want 2: one for the two overlapping transactions, one for the third", got)
 	}
 }

@@ -104,7 +104,8 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
        octet_length(payload), headers::text, created_at, retry_count,
        CASE WHEN last_attempt_at IS NOT NULL
             THEN (extract(epoch FROM next_attempt_at - last_attempt_at) * 1e6)::bigint END,
-       now()
+       now(),
+       (SELECT min(id) FROM ` + t + ` WHERE status = 'pending')
 FROM ` + t + `
 WHERE status = 'pending' AND next_attempt_at <= now()
 ORDER BY id
@@ -112,12 +113,20 @@ LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
 	// Rows that still hold the keys of a claim, below each key's last
-	// claimed row: the claimed rows themselves and any blocker.
-	s.sql.holding = `SELECT p.key, p.id, p.key_parked, p.next_attempt_at, p.next_attempt_at > now()
-FROM (SELECT c.key, max(c.id) AS max_id
-      FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c
-JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND (p.status = 'pending' OR p.key_parked)
-ORDER BY p.key, p.id`
+	// claimed row: the claimed rows themselves and any blocker. Pending
+	// rows are looked for from the lowest pending id ($3) up, which skips
+	// the index entries of the key's delivered rows, dead until vacuum:
+	// without the bound every probe would visit them all.
+	keys := `(SELECT c.key, max(c.id) AS max_id
+      FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
+	s.sql.holding = `SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now()
+FROM ` + keys + `
+JOIN ` + t + ` AS p ON p.key = c.key AND p.id >= $3 AND p.id < c.max_id AND p.status = 'pending'
+UNION ALL
+SELECT p.key, p.id, true, p.next_attempt_at, false
+FROM ` + keys + `
+JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
+ORDER BY 1, 2`
 
 	s.sql.defer_ = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
@@ -186,6 +195,8 @@ type Claim struct {
 	// Claimed counts the rows locked, before rows were held back for their
 	// key; a claim that reached its limit suggests more rows are ready.
 	Claimed int
+
+	minPending int64 // the lowest pending id when the claim ran
 	// Deferred counts rows held back because an earlier row of their key
 	// is waiting (backoff, a delay, or a parked key); they were rescheduled
 	// for when it is due, without counting an attempt.
@@ -225,7 +236,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	for rows.Next() {
 		var r Record
 		if err := rows.Scan(&r.ID, &r.EventID, &r.Topic, &key, &r.Payload, &r.PayloadSize,
-			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &c.Now); err != nil {
+			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &c.Now, &c.minPending); err != nil {
 			rows.Close()
 			return fmt.Errorf("claim outbox rows: scan: %w", err)
 		}
@@ -271,7 +282,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	rows, err := c.tx.Query(ctx, c.store.sql.holding, keys, ids)
+	rows, err := c.tx.Query(ctx, c.store.sql.holding, keys, ids, c.minPending)
 	if err != nil {
 		return fmt.Errorf("check key order: %w", err)
 	}

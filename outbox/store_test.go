@@ -308,8 +308,9 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
 		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
 	}
-	holdingPlan := plan(outbox.HoldingSQL(st), "'{k1,k2}', '{100,200}'")
-	if !strings.Contains(holdingPlan, "outbox_key_holding_idx") || strings.Contains(holdingPlan, "Seq Scan on outbox") {
+	holdingPlan := plan(outbox.HoldingSQL(st), "'{k1,k2}', '{100,200}', 1")
+	if !strings.Contains(holdingPlan, "outbox_key_pending_idx") || !strings.Contains(holdingPlan, "outbox_key_parked_idx") ||
+		strings.Contains(holdingPlan, "Seq Scan on outbox") {
 		t.Fatalf("key order check does not use the holding index:\n%s", holdingPlan)
 	}
 

@@ -303,8 +303,8 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 	}
 }
 
-// batch claims and delivers one batch. more reports that the claim was
-// full and delivered something, so more rows are probably ready.
+// batch claims and delivers one batch. more reports that it delivered
+// something, so the worker should look again before sleeping.
 func (r *Relay) batch(ctx, inflight context.Context) (more bool, err error) {
 	start := time.Now()
 	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{Limit: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadCap})
@@ -344,11 +344,15 @@ func (r *Relay) batch(ctx, inflight context.Context) (more bool, err error) {
 		return false, err
 	}
 	r.count(outcomes, claim.Deferred)
-	more = claim.Claimed == r.cfg.BatchSize && len(pub) > 0
-	if more {
-		// Others may be idle while rows wait.
+	if claim.Claimed == r.cfg.BatchSize && len(pub) > 0 {
+		// A full batch: more rows are probably ready than this worker
+		// takes; idle workers may help.
 		r.wakeAll()
 	}
+	// Claim again at once after any delivery: rows committed meanwhile
+	// may not have notified (one notifier at a time), and a claim that
+	// finds nothing is cheap.
+	more = len(pub) > 0
 	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", len(pub)),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
 	return more, nil

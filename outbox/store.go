@@ -113,15 +113,21 @@ LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
 	// Rows that still hold the keys of a claim, below each key's last
-	// claimed row: the claimed rows themselves and any blocker. Pending
-	// rows are looked for from the lowest pending id ($3) up, which skips
-	// the index entries of the key's delivered rows, dead until vacuum:
-	// without the bound every probe would visit them all.
-	keys := `(SELECT c.key, max(c.id) AS max_id
+	// claimed row: the claimed rows themselves and any blocker. Per key, in
+	// id order, at most as many rows as the claim holds of the key: if a
+	// blocker exists it is among them. The LATERAL probe keeps the work
+	// bounded whatever the statistics say; with a dominant key a plain join
+	// flips to hashing the whole pending index. Pending rows are looked for
+	// from the lowest pending id ($3) up, which skips the index entries of
+	// the key's delivered rows, dead until vacuum.
+	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
-	s.sql.holding = `SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now()
+	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now()
 FROM ` + keys + `
-JOIN ` + t + ` AS p ON p.key = c.key AND p.id >= $3 AND p.id < c.max_id AND p.status = 'pending'
+CROSS JOIN LATERAL (
+    SELECT p.id, p.next_attempt_at FROM ` + t + ` AS p
+    WHERE p.key = c.key AND p.status = 'pending' AND p.id >= $3 AND p.id < c.max_id
+    ORDER BY p.id LIMIT c.n) AS p
 UNION ALL
 SELECT p.key, p.id, true, p.next_attempt_at, false
 FROM ` + keys + `

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -312,6 +313,17 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	if !strings.Contains(holdingPlan, "outbox_key_pending_idx") || !strings.Contains(holdingPlan, "outbox_key_parked_idx") ||
 		strings.Contains(holdingPlan, "Seq Scan on outbox") {
 		t.Fatalf("key order check does not use the holding index:\n%s", holdingPlan)
+	}
+
+	// A dominant key must not flip the key check to scanning every
+	// pending row: its probe stays bounded by the claimed count.
+	exec(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'hot', 'x' FROM generate_series(1, 100000)`)
+	exec(t, s, `ANALYZE outbox`)
+	skewedPlan := plan(outbox.HoldingSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
+	bounded := regexp.MustCompile(`Limit .*\n\s*->  Index Scan using outbox_key_pending_idx on outbox p `)
+	if !bounded.MatchString(skewedPlan) || strings.Contains(skewedPlan, "outbox_pending_idx on outbox p ") ||
+		strings.Contains(skewedPlan, "Seq Scan on outbox") {
+		t.Fatalf("key check with a dominant key is not a bounded probe per key:\n%s", skewedPlan)
 	}
 
 	// And it is fast: a claim of 1000 rows out of 20,000 pending.

@@ -49,6 +49,9 @@ type Config struct {
 	// transaction); it also stops after NaiveFor.
 	NaiveRows int
 	NaiveFor  time.Duration
+	// Only, when set, runs just the scenario groups it names
+	// (comma-separated: drain, latency, producer, baseline, claim).
+	Only string
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)
 }
@@ -75,9 +78,18 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	r := &runner{cfg: cfg}
-	steps := []func(context.Context) error{r.drains, r.latencies, r.producers, r.naive, r.claimsUnderMaintenance}
+	steps := []struct {
+		group string
+		run   func(context.Context) error
+	}{
+		{"drain", r.drains}, {"latency", r.latencies}, {"producer", r.producers},
+		{"baseline", r.naive}, {"claim", r.claimsUnderMaintenance},
+	}
 	for _, step := range steps {
-		if err := step(ctx); err != nil {
+		if cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {
+			continue
+		}
+		if err := step.run(ctx); err != nil {
 			return r.results, err
 		}
 	}

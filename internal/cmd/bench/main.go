@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -29,16 +30,30 @@ func main() {
 	batch := flag.Int("batch", 1000, "claim batch size")
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
+	only := flag.String("only", "", "run only these scenario groups: drain, latency, producer, baseline, claim (comma-separated)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *rows, *batch, *payload, *out); err != nil {
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(ctx, *rows, *batch, *payload, *only, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, rows, batch, payload int, out string) error {
+func run(ctx context.Context, rows, batch, payload int, only, out string) error {
 	url := os.Getenv("OUTBOX_BENCH_DATABASE_URL")
 	if url == "" {
 		srv, err := pgserver.Start(ctx, pgserver.Options{Durable: true, Settings: map[string]string{
@@ -70,6 +85,7 @@ func run(ctx context.Context, rows, batch, payload int, out string) error {
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 5 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
+		Only:         only,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})
 	if err != nil {

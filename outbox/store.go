@@ -108,6 +108,7 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
        (SELECT min(id) FROM ` + t + ` WHERE status = 'pending')
 FROM ` + t + `
 WHERE status = 'pending' AND next_attempt_at <= now()
+  AND (key IS NULL OR NOT key = ANY($3::text[]))
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
@@ -185,6 +186,10 @@ type ClaimParams struct {
 	// PayloadCap is the largest payload loaded, in bytes; larger rows come
 	// back undeliverable (too_large) without their payload.
 	PayloadCap int
+	// ExcludeKeys are keys not to claim: keys in flight elsewhere, whose
+	// rows the claim could only lock and skip, getting in the way of the
+	// worker that delivers them. Keep it short.
+	ExcludeKeys []string
 }
 
 // Claim is a batch of rows locked by one open transaction. Finish it with
@@ -208,8 +213,9 @@ type Claim struct {
 	// for when it is due, without counting an attempt.
 	Deferred int
 	// Skipped counts rows held back because an earlier row of their key is
-	// in flight elsewhere; they stay ready.
-	Skipped int
+	// in flight elsewhere; they stay ready. SkippedKeys are their keys.
+	Skipped     int
+	SkippedKeys []string
 }
 
 // Claim locks up to p.Limit ready rows and returns them in an open
@@ -229,7 +235,11 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
 }
 
 func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
-	rows, err := c.tx.Query(ctx, c.store.sql.claim, p.Limit, p.PayloadCap)
+	exclude := p.ExcludeKeys
+	if exclude == nil {
+		exclude = []string{}
+	}
+	rows, err := c.tx.Query(ctx, c.store.sql.claim, p.Limit, p.PayloadCap, exclude)
 	if err != nil {
 		return fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -338,6 +348,9 @@ func (c *Claim) keepKeyOrder(ctx context.Context) error {
 			deferAt = append(deferAt, b.until)
 			c.Deferred++
 		} else {
+			if c.Skipped == 0 || c.SkippedKeys[len(c.SkippedKeys)-1] != r.Key {
+				c.SkippedKeys = append(c.SkippedKeys, r.Key)
+			}
 			c.Skipped++
 		}
 	}

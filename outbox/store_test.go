@@ -102,8 +102,20 @@ func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
 	if got := ids(second.Records); fmt.Sprint(got) != "[3 5]" {
 		t.Fatalf("second claim = %v, want [3 5]", got)
 	}
-	if second.Skipped != 2 || second.Deferred != 0 {
-		t.Fatalf("second claim skipped %d deferred %d, want 2 skipped (in flight, not deferred)", second.Skipped, second.Deferred)
+	if second.Skipped != 2 || second.Deferred != 0 || fmt.Sprint(second.SkippedKeys) != "[K]" {
+		t.Fatalf("second claim skipped %d (keys %v) deferred %d, want 2 of K skipped (in flight, not deferred)",
+			second.Skipped, second.SkippedKeys, second.Deferred)
+	}
+	// Told to leave K alone, a claim does not even lock its rows.
+	avoiding, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: 10, PayloadCap: 100, ExcludeKeys: []string{"K"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(avoiding.Records); fmt.Sprint(got) != "[]" || avoiding.Claimed != 0 {
+		t.Fatalf("claim excluding K = %v (claimed %d), want nothing: 3 and 5 are locked, the rest is K's", got, avoiding.Claimed)
+	}
+	if err := avoiding.Release(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if err := first.Complete(context.Background(), []outbox.Outcome{{ID: 1, Kind: outbox.Sent}, {ID: 2, Kind: outbox.Sent}}); err != nil {
 		t.Fatal(err)
@@ -305,7 +317,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 		}
 		return strings.Join(lines, "\n")
 	}
-	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576")
+	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}'")
 	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
 		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
 	}

@@ -267,6 +267,7 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	errDelay := time.Duration(0)
+	avoid := avoidKeys{}
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -277,7 +278,7 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 			}
 			continue
 		}
-		more, err := r.batch(ctx, inflight)
+		more, err := r.batch(ctx, inflight, avoid)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -305,12 +306,15 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 
 // batch claims and delivers one batch. more reports that it delivered
 // something, so the worker should look again before sleeping.
-func (r *Relay) batch(ctx, inflight context.Context) (more bool, err error) {
+func (r *Relay) batch(ctx, inflight context.Context, avoid avoidKeys) (more bool, err error) {
 	start := time.Now()
-	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{Limit: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadCap})
+	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
+		Limit: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: avoid.keys(start),
+	})
 	if err != nil {
 		return false, err
 	}
+	avoid.add(claim.SkippedKeys, start)
 	// The write-back must survive shutdown: a publish that happened is
 	// acknowledged even while the relay stops.
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultWriteTimeout)
@@ -530,6 +534,38 @@ func (r *Relay) cleanup(ctx context.Context) error {
 			r.log.Info("deleted sent rows past retention", slog.Int64("rows", total))
 		}
 	}
+}
+
+// avoidKeys are keys a worker found in flight elsewhere (a hot key another
+// worker or replica is delivering). For a while the worker does not claim
+// them: it could only lock their rows and skip them, and its locks would
+// make the deliverer's next claim skip them too.
+type avoidKeys map[string]time.Time
+
+const (
+	avoidFor      = time.Second
+	avoidMaxItems = 64
+)
+
+func (a avoidKeys) add(keys []string, now time.Time) {
+	for _, k := range keys {
+		if len(a) >= avoidMaxItems {
+			return
+		}
+		a[k] = now.Add(avoidFor)
+	}
+}
+
+func (a avoidKeys) keys(now time.Time) []string {
+	var out []string
+	for k, until := range a {
+		if now.After(until) {
+			delete(a, k)
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
 }
 
 // sleep waits d or until ctx ends; it reports whether ctx is still live.

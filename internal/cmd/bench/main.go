@@ -85,7 +85,7 @@ func run(ctx context.Context, rows, batch, payload int, only, out string) error 
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 5 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
-		Only:         only,
+		Only: only,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})
 	if err != nil {

@@ -146,9 +146,9 @@ type Stats struct {
 type Relay struct {
 	cfg    Config
 	log    *slog.Logger
-	pause  pause
-	wakeMu sync.Mutex
-	wakes  []chan struct{}
+	pause    pause
+	wakes    []chan struct{}
+	inflight inflightKeys
 
 	batches, delivered, retried, deferred, deadLettered atomic.Int64
 }
@@ -191,7 +191,8 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, pause: pause{base: cfg.PauseBase, max: cfg.PauseMax}}
+	r := &Relay{cfg: cfg, log: cfg.Logger, pause: pause{base: cfg.PauseBase, max: cfg.PauseMax},
+		inflight: inflightKeys{owner: map[string]int{}}}
 	r.wakes = make([]chan struct{}, cfg.Workers)
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
@@ -278,7 +279,7 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 			}
 			continue
 		}
-		more, err := r.batch(ctx, inflight, avoid)
+		more, err := r.batch(ctx, inflight, id, avoid)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -306,15 +307,17 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 
 // batch claims and delivers one batch. more reports that it delivered
 // something, so the worker should look again before sleeping.
-func (r *Relay) batch(ctx, inflight context.Context, avoid avoidKeys) (more bool, err error) {
+func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys) (more bool, err error) {
 	start := time.Now()
 	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
-		Limit: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: avoid.keys(start),
+		Limit: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(worker, avoid.keys(start)),
 	})
 	if err != nil {
 		return false, err
 	}
 	avoid.add(claim.SkippedKeys, start)
+	r.inflight.add(worker, claim.Records)
+	defer r.inflight.remove(worker, claim.Records)
 	// The write-back must survive shutdown: a publish that happened is
 	// acknowledged even while the relay stops.
 	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultWriteTimeout)
@@ -536,10 +539,12 @@ func (r *Relay) cleanup(ctx context.Context) error {
 	}
 }
 
-// avoidKeys are keys a worker found in flight elsewhere (a hot key another
-// worker or replica is delivering). For a while the worker does not claim
-// them: it could only lock their rows and skip them, and its locks would
-// make the deliverer's next claim skip them too.
+// avoidKeys are keys a worker recently found in flight elsewhere (a hot key
+// another worker is delivering). While another worker of this relay still
+// has them in flight, the worker does not claim them: it could only lock
+// their rows and skip them, and its locks would make the deliverer's next
+// claim skip them too. Avoidance ends with the other worker's batch, so two
+// workers never avoid a key at once.
 type avoidKeys map[string]time.Time
 
 const (
@@ -564,6 +569,48 @@ func (a avoidKeys) keys(now time.Time) []string {
 			continue
 		}
 		out = append(out, k)
+	}
+	return out
+}
+
+// inflightKeys records which worker has each key in flight.
+type inflightKeys struct {
+	mu    sync.Mutex
+	owner map[string]int
+}
+
+func (f *inflightKeys) add(worker int, recs []outbox.Record) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range recs {
+		if r.HasKey {
+			f.owner[r.Key] = worker
+		}
+	}
+}
+
+func (f *inflightKeys) remove(worker int, recs []outbox.Record) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range recs {
+		if r.HasKey && f.owner[r.Key] == worker {
+			delete(f.owner, r.Key)
+		}
+	}
+}
+
+// elsewhere returns those of keys that another worker has in flight.
+func (f *inflightKeys) elsewhere(worker int, keys []string) []string {
+	if len(keys) == 0 {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := keys[:0]
+	for _, k := range keys {
+		if w, ok := f.owner[k]; ok && w != worker {
+			out = append(out, k)
+		}
 	}
 	return out
 }

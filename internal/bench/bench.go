@@ -332,7 +332,7 @@ func (r *runner) latencies(ctx context.Context) error {
 }
 
 func (r *runner) latency(ctx context.Context, rate int) ([]time.Duration, error) {
-	const producers, workers = 4, 2
+	const producers, workers = 8, 2
 	e, err := r.newEnv(ctx, workers+4+producers)
 	if err != nil {
 		return nil, err
@@ -369,8 +369,10 @@ func (r *runner) latency(ctx context.Context, rate int) ([]time.Duration, error)
 	if err != nil {
 		return nil, err
 	}
-	// Each producer commits transactions of perTx rows at a steady pace.
-	perTx := max(1, rate/producers/500)
+	// Each producer commits transactions of perTx rows at a steady pace,
+	// at most 100 a second: with fsync on, commits are the producers'
+	// limit, not the relay's.
+	perTx := max(1, rate/producers/100)
 	interval := time.Duration(float64(time.Second) * float64(perTx*producers) / float64(rate))
 	payload := make([]byte, r.cfg.PayloadBytes)
 	var mu sync.Mutex

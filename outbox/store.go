@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -427,7 +428,7 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 		statuses = append(statuses, status)
 		incs = append(incs, inc)
 		delays = append(delays, o.Delay.Microseconds())
-		errs = append(errs, truncate(o.Error, MaxErrorLen))
+		errs = append(errs, truncate(storable(o.Error), MaxErrorLen))
 		classes = append(classes, o.Class)
 		reasons = append(reasons, reason)
 		parks = append(parks, o.ParkKey && o.Kind == DeadLettered)
@@ -540,6 +541,12 @@ func joinProblems(p []string) string {
 		out += "; " + s
 	}
 	return out
+}
+
+// storable makes an error text fit a text column: valid UTF-8 without NUL
+// (a destination's response can contain anything).
+func storable(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // truncate shortens s to at most n bytes without splitting a character.

@@ -257,6 +257,27 @@ func TestCompleteWritesOutcomes(t *testing.T) {
 	}
 }
 
+// A destination's error text can hold anything; it is stored anyway.
+func TestCompleteStoresAnyErrorText(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	exec(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+	c := claim(t, st, 10)
+	err := c.Complete(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Retried, Delay: time.Second, Error: "body: \x00\xff\xfe end", Attempted: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := s.Pool.QueryRow(ctx, `SELECT last_error FROM outbox`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got, "body: ") || !strings.HasSuffix(got, " end") {
+		t.Fatalf("last_error = %q", got)
+	}
+}
+
 func TestReleaseLeavesRowsAsTheyWere(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -24,8 +24,8 @@ import (
 // per record, nil for each record the destination acknowledged. Errors are
 // classified with the retry package; unclassified errors are transient.
 // Records sharing a key are given in id order and must be delivered in that
-// order: a Publisher must not acknowledge a record whose predecessor of the
-// same key in the call failed.
+// order: after a record fails, a Publisher must not send the later records
+// of its key, and reports them with retry.ErrNotSent.
 type Publisher interface {
 	Publish(ctx context.Context, records []outbox.Record) []error
 }
@@ -318,14 +318,13 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 	avoid.add(claim.SkippedKeys, start)
 	r.inflight.add(worker, claim.Records)
 	defer r.inflight.remove(worker, claim.Records)
-	// The write-back must survive shutdown: a publish that happened is
-	// acknowledged even while the relay stops.
-	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultWriteTimeout)
-	defer cancel()
 	if len(claim.Records) == 0 {
+		writeCtx, cancel := writeBackContext(ctx)
+		defer cancel()
 		if claim.Deferred > 0 {
 			r.deferred.Add(int64(claim.Deferred))
-			return false, claim.Complete(writeCtx, nil)
+			// The claim's rows were rescheduled: look again at once.
+			return true, claim.Complete(writeCtx, nil)
 		}
 		return false, claim.Release(writeCtx)
 	}
@@ -347,6 +346,8 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 	}
 	abandoned := inflight.Err() != nil
 	outcomes = append(outcomes, r.decide(claim, pub, errs, abandoned, block, time.Since(start))...)
+	writeCtx, cancel := writeBackContext(ctx)
+	defer cancel()
 	if err := claim.Complete(writeCtx, outcomes); err != nil {
 		return false, err
 	}
@@ -356,13 +357,20 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		// takes; idle workers may help.
 		r.wakeAll()
 	}
-	// Claim again at once after any delivery: rows committed meanwhile
-	// may not have notified (one notifier at a time), and a claim that
-	// finds nothing is cheap.
-	more = len(pub) > 0
+	// Claim again at once after any delivery, or when rows were
+	// rescheduled: rows committed meanwhile may not have notified (one
+	// notifier at a time), and a claim that finds nothing is cheap.
+	more = len(pub) > 0 || claim.Deferred > 0
 	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", len(pub)),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
 	return more, nil
+}
+
+// writeBackContext bounds a write-back, detached from ctx: a publish that
+// happened is acknowledged even while the relay stops. It starts after the
+// publish, so a long publish timeout cannot eat into it.
+func writeBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), DefaultWriteTimeout)
 }
 
 // selectPublishable picks the claimed rows to publish now, in id order.
@@ -440,8 +448,10 @@ func (r *Relay) decide(claim *outbox.Claim, pub []outbox.Record, errs []error, a
 		if rec.HasKey {
 			failedKeys[rec.Key] = true
 		}
-		if abandoned {
-			continue // shutting down: an interrupted publish counts nothing
+		if abandoned || errors.Is(err, retry.ErrNotSent) {
+			// Shutting down: an interrupted publish counts nothing. Not
+			// sent: the row waits for its key's failed row.
+			continue
 		}
 		class := retry.Classify(err).Class
 		d := r.cfg.Policy.Decide(retry.Failure{

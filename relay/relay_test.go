@@ -47,7 +47,7 @@ func (f *fakePublisher) Publish(ctx context.Context, recs []outbox.Record) []err
 	for i, r := range recs {
 		f.seen[r.ID]++
 		if r.HasKey && failedKeys[r.Key] {
-			errs[i] = errors.New("not sent: an earlier message of the key failed")
+			errs[i] = retry.ErrNotSent
 			continue
 		}
 		if f.fail != nil {

@@ -207,7 +207,9 @@ func Message(r outbox.Record) kafkago.Message {
 }
 
 // write writes msgs (one topic, in id order) and returns one classified
-// error per message.
+// error per message. After a message of a key fails, the key's later
+// messages are not sent (retry.ErrNotSent), so a key is never published out
+// of order, whatever the relay then does with the failed one.
 func (p *Publisher) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message) []error {
 	errs := make([]error, len(msgs))
 	pending := make([]int, len(msgs))
@@ -226,24 +228,26 @@ func (p *Publisher) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago
 		case err == nil:
 			return errs
 		case errors.As(err, &tooLarge):
-			// Checked before anything is sent: drop the culprit, send the rest.
+			// Checked before anything is sent: drop the culprit and its
+			// key's later messages, send the rest.
 			j := culprit(batch, tooLarge)
 			errs[pending[j]] = retry.Permanent(fmt.Errorf("kafka: message of %d bytes is above the writer's batch limit", len(batch[j].Value)), retry.ReasonTooLarge)
-			pending = append(pending[:j], pending[j+1:]...)
+			pending = stopKey(msgs, pending, j, errs)
 			continue
 		case errors.As(err, &perMessage) && len(perMessage) == len(batch):
-			var oversized []int
+			var refused []int // permanent failures: maybe one culprit failing its partition batch
 			for j, e := range perMessage {
 				if e == nil {
 					continue
 				}
-				if errors.Is(e, kafkago.MessageSizeTooLarge) {
-					oversized = append(oversized, pending[j])
-					continue
+				errs[pending[j]] = p.classifyCall(e)
+				if retry.Classify(errs[pending[j]]).Class == retry.ClassPermanent {
+					refused = append(refused, pending[j])
 				}
-				errs[pending[j]] = Classify(e)
 			}
-			isolate(ctx, w, msgs, oversized, errs)
+			if len(refused) > 1 {
+				p.isolate(ctx, w, msgs, refused, errs)
+			}
 			return errs
 		default:
 			classified := p.classifyCall(err)
@@ -256,27 +260,36 @@ func (p *Publisher) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago
 	return errs
 }
 
-// isolate handles messages the broker refused as too large. The broker
-// judges a whole partition batch, so one oversized message fails its
-// neighbours too: send each alone, in order, to tell them apart. A key
-// whose message fails for another reason stops there, to keep its order.
-func isolate(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx []int, errs []error) {
-	if len(idx) == 1 {
-		errs[idx[0]] = Classify(kafkago.MessageSizeTooLarge)
-		return
-	}
-	stopped := map[string]error{}
-	for _, i := range idx {
-		key := string(msgs[i].Key)
-		if msgs[i].Key != nil {
-			if err, ok := stopped[key]; ok {
-				errs[i] = err
-				continue
-			}
+// stopKey removes pending[j] and, when it has a key, the key's later
+// pending messages, which get ErrNotSent.
+func stopKey(msgs []kafkago.Message, pending []int, j int, errs []error) []int {
+	key := msgs[pending[j]].Key
+	out := append([]int(nil), pending[:j]...)
+	for _, i := range pending[j+1:] {
+		if key != nil && msgs[i].Key != nil && string(msgs[i].Key) == string(key) {
+			errs[i] = retry.ErrNotSent
+			continue
 		}
-		errs[i] = Classify(w.WriteMessages(ctx, msgs[i]))
-		if errs[i] != nil && msgs[i].Key != nil && retry.Classify(errs[i]).Reason != retry.ReasonTooLarge {
-			stopped[key] = errs[i]
+		out = append(out, i)
+	}
+	return out
+}
+
+// isolate handles messages the broker refused for good. The broker judges
+// a whole partition batch, so one bad message (too large, an invalid
+// record) fails its neighbours too: send each alone, in order, to tell them
+// apart. After a key's message fails, its later ones are not sent.
+func (p *Publisher) isolate(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx []int, errs []error) {
+	stopped := map[string]bool{}
+	for _, i := range idx {
+		key := msgs[i].Key
+		if key != nil && stopped[string(key)] {
+			errs[i] = retry.ErrNotSent
+			continue
+		}
+		errs[i] = p.classifyCall(w.WriteMessages(ctx, msgs[i]))
+		if errs[i] != nil && key != nil {
+			stopped[string(key)] = true
 		}
 	}
 }
@@ -287,6 +300,9 @@ func isolate(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx
 // the relay (pause, count nothing) rather than as a message failure that
 // burns attempts. A genuine network EOF then only costs a short pause.
 func (p *Publisher) classifyCall(err error) error {
+	if err == nil {
+		return nil
+	}
 	if p.sasl && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return retry.Systemic(fmt.Errorf("kafka: the broker closed the connection; with SASL this usually means authentication failed (check kafka.sasl): %w", err))
 	}
@@ -356,8 +372,10 @@ func Classify(err error) error {
 	var dnsErr *net.DNSError
 	var certErr *tls.CertificateVerificationError
 	var recordErr tls.RecordHeaderError
+	var opErr *net.OpError
 	switch {
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
+	case errors.As(err, &opErr) && opErr.Op == "dial",
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
 		errors.Is(err, syscall.ENETUNREACH), errors.As(err, &dnsErr),
 		errors.As(err, &certErr), errors.As(err, &recordErr):
 		return retry.Systemic(fmt.Errorf("kafka: %w", err))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -139,7 +140,8 @@ func TestPublishIsolatesTopics(t *testing.T) {
 }
 
 // The broker refuses a batch holding one message above max.message.bytes:
-// only that message is too large; its neighbours are delivered.
+// only that message is too large; its neighbours of other keys are
+// delivered, its key's later message is not sent.
 func TestPublishIsolatesOversizedMessage(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, nil)
@@ -154,26 +156,24 @@ func TestPublishIsolatesOversizedMessage(t *testing.T) {
 		record(4, "small", "other", "d"),
 	}
 	errs := publish(t, p, recs)
-	for i, err := range errs {
-		if i == 1 {
-			if e := retry.Classify(err); err == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonTooLarge {
-				t.Fatalf("oversized record: %v, want permanent too_large", err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
+	if e := retry.Classify(errs[1]); errs[1] == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonTooLarge {
+		t.Fatalf("oversized record: %v, want permanent too_large", errs[1])
+	}
+	if !errors.Is(errs[2], retry.ErrNotSent) {
+		t.Fatalf("the oversized record's later key-mate: %v, want ErrNotSent", errs[2])
+	}
+	if errs[0] != nil || errs[3] != nil {
+		t.Fatalf("records of other keys or earlier: %v", errs)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	got := kafkatest.Consume(ctx, t, c.ListenAddrs(), "small", 3)
+	got := kafkatest.ConsumeAll(ctx, t, c, "small")
 	var order []string
 	for _, r := range got {
 		order = append(order, r.Headers[kafka.HeaderID])
 	}
-	if strings.Join(order, ",") != "1,3,4" {
-		t.Fatalf("delivered ids %v, want 1,3,4 in order", order)
+	if strings.Join(order, ",") != "1,4" {
+		t.Fatalf("delivered ids %v, want 1,4 in order", order)
 	}
 }
 
@@ -219,6 +219,7 @@ func TestClassify(t *testing.T) {
 		{kafkago.NotEnoughReplicas, retry.ClassTransient, ""},
 		{kafkago.UnknownTopicOrPartition, retry.ClassTransient, ""},
 		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, retry.ClassSystemic, ""},
+		{&net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, retry.ClassSystemic, ""},
 		{&net.DNSError{Err: "no such host", Name: "kafka"}, retry.ClassSystemic, ""},
 		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, retry.ClassTransient, ""},
 		{context.DeadlineExceeded, retry.ClassTransient, ""},

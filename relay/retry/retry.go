@@ -55,6 +55,12 @@ const (
 	ReasonInvalidMessage   = "invalid_message"
 )
 
+// ErrNotSent marks a record a Publisher did not send because an earlier
+// record of the same key in the call failed. The relay leaves such a row as
+// it was, without counting an attempt: its turn comes after the failed
+// row's.
+var ErrNotSent = errors.New("not sent: an earlier message with the same key failed")
+
 // Error is a classified delivery failure.
 type Error struct {
 	Class Class

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/file"
@@ -65,9 +66,10 @@ type Relay struct {
 	Workers int `koanf:"workers"`
 	// BatchSize is the most rows claimed per batch. Default 500.
 	BatchSize int `koanf:"batch_size"`
-	// MaxBatchBytes bounds the payload, key and header bytes of one batch.
-	// Default 921600 (900 KiB), which with Kafka's per-message overhead
-	// stays under the broker's default max.message.bytes.
+	// MaxBatchBytes bounds the bytes of one batch: payloads, keys, headers
+	// and 128 bytes per record for Kafka's own overhead. Default 921600
+	// (900 KiB), under a broker's default max.message.bytes (1 MiB) with
+	// room to spare.
 	MaxBatchBytes int `koanf:"max_batch_bytes"`
 	// PayloadCap is the largest payload delivered; larger rows are
 	// dead-lettered too_large without being loaded. Default max_batch_bytes.
@@ -541,6 +543,11 @@ func RedactURL(dsn string) string { return Redact(dsn, dsn) }
 
 func passwords(dsn string) []string {
 	var out []string
+	// The driver's own parser understands every form (quoted values,
+	// escapes, URL encoding).
+	if pc, err := pgconn.ParseConfig(dsn); err == nil && pc.Password != "" {
+		out = append(out, pc.Password, url.QueryEscape(pc.Password), url.PathEscape(pc.Password))
+	}
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		if pw, ok := u.User.Password(); ok {
 			out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))

@@ -129,6 +129,7 @@ func TestRedact(t *testing.T) {
 		{"postgres://app:p%40ss@db/x", "failed: postgres://app:p%40ss@db/x and p@ss"},
 		{"host=db user=app password=hunter2 dbname=x", "bad dsn host=db user=app password=hunter2"},
 		{"postgres://app@db/x?password=hunter2", "dsn postgres://app@db/x?password=hunter2"},
+		{"host=db user=app password='hunter2 with spaces' dbname=x", "bad dsn password='hunter2 with spaces'"},
 	} {
 		out := config.Redact(tc.in, tc.dsn)
 		if strings.Contains(out, "hunter2") || strings.Contains(out, "p@ss") || strings.Contains(out, "p%40ss") {

@@ -79,11 +79,16 @@ const probePrefix = "probe:"
 // rows. It reconnects after errors, backing off, and returns nil when ctx
 // ends.
 func (l *Listener) Run(ctx context.Context, wake func()) error {
-	backoff := 100 * time.Millisecond
+	const minBackoff = 100 * time.Millisecond
+	backoff := minBackoff
 	for ctx.Err() == nil {
+		started := time.Now()
 		err := l.listen(ctx, wake)
 		if ctx.Err() != nil {
 			break
+		}
+		if time.Since(started) > time.Minute {
+			backoff = minBackoff // it listened for a while: a new failure
 		}
 		l.setHealthy(false, err)
 		select {
@@ -120,7 +125,9 @@ func (l *Listener) listen(ctx context.Context, wake func()) error {
 	sendProbe := func() error {
 		outstanding = probePrefix + strconv.FormatInt(l.probeN.Add(1), 10)
 		deadline = time.Now().Add(l.cfg.ProbeTimeout)
-		_, err := l.pool.Exec(ctx, "SELECT pg_notify($1, $2)", l.channel, outstanding)
+		pctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		_, err := l.pool.Exec(pctx, "SELECT pg_notify($1, $2)", l.channel, outstanding)
 		return err
 	}
 	if err := sendProbe(); err != nil {

@@ -54,6 +54,13 @@ const (
 	DefaultCleanupBatch    = 5000
 	DefaultPauseBase       = time.Second
 	DefaultPauseMax        = 30 * time.Second
+
+	// RecordOverhead is counted for each record against MaxBatchBytes,
+	// beside its payload, key and headers: a generous allowance for a
+	// Kafka record's own lengths and timestamps and the two headers the
+	// relay adds. A sink's own batch limit should exceed MaxBatchBytes by
+	// some slack, so it never splits what the relay sends as one batch.
+	RecordOverhead = 128
 )
 
 // Config configures a Relay. Zero values take the defaults.
@@ -74,8 +81,9 @@ type Config struct {
 	Workers int
 	// BatchSize is the most rows claimed per batch. Default 500.
 	BatchSize int
-	// MaxBatchBytes bounds the payload bytes of one published batch; rows
-	// past it wait for the next batch. Default 1 MiB.
+	// MaxBatchBytes bounds the bytes of one published batch (payloads,
+	// keys, headers and RecordOverhead per record); rows past it wait for
+	// the next batch. Default 1 MiB.
 	MaxBatchBytes int
 	// PayloadCap is the largest payload delivered; larger rows are
 	// dead-lettered too_large without being loaded. Default 900 KiB. It
@@ -269,6 +277,7 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 	defer poll.Stop()
 	errDelay := time.Duration(0)
 	avoid := avoidKeys{}
+	avgRowBytes := 0
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -279,7 +288,7 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 			}
 			continue
 		}
-		more, err := r.batch(ctx, inflight, id, avoid)
+		more, err := r.batch(ctx, inflight, id, avoid, &avgRowBytes)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -307,13 +316,21 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 
 // batch claims and delivers one batch. more reports that it delivered
 // something, so the worker should look again before sleeping.
-func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys) (more bool, err error) {
+func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys, avgRowBytes *int) (more bool, err error) {
 	start := time.Now()
+	limit := r.claimLimit(*avgRowBytes)
 	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
-		Limit: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(worker, avoid.keys(start)),
+		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(worker, avoid.keys(start)),
 	})
 	if err != nil {
 		return false, err
+	}
+	if len(claim.Records) > 0 {
+		total := 0
+		for _, rec := range claim.Records {
+			total += recordSize(rec)
+		}
+		*avgRowBytes = total / len(claim.Records)
 	}
 	avoid.add(claim.SkippedKeys, start)
 	r.inflight.add(worker, claim.Records)
@@ -352,7 +369,7 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		return false, err
 	}
 	r.count(outcomes, claim.Deferred)
-	if claim.Claimed == r.cfg.BatchSize && len(pub) > 0 {
+	if claim.Claimed == limit && len(pub) > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
 		r.wakeAll()
@@ -412,10 +429,7 @@ func (r *Relay) selectPublishable(recs []outbox.Record, block bool) ([]outbox.Re
 			}
 			continue
 		}
-		size := rec.PayloadSize + len(rec.Key)
-		for k, v := range rec.Headers {
-			size += len(k) + len(v)
-		}
+		size := recordSize(rec)
 		if full || (len(pub) > 0 && bytes+size > r.cfg.MaxBatchBytes) {
 			full = true
 			if run != nil {
@@ -427,6 +441,25 @@ func (r *Relay) selectPublishable(recs []outbox.Record, block bool) ([]outbox.Re
 		pub = append(pub, rec)
 	}
 	return pub, outcomes
+}
+
+// recordSize is what a record counts against MaxBatchBytes.
+func recordSize(rec outbox.Record) int {
+	size := RecordOverhead + rec.PayloadSize + len(rec.Key)
+	for k, v := range rec.Headers {
+		size += len(k) + len(v)
+	}
+	return size
+}
+
+// claimLimit sizes the next claim from the size of the rows the last one
+// found: no more rows than MaxBatchBytes can carry (with some margin), so a
+// worker does not load payloads it cannot publish.
+func (r *Relay) claimLimit(avgRowBytes int) int {
+	if avgRowBytes <= 0 {
+		return r.cfg.BatchSize
+	}
+	return min(r.cfg.BatchSize, max(1, r.cfg.MaxBatchBytes/avgRowBytes*5/4))
 }
 
 // decide turns publish results into outcomes. After a failure, the later

@@ -686,3 +686,28 @@ func TestSentRowsCleanedUpAfterRetention(t *testing.T) {
 	waitFor(t, "rows kept as sent", func() bool { return count(t, s.Pool, "status = 'sent'") == 30 })
 	waitFor(t, "sent rows deleted after their retention", func() bool { return count(t, s.Pool, "true") == 0 })
 }
+
+// Large payloads: every publish stays within the batch byte budget, and
+// everything is delivered.
+func TestBatchByteBudget(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload)
+		SELECT 't', 'k' || (g % 3), convert_to(repeat('x', 300000), 'UTF8') FROM generate_series(1, 12) g`)
+	pub := &fakePublisher{}
+	const budget = 1 << 20
+	start(t, s, pub, options{cfg: relay.Config{Workers: 1, MaxBatchBytes: budget, PayloadCap: 400000}})
+	waitFor(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	for _, call := range pub.calls {
+		size := 0
+		for _, r := range call {
+			size += r.PayloadSize + relay.RecordOverhead + len(r.Key)
+		}
+		if size > budget {
+			t.Fatalf("a publish of %d records carried %d bytes, above the %d budget", len(call), size, budget)
+		}
+	}
+	if len(pub.calls) < 4 {
+		t.Fatalf("12 rows of 300 kB went in %d publishes; at most 3 fit in 1 MiB", len(pub.calls))
+	}
+}

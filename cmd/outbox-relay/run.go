@@ -24,10 +24,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
-// kafkaMessageOverhead is a generous allowance for a Kafka record's own
-// bytes (lengths, timestamps, the relay's two headers) beyond the payload,
-// key and headers the relay counts.
-const kafkaMessageOverhead = 128
+// kafkaBatchSlack is what the Kafka writer's batch limit exceeds the
+// relay's max_batch_bytes by, so the writer never splits a partition's
+// messages of one relay batch across produce requests.
+const kafkaBatchSlack = 64 << 10
 
 func (a *app) runCmd() *cobra.Command {
 	return &cobra.Command{
@@ -148,7 +148,7 @@ func kafkaConfig(cfg *config.Config) (kafka.Config, error) {
 		ClientID:    k.ClientID,
 		Writers:     cfg.Relay.Workers,
 		BatchSize:   cfg.Relay.BatchSize,
-		BatchBytes:  int64(cfg.Relay.MaxBatchBytes + cfg.Relay.BatchSize*kafkaMessageOverhead),
+		BatchBytes:  int64(cfg.Relay.MaxBatchBytes + kafkaBatchSlack),
 		DialTimeout: k.DialTimeout,
 	}
 	if k.TLS.Enabled {

@@ -168,7 +168,7 @@ func (r *runner) publisher(e *env, workers int) (*kafka.Publisher, error) {
 		Brokers:    e.cluster.ListenAddrs(),
 		Writers:    workers,
 		BatchSize:  r.cfg.BatchSize,
-		BatchBytes: int64(r.cfg.BatchSize * (r.cfg.PayloadBytes + 256)),
+		BatchBytes: int64(r.cfg.BatchSize*(r.cfg.PayloadBytes+relay.RecordOverhead+64)) + 64<<10,
 	})
 }
 
@@ -220,7 +220,7 @@ func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers i
 	}
 	cfg := relay.Config{
 		Store: store, Publisher: pub, Workers: workers, BatchSize: r.cfg.BatchSize,
-		MaxBatchBytes: r.cfg.BatchSize * (r.cfg.PayloadBytes + 64), PayloadCap: r.cfg.PayloadBytes * 2,
+		MaxBatchBytes: r.cfg.BatchSize * (r.cfg.PayloadBytes + relay.RecordOverhead + 64), PayloadCap: r.cfg.PayloadBytes * 2,
 		PollInterval: 5 * time.Millisecond,
 	}
 	if keep {

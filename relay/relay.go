@@ -152,8 +152,8 @@ type Stats struct {
 
 // Relay delivers outbox rows until its context ends.
 type Relay struct {
-	cfg    Config
-	log    *slog.Logger
+	cfg      Config
+	log      *slog.Logger
 	pause    pause
 	wakes    []chan struct{}
 	inflight inflightKeys

@@ -10,10 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -110,8 +108,9 @@ func (a *app) load(need config.Need) error {
 	return nil
 }
 
-// connect opens a pool and checks that the database answers.
-func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
+// connect opens a pool and checks that the database answers. settings
+// are session settings for every connection.
+func (a *app) connect(ctx context.Context, settings map[string]string) (*pgxpool.Pool, error) {
 	pc, err := a.cfg.Database.PoolConfig()
 	if err != nil {
 		return nil, err
@@ -120,10 +119,9 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if rp["application_name"] == "" {
 		rp["application_name"] = "outbox-relay"
 	}
-	// A claim's transaction stays open while its batch is published; if
-	// the relay vanishes behind a network black hole, the server ends the
-	// transaction and releases the rows rather than waiting for TCP.
-	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt((a.cfg.Relay.PublishTimeout + idleGrace).Milliseconds(), 10)
+	for k, v := range settings {
+		rp[k] = v
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)
@@ -134,10 +132,6 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	return pool, nil
 }
-
-// idleGrace is added to the publish timeout for the server-side idle
-// transaction timeout: a publish that times out is still written back.
-const idleGrace = 30 * time.Second
 
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {

@@ -86,7 +86,7 @@ func (a *app) withMigrator(fn func(context.Context, *migrations.Migrator) error)
 			return err
 		}
 		ctx := cmd.Context()
-		pool, err := a.connect(ctx)
+		pool, err := a.connect(ctx, nil)
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,7 +51,18 @@ are delivered again later. A second signal exits at once.`,
 
 func (a *app) run(ctx context.Context) error {
 	cfg := a.cfg
-	pool, err := a.connect(ctx)
+	pool, err := a.connect(ctx, map[string]string{
+		// A claim's transaction stays open while its batch is published;
+		// if the relay vanishes behind a network black hole, the server
+		// ends the transaction and releases the rows rather than waiting
+		// for TCP.
+		"idle_in_transaction_session_timeout": strconv.FormatInt((cfg.Relay.PublishTimeout + idleGrace).Milliseconds(), 10),
+		// The relay's writes only record progress: a write-back lost in a
+		// database crash makes its rows pending again, delivered once
+		// more, never lost. Not waiting for the WAL flush at every batch
+		// commit keeps slow disks from throttling delivery.
+		"synchronous_commit": "off",
+	})
 	if err != nil {
 		return err
 	}
@@ -128,6 +140,10 @@ func maxAge(r config.Retry) time.Duration {
 	}
 	return r.MaxAge
 }
+
+// idleGrace is added to the publish timeout for the server-side idle
+// transaction timeout: a publish that times out is still written back.
+const idleGrace = 30 * time.Second
 
 // checkSchema fails clearly when the outbox table is missing.
 func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {

@@ -107,11 +107,14 @@ func (r *runner) add(res Result) {
 	r.results = append(r.results, res)
 }
 
-// env is one scenario's schema, pool and broker.
+// env is one scenario's schema, pools and broker. The relay's pool has
+// synchronous_commit off, as outbox-relay run sets it; producers' commits
+// stay durable.
 type env struct {
-	schema  string
-	pool    *pgxpool.Pool
-	cluster *kfake.Cluster
+	schema    string
+	pool      *pgxpool.Pool // producers and set-up
+	relayPool *pgxpool.Pool
+	cluster   *kfake.Cluster
 }
 
 func (r *runner) newEnv(ctx context.Context, conns int32) (*env, error) {
@@ -127,6 +130,13 @@ func (r *runner) newEnv(ctx context.Context, conns int32) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
+	rc := pc.Copy()
+	rc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	relayPool, err := pgxpool.NewWithConfig(ctx, rc)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	m, err := migrations.New(db, name)
@@ -135,17 +145,24 @@ func (r *runner) newEnv(ctx context.Context, conns int32) (*env, error) {
 	}
 	if err != nil {
 		pool.Close()
+		relayPool.Close()
 		return nil, err
 	}
+	// Start each scenario without the previous one's dirty pages: a
+	// checkpoint landing mid-measurement would be charged to it. Needs a
+	// superuser; elsewhere the scenario just runs without it.
+	_, _ = pool.Exec(ctx, "CHECKPOINT")
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "bench"))
 	if err != nil {
 		pool.Close()
+		relayPool.Close()
 		return nil, err
 	}
-	return &env{schema: name, pool: pool, cluster: c}, nil
+	return &env{schema: name, pool: pool, relayPool: relayPool, cluster: c}, nil
 }
 
 func (e *env) close() {
+	e.relayPool.Close()
 	_, _ = e.pool.Exec(context.Background(), "DROP SCHEMA "+e.schema+" CASCADE")
 	e.pool.Close()
 	e.cluster.Close()
@@ -214,7 +231,7 @@ func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers i
 		return 0, err
 	}
 	defer pub.Close()
-	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
 	if err != nil {
 		return 0, err
 	}
@@ -257,7 +274,7 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
 		return 0, err
 	}
-	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
 	if err != nil {
 		return 0, err
 	}
@@ -318,43 +335,44 @@ func (a *ackTimes) Publish(ctx context.Context, recs []outbox.Record) []error {
 // concurrent producers, with LISTEN/NOTIFY wake-ups.
 func (r *runner) latencies(ctx context.Context) error {
 	for _, rate := range r.cfg.Rates {
-		lat, err := r.latency(ctx, rate)
+		lat, st, err := r.latency(ctx, rate)
 		if err != nil {
 			return fmt.Errorf("latency at %d rows/s: %w", rate, err)
 		}
 		achieved := float64(len(lat)) / r.cfg.LatencyFor.Seconds()
 		for _, q := range []float64{50, 95, 99} {
 			r.add(Result{Group: "latency", Name: fmt.Sprintf("p%.0f commit→ack at %d rows/s offered", q, rate),
-				Value: ms(percentile(lat, q)), Unit: "ms", Detail: fmt.Sprintf("%d rows, %.0f rows/s committed", len(lat), achieved)})
+				Value: ms(percentile(lat, q)), Unit: "ms", Detail: fmt.Sprintf("%d rows, %.0f rows/s committed, %d batches, %d retried, %d deferred",
+					len(lat), achieved, st.Batches, st.Retried, st.Deferred)})
 		}
 	}
 	return nil
 }
 
-func (r *runner) latency(ctx context.Context, rate int) ([]time.Duration, error) {
+func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st relay.Stats, err error) {
 	const producers, workers = 8, 2
 	e, err := r.newEnv(ctx, workers+4+producers)
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	defer e.close()
 	pub, err := r.publisher(e, workers)
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	defer pub.Close()
 	acks := &ackTimes{inner: pub, at: map[uuid.UUID]time.Time{}}
-	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
-	listener, err := outbox.NewListener(e.pool, outbox.ListenerConfig{Schema: e.schema})
+	listener, err := outbox.NewListener(e.relayPool, outbox.ListenerConfig{Schema: e.schema})
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	rel, err := relay.New(relay.Config{Store: store, Publisher: acks, Listener: listener, Workers: workers, BatchSize: r.cfg.BatchSize})
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -362,12 +380,12 @@ func (r *runner) latency(ctx context.Context, rate int) ([]time.Duration, error)
 	defer func() { stop(); <-done }()
 	// Let the listener come up before the clock starts.
 	if err := waitUntil(ctx, 10*time.Second, listener.Healthy); err != nil {
-		return nil, fmt.Errorf("listener: %w", err)
+		return nil, st, fmt.Errorf("listener: %w", err)
 	}
 
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{Schema: e.schema})
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	// Each producer commits transactions of perTx rows at a steady pace,
 	// at most 100 a second: with fsync on, commits are the producers'
@@ -406,24 +424,24 @@ func (r *runner) latency(ctx context.Context, rate int) ([]time.Duration, error)
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	if err := waitUntil(ctx, time.Minute, func() bool { return rel.Stats().Delivered >= int64(len(committed)) }); err != nil {
-		return nil, err
+		return nil, st, err
 	}
 	acks.mu.Lock()
 	defer acks.mu.Unlock()
-	lat := make([]time.Duration, 0, len(committed))
+	lat = make([]time.Duration, 0, len(committed))
 	for id, c := range committed {
 		a, ok := acks.at[id]
 		if !ok {
-			return nil, fmt.Errorf("event %s committed but never acknowledged", id)
+			return nil, st, fmt.Errorf("event %s committed but never acknowledged", id)
 		}
 		// An ack can land before the producer reads the clock after its
 		// commit returns: that is a latency of about zero.
 		lat = append(lat, max(0, a.Sub(c)))
 	}
-	return lat, nil
+	return lat, rel.Stats(), nil
 }
 
 // producers measures producer throughput, single-row transactions from 8
@@ -499,7 +517,7 @@ func (r *runner) naive(ctx context.Context) error {
 	deadline := start.Add(r.cfg.NaiveFor)
 	n := 0
 	for n < r.cfg.NaiveRows && time.Now().Before(deadline) {
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, e.relayPool, func(tx pgx.Tx) error {
 			var id int64
 			var key *string
 			var payload []byte
@@ -553,7 +571,7 @@ func (r *runner) claimsUnderMaintenance(ctx context.Context) error {
 		autovacuum_vacuum_scale_factor = 0, autovacuum_analyze_threshold = 1000, autovacuum_analyze_scale_factor = 0)`); err != nil {
 		return err
 	}
-	store, err := outbox.NewStore(e.pool, outbox.StoreConfig{Schema: e.schema})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
 	if err != nil {
 		return err
 	}

@@ -245,48 +245,66 @@ func TestConstraints(t *testing.T) {
 func TestWakeupOncePerStatement(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
+	w := listen(t, s)
+	if _, err := s.Pool.Exec(context.Background(), `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 500)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.count(t); got != 1 {
+		t.Fatalf("500-row insert sent %d notifications, want 1", got)
+	}
+}
+
+// wakeups listens to a schema's wake-up channel.
+type wakeups struct {
+	s       *pgtest.Schema
+	conn    *pgx.Conn
+	channel string
+	marker  string
+}
+
+func listen(t *testing.T, s *pgtest.Schema) *wakeups {
+	t.Helper()
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, s.URL)
+	conn, err := pgx.Connect(ctx, s.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listener.Close(ctx)
-	channel := s.Name + ".outbox"
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { conn.Close(ctx) })
+	w := &wakeups{s: s, conn: conn, channel: s.Name + ".outbox", marker: s.Name + ".marker"}
+	// The marker channel is the schema's own: parallel tests share the
+	// database.
+	for _, ch := range []string{w.channel, w.marker} {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
 	}
+	return w
+}
 
-	// One statement inserting 500 rows.
-	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 500)`); err != nil {
-		t.Fatal(err)
-	}
-	// A marker on another channel, sent after the inserts committed, tells
-	// us every notification of the inserts has arrived before it.
-	marker := s.Name + ".marker" // parallel tests share the database
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{marker}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Pool.Exec(ctx, "SELECT pg_notify($1, '')", marker); err != nil {
+// count returns the wake-ups received so far. It sends a marker: committed
+// after everything before it, it arrives after all their notifications.
+func (w *wakeups) count(t *testing.T) int {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := w.s.Pool.Exec(ctx, "SELECT pg_notify($1, '')", w.marker); err != nil {
 		t.Fatal(err)
 	}
 	got := 0
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := listener.WaitForNotification(wctx)
+		n, err := w.conn.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
 			t.Fatalf("waiting for notifications: %v", err)
 		}
-		if n.Channel == marker {
-			break
+		switch n.Channel {
+		case w.marker:
+			return got
+		case w.channel:
+			got++
+		default:
+			t.Fatalf("notification on %q, want %q", n.Channel, w.channel)
 		}
-		if n.Channel != channel {
-			t.Fatalf("notification on %q, want %q", n.Channel, channel)
-		}
-		got++
-	}
-	if got != 1 {
-		t.Fatalf("500-row insert sent %d notifications, want 1", got)
 	}
 }
 
@@ -321,16 +339,7 @@ func TestWakeupOneNotifierAtATime(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, s.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	channel := s.Name + ".outbox"
-	marker := s.Name + ".marker" // parallel tests share the database
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()+"; LISTEN "+pgx.Identifier{marker}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
+	w := listen(t, s)
 	first, err := s.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -353,23 +362,7 @@ func TestWakeupOneNotifierAtATime(t *testing.T) {
 	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('t', 'y')`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Pool.Exec(ctx, "SELECT pg_notify($1, '')", marker); err != nil {
-		t.Fatal(err)
-	}
-	got := 0
-	for {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := listener.WaitForNotification(wctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n.Channel == marker {
-			break
-		}
-		got++
-	}
-	if got != 2 {
+	if got := w.count(t); got != 2 {
 		t.Fatalf("%d notifications, want 2: one for the two overlapping transactions, one for the third", got)
 	}
 }

@@ -86,11 +86,16 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 		s.cred = cred
 	}
-	dir, err := os.MkdirTemp("", "outbox-pg-")
+	reapOrphans(ctx, s)
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("create cluster directory: %w", err)
 	}
 	s.dir = dir
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		s.remove()
+		return nil, fmt.Errorf("record the cluster's owner: %w", err)
+	}
 	if s.cred != nil {
 		// The temporary directory's parent must let the postgres user in.
 		if err := os.Chown(dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
@@ -185,6 +190,30 @@ func (s *Server) Restart(ctx context.Context) error {
 }
 
 func (s *Server) remove() { _ = os.RemoveAll(s.dir) }
+
+const (
+	dirPrefix = "outbox-pg-"
+	ownerFile = "owner.pid"
+)
+
+// reapOrphans stops and removes clusters whose owning process is gone: a
+// test binary killed by a timeout or a signal cannot stop its cluster.
+func reapOrphans(ctx context.Context, s *Server) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue // alive, or not ours to judge
+		}
+		orphan := &Server{dir: dir, bin: s.bin, cred: s.cred}
+		_ = orphan.command(ctx, "pg_ctl", "stop", "-w", "-m", "immediate", "-D", filepath.Join(dir, "data")).Run()
+		orphan.remove()
+	}
+}
 
 func (s *Server) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, name), args...)

@@ -3,6 +3,9 @@ package pgserver_test
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -44,5 +47,36 @@ func TestStartRestartStop(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("cluster directory %s still there after Stop (err %v)", dir, err)
+	}
+}
+
+// A cluster whose owner died is stopped and removed by the next Start.
+func TestStartReapsOrphans(t *testing.T) {
+	ctx := context.Background()
+	orphan, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orphan.Stop()
+	// Make its owner a process that has exited.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(orphan.Dir(), "owner.pid"), []byte(strconv.Itoa(dead.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	if _, err := os.Stat(orphan.Dir()); !os.IsNotExist(err) {
+		t.Fatalf("orphaned cluster %s still there (err %v)", orphan.Dir(), err)
+	}
+	conn, err := pgx.Connect(ctx, orphan.DSN("postgres"))
+	if err == nil {
+		conn.Close(ctx)
+		t.Fatal("the orphaned cluster still answers")
 	}
 }

@@ -270,8 +270,8 @@ func (r *Relay) wakeAll() {
 	}
 }
 
-// work is one worker's loop: claim, publish, write back; sleep only when
-// there was no full batch.
+// work is one worker's loop: claim, publish, write back; sleep (until a
+// wake-up or the poll interval) only when a batch delivered nothing.
 func (r *Relay) work(ctx, inflight context.Context, id int) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
@@ -325,12 +325,17 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 	if err != nil {
 		return false, err
 	}
-	if len(claim.Records) > 0 {
-		total := 0
-		for _, rec := range claim.Records {
+	// Size the next claim by the rows that will be published: oversized
+	// rows are never loaded and must not shrink it.
+	total, n := 0, 0
+	for _, rec := range claim.Records {
+		if rec.Undeliverable == "" {
 			total += recordSize(rec)
+			n++
 		}
-		*avgRowBytes = total / len(claim.Records)
+	}
+	if n > 0 {
+		*avgRowBytes = total / n
 	}
 	avoid.add(claim.SkippedKeys, start)
 	r.inflight.add(worker, claim.Records)
@@ -374,10 +379,10 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		// takes; idle workers may help.
 		r.wakeAll()
 	}
-	// Claim again at once after any delivery, or when rows were
-	// rescheduled: rows committed meanwhile may not have notified (one
-	// notifier at a time), and a claim that finds nothing is cheap.
-	more = len(pub) > 0 || claim.Deferred > 0
+	// Claim again at once after any outcome or rescheduling: rows
+	// committed meanwhile may not have notified (one notifier at a time),
+	// and a claim that finds nothing is cheap.
+	more = len(outcomes) > 0 || claim.Deferred > 0
 	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", len(pub)),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
 	return more, nil

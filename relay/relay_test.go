@@ -711,3 +711,19 @@ func TestBatchByteBudget(t *testing.T) {
 		t.Fatalf("12 rows of 300 kB went in %d publishes; at most 3 fit in 1 MiB", len(pub.calls))
 	}
 }
+
+// A backlog of rows that can only be dead-lettered is worked through back
+// to back, not one batch per poll interval.
+func TestUndeliverableBacklogDoesNotCrawl(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', convert_to(repeat('x', 5000), 'UTF8') FROM generate_series(1, 50)`)
+	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'small')`)
+	pub := &fakePublisher{}
+	// An hour between polls: only back-to-back claims can finish this.
+	start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, PayloadCap: 1000, MaxBatchBytes: 4000, PollInterval: time.Hour}})
+	waitFor(t, "every row settled", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	if n := count(t, s.Pool, "dead_letter_reason = 'too_large'"); n != 50 {
+		t.Fatalf("%d rows dead-lettered too_large, want 50", n)
+	}
+}

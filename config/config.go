@@ -202,10 +202,6 @@ type Log struct {
 	Format string `koanf:"format"`
 }
 
-// DefaultMaxBatchBytes keeps a full batch, with Kafka's per-message
-// overhead, under a broker's default max.message.bytes (1 MiB).
-const DefaultMaxBatchBytes = 900 << 10
-
 func defaults() Config {
 	return Config{
 		Database: Database{
@@ -217,7 +213,7 @@ func defaults() Config {
 		Relay: Relay{
 			Workers:         relay.DefaultWorkers,
 			BatchSize:       relay.DefaultBatchSize,
-			MaxBatchBytes:   DefaultMaxBatchBytes,
+			MaxBatchBytes:   relay.DefaultMaxBatchBytes,
 			PollInterval:    relay.DefaultPollInterval,
 			PublishTimeout:  relay.DefaultPublishTimeout,
 			DrainTimeout:    relay.DefaultDrainTimeout,

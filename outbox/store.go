@@ -43,10 +43,14 @@ type Record struct {
 	UndeliverableReason string
 }
 
-// Dead-letter reasons of rows the store finds undeliverable.
+// Dead-letter reasons: the values the table's check constraint allows.
 const (
-	ReasonTooLarge       = "too_large"
-	ReasonInvalidMessage = "invalid_message"
+	ReasonPermanent        = "permanent"
+	ReasonRetriesExhausted = "retries_exhausted"
+	ReasonMaxAgeExceeded   = "max_age_exceeded"
+	ReasonTooLarge         = "too_large"
+	ReasonNoRoute          = "no_route"
+	ReasonInvalidMessage   = "invalid_message"
 )
 
 // ParkedRecheck is how long rows behind a parked key are deferred before

@@ -42,10 +42,12 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultWorkers         = 2
-	DefaultBatchSize       = 500
-	DefaultMaxBatchBytes   = 1 << 20 // 1 MiB, Kafka's default max.message.bytes
-	DefaultPayloadCap      = 900 << 10
+	DefaultWorkers   = 2
+	DefaultBatchSize = 500
+	// DefaultMaxBatchBytes keeps a full batch, with the per-record
+	// overhead counted, well under a broker's default max.message.bytes
+	// (1 MiB).
+	DefaultMaxBatchBytes   = 900 << 10
 	DefaultPollInterval    = time.Second
 	DefaultPublishTimeout  = 15 * time.Second
 	DefaultDrainTimeout    = 30 * time.Second
@@ -83,11 +85,11 @@ type Config struct {
 	BatchSize int
 	// MaxBatchBytes bounds the bytes of one published batch (payloads,
 	// keys, headers and RecordOverhead per record); rows past it wait for
-	// the next batch. Default 1 MiB.
+	// the next batch. Default 900 KiB.
 	MaxBatchBytes int
 	// PayloadCap is the largest payload delivered; larger rows are
-	// dead-lettered too_large without being loaded. Default 900 KiB. It
-	// must not exceed MaxBatchBytes.
+	// dead-lettered too_large without being loaded. Default MaxBatchBytes,
+	// which it must not exceed.
 	PayloadCap int
 	// PollInterval is the longest a worker sleeps when there is no work
 	// and no wake-up. Default 1s.
@@ -179,7 +181,7 @@ func New(cfg Config) (*Relay, error) {
 	def(&cfg.Workers, DefaultWorkers)
 	def(&cfg.BatchSize, DefaultBatchSize)
 	def(&cfg.MaxBatchBytes, DefaultMaxBatchBytes)
-	def(&cfg.PayloadCap, min(DefaultPayloadCap, cfg.MaxBatchBytes))
+	def(&cfg.PayloadCap, cfg.MaxBatchBytes)
 	defDur(&cfg.PollInterval, DefaultPollInterval)
 	defDur(&cfg.PublishTimeout, DefaultPublishTimeout)
 	defDur(&cfg.DrainTimeout, DefaultDrainTimeout)
@@ -218,10 +220,6 @@ func (r *Relay) Stats() Stats {
 		DeadLettered: r.deadLettered.Load(),
 	}
 }
-
-// Paused reports whether delivery is paused after systemic failures, and
-// until when.
-func (r *Relay) Paused() (bool, time.Time) { return r.pause.paused(time.Now()) }
 
 // Run delivers rows until ctx ends, then stops claiming and lets in-flight
 // batches finish for up to DrainTimeout before abandoning them (their rows

@@ -565,7 +565,8 @@ func TestStopAbandonsBatchAfterDrainTimeout(t *testing.T) {
 }
 
 // With LISTEN/NOTIFY a new row is delivered at once, though the poll
-// interval is an hour.
+// interval is an hour: end to end. TestListenerWakesOnInsert (outbox)
+// checks strictly that the insert's notification is what wakes.
 func TestWakeupOnInsert(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)

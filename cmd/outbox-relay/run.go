@@ -102,10 +102,6 @@ func (a *app) run(ctx context.Context) error {
 			return err
 		}
 	}
-	payloadCap := cfg.Relay.PayloadCap
-	if payloadCap == 0 {
-		payloadCap = cfg.Relay.MaxBatchBytes
-	}
 	r, err := relay.New(relay.Config{
 		Store:           store,
 		Publisher:       publisher,
@@ -115,7 +111,7 @@ func (a *app) run(ctx context.Context) error {
 		Workers:         cfg.Relay.Workers,
 		BatchSize:       cfg.Relay.BatchSize,
 		MaxBatchBytes:   cfg.Relay.MaxBatchBytes,
-		PayloadCap:      payloadCap,
+		PayloadCap:      cfg.Relay.PayloadCap,
 		PollInterval:    cfg.Relay.PollInterval,
 		PublishTimeout:  cfg.Relay.PublishTimeout,
 		DrainTimeout:    cfg.Relay.DrainTimeout,

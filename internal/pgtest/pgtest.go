@@ -28,10 +28,9 @@ import (
 // The role needs CREATEDB for tests that create databases.
 const EnvURL = "OUTBOX_TEST_DATABASE_URL"
 
-var (
-	baseURL string // the package's server, database "postgres" unless EnvURL says otherwise
-	local   *pgserver.Server
-)
+// baseURL is the package's server, database "postgres" unless EnvURL says
+// otherwise.
+var baseURL string
 
 // Setup prepares a test package once its server runs, and returns what to
 // undo after the tests (or nil).
@@ -87,7 +86,6 @@ func start() (stop func() error, err error) {
 	if err != nil {
 		return nil, err
 	}
-	local = srv
 	baseURL = srv.DSN("postgres")
 	return srv.Stop, nil
 }
@@ -99,16 +97,6 @@ func URL(tb testing.TB) string {
 		tb.Fatal("pgtest: no server; call pgtest.Main from TestMain")
 	}
 	return baseURL
-}
-
-// Local returns the throwaway cluster when the tests started one, for tests
-// that restart the server; they skip otherwise.
-func Local(tb testing.TB) *pgserver.Server {
-	tb.Helper()
-	if local == nil {
-		tb.Skip("pgtest: the server is not a local throwaway cluster")
-	}
-	return local
 }
 
 // NewDatabase creates an empty database and returns its connection string.

@@ -14,6 +14,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Class says how a failure is handled.
@@ -45,14 +47,14 @@ func (c Class) String() string {
 	return fmt.Sprintf("Class(%d)", int(c))
 }
 
-// Dead-letter reasons. They match the outbox table's check constraint.
+// Dead-letter reasons, as the outbox table defines them.
 const (
-	ReasonPermanent        = "permanent"
-	ReasonRetriesExhausted = "retries_exhausted"
-	ReasonMaxAgeExceeded   = "max_age_exceeded"
-	ReasonTooLarge         = "too_large"
-	ReasonNoRoute          = "no_route"
-	ReasonInvalidMessage   = "invalid_message"
+	ReasonPermanent        = outbox.ReasonPermanent
+	ReasonRetriesExhausted = outbox.ReasonRetriesExhausted
+	ReasonMaxAgeExceeded   = outbox.ReasonMaxAgeExceeded
+	ReasonTooLarge         = outbox.ReasonTooLarge
+	ReasonNoRoute          = outbox.ReasonNoRoute
+	ReasonInvalidMessage   = outbox.ReasonInvalidMessage
 )
 
 // ErrNotSent marks a record a Publisher did not send because an earlier

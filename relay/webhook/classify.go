@@ -1,0 +1,145 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// StatusClass is the default class of a response status that is not a
+// success.
+func StatusClass(code int) retry.Class {
+	switch code {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusConflict,
+		http.StatusGone, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		return retry.ClassPermanent
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return retry.ClassTransient
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired:
+		return retry.ClassSystemic
+	}
+	switch {
+	case code >= 500:
+		return retry.ClassTransient
+	case code >= 400:
+		return retry.ClassPermanent
+	default:
+		// 1xx leftovers and 3xx: a redirect means the configured URL is
+		// wrong for every row, not that this row is bad.
+		return retry.ClassSystemic
+	}
+}
+
+// classifyStatus wraps err, made from resp, with its class.
+func (p *Publisher) classifyStatus(resp *http.Response, err error) error {
+	class, ok := p.cfg.StatusClasses[resp.StatusCode]
+	if !ok {
+		class = StatusClass(resp.StatusCode)
+	}
+	switch class {
+	case retry.ClassPermanent:
+		return retry.Permanent(err, "")
+	case retry.ClassSystemic:
+		return retry.Systemic(err)
+	}
+	var hint time.Duration
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		hint = ParseRetryAfter(resp.Header.Get("Retry-After"), p.cfg.Now())
+	}
+	return retry.Transient(err, hint)
+}
+
+// maxRetryAfter bounds a parsed hint before the policy caps it, so that
+// absurd values cannot overflow.
+const maxRetryAfter = 365 * 24 * time.Hour
+
+// ParseRetryAfter parses a Retry-After value, delta-seconds or an
+// HTTP-date, relative to now. Missing, malformed, negative and past values
+// give 0 (no hint); huge values are clamped to a year, for the retry
+// policy to cap.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if isDigits(v) {
+		secs, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || secs > uint64(maxRetryAfter/time.Second) {
+			return maxRetryAfter // all digits, too large to parse: huge
+		}
+		return time.Duration(secs) * time.Second
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0
+	}
+	d := t.Sub(now)
+	if d <= 0 {
+		return 0
+	}
+	return min(d, maxRetryAfter)
+}
+
+func isDigits(s string) bool {
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// classifyTransport classifies a request that got no response.
+func (p *Publisher) classifyTransport(ctx context.Context, err error) error {
+	err = fmt.Errorf("POST %s: %w", p.url, unwrapURLError(err))
+	var (
+		dnsErr  *net.DNSError
+		unknown x509.UnknownAuthorityError
+		invalid x509.CertificateInvalidError
+		host    x509.HostnameError
+		verify  *tls.CertificateVerificationError
+		alert   tls.AlertError
+		record  tls.RecordHeaderError
+		netErr  net.Error
+	)
+	switch {
+	case errors.Is(err, errGuard):
+		return retry.Systemic(err)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return retry.Systemic(err)
+	case errors.As(err, &dnsErr):
+		return retry.Systemic(err)
+	case errors.As(err, &unknown), errors.As(err, &invalid), errors.As(err, &host), errors.As(err, &verify),
+		errors.As(err, &alert), errors.As(err, &record):
+		// Certificates and TLS set-up are the same for every row.
+		return retry.Systemic(err)
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		if ctx.Err() != nil {
+			return retry.Transient(fmt.Errorf("%w (timed out after %s)", err, p.cfg.Timeout), 0)
+		}
+		return retry.Transient(err, 0)
+	}
+	// Resets, EOFs, protocol errors: the next attempt may do better.
+	return retry.Transient(err, 0)
+}
+
+// unwrapURLError drops net/http's *url.Error wrapper, whose text repeats
+// the full URL, query included.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err
+	}
+	return err
+}

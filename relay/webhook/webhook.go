@@ -1,0 +1,353 @@
+// Package webhook delivers outbox rows to an HTTP endpoint: one POST per
+// row, body = payload, with an Idempotency-Key that is the row's event id
+// on every attempt and, when secrets are configured, Standard Webhooks
+// signatures. The URL comes from configuration only, never from a row.
+//
+// Responses and network errors are classified for the retry policy: 2xx is
+// delivered; 400, 404, 405, 409, 410, 413 and 422 are permanent; 408, 425,
+// 429 and 5xx are transient (429 and 503 with their Retry-After hint);
+// 401, 403, redirects, refused connections, DNS and certificate failures
+// are systemic (the destination as a whole is unusable). The mapping of
+// status codes can be overridden per destination.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// Defaults of Config.
+const (
+	DefaultContentType           = "application/json"
+	DefaultConnectTimeout        = 5 * time.Second
+	DefaultTLSHandshakeTimeout   = 5 * time.Second
+	DefaultResponseHeaderTimeout = 10 * time.Second
+	DefaultTimeout               = 30 * time.Second
+	DefaultMaxResponseBytes      = 1024
+	DefaultConcurrency           = 8
+	userAgent                    = "outbox-relay"
+)
+
+// Config configures a Publisher. Zero values take the defaults.
+type Config struct {
+	// Name is the destination's name, used in errors.
+	Name string
+	// URL is the endpoint every row is POSTed to: http or https.
+	URL string
+	// ContentType is sent when a row has no content-type header. Default
+	// application/json.
+	ContentType string
+	// Headers are added to every request; they override row headers.
+	Headers map[string]string
+	// BearerToken, or Username and Password, authenticate the relay.
+	BearerToken        string
+	Username, Password string
+	// SigningSecrets sign each request with Standard Webhooks signatures
+	// (whsec_<base64>), one signature per secret: give the new and the old
+	// secret while rotating.
+	SigningSecrets []string
+	// TLS configures https: roots, client certificate (mTLS). Default the
+	// system roots.
+	TLS *tls.Config
+	// ConnectTimeout, TLSHandshakeTimeout and ResponseHeaderTimeout bound
+	// the phases of a request; Timeout bounds the whole of it, body
+	// included. Defaults 5s, 5s, 10s and 30s.
+	ConnectTimeout, TLSHandshakeTimeout, ResponseHeaderTimeout, Timeout time.Duration
+	// MaxResponseBytes is how much of a response body is read and quoted
+	// in errors. Default 1024.
+	MaxResponseBytes int
+	// Concurrency is the most requests one Publish call makes at once;
+	// rows of one key always go one after the other. Default 8.
+	Concurrency int
+	// AllowPrivateNetworks turns off the SSRF guard, which refuses to
+	// connect to loopback, private and link-local addresses. Only for
+	// endpoints inside the network, such as a sidecar.
+	AllowPrivateNetworks bool
+	// StatusClasses overrides the class of response status codes.
+	StatusClasses map[int]retry.Class
+	// Now is the clock for signature timestamps. Default time.Now.
+	Now func() time.Time
+}
+
+// Validate reports every problem of c at once, or nil.
+func (c *Config) Validate() error {
+	var errs []error
+	u, err := url.Parse(c.URL)
+	switch {
+	case c.URL == "":
+		errs = append(errs, errors.New("url is required"))
+	case err != nil:
+		errs = append(errs, fmt.Errorf("url: %v", err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		errs = append(errs, fmt.Errorf("url %q must be http or https", RedactURL(c.URL)))
+	case u.Host == "":
+		errs = append(errs, fmt.Errorf("url %q has no host", RedactURL(c.URL)))
+	case u.User != nil:
+		errs = append(errs, errors.New("url must not carry credentials; use username and password"))
+	}
+	if c.BearerToken != "" && (c.Username != "" || c.Password != "") {
+		errs = append(errs, errors.New("use a bearer token or basic auth, not both"))
+	}
+	if (c.Username == "") != (c.Password == "") {
+		errs = append(errs, errors.New("basic auth needs both username and password"))
+	}
+	for k, v := range c.Headers {
+		if !httpguts.ValidHeaderFieldName(k) || !httpguts.ValidHeaderFieldValue(v) {
+			errs = append(errs, fmt.Errorf("header %q is not a valid HTTP header", k))
+		} else if reserved(k) {
+			errs = append(errs, fmt.Errorf("header %q is set by the relay itself", k))
+		}
+	}
+	for i, s := range c.SigningSecrets {
+		if _, err := decodeSecret(s); err != nil {
+			errs = append(errs, fmt.Errorf("signing secret %d: %v", i+1, err))
+		}
+	}
+	for code, class := range c.StatusClasses {
+		if code < 100 || code > 599 {
+			errs = append(errs, fmt.Errorf("status class override for %d: not an HTTP status", code))
+		}
+		if code >= 200 && code < 300 && class != 0 {
+			errs = append(errs, fmt.Errorf("status %d is a success and cannot be reclassified", code))
+		}
+	}
+	for name, d := range map[string]time.Duration{"connect_timeout": c.ConnectTimeout, "tls_handshake_timeout": c.TLSHandshakeTimeout,
+		"response_header_timeout": c.ResponseHeaderTimeout, "timeout": c.Timeout} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s is %s; it must not be negative", name, d))
+		}
+	}
+	if c.MaxResponseBytes < 0 || c.Concurrency < 0 {
+		errs = append(errs, errors.New("max_response_bytes and concurrency must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Publisher POSTs rows to one endpoint. It is safe for concurrent use.
+type Publisher struct {
+	cfg     Config
+	url     string // redacted, for errors
+	secrets [][]byte
+	client  *http.Client
+	tr      *http.Transport
+}
+
+// New returns a Publisher for cfg.
+func New(cfg Config) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("webhook %s: %w", cfg.Name, err)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.ConnectTimeout, DefaultConnectTimeout)
+	def(&cfg.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
+	def(&cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	def(&cfg.Timeout, DefaultTimeout)
+	if cfg.ContentType == "" {
+		cfg.ContentType = DefaultContentType
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	p := &Publisher{cfg: cfg, url: RedactURL(cfg.URL)}
+	for _, s := range cfg.SigningSecrets {
+		key, _ := decodeSecret(s)
+		p.secrets = append(p.secrets, key)
+	}
+	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	if !cfg.AllowPrivateNetworks {
+		dialer.Control = guard
+	}
+	p.tr = &http.Transport{
+		// No proxy: the SSRF guard checks the address actually dialled.
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		TLSClientConfig:       cfg.TLS,
+		TLSHandshakeTimeout:   cfg.TLSHandshakeTimeout,
+		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+		MaxIdleConns:          cfg.Concurrency * 2,
+		MaxIdleConnsPerHost:   cfg.Concurrency * 2,
+		IdleConnTimeout:       90 * time.Second,
+		ForceAttemptHTTP2:     true,
+	}
+	p.client = &http.Client{
+		Transport: p.tr,
+		// A redirect is answered as it is: following it could leave the
+		// configured endpoint.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return p, nil
+}
+
+// Close releases idle connections.
+func (p *Publisher) Close() error {
+	p.tr.CloseIdleConnections()
+	return nil
+}
+
+// Publish POSTs each record. Rows of one key go one after the other, in
+// order; after one fails, the key's later rows are not sent
+// (retry.ErrNotSent). Other rows go in parallel, up to Concurrency.
+func (p *Publisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+	errs := make([]error, len(recs))
+	// Lanes: one per key, in id order, and one per unkeyed row.
+	var lanes [][]int
+	byKey := map[string]int{}
+	for i, r := range recs {
+		if !r.HasKey {
+			lanes = append(lanes, []int{i})
+			continue
+		}
+		l, ok := byKey[r.Key]
+		if !ok {
+			l = len(lanes)
+			byKey[r.Key] = l
+			lanes = append(lanes, nil)
+		}
+		lanes[l] = append(lanes[l], i)
+	}
+	sem := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, lane := range lanes {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			for n, i := range lane {
+				errs[i] = p.send(ctx, recs[i])
+				if errs[i] != nil {
+					for _, j := range lane[n+1:] {
+						errs[j] = retry.ErrNotSent
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// send delivers one record.
+func (p *Publisher) send(ctx context.Context, rec outbox.Record) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	req, err := p.request(ctx, rec)
+	if err != nil {
+		return err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return p.classifyTransport(ctx, err)
+	}
+	defer resp.Body.Close()
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(p.cfg.MaxResponseBytes)))
+	// Drain a little more so the connection can be reused, not forever.
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	msg := fmt.Sprintf("POST %s: %s", p.url, resp.Status)
+	if len(body) > 0 {
+		msg += fmt.Sprintf(": %q", body)
+		if len(body) == p.cfg.MaxResponseBytes {
+			msg += " (truncated)"
+		}
+	} else if readErr != nil {
+		msg += fmt.Sprintf(" (reading the body: %v)", readErr)
+	}
+	return p.classifyStatus(resp, errors.New(msg))
+}
+
+// request builds the POST for rec.
+func (p *Publisher) request(ctx context.Context, rec outbox.Record) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(rec.Payload))
+	if err != nil {
+		return nil, fmt.Errorf("build request to %s: %w", p.url, err)
+	}
+	contentType := p.cfg.ContentType
+	var bad []string
+	for k, v := range rec.Headers {
+		if !httpguts.ValidHeaderFieldName(k) || !httpguts.ValidHeaderFieldValue(v) {
+			bad = append(bad, k)
+			continue
+		}
+		if strings.EqualFold(k, "content-type") {
+			contentType = v
+			continue
+		}
+		if reserved(k) || strings.EqualFold(k, "authorization") || strings.EqualFold(k, "cookie") {
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	if len(bad) > 0 {
+		return nil, retry.Permanent(fmt.Errorf("headers %q cannot be sent over HTTP", bad), outbox.ReasonInvalidMessage)
+	}
+	for k, v := range p.cfg.Headers {
+		req.Header.Set(k, v)
+	}
+	id := rec.EventID.String()
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("User-Agent", userAgent)
+	req.Header.Set("Idempotency-Key", id)
+	switch {
+	case p.cfg.BearerToken != "":
+		req.Header.Set("Authorization", "Bearer "+p.cfg.BearerToken)
+	case p.cfg.Username != "":
+		req.SetBasicAuth(p.cfg.Username, p.cfg.Password)
+	}
+	if len(p.secrets) > 0 {
+		ts := p.cfg.Now().Unix()
+		req.Header.Set("webhook-id", id)
+		req.Header.Set("webhook-timestamp", fmt.Sprint(ts))
+		req.Header.Set("webhook-signature", Sign(p.secrets, id, ts, rec.Payload))
+	}
+	return req, nil
+}
+
+// reserved reports whether the relay sets header k itself, or HTTP
+// forbids setting it.
+func reserved(k string) bool {
+	switch strings.ToLower(k) {
+	case "idempotency-key", "webhook-id", "webhook-timestamp", "webhook-signature",
+		"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+		"te", "trailer", "upgrade", "proxy-authorization", "proxy-connection":
+		return true
+	}
+	return false
+}
+
+// RedactURL returns u without credentials, query or fragment, which may
+// carry secrets, for errors and logs.
+func RedactURL(u string) string {
+	pu, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	pu.User, pu.RawQuery, pu.Fragment = nil, "", ""
+	return pu.String()
+}

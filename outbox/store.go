@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -114,6 +115,7 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
 FROM ` + t + `
 WHERE status = 'pending' AND next_attempt_at <= now()
   AND (key IS NULL OR NOT key = ANY($3::text[]))
+  AND NOT topic = ANY($4::text[])
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
@@ -128,14 +130,14 @@ FOR UPDATE SKIP LOCKED`
 	// the key's delivered rows, dead until vacuum.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
-	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now()
+	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic
 FROM ` + keys + `
 CROSS JOIN LATERAL (
-    SELECT p.id, p.next_attempt_at FROM ` + t + ` AS p
+    SELECT p.id, p.next_attempt_at, p.topic FROM ` + t + ` AS p
     WHERE p.key = c.key AND p.status = 'pending' AND p.id >= $3 AND p.id < c.max_id
     ORDER BY p.id LIMIT c.n) AS p
 UNION ALL
-SELECT p.key, p.id, true, p.next_attempt_at, false
+SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic
 FROM ` + keys + `
 JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
 ORDER BY 1, 2`
@@ -195,6 +197,12 @@ type ClaimParams struct {
 	// rows the claim could only lock and skip, getting in the way of the
 	// worker that delivers them. Keep it short.
 	ExcludeKeys []string
+	// ExcludeTopics are topics not to claim: their destination is not
+	// taking deliveries. A row of such a topic that holds its key counts
+	// as waiting for ExcludeFor, so the key's later rows are deferred
+	// rather than claimed again and again.
+	ExcludeTopics []string
+	ExcludeFor    time.Duration
 }
 
 // Claim is a batch of rows locked by one open transaction. Finish it with
@@ -240,11 +248,14 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
 }
 
 func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
-	exclude := p.ExcludeKeys
+	exclude, excludeTopics := p.ExcludeKeys, p.ExcludeTopics
 	if exclude == nil {
 		exclude = []string{}
 	}
-	rows, err := c.tx.Query(ctx, c.store.sql.claim, p.Limit, p.PayloadCap, exclude)
+	if excludeTopics == nil {
+		excludeTopics = []string{}
+	}
+	rows, err := c.tx.Query(ctx, c.store.sql.claim, p.Limit, p.PayloadCap, exclude, excludeTopics)
 	if err != nil {
 		return fmt.Errorf("claim outbox rows: %w", err)
 	}
@@ -283,13 +294,13 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	return c.keepKeyOrder(ctx)
+	return c.keepKeyOrder(ctx, p)
 }
 
 // keepKeyOrder drops the claimed rows that an earlier row of their key,
 // outside the claim, must precede, and defers them when that row is
 // waiting rather than in flight.
-func (c *Claim) keepKeyOrder(ctx context.Context) error {
+func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
 	claimed := make(map[int64]bool, len(c.Records))
@@ -319,8 +330,9 @@ func (c *Claim) keepKeyOrder(ctx context.Context) error {
 			id              int64
 			parked, waiting bool
 			next            time.Time
+			topic           string
 		)
-		if err := rows.Scan(&key, &id, &parked, &next, &waiting); err != nil {
+		if err := rows.Scan(&key, &id, &parked, &next, &waiting, &topic); err != nil {
 			rows.Close()
 			return fmt.Errorf("check key order: scan: %w", err)
 		}
@@ -328,8 +340,11 @@ func (c *Claim) keepKeyOrder(ctx context.Context) error {
 			continue // rows come in id order: only the first blocker counts
 		}
 		b := blocker{id: id, waiting: parked || waiting, until: next}
-		if parked {
+		switch {
+		case parked:
 			b.until = c.Now.Add(ParkedRecheck)
+		case !waiting && slices.Contains(p.ExcludeTopics, topic):
+			b.waiting, b.until = true, c.Now.Add(max(p.ExcludeFor, time.Millisecond))
 		}
 		blocked[key] = b
 	}
@@ -395,7 +410,8 @@ type Outcome struct {
 	// Reason is the dead-letter reason (DeadLettered).
 	Reason string
 	// Attempted is true when the row was handed to the destination; an
-	// attempted failure counts towards retry_count unless Deferred.
+	// attempted failure counts towards retry_count unless Deferred. A
+	// Deferred row that was not attempted keeps its error and history.
 	Attempted bool
 	// ParkKey makes a dead-lettered row hold its key until released.
 	ParkKey bool
@@ -405,7 +421,8 @@ type Outcome struct {
 // commits. On error the transaction is rolled back and every row stays as
 // it was before the claim.
 func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
-	var sent []int64
+	var sent, deferIDs []int64
+	var deferAt []time.Time
 	var (
 		ids                     []int64
 		statuses, errs, classes []string
@@ -417,6 +434,13 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	for _, o := range outcomes {
 		if o.Kind == Sent {
 			sent = append(sent, o.ID)
+			continue
+		}
+		if o.Kind == Deferred && !o.Attempted {
+			// Never handed to the destination: nothing to record but when
+			// to look again.
+			deferIDs = append(deferIDs, o.ID)
+			deferAt = append(deferAt, c.Now.Add(o.Delay))
 			continue
 		}
 		status, inc := "pending", int32(0)
@@ -441,6 +465,9 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	b := &pgx.Batch{}
 	if len(sent) > 0 {
 		b.Queue(c.store.sql.sent, sent)
+	}
+	if len(deferIDs) > 0 {
+		b.Queue(c.store.sql.defer_, deferIDs, deferAt)
 	}
 	if len(ids) > 0 {
 		b.Queue(c.store.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, c.store.errorHistory)

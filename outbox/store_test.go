@@ -338,7 +338,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 		}
 		return strings.Join(lines, "\n")
 	}
-	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}'")
+	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}'")
 	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
 		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
 	}

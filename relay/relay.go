@@ -69,7 +69,14 @@ const (
 type Config struct {
 	// Store claims rows and writes outcomes back. Required.
 	Store *outbox.Store
-	// Publisher delivers the rows. Required.
+	// Destinations are where rows go, chosen by Routes. Either give
+	// Destinations and Routes, or a single Publisher: a destination named
+	// "default" that every topic is routed to.
+	Destinations []Destination
+	// Routes map topics to Destinations; a row that no route matches is
+	// dead-lettered no_route.
+	Routes []Route
+	// Publisher is the single destination of a relay without Destinations.
 	Publisher Publisher
 	// Listener wakes the workers when rows are inserted; without one they
 	// only poll.
@@ -101,7 +108,8 @@ type Config struct {
 	// context ends before they are abandoned (their rows stay pending).
 	// Default 30s.
 	DrainTimeout time.Duration
-	// OnDeadLetter is release (default) or block.
+	// OnDeadLetter is release (default) or block, for destinations that do
+	// not set their own.
 	OnDeadLetter string
 	// SentRetention keeps sent rows this long before cleanup; 0 deletes
 	// rows as they are sent. It must agree with the Store's KeepSent.
@@ -109,9 +117,9 @@ type Config struct {
 	// CleanupInterval is how often sent rows past their retention are
 	// deleted. Default 1m.
 	CleanupInterval time.Duration
-	// PauseBase and PauseMax bound how long the destination is paused
-	// after systemic failures: the pause doubles with each consecutive
-	// one. Defaults 1s and 30s.
+	// PauseBase and PauseMax bound the cool-down of a destination's
+	// circuit breaker: how long it stays open before a probe. It doubles
+	// while probes fail. Defaults 1s and 30s.
 	PauseBase, PauseMax time.Duration
 }
 
@@ -121,8 +129,32 @@ func (c *Config) Validate() error {
 	if c.Store == nil {
 		errs = append(errs, errors.New("relay: a store is required"))
 	}
-	if c.Publisher == nil {
-		errs = append(errs, errors.New("relay: a publisher is required"))
+	switch {
+	case c.Publisher == nil && len(c.Destinations) == 0:
+		errs = append(errs, errors.New("relay: a publisher or destinations are required"))
+	case c.Publisher != nil && len(c.Destinations) > 0:
+		errs = append(errs, errors.New("relay: give a publisher or destinations, not both"))
+	}
+	names := make([]string, 0, len(c.Destinations))
+	seen := map[string]bool{}
+	for i := range c.Destinations {
+		d := &c.Destinations[i]
+		if err := d.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if seen[d.Name] {
+			errs = append(errs, fmt.Errorf("relay: destination %s is defined twice", d.Name))
+		}
+		seen[d.Name] = true
+		names = append(names, d.Name)
+	}
+	if len(c.Destinations) > 0 {
+		if len(c.Routes) == 0 {
+			errs = append(errs, errors.New("relay: destinations need routes"))
+		}
+		if err := ValidateRoutes(c.Routes, names); err != nil {
+			errs = append(errs, fmt.Errorf("relay: %w", err))
+		}
 	}
 	for name, v := range map[string]int{"workers": c.Workers, "batch_size": c.BatchSize, "max_batch_bytes": c.MaxBatchBytes, "payload_cap": c.PayloadCap} {
 		if v < 0 {
@@ -149,18 +181,20 @@ func (c *Config) Validate() error {
 
 // Stats counts what the relay did. Read it with Relay.Stats.
 type Stats struct {
-	Batches, Delivered, Retried, Deferred, DeadLettered int64
+	// Claims counts claim queries; Batches those that found rows.
+	Claims, Batches, Delivered, Retried, Deferred, DeadLettered int64
 }
 
 // Relay delivers outbox rows until its context ends.
 type Relay struct {
 	cfg      Config
 	log      *slog.Logger
-	pause    pause
+	dests    []*dest
+	router   *router
 	wakes    []chan struct{}
 	inflight inflightKeys
 
-	batches, delivered, retried, deferred, deadLettered atomic.Int64
+	claims, batches, delivered, retried, deferred, deadLettered atomic.Int64
 }
 
 // New returns a Relay for cfg.
@@ -201,8 +235,17 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, pause: pause{base: cfg.PauseBase, max: cfg.PauseMax},
-		inflight: inflightKeys{owner: map[string]int{}}}
+	if len(cfg.Destinations) == 0 {
+		cfg.Destinations = []Destination{{Name: "default", Publisher: cfg.Publisher}}
+		cfg.Routes = []Route{{Topics: []string{"*"}, Destination: "default"}}
+	}
+	r := &Relay{cfg: cfg, log: cfg.Logger, inflight: inflightKeys{owner: map[string]int{}}}
+	index := map[string]int{}
+	for i, d := range cfg.Destinations {
+		index[d.Name] = i
+		r.dests = append(r.dests, r.newDest(d))
+	}
+	r.router = newRouter(cfg.Routes, index)
 	r.wakes = make([]chan struct{}, cfg.Workers)
 	for i := range r.wakes {
 		r.wakes[i] = make(chan struct{}, 1)
@@ -213,6 +256,7 @@ func New(cfg Config) (*Relay, error) {
 // Stats returns what the relay has done so far.
 func (r *Relay) Stats() Stats {
 	return Stats{
+		Claims:       r.claims.Load(),
 		Batches:      r.batches.Load(),
 		Delivered:    r.delivered.Load(),
 		Retried:      r.retried.Load(),
@@ -280,12 +324,6 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if paused, until := r.pause.paused(time.Now()); paused {
-			if !sleep(ctx, time.Until(until)) {
-				return nil
-			}
-			continue
-		}
 		more, err := r.batch(ctx, inflight, id, avoid, &avgRowBytes)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -302,7 +340,12 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 		if more {
 			continue
 		}
-		poll.Reset(r.cfg.PollInterval)
+		// Wake up when a breaker may let a probe through, too.
+		wait := r.cfg.PollInterval
+		if until := r.nextReopen(); !until.IsZero() {
+			wait = max(min(wait, time.Until(until)), time.Millisecond)
+		}
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -317,12 +360,15 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys, avgRowBytes *int) (more bool, err error) {
 	start := time.Now()
 	limit := r.claimLimit(*avgRowBytes)
+	closed, closedFor := r.closedTopics(start)
 	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(worker, avoid.keys(start)),
+		ExcludeTopics: closed, ExcludeFor: closedFor,
 	})
 	if err != nil {
 		return false, err
 	}
+	r.claims.Add(1)
 	// Size the next claim by the rows that will be published: oversized
 	// rows are never loaded and must not shrink it.
 	total, n := 0, 0
@@ -349,30 +395,26 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		return false, claim.Release(writeCtx)
 	}
 
-	block := r.cfg.OnDeadLetter == OnDeadLetterBlock
-	pub, outcomes := r.selectPublishable(claim.Records, block)
-	var errs []error
-	if len(pub) > 0 {
-		pctx, cancelPublish := context.WithTimeout(inflight, r.cfg.PublishTimeout)
-		errs = r.cfg.Publisher.Publish(pctx, pub)
-		cancelPublish()
-		if len(errs) != len(pub) {
-			err := fmt.Errorf("publisher returned %d results for %d records", len(errs), len(pub))
-			errs = make([]error, len(pub))
-			for i := range errs {
-				errs[i] = err
-			}
+	groups, outcomes := r.plan(claim.Records, time.Now())
+	defer func() {
+		for _, g := range groups {
+			g.d.bulk.give(len(g.recs))
 		}
-	}
+	}()
+	r.publish(inflight, groups)
 	abandoned := inflight.Err() != nil
-	outcomes = append(outcomes, r.decide(claim, pub, errs, abandoned, block, time.Since(start))...)
+	published := 0
+	for _, g := range groups {
+		published += len(g.recs)
+		outcomes = append(outcomes, r.decide(claim, g, abandoned, time.Since(start))...)
+	}
 	writeCtx, cancel := writeBackContext(ctx)
 	defer cancel()
 	if err := claim.Complete(writeCtx, outcomes); err != nil {
 		return false, err
 	}
 	r.count(outcomes, claim.Deferred)
-	if claim.Claimed == limit && len(pub) > 0 {
+	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
 		r.wakeAll()
@@ -381,7 +423,7 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 	// committed meanwhile may not have notified (one notifier at a time),
 	// and a claim that finds nothing is cheap.
 	more = len(outcomes) > 0 || claim.Deferred > 0
-	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", len(pub)),
+	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
 	return more, nil
 }
@@ -393,57 +435,146 @@ func writeBackContext(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(context.WithoutCancel(ctx), DefaultWriteTimeout)
 }
 
-// selectPublishable picks the claimed rows to publish now, in id order.
-// Undeliverable rows get their dead-letter outcome here. A key's rows travel
-// together only while they share a topic, so that a failure on one topic can
-// never let a later row of the key through on another; and once the batch's
-// byte budget is spent, the remaining rows wait for the next batch.
-func (r *Relay) selectPublishable(recs []outbox.Record, block bool) ([]outbox.Record, []outbox.Outcome) {
+// group is a batch's rows for one destination, in id order, and what its
+// publish returned.
+type group struct {
+	d     *dest
+	recs  []outbox.Record
+	errs  []error
+	probe bool // the breaker's half-open probe
+}
+
+// plan routes the claimed rows and picks those to publish now, per
+// destination, in id order. Undeliverable and unroutable rows get their
+// dead-letter outcome here; rows of a destination whose breaker is open, or
+// retries over its budget, are deferred without counting an attempt. A
+// key's rows travel together only while they go to one destination and
+// topic, so that a failure in one place can never let a later row of the
+// key through in another; and once the batch's byte budget or a
+// destination's bulkhead is spent, the remaining rows wait for the next
+// batch, untouched.
+func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Outcome) {
 	type keyRun struct {
+		dest    int
 		topic   string
 		stopped bool
 	}
 	runs := map[string]*keyRun{}
-	pub := make([]outbox.Record, 0, len(recs))
+	groups := map[int]*group{}
+	var order []*group
+	admitted := map[int]admission{}
 	var outcomes []outbox.Outcome
 	bytes := 0
 	full := false
 	for _, rec := range recs {
+		rt := r.router.route(rec.Topic)
+		if rec.Undeliverable == "" && rt.dest < 0 {
+			rec.Undeliverable = fmt.Sprintf("no route matches topic %q", rec.Topic)
+			rec.UndeliverableReason = outbox.ReasonNoRoute
+		}
 		var run *keyRun
 		if rec.HasKey {
 			run = runs[rec.Key]
 			if run == nil {
-				run = &keyRun{topic: rec.Topic}
+				run = &keyRun{dest: rt.dest, topic: rt.topic}
 				runs[rec.Key] = run
 			}
-			if run.stopped || run.topic != rec.Topic {
+			if run.stopped || run.dest != rt.dest || run.topic != rt.topic {
 				run.stopped = true
 				continue
 			}
 		}
+		stop := func() {
+			if run != nil {
+				run.stopped = true
+			}
+		}
+		var d *dest
+		if rt.dest >= 0 {
+			d = r.dests[rt.dest]
+		}
 		if rec.Undeliverable != "" {
-			park := block && rec.HasKey
+			park := d != nil && d.block && rec.HasKey
 			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered,
 				Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park})
 			r.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
 				slog.String("reason", rec.UndeliverableReason), slog.String("error", rec.Undeliverable))
 			if park {
-				run.stopped = true
+				stop()
 			}
 			continue
 		}
+		a, ok := admitted[rt.dest]
+		if !ok {
+			a = d.breaker.admit(now)
+			admitted[rt.dest] = a
+		}
+		if !a.ok {
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: max(a.until.Sub(now), time.Millisecond)})
+			stop()
+			continue
+		}
+		g := groups[rt.dest]
+		if g == nil {
+			g = &group{d: d, probe: a.probe}
+			groups[rt.dest] = g
+			order = append(order, g)
+		}
 		size := recordSize(rec)
-		if full || (len(pub) > 0 && bytes+size > r.cfg.MaxBatchBytes) {
-			full = true
-			if run != nil {
-				run.stopped = true
-			}
+		if (a.probe && len(g.recs) > 0) || full || (bytes > 0 && bytes+size > r.cfg.MaxBatchBytes) {
+			full = full || !a.probe
+			stop()
+			continue
+		}
+		if d.bulk.take(1) == 0 {
+			stop()
+			continue
+		}
+		if rec.RetryCount > 0 && !d.budget.spend(now) {
+			d.bulk.give(1)
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: budgetDeferral})
+			stop()
 			continue
 		}
 		bytes += size
-		pub = append(pub, rec)
+		rec.Topic = rt.topic
+		g.recs = append(g.recs, rec)
 	}
-	return pub, outcomes
+	out := order[:0]
+	for _, g := range order {
+		if len(g.recs) > 0 {
+			out = append(out, g)
+		} else if g.probe {
+			g.d.breaker.abandoned()
+		}
+	}
+	return out, outcomes
+}
+
+// publish hands each group to its destination, the destinations in
+// parallel, each bounded by the publish timeout.
+func (r *Relay) publish(inflight context.Context, groups []*group) {
+	one := func(g *group) {
+		ctx, cancel := context.WithTimeout(inflight, r.cfg.PublishTimeout)
+		defer cancel()
+		g.errs = g.d.Publisher.Publish(ctx, g.recs)
+		if len(g.errs) != len(g.recs) {
+			err := fmt.Errorf("destination %s returned %d results for %d records", g.d.Name, len(g.errs), len(g.recs))
+			g.errs = make([]error, len(g.recs))
+			for i := range g.errs {
+				g.errs[i] = err
+			}
+		}
+	}
+	if len(groups) == 1 {
+		one(groups[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() { one(g) })
+	}
+	wg.Wait()
 }
 
 // recordSize is what a record counts against MaxBatchBytes.
@@ -465,20 +596,29 @@ func (r *Relay) claimLimit(avgRowBytes int) int {
 	return min(r.cfg.BatchSize, max(1, r.cfg.MaxBatchBytes/avgRowBytes*5/4))
 }
 
-// decide turns publish results into outcomes. After a failure, the later
+// decide turns a group's publish results into outcomes and feeds them to
+// its destination's breaker and retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's.
-func (r *Relay) decide(claim *outbox.Claim, pub []outbox.Record, errs []error, abandoned, block bool, elapsed time.Duration) []outbox.Outcome {
-	outcomes := make([]outbox.Outcome, 0, len(pub))
+func (r *Relay) decide(claim *outbox.Claim, g *group, abandoned bool, elapsed time.Duration) []outbox.Outcome {
+	d := g.d
+	outcomes := make([]outbox.Outcome, 0, len(g.recs))
+	results := make([]delivery, 0, len(g.recs))
 	failedKeys := map[string]bool{}
-	systemic := false
-	for i, rec := range pub {
+	firsts, retriesSent := 0, 0
+	for i, rec := range g.recs {
 		if rec.HasKey && failedKeys[rec.Key] {
 			continue
 		}
-		err := errs[i]
+		err := g.errs[i]
 		if err == nil {
 			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Sent})
+			results = append(results, delivery{sent: true})
+			if rec.RetryCount > 0 {
+				retriesSent++
+			} else {
+				firsts++
+			}
 			continue
 		}
 		if rec.HasKey {
@@ -489,52 +629,59 @@ func (r *Relay) decide(claim *outbox.Claim, pub []outbox.Record, errs []error, a
 			// sent: the row waits for its key's failed row.
 			continue
 		}
+		if rec.RetryCount == 0 {
+			firsts++
+		}
 		class := retry.Classify(err).Class
-		d := r.cfg.Policy.Decide(retry.Failure{
+		// A permanent failure is the message's fault: the destination
+		// answered, which is all its breaker cares about.
+		results = append(results, delivery{sent: class == retry.ClassPermanent, class: class, err: err.Error()})
+		dec := r.cfg.Policy.Decide(retry.Failure{
 			Err:       err,
 			Attempt:   rec.RetryCount,
 			Age:       claim.Now.Sub(rec.CreatedAt) + elapsed,
 			PrevDelay: rec.LastDelay,
 		})
 		o := outbox.Outcome{ID: rec.ID, Error: err.Error(), Class: class.String(), Attempted: true}
-		switch d.Action {
+		switch dec.Action {
 		case retry.Retry:
-			o.Kind, o.Delay = outbox.Retried, d.Delay
+			o.Kind, o.Delay = outbox.Retried, dec.Delay
 		case retry.Defer:
 			o.Kind = outbox.Deferred
-			systemic = true
 		case retry.DeadLetter:
-			o.Kind, o.Reason = outbox.DeadLettered, d.Reason
-			o.ParkKey = block && rec.HasKey
-			if rec.HasKey && !block {
+			o.Kind, o.Reason = outbox.DeadLettered, dec.Reason
+			o.ParkKey = d.block && rec.HasKey
+			if rec.HasKey && !d.block {
 				delete(failedKeys, rec.Key) // released: the key's next row may go
 			}
 			r.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
-				slog.String("reason", d.Reason), slog.Int("attempts", rec.RetryCount+1), slog.String("error", o.Error))
+				slog.String("destination", d.Name), slog.String("reason", dec.Reason),
+				slog.Int("attempts", rec.RetryCount+1), slog.String("error", o.Error))
 		}
 		outcomes = append(outcomes, o)
 	}
-	if systemic {
-		delay := r.pause.trip(time.Now())
-		for i := range outcomes {
-			if outcomes[i].Kind == outbox.Deferred {
-				outcomes[i].Delay = delay
-			}
+	if abandoned {
+		if g.probe {
+			d.breaker.abandoned()
 		}
-		r.log.Warn("destination unusable; pausing delivery", slog.Duration("pause", delay), slog.String("error", firstError(outcomes)))
-	} else if len(pub) > 0 && len(outcomes) > 0 && !abandoned {
-		r.pause.reset()
+		return outcomes
+	}
+	now := time.Now()
+	d.budget.earn(now, firsts, retriesSent)
+	cooldown := d.breaker.result(now, results, g.probe)
+	if cooldown == 0 {
+		if _, until := d.breaker.snapshot(); until.After(now) {
+			cooldown = until.Sub(now)
+		} else {
+			cooldown = r.cfg.PauseBase
+		}
+	}
+	for i := range outcomes {
+		if outcomes[i].Kind == outbox.Deferred {
+			outcomes[i].Delay = cooldown
+		}
 	}
 	return outcomes
-}
-
-func firstError(outcomes []outbox.Outcome) string {
-	for _, o := range outcomes {
-		if o.Kind == outbox.Deferred {
-			return o.Error
-		}
-	}
-	return ""
 }
 
 func (r *Relay) count(outcomes []outbox.Outcome, deferredByClaim int) {
@@ -676,34 +823,106 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// pause holds delivery after systemic failures, doubling with each
-// consecutive one.
-type pause struct {
-	base, max time.Duration
-	mu        sync.Mutex
-	until     time.Time
-	streak    int
+// dest is a destination with its breaker, bulkhead and retry budget.
+type dest struct {
+	Destination
+	block   bool
+	breaker *breaker
+	bulk    bulkhead
+	budget  *retryBudget
 }
 
-func (p *pause) trip(now time.Time) time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	d := retry.Exponential(p.streak, p.base, p.max)
-	p.streak++
-	if u := now.Add(d); u.After(p.until) {
-		p.until = u
+func (r *Relay) newDest(d Destination) *dest {
+	if d.OnDeadLetter == "" {
+		d.OnDeadLetter = r.cfg.OnDeadLetter
 	}
-	return d
+	if d.Breaker.Failures == 0 {
+		d.Breaker.Failures = DefaultBreakerFailures
+	}
+	if d.Breaker.Successes == 0 {
+		d.Breaker.Successes = DefaultBreakerSuccesses
+	}
+	x := &dest{
+		Destination: d,
+		block:       d.OnDeadLetter == OnDeadLetterBlock,
+		bulk:        bulkhead{max: d.MaxInFlight},
+		budget:      newRetryBudget(d.RetryBudget),
+	}
+	log := r.log.With(slog.String("destination", d.Name))
+	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes, base: r.cfg.PauseBase, max: r.cfg.PauseMax,
+		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string) {
+			switch to {
+			case BreakerOpen:
+				log.Warn("destination failing; circuit opened, its rows wait without counting attempts",
+					slog.Duration("cooldown", cooldown), slog.String("error", lastErr))
+			case BreakerHalfOpen:
+				log.Info("circuit half-open; probing the destination")
+			case BreakerClosed:
+				log.Info("destination recovered; circuit closed")
+			}
+		}}
+	return x
 }
 
-func (p *pause) reset() {
-	p.mu.Lock()
-	p.streak = 0
-	p.mu.Unlock()
+// closedTopics returns the known topics of destinations taking no rows
+// now (breaker open or probing, bulkhead full), and how long the earliest
+// of them stays so.
+func (r *Relay) closedTopics(now time.Time) ([]string, time.Duration) {
+	var closed map[int]bool
+	var soonest time.Duration
+	for i, d := range r.dests {
+		blocked, until := d.breaker.blocked(now)
+		if !blocked && d.bulk.full() {
+			blocked, until = true, now.Add(bulkheadRecheck)
+		}
+		if !blocked {
+			continue
+		}
+		if closed == nil {
+			closed = map[int]bool{}
+		}
+		closed[i] = true
+		if left := until.Sub(now); soonest == 0 || left < soonest {
+			soonest = left
+		}
+	}
+	return r.router.topicsOf(closed), soonest
 }
 
-func (p *pause) paused(now time.Time) (bool, time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return now.Before(p.until), p.until
+// bulkheadRecheck is how long rows behind a row of a destination with a
+// full bulkhead wait: deliveries finish quickly or time out.
+const bulkheadRecheck = 100 * time.Millisecond
+
+// nextReopen is when the earliest open breaker lets a probe through, or
+// zero.
+func (r *Relay) nextReopen() time.Time {
+	var soonest time.Time
+	for _, d := range r.dests {
+		if state, until := d.breaker.snapshot(); state == BreakerOpen && (soonest.IsZero() || until.Before(soonest)) {
+			soonest = until
+		}
+	}
+	return soonest
+}
+
+// DestinationStatus is a destination's state, for readiness and metrics.
+type DestinationStatus struct {
+	Name    string
+	Breaker BreakerState
+	// OpenUntil is when an open breaker lets a probe through.
+	OpenUntil time.Time
+}
+
+// Destinations reports the state of every destination.
+func (r *Relay) Destinations() []DestinationStatus {
+	out := make([]DestinationStatus, 0, len(r.dests))
+	for _, d := range r.dests {
+		state, until := d.breaker.snapshot()
+		st := DestinationStatus{Name: d.Name, Breaker: state}
+		if state == BreakerOpen {
+			st.OpenUntil = until
+		}
+		out = append(out, st)
+	}
+	return out
 }

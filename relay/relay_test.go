@@ -120,7 +120,10 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 		t.Fatal(err)
 	}
 	cfg := o.cfg
-	cfg.Store, cfg.Publisher, cfg.Policy = store, pub, policy
+	cfg.Store, cfg.Policy = store, policy
+	if pub != nil {
+		cfg.Publisher = pub
+	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 20 * time.Millisecond
 	}

@@ -57,7 +57,14 @@ type Config struct {
 	Log      Log      `koanf:"log"`
 	Relay    Relay    `koanf:"relay"`
 	Retry    Retry    `koanf:"retry"`
-	Kafka    Kafka    `koanf:"kafka"`
+	// Kafka is the default destination, named kafka, when brokers are
+	// set.
+	Kafka Kafka `koanf:"kafka"`
+	// Destinations are further Kafka clusters and HTTP endpoints, by name.
+	Destinations map[string]Destination `koanf:"destinations"`
+	// Routes map topics to destinations, first match first. Without
+	// routes every topic goes to the kafka destination.
+	Routes []Route `koanf:"routes"`
 }
 
 // Relay configures delivery.
@@ -129,21 +136,21 @@ type Kafka struct {
 	ClientID string `koanf:"client_id"`
 	// DialTimeout bounds connecting to a broker. Default 5s.
 	DialTimeout time.Duration `koanf:"dial_timeout"`
-	TLS         KafkaTLS      `koanf:"tls"`
+	TLS         TLS           `koanf:"tls"`
 	SASL        KafkaSASL     `koanf:"sasl"`
 }
 
-// KafkaTLS configures TLS to the brokers.
-type KafkaTLS struct {
-	// Enabled turns TLS on, verifying brokers against the system roots or
-	// CAFile.
+// TLS configures TLS to a destination.
+type TLS struct {
+	// Enabled turns TLS on for Kafka, verifying brokers against the
+	// system roots or CAFile. (HTTP destinations use TLS for https URLs.)
 	Enabled bool `koanf:"enabled"`
 	// CAFile is a PEM bundle of extra roots.
 	CAFile string `koanf:"ca_file"`
 	// CertFile and KeyFile are a PEM client certificate and key (mTLS).
 	CertFile string `koanf:"cert_file"`
 	KeyFile  string `koanf:"key_file"`
-	// ServerName overrides the name verified in brokers' certificates.
+	// ServerName overrides the name verified in servers' certificates.
 	ServerName string `koanf:"server_name"`
 	// InsecureSkipVerify disables certificate verification. Never in
 	// production.
@@ -172,8 +179,8 @@ type Need int
 const (
 	// NeedDatabase: the database URL (migrate, run, dlq).
 	NeedDatabase Need = 1 << iota
-	// NeedKafka: Kafka brokers (run).
-	NeedKafka
+	// NeedDestinations: somewhere to deliver (run).
+	NeedDestinations
 )
 
 // Database configures the PostgreSQL connection.
@@ -341,6 +348,7 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	}
 	readSecret("database.url_file", cfg.Database.URLFile, &cfg.Database.URL)
 	readSecret("kafka.sasl.password_file", cfg.Kafka.SASL.PasswordFile, &cfg.Kafka.SASL.Password)
+	problems = append(problems, cfg.resolveDestinations(allEnv(environ), readSecret)...)
 	if err := cfg.Validate(need); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) {
@@ -386,7 +394,9 @@ func (c *Config) Validate(need Need) error {
 	}
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
 	p = append(p, c.Retry.problems()...)
-	p = append(p, c.Kafka.problems(need&NeedKafka != 0)...)
+	kafkaNeeded := need&NeedDestinations != 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination))
+	p = append(p, c.Kafka.problems("kafka", kafkaNeeded)...)
+	p = append(p, c.destinationProblems(need)...)
 	if len(p) > 0 {
 		return &Error{Problems: p}
 	}
@@ -458,40 +468,51 @@ func (r Retry) problems() []string {
 	return p
 }
 
-func (k Kafka) problems(required bool) []string {
+func (k Kafka) problems(at string, required bool) []string {
 	var p []string
 	if len(k.Brokers) == 0 && required {
-		p = append(p, "kafka.brokers is required: set "+EnvName("kafka.brokers")+" (comma-separated host:port) or kafka.brokers in the file")
+		if at == "kafka" {
+			p = append(p, "kafka.brokers is required: set "+EnvName("kafka.brokers")+" (comma-separated host:port) or kafka.brokers in the file")
+		} else {
+			p = append(p, at+".brokers is required")
+		}
 	}
 	for _, b := range k.Brokers {
 		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-			p = append(p, fmt.Sprintf("kafka.brokers: %q is not host:port", b))
+			p = append(p, fmt.Sprintf("%s.brokers: %q is not host:port", at, b))
 		}
 	}
 	if k.DialTimeout <= 0 {
-		p = append(p, fmt.Sprintf("kafka.dial_timeout is %s; it must be positive", k.DialTimeout))
+		p = append(p, fmt.Sprintf("%s.dial_timeout is %s; it must be positive", at, k.DialTimeout))
 	}
 	if m := k.SASL.Mechanism; m != "" {
 		if !slices.Contains(saslMechanisms, m) {
-			p = append(p, fmt.Sprintf("kafka.sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", m))
+			p = append(p, fmt.Sprintf("%s.sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", at, m))
 		}
 		if k.SASL.Username == "" || k.SASL.Password == "" {
-			p = append(p, "kafka.sasl needs username and password (password from "+EnvName("kafka.sasl.password")+" or kafka.sasl.password_file)")
+			p = append(p, at+".sasl needs username and password (password from "+EnvName(at+".sasl.password")+" or "+at+".sasl.password_file)")
 		}
 	}
 	t := k.TLS
 	if !t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.InsecureSkipVerify) {
-		p = append(p, "kafka.tls settings are given but kafka.tls.enabled is false")
+		p = append(p, at+".tls settings are given but "+at+".tls.enabled is false")
 	}
+	p = append(p, t.problems(at+".tls")...)
+	sort.Strings(p)
+	return p
+}
+
+func (t TLS) problems(at string) []string {
+	var p []string
 	if (t.CertFile == "") != (t.KeyFile == "") {
-		p = append(p, "kafka.tls.cert_file and kafka.tls.key_file go together")
+		p = append(p, at+".cert_file and "+at+".key_file go together")
 	}
 	for name, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
 		if f == "" {
 			continue
 		}
 		if _, err := os.Stat(f); err != nil {
-			p = append(p, fmt.Sprintf("kafka.tls.%s: %v", name, err))
+			p = append(p, fmt.Sprintf("%s.%s: %v", at, name, err))
 		}
 	}
 	sort.Strings(p)
@@ -622,6 +643,9 @@ func leafPaths(t reflect.Type, prefix string) []string {
 			out = append(out, leafPaths(f.Type, path+".")...)
 			continue
 		}
+		if nested(f.Type) {
+			continue // named entries: from the file only
+		}
 		out = append(out, path)
 	}
 	return out
@@ -644,7 +668,22 @@ func leaves(v reflect.Value, prefix string) map[string]any {
 			}
 			continue
 		}
+		if nested(f.Type) {
+			continue
+		}
 		out[path] = v.Field(i).Interface()
 	}
 	return out
+}
+
+// nested reports whether t holds settings of its own (destinations,
+// routes): such settings have no environment variables or defaults by
+// path.
+func nested(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Map, reflect.Slice:
+		e := t.Elem()
+		return e.Kind() == reflect.Struct || (t.Kind() == reflect.Map && e.Kind() != reflect.String)
+	}
+	return false
 }

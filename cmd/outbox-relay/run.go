@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"time"
 
@@ -23,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
 // kafkaBatchSlack is what the Kafka writer's batch limit exceeds the
@@ -34,14 +32,14 @@ func (a *app) runCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "run",
 		Short: "Deliver outbox rows until SIGTERM or SIGINT",
-		Long: `Deliver outbox rows to Kafka until SIGTERM or SIGINT.
+		Long: `Deliver outbox rows to Kafka and HTTP destinations until SIGTERM or SIGINT.
 
 On a signal the relay stops claiming, lets in-flight batches finish within
 relay.drain_timeout and exits 0; rows of an abandoned batch stay pending and
 are delivered again later. A second signal exits at once.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := a.load(config.NeedDatabase | config.NeedKafka); err != nil {
+			if err := a.load(config.NeedDatabase | config.NeedDestinations); err != nil {
 				return err
 			}
 			return a.run(cmd.Context())
@@ -85,15 +83,11 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kcfg, err := kafkaConfig(cfg)
+	destinations, routes, closeAll, err := buildDestinations(cfg)
 	if err != nil {
 		return err
 	}
-	publisher, err := kafka.New(kcfg)
-	if err != nil {
-		return err
-	}
-	defer publisher.Close()
+	defer closeAll()
 
 	var listener *outbox.Listener
 	if cfg.Relay.Listen {
@@ -104,7 +98,8 @@ func (a *app) run(ctx context.Context) error {
 	}
 	r, err := relay.New(relay.Config{
 		Store:           store,
-		Publisher:       publisher,
+		Destinations:    destinations,
+		Routes:          routes,
 		Listener:        listener,
 		Policy:          policy,
 		Logger:          a.log,
@@ -124,8 +119,11 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.log.Info("delivering outbox rows to Kafka",
-		slog.String("schema", cfg.Database.Schema), slog.Any("brokers", cfg.Kafka.Brokers))
+	names := make([]string, 0, len(destinations))
+	for _, d := range destinations {
+		names = append(names, d.Name)
+	}
+	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names))
 	return r.Run(ctx)
 }
 
@@ -153,45 +151,70 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return nil
 }
 
-func kafkaConfig(cfg *config.Config) (kafka.Config, error) {
-	k := cfg.Kafka
+// buildDestinations makes a publisher for every configured destination.
+func buildDestinations(cfg *config.Config) ([]relay.Destination, []relay.Route, func(), error) {
+	settings, routes := cfg.DestinationList()
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	var out []relay.Destination
+	for _, s := range settings {
+		d := s.Relay
+		switch {
+		case s.Kafka != nil:
+			kc, err := kafkaConfig(*s.Kafka, s.Name, cfg.Relay)
+			if err != nil {
+				closeAll()
+				return nil, nil, nil, err
+			}
+			p, err := kafka.New(kc)
+			if err != nil {
+				closeAll()
+				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
+			}
+			closers = append(closers, func() { p.Close() })
+			d.Publisher = p
+		case s.HTTP != nil:
+			wc, err := s.HTTP.Webhook(s.Name)
+			if err != nil {
+				closeAll()
+				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
+			}
+			p, err := webhook.New(wc)
+			if err != nil {
+				closeAll()
+				return nil, nil, nil, err
+			}
+			closers = append(closers, func() { p.Close() })
+			d.Publisher = p
+		}
+		out = append(out, d)
+	}
+	return out, routes, closeAll, nil
+}
+
+func kafkaConfig(k config.Kafka, name string, r config.Relay) (kafka.Config, error) {
 	kc := kafka.Config{
 		Brokers:     k.Brokers,
 		ClientID:    k.ClientID,
-		Writers:     cfg.Relay.Workers,
-		BatchSize:   cfg.Relay.BatchSize,
-		BatchBytes:  int64(cfg.Relay.MaxBatchBytes + kafkaBatchSlack),
+		Writers:     r.Workers,
+		BatchSize:   r.BatchSize,
+		BatchBytes:  int64(r.MaxBatchBytes + kafkaBatchSlack),
 		DialTimeout: k.DialTimeout,
 	}
 	if k.TLS.Enabled {
-		tc := &tls.Config{
-			MinVersion:         tls.VersionTLS12,
-			ServerName:         k.TLS.ServerName,
-			InsecureSkipVerify: k.TLS.InsecureSkipVerify, //nolint:gosec // an explicit operator choice
-		}
-		if k.TLS.CAFile != "" {
-			pem, err := os.ReadFile(k.TLS.CAFile)
-			if err != nil {
-				return kc, fmt.Errorf("kafka.tls.ca_file: %w", err)
-			}
-			roots := x509.NewCertPool()
-			if !roots.AppendCertsFromPEM(pem) {
-				return kc, fmt.Errorf("kafka.tls.ca_file %s holds no PEM certificate", k.TLS.CAFile)
-			}
-			tc.RootCAs = roots
-		}
-		if k.TLS.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(k.TLS.CertFile, k.TLS.KeyFile)
-			if err != nil {
-				return kc, fmt.Errorf("kafka.tls client certificate: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		tc, err := k.TLS.ClientConfig()
+		if err != nil {
+			return kc, fmt.Errorf("destination %s: %w", name, err)
 		}
 		kc.TLS = tc
 	}
 	mech, err := saslMechanism(k.SASL)
 	if err != nil {
-		return kc, err
+		return kc, fmt.Errorf("destination %s: %w", name, err)
 	}
 	kc.SASL = mech
 	return kc, nil

@@ -1,0 +1,157 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+const secretA = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+func TestLoadDestinationsAndRoutes(t *testing.T) {
+	t.Parallel()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("s3cret-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := writeFile(t, `
+kafka:
+  brokers: [k1:9092]
+destinations:
+  analytics:
+    kafka:
+      brokers: [a1:9092, a2:9092]
+  billing:
+    on_dead_letter: block
+    breaker: {failures: 3}
+    http:
+      url: https://billing.example.com/hooks
+      timeout: 5s
+      auth: {bearer_token_file: `+token+`}
+      signing: {secrets_env: BILLING_SECRETS}
+      status_classes: {"409": transient}
+routes:
+  - topics: ["billing.*"]
+    destination: billing
+  - topics: ["clicks", "views"]
+    destination: analytics
+    topic: events
+  - topics: ["*"]
+    destination: kafka
+`)
+	cfg, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://db/app",
+		"BILLING_SECRETS=" + secretA}, config.NeedDatabase|config.NeedDestinations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests, routes := cfg.DestinationList()
+	var names []string
+	for _, d := range dests {
+		names = append(names, d.Name)
+	}
+	if strings.Join(names, ",") != "kafka,analytics,billing" {
+		t.Fatalf("destinations %v", names)
+	}
+	if len(routes) != 3 || routes[1].Topic != "events" || routes[1].Destination != "analytics" {
+		t.Fatalf("routes %+v", routes)
+	}
+	an := dests[1]
+	if an.Kafka == nil || len(an.Kafka.Brokers) != 2 || an.Kafka.ClientID != "outbox-relay" || an.Kafka.DialTimeout != 5*time.Second {
+		t.Fatalf("analytics = %+v", an.Kafka)
+	}
+	b := dests[2]
+	if b.Relay.OnDeadLetter != "block" || b.Relay.Breaker.Failures != 3 || b.Relay.MaxInFlight != config.DefaultHTTPMaxInFlight {
+		t.Fatalf("billing relay settings %+v", b.Relay)
+	}
+	wc, err := b.HTTP.Webhook("billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wc.BearerToken != "s3cret-token" || len(wc.SigningSecrets) != 1 || wc.SigningSecrets[0] != secretA ||
+		wc.Timeout != 5*time.Second || wc.StatusClasses[409] != retry.ClassTransient {
+		t.Fatalf("webhook config %+v", wc)
+	}
+}
+
+func TestLoadWithoutRoutesSendsEverythingToKafka(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_KAFKA_BROKERS=k1:9092,k2:9092"},
+		config.NeedDatabase|config.NeedDestinations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests, routes := cfg.DestinationList()
+	if len(dests) != 1 || dests[0].Name != "kafka" || len(routes) != 1 || routes[0].Topics[0] != "*" {
+		t.Fatalf("destinations %+v, routes %+v", dests, routes)
+	}
+}
+
+func TestLoadReportsEveryDestinationProblem(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+destinations:
+  kafka:
+    kafka: {brokers: [x:1]}
+  Bad_Name:
+    http: {url: "https://x.example"}
+  both:
+    kafka: {brokers: [x:1]}
+    http: {url: "https://x.example"}
+  hooks:
+    on_dead_letter: park
+    http:
+      url: "ftp://files.example/up"
+      headers: {"Idempotency-Key": "x"}
+      auth: {bearer_token_env: MISSING_TOKEN, username: u}
+      signing: {secrets_env: HOOK_SECRETS}
+      status_classes: {"409": retryable, "abc": transient}
+  unused:
+    kafka: {brokers: [nohost]}
+routes:
+  - topics: ["[x"]
+    destination: nowhere
+  - topics: ["a.*"]
+    destination: hooks
+    topic: renamed
+  - topics: ["b"]
+    destination: Bad_Name
+  - topics: ["c"]
+    destination: both
+`)
+	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://db/app", "HOOK_SECRETS=not-a-secret"},
+		config.NeedDatabase|config.NeedDestinations)
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"destinations.kafka: the name kafka is taken",
+		"destinations.Bad_Name: a destination name is lowercase",
+		"destinations.both needs exactly one of kafka or http",
+		`destinations.hooks.on_dead_letter is "park"`,
+		`destinations.hooks.http: url "ftp://files.example/up" must be http or https`,
+		`header "Idempotency-Key" is set by the relay`,
+		"destinations.hooks.http.auth.bearer_token_env: environment variable MISSING_TOKEN is not set",
+		"basic auth needs both username and password",
+		"signing secret 1: must start with whsec_",
+		`status_classes: 409 is "retryable"`,
+		`status_classes: "abc" is not a status code`,
+		"destinations.unused is not used by any route",
+		`destinations.unused.kafka.brokers: "nohost" is not host:port`,
+		`routes: route 1: topic pattern "[x" is not a valid glob`,
+		`routes: route 1: destination "nowhere" is not defined`,
+		"routes: route 2: topic is only for Kafka destinations",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error does not mention %q:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "not-a-secret") {
+		t.Errorf("a secret appears in the error:\n%s", msg)
+	}
+}

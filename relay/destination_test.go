@@ -317,6 +317,14 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	if n := count(t, s.Pool, "topic = 'hooks.order' AND last_error LIKE '%connection refused%'"); n == 0 {
 		t.Fatal("no HTTP row records the refused connection")
 	}
+	waitFor(t, "the endpoint's breaker open", func() bool {
+		for _, d := range h.relay.Destinations() {
+			if d.Name == "hooks" && d.Breaker == relay.BreakerOpen {
+				return true
+			}
+		}
+		return false
+	})
 
 	var mu sync.Mutex
 	var got []string

@@ -34,6 +34,10 @@ type Destination struct {
 	MaxInFlight int         `koanf:"max_in_flight"`
 	Breaker     Breaker     `koanf:"breaker"`
 	RetryBudget RetryBudget `koanf:"retry_budget"`
+	// VisibilityTimeout, when set (at least 1s), delivers on a lease
+	// outside the claim's transaction: for slow endpoints. A relay that
+	// dies mid-delivery leaves rows that are delivered again after it.
+	VisibilityTimeout time.Duration `koanf:"visibility_timeout"`
 }
 
 // Breaker configures a destination's circuit breaker. The cool-down is
@@ -220,6 +224,9 @@ func (c *Config) destinationProblems(need Need) []string {
 		if d.MaxInFlight < 0 || d.Breaker.Failures < 0 || d.Breaker.Successes < 0 {
 			p = append(p, at+": max_in_flight, breaker.failures and breaker.successes must not be negative")
 		}
+		if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
+			p = append(p, fmt.Sprintf("%s.visibility_timeout is %s; use 0 (deliver inside the claim) or at least 1s", at, d.VisibilityTimeout))
+		}
 		if d.RetryBudget.Ratio < 0 || d.RetryBudget.MinPerSecond < 0 {
 			p = append(p, at+": retry_budget.ratio and retry_budget.min_per_second must not be negative")
 		}
@@ -280,11 +287,12 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 	for _, name := range names {
 		d := c.Destinations[name]
 		out = append(out, DestinationSettings{Name: name, Kafka: d.Kafka, HTTP: d.HTTP, Relay: relay.Destination{
-			Name:         name,
-			OnDeadLetter: d.OnDeadLetter,
-			MaxInFlight:  d.MaxInFlight,
-			Breaker:      relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes},
-			RetryBudget:  relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
+			Name:              name,
+			VisibilityTimeout: d.VisibilityTimeout,
+			OnDeadLetter:      d.OnDeadLetter,
+			MaxInFlight:       d.MaxInFlight,
+			Breaker:           relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes},
+			RetryBudget:       relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
 		}})
 	}
 	routes := c.relayRoutes()

@@ -85,6 +85,7 @@ type Store struct {
 	lockID       int64
 	sql          struct {
 		claim, holding, defer_, sent, fail, cleanup string
+		lease, leasedSent, unlease, pullForward     string
 	}
 }
 
@@ -174,9 +175,39 @@ WHERE id = ANY($1)`
              WITH ORDINALITY AS h(e, n)
         WHERE h.n > jsonb_array_length(o.error_history) + 1 - $10)
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[],
-            $7::text[], $8::bool[], $9::bool[])
-     AS f(id, status, inc, delay_us, err, class, reason, park, attempted)
-WHERE o.id = f.id`
+            $7::text[], $8::bool[], $9::bool[], $11::uuid[])
+     AS f(id, status, inc, delay_us, err, class, reason, park, attempted, token)
+WHERE o.id = f.id AND (f.token IS NULL OR o.lease_token = f.token)`
+
+	// A lease counts the attempt when it is taken, so a row that crashes
+	// the relay every time still runs out of attempts.
+	s.sql.lease = `UPDATE ` + t + ` AS o SET
+    next_attempt_at = statement_timestamp() + l.vt_us * interval '1 microsecond',
+    lease_token = l.token, retry_count = o.retry_count + 1, last_attempt_at = statement_timestamp()
+FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS l(id, token, vt_us)
+WHERE o.id = l.id
+RETURNING o.id, o.next_attempt_at`
+	if cfg.KeepSent {
+		// retry_count counts failed attempts: the lease's is given back.
+		s.sql.leasedSent = `UPDATE ` + t + ` AS o SET status = 'sent', sent_at = statement_timestamp(), lease_token = NULL,
+    retry_count = o.retry_count - 1
+FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
+WHERE o.id = l.id AND o.lease_token = l.token`
+	} else {
+		s.sql.leasedSent = `DELETE FROM ` + t + ` AS o USING unnest($1::bigint[], $2::uuid[]) AS l(id, token)
+WHERE o.id = l.id AND o.lease_token = l.token`
+	}
+	// A leased row that was never sent gives its attempt back.
+	s.sql.unlease = `UPDATE ` + t + ` AS o SET next_attempt_at = statement_timestamp(), lease_token = NULL,
+    retry_count = o.retry_count - 1
+FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
+WHERE o.id = l.id AND o.lease_token = l.token`
+	// Rows deferred behind a leased row wait until its lease expires; once
+	// it is done they may go at once. Only rows deferred to exactly that
+	// moment are moved, never a producer's own delay.
+	s.sql.pullForward = `UPDATE ` + t + ` AS o SET next_attempt_at = statement_timestamp()
+FROM unnest($1::text[], $2::bigint[], $3::timestamptz[]) AS p(key, id, until)
+WHERE o.key = p.key AND o.status = 'pending' AND o.id > p.id AND o.next_attempt_at = p.until`
 
 	s.sql.cleanup = `DELETE FROM ` + t + `
 WHERE id = ANY(ARRAY(
@@ -229,6 +260,8 @@ type Claim struct {
 	// in flight elsewhere; they stay ready. SkippedKeys are their keys.
 	Skipped     int
 	SkippedKeys []string
+	// LeaseExpiry is, after Complete, when each Leased row's lease ends.
+	LeaseExpiry map[int64]time.Time
 }
 
 // Claim locks up to p.Limit ready rows and returns them in an open
@@ -395,6 +428,10 @@ const (
 	Deferred
 	// DeadLettered rows move to the dead-letter status with Reason.
 	DeadLettered
+	// Leased rows are handed to a delivery outside the claim's
+	// transaction: hidden for Delay (the visibility timeout) under a lease
+	// token, with the attempt counted now. Finish them with CompleteLeased.
+	Leased
 )
 
 // Outcome is what happened to one claimed row. Rows of a claim without an
@@ -415,6 +452,10 @@ type Outcome struct {
 	Attempted bool
 	// ParkKey makes a dead-lettered row hold its key until released.
 	ParkKey bool
+	// Token is the lease of a Leased row and, in CompleteLeased, the lease
+	// the outcome applies to: it is written only while the row still
+	// holds it.
+	Token uuid.UUID
 }
 
 // Complete writes the outcomes back, with the claim's deferrals, and
@@ -423,6 +464,8 @@ type Outcome struct {
 func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	var sent, deferIDs []int64
 	var deferAt []time.Time
+	var leased, leaseFor []int64
+	var leaseTokens []uuid.UUID
 	var (
 		ids                     []int64
 		statuses, errs, classes []string
@@ -434,6 +477,12 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	for _, o := range outcomes {
 		if o.Kind == Sent {
 			sent = append(sent, o.ID)
+			continue
+		}
+		if o.Kind == Leased {
+			leased = append(leased, o.ID)
+			leaseTokens = append(leaseTokens, o.Token)
+			leaseFor = append(leaseFor, o.Delay.Microseconds())
 			continue
 		}
 		if o.Kind == Deferred && !o.Attempted {
@@ -470,7 +519,20 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 		b.Queue(c.store.sql.defer_, deferIDs, deferAt)
 	}
 	if len(ids) > 0 {
-		b.Queue(c.store.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, c.store.errorHistory)
+		b.Queue(c.store.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, c.store.errorHistory,
+			make([]pgtype.UUID, len(ids)))
+	}
+	if len(leased) > 0 {
+		c.LeaseExpiry = make(map[int64]time.Time, len(leased))
+		b.Queue(c.store.sql.lease, leased, leaseTokens, leaseFor).Query(func(rows pgx.Rows) error {
+			var id int64
+			var until time.Time
+			_, err := pgx.ForEachRow(rows, []any{&id, &until}, func() error {
+				c.LeaseExpiry[id] = until
+				return nil
+			})
+			return err
+		})
 	}
 	if b.Len() > 0 {
 		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
@@ -480,6 +542,95 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	}
 	if err := c.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit %d outcomes: %w", len(outcomes), err)
+	}
+	return nil
+}
+
+// LeasedWork is where a leased key's rows sat when they were leased: rows
+// of the key deferred to the lease's end are pulled forward once the
+// delivery is over.
+type LeasedWork struct {
+	Key     string
+	FirstID int64
+	Until   time.Time
+}
+
+// CompleteLeased writes back the outcomes of a leased delivery, each only
+// where the row still holds the outcome's Token: a lease that expired and
+// was taken by another delivery is left to that one. Attempts were counted
+// when the rows were leased, so Retried and DeadLettered outcomes count
+// none; Deferred outcomes (a systemic failure) and rows in unsent (never
+// handed to the destination) give theirs back. Rows deferred behind the
+// leased keys are then made ready.
+func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent []Outcome, keys []LeasedWork) error {
+	var sentIDs, ids, unsentIDs []int64
+	var sentTokens, unsentTokens []uuid.UUID
+	var (
+		statuses, errs, classes []string
+		incs                    []int32
+		delays                  []int64
+		reasons                 []pgtype.Text
+		parks, attempted        []bool
+		tokens                  []pgtype.UUID
+	)
+	for _, o := range outcomes {
+		switch o.Kind {
+		case Sent:
+			sentIDs = append(sentIDs, o.ID)
+			sentTokens = append(sentTokens, o.Token)
+			continue
+		case Leased:
+			continue
+		}
+		status, inc := "pending", int32(0)
+		reason := pgtype.Text{}
+		switch o.Kind {
+		case Deferred:
+			inc = -1
+		case DeadLettered:
+			status = "dead_lettered"
+			reason = pgtype.Text{String: o.Reason, Valid: true}
+		}
+		ids = append(ids, o.ID)
+		statuses = append(statuses, status)
+		incs = append(incs, inc)
+		delays = append(delays, o.Delay.Microseconds())
+		errs = append(errs, truncate(storable(o.Error), MaxErrorLen))
+		classes = append(classes, o.Class)
+		reasons = append(reasons, reason)
+		parks = append(parks, o.ParkKey && o.Kind == DeadLettered)
+		attempted = append(attempted, false) // last_attempt_at was set by the lease
+		tokens = append(tokens, pgtype.UUID{Bytes: o.Token, Valid: true})
+	}
+	for _, o := range unsent {
+		unsentIDs = append(unsentIDs, o.ID)
+		unsentTokens = append(unsentTokens, o.Token)
+	}
+	b := &pgx.Batch{}
+	if len(sentIDs) > 0 {
+		b.Queue(s.sql.leasedSent, sentIDs, sentTokens)
+	}
+	if len(ids) > 0 {
+		b.Queue(s.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, s.errorHistory, tokens)
+	}
+	if len(unsentIDs) > 0 {
+		b.Queue(s.sql.unlease, unsentIDs, unsentTokens)
+	}
+	if len(keys) > 0 {
+		k := make([]string, len(keys))
+		first := make([]int64, len(keys))
+		until := make([]time.Time, len(keys))
+		for i, w := range keys {
+			k[i], first[i], until[i] = w.Key, w.FirstID, w.Until
+		}
+		b.Queue(s.sql.pullForward, k, first, until)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	// One implicit transaction: all or nothing.
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write back %d leased outcomes: %w", len(outcomes)+len(unsent), err)
 	}
 	return nil
 }

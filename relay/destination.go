@@ -29,6 +29,16 @@ type Destination struct {
 	MaxInFlight int
 	// RetryBudget limits retries while they keep failing.
 	RetryBudget RetryBudgetConfig
+	// VisibilityTimeout, when set, delivers the destination's rows on a
+	// lease instead of inside the claim's transaction: the claim hides
+	// them for this long under a fresh lease token and counts the
+	// attempt, commits, and the delivery runs outside any transaction,
+	// writing back only while the token still matches. A relay that dies
+	// mid-delivery leaves rows that become ready again when the lease
+	// ends. For slow endpoints: they no longer hold a transaction open or
+	// the other rows of a batch back. Deliveries are bounded by nine
+	// tenths of it.
+	VisibilityTimeout time.Duration
 }
 
 // Route sends the rows of matching topics to a destination. Routes are
@@ -98,6 +108,9 @@ func (d *Destination) Validate() error {
 	case "", OnDeadLetterRelease, OnDeadLetterBlock:
 	default:
 		errs = append(errs, fmt.Errorf("relay: destination %s: on_dead_letter is %q; use release or block", name, d.OnDeadLetter))
+	}
+	if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
+		errs = append(errs, fmt.Errorf("relay: destination %s: visibility_timeout %s must be 0 (inline delivery) or at least 1s", name, d.VisibilityTimeout))
 	}
 	if d.Breaker.Failures < 0 || d.Breaker.Successes < 0 || d.MaxInFlight < 0 {
 		errs = append(errs, fmt.Errorf("relay: destination %s: breaker thresholds and max_in_flight must not be negative", name))

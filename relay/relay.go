@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -189,6 +190,7 @@ type Stats struct {
 type Relay struct {
 	cfg      Config
 	log      *slog.Logger
+	leased   sync.WaitGroup // deliveries on a lease, outliving their batch
 	dests    []*dest
 	router   *router
 	wakes    []chan struct{}
@@ -298,6 +300,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.Info("relay started", slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
 	err := g.Wait()
+	r.leased.Wait()
 	r.log.Info("relay stopped", slog.Int64("delivered", r.delivered.Load()))
 	return err
 }
@@ -395,24 +398,53 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		return false, claim.Release(writeCtx)
 	}
 
-	groups, outcomes := r.plan(claim.Records, time.Now())
+	all, outcomes := r.plan(claim.Records, time.Now())
+	var groups, leased []*group
+	for _, g := range all {
+		if g.d.VisibilityTimeout > 0 {
+			leased = append(leased, g)
+			g.token = uuid.New()
+			for _, rec := range g.recs {
+				outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
+			}
+		} else {
+			groups = append(groups, g)
+		}
+	}
+	handedOff := false
 	defer func() {
 		for _, g := range groups {
 			g.d.bulk.give(len(g.recs))
+		}
+		if !handedOff {
+			for _, g := range leased {
+				g.d.bulk.give(len(g.recs))
+				if g.probe {
+					g.d.breaker.abandoned()
+				}
+			}
 		}
 	}()
 	r.publish(inflight, groups)
 	abandoned := inflight.Err() != nil
 	published := 0
-	for _, g := range groups {
+	for _, g := range all {
 		published += len(g.recs)
-		outcomes = append(outcomes, r.decide(claim, g, abandoned, time.Since(start))...)
+	}
+	for _, g := range groups {
+		outcomes = append(outcomes, r.decide(claim.Now, g, abandoned, time.Since(start))...)
 	}
 	writeCtx, cancel := writeBackContext(ctx)
 	defer cancel()
 	if err := claim.Complete(writeCtx, outcomes); err != nil {
 		return false, err
 	}
+	for _, g := range leased {
+		r.inflight.add(leasedOwner, g.recs) // taken over from the worker
+		r.leased.Add(1)
+		go r.deliverLeased(inflight, g, claim.Now, claim.LeaseExpiry)
+	}
+	handedOff = true
 	r.count(outcomes, claim.Deferred)
 	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
@@ -441,7 +473,8 @@ type group struct {
 	d     *dest
 	recs  []outbox.Record
 	errs  []error
-	probe bool // the breaker's half-open probe
+	probe bool      // the breaker's half-open probe
+	token uuid.UUID // the lease, for a destination with a visibility timeout
 }
 
 // plan routes the claimed rows and picks those to publish now, per
@@ -504,6 +537,18 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			}
 			continue
 		}
+		if d.VisibilityTimeout > 0 && rec.RetryCount >= r.cfg.Policy.MaxAttempts {
+			// Leases count their attempt up front: this row's leases all
+			// ended without an outcome, as when it crashes the relay.
+			park := d.block && rec.HasKey
+			msg := fmt.Sprintf("all %d attempts used; the last leases ended without an outcome (the relay stopped or crashed while delivering)", rec.RetryCount)
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered, Reason: outbox.ReasonRetriesExhausted,
+				Error: msg, Class: retry.ClassTransient.String(), ParkKey: park})
+			if park {
+				stop()
+			}
+			continue
+		}
 		a, ok := admitted[rt.dest]
 		if !ok {
 			a = d.breaker.admit(now)
@@ -555,7 +600,11 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 // parallel, each bounded by the publish timeout.
 func (r *Relay) publish(inflight context.Context, groups []*group) {
 	one := func(g *group) {
-		ctx, cancel := context.WithTimeout(inflight, r.cfg.PublishTimeout)
+		timeout := r.cfg.PublishTimeout
+		if vt := g.d.VisibilityTimeout; vt > 0 {
+			timeout = vt * 9 / 10 // done before the lease ends
+		}
+		ctx, cancel := context.WithTimeout(inflight, timeout)
 		defer cancel()
 		g.errs = g.d.Publisher.Publish(ctx, g.recs)
 		if len(g.errs) != len(g.recs) {
@@ -600,7 +649,7 @@ func (r *Relay) claimLimit(avgRowBytes int) int {
 // its destination's breaker and retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's.
-func (r *Relay) decide(claim *outbox.Claim, g *group, abandoned bool, elapsed time.Duration) []outbox.Outcome {
+func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time.Duration) []outbox.Outcome {
 	d := g.d
 	outcomes := make([]outbox.Outcome, 0, len(g.recs))
 	results := make([]delivery, 0, len(g.recs))
@@ -639,7 +688,7 @@ func (r *Relay) decide(claim *outbox.Claim, g *group, abandoned bool, elapsed ti
 		dec := r.cfg.Policy.Decide(retry.Failure{
 			Err:       err,
 			Attempt:   rec.RetryCount,
-			Age:       claim.Now.Sub(rec.CreatedAt) + elapsed,
+			Age:       claimed.Sub(rec.CreatedAt) + elapsed,
 			PrevDelay: rec.LastDelay,
 		})
 		o := outbox.Outcome{ID: rec.ID, Error: err.Error(), Class: class.String(), Attempted: true}
@@ -925,4 +974,52 @@ func (r *Relay) Destinations() []DestinationStatus {
 		out = append(out, st)
 	}
 	return out
+}
+
+// leasedOwner owns, in the in-flight registry, the keys of leased
+// deliveries: every worker leaves them out of its claims.
+const leasedOwner = -1
+
+// deliverLeased delivers a leased group outside any transaction and
+// writes the outcomes back where the lease still holds.
+func (r *Relay) deliverLeased(inflight context.Context, g *group, claimed time.Time, expiry map[int64]time.Time) {
+	defer r.leased.Done()
+	defer g.d.bulk.give(len(g.recs))
+	defer r.inflight.remove(leasedOwner, g.recs)
+	start := time.Now()
+	r.publish(inflight, []*group{g})
+	abandoned := inflight.Err() != nil
+	outcomes := r.decide(claimed, g, abandoned, time.Since(start))
+	decided := make(map[int64]bool, len(outcomes))
+	for _, o := range outcomes {
+		decided[o.ID] = true
+	}
+	var unsent []outbox.Outcome
+	var keys []outbox.LeasedWork
+	seenKey := map[string]bool{}
+	for _, rec := range g.recs {
+		if !decided[rec.ID] {
+			unsent = append(unsent, outbox.Outcome{ID: rec.ID})
+		}
+		if rec.HasKey && !seenKey[rec.Key] {
+			seenKey[rec.Key] = true
+			keys = append(keys, outbox.LeasedWork{Key: rec.Key, FirstID: rec.ID, Until: expiry[rec.ID]})
+		}
+	}
+	for i := range outcomes {
+		outcomes[i].Token = g.token
+	}
+	for i := range unsent {
+		unsent[i].Token = g.token
+	}
+	ctx, cancel := writeBackContext(inflight)
+	defer cancel()
+	if err := r.cfg.Store.CompleteLeased(ctx, outcomes, unsent, keys); err != nil {
+		// The leases run out and the rows are delivered again.
+		r.log.Error("leased write-back failed; the rows are delivered again when their lease ends",
+			slog.String("destination", g.d.Name), slog.Int("rows", len(g.recs)), slog.Any("error", err))
+		return
+	}
+	r.count(outcomes, 0)
+	r.wakeAll()
 }

@@ -162,3 +162,82 @@ FROM generate_series(1, 2000) g`); err != nil {
 		t.Fatal("a secret appears in the relay's output")
 	}
 }
+
+func TestRunLeasedDeliveryAfterCrash(t *testing.T) {
+	t.Parallel()
+	dsn, pool := migrated(t)
+	c := kafkatest.NewCluster(t, nil)
+	type arrival struct {
+		at  time.Time
+		key string
+	}
+	arrivals := make(chan arrival, 10)
+	hang := make(chan struct{})
+	var first sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		arrivals <- arrival{time.Now(), r.Header.Get("Idempotency-Key")}
+		hung := false
+		first.Do(func() { hung = true })
+		if hung {
+			select { // the first delivery never finishes: its relay dies
+			case <-hang:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer srv.Close()
+	defer close(hang) // before the server closes
+	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(cfgFile, []byte(`
+destinations:
+  slow:
+    visibility_timeout: 2s
+    http:
+      url: `+srv.URL+`
+      allow_private_networks: true
+routes:
+  - topics: ["*"]
+    destination: slow
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := relayEnv(dsn, c, "OUTBOX_CONFIG="+cfgFile)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	p1 := startRelay(t, env)
+	var a1 arrival
+	select {
+	case a1 = <-arrivals:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no delivery; output:\n%s", p1.output)
+	}
+	var leaseEnd time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT next_attempt_at FROM outbox WHERE lease_token IS NOT NULL AND retry_count = 1`).Scan(&leaseEnd); err != nil {
+		t.Fatalf("the row is not leased during its delivery: %v", err)
+	}
+	p1.signal(t, 9) // SIGKILL mid-delivery
+	p1.wait(t, 30*time.Second)
+
+	startRelay(t, env)
+	var a2 arrival
+	select {
+	case a2 = <-arrivals:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the row was not delivered again after the lease ended")
+	}
+	if a2.key != a1.key {
+		t.Errorf("Idempotency-Key changed across deliveries: %s, %s", a1.key, a2.key)
+	}
+	var dbNow time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT now()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	// Compare on the database clock: the second delivery came after the
+	// lease ended, not before.
+	if skew := time.Since(dbNow); a2.at.Add(-skew).Before(leaseEnd.Add(-50 * time.Millisecond)) {
+		t.Errorf("redelivered at %s, before the lease ended at %s", a2.at.Add(-skew), leaseEnd)
+	}
+	waitFor(t, 30*time.Second, "the row gone", func() bool { return countRows(t, pool, "true") == 0 })
+}

@@ -1,0 +1,145 @@
+package relay_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// heldPublisher holds its first publish until released, then publishes
+// through fakePublisher.
+type heldPublisher struct {
+	fakePublisher
+	release chan struct{}
+	held    chan struct{}
+	once    sync.Once
+	calls   atomic.Int32
+}
+
+func (p *heldPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+	if p.calls.Add(1) == 1 {
+		p.once.Do(func() { close(p.held) })
+		select {
+		case <-p.release:
+		case <-ctx.Done():
+			errs := make([]error, len(recs))
+			for i := range errs {
+				errs[i] = ctx.Err()
+			}
+			return errs
+		}
+	}
+	return p.fakePublisher.Publish(ctx, recs)
+}
+
+func leasedConfig(p relay.Publisher, vt time.Duration) relay.Config {
+	return relay.Config{
+		Destinations: []relay.Destination{{Name: "hooks", Publisher: p, VisibilityTimeout: vt}},
+		Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
+	}
+}
+
+func TestLeasedDeliveryOutsideTheClaim(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	p := &heldPublisher{release: make(chan struct{}), held: make(chan struct{})}
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 5), 'a' FROM generate_series(1, 50) g`)
+	// An hour-long lease: rows waiting behind a leased row must not wait
+	// for it to run out.
+	h := start(t, s, nil, options{keepSent: true, cfg: leasedConfig(p, time.Hour)})
+	<-p.held
+	// The claim committed before delivery: the rows are visibly leased,
+	// with the attempt counted, while the publish is still in progress.
+	if n := count(t, s.Pool, `lease_token IS NOT NULL AND retry_count = 1 AND next_attempt_at > now() + interval '59 minutes'`); n == 0 {
+		t.Fatal("no row is leased while its delivery runs")
+	}
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 5), 'b' FROM generate_series(1, 50) g`)
+	waitFor(t, "later rows deferred behind the leased ones", func() bool { return h.relay.Stats().Deferred > 0 })
+	close(p.release)
+	waitFor(t, "every row delivered", func() bool { return count(t, s.Pool, "status = 'sent'") == 100 })
+	h.stop()
+	checkKeyOrder(t, p.published(), keysOf(t, s))
+	if n := count(t, s.Pool, "retry_count <> 0 OR lease_token IS NOT NULL"); n != 0 {
+		t.Fatalf("%d delivered rows still count an attempt or hold a lease", n)
+	}
+}
+
+func TestLeasedDeliveryAbandonedOnStopGivesRowsBack(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	p := &heldPublisher{release: make(chan struct{}), held: make(chan struct{})}
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+	cfg := leasedConfig(p, time.Hour)
+	cfg.DrainTimeout = 50 * time.Millisecond
+	h := start(t, s, nil, options{cfg: cfg})
+	<-p.held
+	h.stop()
+	if n := count(t, s.Pool, `status = 'pending' AND retry_count = 0 AND lease_token IS NULL AND next_attempt_at <= now()`); n != 1 {
+		t.Fatal("an abandoned leased delivery did not give its row back, ready and uncounted")
+	}
+}
+
+func TestLeasedRowsThatNeverFinishRunOutOfAttempts(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	// Three leases ended without an outcome, as when the row crashes the
+	// relay each time.
+	insert(t, s, `INSERT INTO outbox (topic, payload, retry_count) VALUES ('t', 'x', 3)`)
+	p := &fakePublisher{}
+	h := start(t, s, nil, options{policy: retry.PolicyConfig{MaxAttempts: 3}, cfg: leasedConfig(p, time.Minute)})
+	waitFor(t, "the row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 1 })
+	h.stop()
+	if n := count(t, s.Pool, `dead_letter_reason = 'retries_exhausted' AND retry_count = 3 AND last_error LIKE '%leases ended without an outcome%'`); n != 1 {
+		t.Fatal("not dead-lettered retries_exhausted with the reason")
+	}
+	if len(p.published()) != 0 {
+		t.Fatal("a row out of attempts was delivered again")
+	}
+}
+
+func TestLeasedFailuresRetryAndDeferLikeInline(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	p := &fakePublisher{fail: func(r outbox.Record, attempt int) error {
+		switch string(r.Payload) {
+		case "transient":
+			if attempt == 1 {
+				return retry.Transient(errFake("503"), 0)
+			}
+		case "systemic":
+			if attempt == 1 {
+				return retry.Systemic(errFake("401"))
+			}
+		case "permanent":
+			return retry.Permanent(errFake("422"), "")
+		}
+		return nil
+	}}
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'a', 'transient'), ('t', 'a', 'after'),
+        ('t', 'b', 'systemic'), ('t', 'c', 'permanent')`)
+	h := start(t, s, nil, options{keepSent: true, cfg: leasedConfig(p, time.Hour)})
+	waitFor(t, "all rows done", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	h.stop()
+	for payload, want := range map[string]string{
+		"transient": "status = 'sent' AND retry_count = 1",
+		"after":     "status = 'sent' AND retry_count = 0",
+		"systemic":  "status = 'sent' AND retry_count = 0",
+		"permanent": "status = 'dead_lettered' AND dead_letter_reason = 'permanent' AND retry_count = 1",
+	} {
+		if n := count(t, s.Pool, "payload = $1 AND "+want, payload); n != 1 {
+			t.Errorf("%s: not %s", payload, want)
+		}
+	}
+	checkKeyOrder(t, p.published(), keysOf(t, s))
+}
+
+type errFake string
+
+func (e errFake) Error() string { return string(e) }

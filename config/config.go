@@ -490,7 +490,11 @@ func (k Kafka) problems(at string, required bool) []string {
 			p = append(p, fmt.Sprintf("%s.sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", at, m))
 		}
 		if k.SASL.Username == "" || k.SASL.Password == "" {
-			p = append(p, at+".sasl needs username and password (password from "+EnvName(at+".sasl.password")+" or "+at+".sasl.password_file)")
+			from := "the file or " + at + ".sasl.password_file"
+			if at == "kafka" {
+				from = EnvName("kafka.sasl.password") + ", " + from
+			}
+			p = append(p, at+".sasl needs username and password (password from "+from+")")
 		}
 	}
 	t := k.TLS

@@ -167,6 +167,15 @@ func (c *Config) resolveDestinations(env map[string]string, readFile func(path, 
 			readFile(at+".kafka.sasl.password_file", d.Kafka.SASL.PasswordFile, &d.Kafka.SASL.Password)
 		}
 		if h := d.HTTP; h != nil {
+			for _, pair := range [][3]string{
+				{"auth.bearer_token", h.Auth.BearerTokenEnv, h.Auth.BearerTokenFile},
+				{"auth.password", h.Auth.PasswordEnv, h.Auth.PasswordFile},
+				{"signing.secrets", h.Signing.SecretsEnv, h.Signing.SecretsFile},
+			} {
+				if pair[1] != "" && pair[2] != "" {
+					p = append(p, fmt.Sprintf("%s.http.%s: give _env or _file, not both", at, pair[0]))
+				}
+			}
 			fromEnv(at+".http.auth.bearer_token_env", h.Auth.BearerTokenEnv, &h.Auth.bearerToken)
 			readFile(at+".http.auth.bearer_token_file", h.Auth.BearerTokenFile, &h.Auth.bearerToken)
 			fromEnv(at+".http.auth.password_env", h.Auth.PasswordEnv, &h.Auth.password)
@@ -175,6 +184,9 @@ func (c *Config) resolveDestinations(env map[string]string, readFile func(path, 
 			fromEnv(at+".http.signing.secrets_env", h.Signing.SecretsEnv, &secrets)
 			readFile(at+".http.signing.secrets_file", h.Signing.SecretsFile, &secrets)
 			h.Signing.secrets = strings.Fields(secrets)
+			if (h.Signing.SecretsEnv != "" || h.Signing.SecretsFile != "") && len(h.Signing.secrets) == 0 {
+				p = append(p, at+".http.signing: no secrets found; signing would be off")
+			}
 			if d.MaxInFlight == 0 {
 				d.MaxInFlight = DefaultHTTPMaxInFlight
 			}

@@ -260,6 +260,7 @@ type breaker struct {
 	failed   int       // consecutive transient failures while closed
 	probed   int       // successful probes while half-open
 	probing  bool      // a probe is in flight
+	gen      int       // bumped at every state change: results of older admissions are stale
 	lastErr  string
 	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string)
 }
@@ -269,32 +270,39 @@ type admission struct {
 	ok    bool      // rows may be published
 	probe bool      // only one row, as the half-open probe
 	until time.Time // when not ok: when to look again
+	gen   int       // the breaker state it was given in
 }
 
 func (b *breaker) admit(now time.Time) admission {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.cooled(now)
 	switch b.state {
 	case BreakerOpen:
-		if now.Before(b.until) {
-			return admission{until: b.until}
-		}
-		b.set(BreakerHalfOpen, 0)
-		fallthrough
+		return admission{until: b.until, gen: b.gen}
 	case BreakerHalfOpen:
 		if b.probing {
-			return admission{until: now.Add(b.base)}
+			return admission{until: now.Add(b.base), gen: b.gen}
 		}
 		b.probing = true
-		return admission{ok: true, probe: true}
+		return admission{ok: true, probe: true, gen: b.gen}
 	}
-	return admission{ok: true}
+	return admission{ok: true, gen: b.gen}
+}
+
+// cooled moves an open breaker whose cool-down is over to half-open,
+// whether or not a row is waiting to probe it.
+func (b *breaker) cooled(now time.Time) {
+	if b.state == BreakerOpen && !now.Before(b.until) {
+		b.set(BreakerHalfOpen, 0)
+	}
 }
 
 // blocked reports whether the breaker is taking no rows now, and until when.
 func (b *breaker) blocked(now time.Time) (bool, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.cooled(now)
 	switch {
 	case b.state == BreakerOpen && now.Before(b.until):
 		return true, b.until
@@ -312,10 +320,15 @@ type delivery struct {
 }
 
 // result feeds one publish's outcomes, in order, to the breaker. It
-// returns the cool-down when the breaker opened (0 otherwise).
-func (b *breaker) result(now time.Time, results []delivery, probe bool) time.Duration {
+// returns the cool-down when the breaker opened (0 otherwise). Results of
+// a publish admitted before the breaker last changed state are ignored:
+// they say nothing about the destination since.
+func (b *breaker) result(now time.Time, gen int, results []delivery, probe bool) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if gen != b.gen {
+		return 0
+	}
 	if probe {
 		b.probing = false
 	}
@@ -353,9 +366,11 @@ func (b *breaker) result(now time.Time, results []delivery, probe bool) time.Dur
 }
 
 // abandoned returns a probe slot whose publish never finished.
-func (b *breaker) abandoned() {
+func (b *breaker) abandoned(gen int) {
 	b.mu.Lock()
-	b.probing = false
+	if gen == b.gen {
+		b.probing = false
+	}
 	b.mu.Unlock()
 }
 
@@ -373,6 +388,7 @@ func (b *breaker) open(now time.Time) time.Duration {
 func (b *breaker) set(to BreakerState, cooldown time.Duration) {
 	from := b.state
 	b.state, b.failed, b.probed, b.probing = to, 0, 0, false
+	b.gen++
 	if from != to && b.onChange != nil {
 		b.onChange(from, to, cooldown, b.lastErr)
 	}
@@ -381,6 +397,7 @@ func (b *breaker) set(to BreakerState, cooldown time.Duration) {
 func (b *breaker) snapshot() (BreakerState, time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.cooled(time.Now())
 	return b.state, b.until
 }
 

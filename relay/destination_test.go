@@ -189,6 +189,9 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 	if n := count(t, s.Pool, "true"); n != 50 {
 		t.Fatalf("%d rows left, want all 50", n)
 	}
+	if st := h.relay.Destinations()[0]; st.Breaker != relay.BreakerOpen || st.OpenUntil.IsZero() {
+		t.Fatalf("destination status %+v, want open with a probe time", st)
+	}
 	var attempts int
 	if err := s.Pool.QueryRow(context.Background(), "SELECT sum(retry_count) FROM outbox").Scan(&attempts); err != nil {
 		t.Fatal(err)
@@ -355,4 +358,26 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	if n := len(kafkatest.ConsumeAll(ctx, t, cluster, "orders")) + len(kafkatest.ConsumeAll(ctx, t, cluster, "payments")); n < 2200 {
 		t.Fatalf("kafka got %d messages, want 2200", n)
 	}
+}
+
+func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	p := &fakePublisher{fail: func(outbox.Record, int) error { return errors.New("503 Service Unavailable") }}
+	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+	// The failed row waits an hour; the breaker's cool-down is short. It
+	// must not stay open for want of a row to probe it with.
+	h := start(t, s, nil, options{
+		policy: retry.PolicyConfig{BaseDelay: time.Hour, MaxDelay: time.Hour, Strategy: retry.StrategyNone},
+		cfg: relay.Config{
+			Destinations: []relay.Destination{{Name: "hooks", Publisher: p, Breaker: relay.BreakerConfig{Failures: 1}}},
+			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
+			PauseBase:    20 * time.Millisecond, PauseMax: 20 * time.Millisecond,
+		},
+	})
+	waitFor(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
+	waitFor(t, "the breaker half-open after its cool-down", func() bool {
+		return h.relay.Destinations()[0].Breaker == relay.BreakerHalfOpen
+	})
+	h.stop()
 }

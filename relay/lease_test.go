@@ -143,3 +143,22 @@ func TestLeasedFailuresRetryAndDeferLikeInline(t *testing.T) {
 type errFake string
 
 func (e errFake) Error() string { return string(e) }
+
+func TestLeasedDeliveriesAreBounded(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	g := &gate{release: make(chan struct{})}
+	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 100)`)
+	cfg := leasedConfig(g, time.Hour)
+	cfg.Workers, cfg.BatchSize = 2, 10
+	h := start(t, s, nil, options{cfg: cfg})
+	waitFor(t, "leased deliveries in flight", func() bool { return g.inFlight.Load() == 20 })
+	claims := h.relay.Stats().Claims
+	waitFor(t, "more claims", func() bool { return h.relay.Stats().Claims > claims+3 })
+	if n := g.inFlight.Load(); n != 20 {
+		t.Fatalf("%d rows in leased deliveries; without max_in_flight they are bounded by workers × batch size (20)", n)
+	}
+	close(g.release)
+	waitFor(t, "every row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	h.stop()
+}

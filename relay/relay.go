@@ -420,7 +420,7 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 			for _, g := range leased {
 				g.d.bulk.give(len(g.recs))
 				if g.probe {
-					g.d.breaker.abandoned()
+					g.d.breaker.abandoned(g.gen)
 				}
 			}
 		}
@@ -474,6 +474,7 @@ type group struct {
 	recs  []outbox.Record
 	errs  []error
 	probe bool      // the breaker's half-open probe
+	gen   int       // the breaker state the group was admitted in
 	token uuid.UUID // the lease, for a destination with a visibility timeout
 }
 
@@ -527,7 +528,8 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			d = r.dests[rt.dest]
 		}
 		if rec.Undeliverable != "" {
-			park := d != nil && d.block && rec.HasKey
+			// Without a destination, the relay's own policy applies.
+			park := rec.HasKey && ((d != nil && d.block) || (d == nil && r.cfg.OnDeadLetter == OnDeadLetterBlock))
 			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered,
 				Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park})
 			r.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
@@ -561,7 +563,7 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 		}
 		g := groups[rt.dest]
 		if g == nil {
-			g = &group{d: d, probe: a.probe}
+			g = &group{d: d, probe: a.probe, gen: a.gen}
 			groups[rt.dest] = g
 			order = append(order, g)
 		}
@@ -590,7 +592,7 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 		if len(g.recs) > 0 {
 			out = append(out, g)
 		} else if g.probe {
-			g.d.breaker.abandoned()
+			g.d.breaker.abandoned(g.gen)
 		}
 	}
 	return out, outcomes
@@ -654,7 +656,7 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 	outcomes := make([]outbox.Outcome, 0, len(g.recs))
 	results := make([]delivery, 0, len(g.recs))
 	failedKeys := map[string]bool{}
-	firsts, retriesSent := 0, 0
+	firsts, retriesSent, refunds := 0, 0, 0
 	for i, rec := range g.recs {
 		if rec.HasKey && failedKeys[rec.Key] {
 			continue
@@ -675,7 +677,11 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 		}
 		if abandoned || errors.Is(err, retry.ErrNotSent) {
 			// Shutting down: an interrupted publish counts nothing. Not
-			// sent: the row waits for its key's failed row.
+			// sent: the row waits for its key's failed row. Either way a
+			// retry's budget is given back.
+			if rec.RetryCount > 0 {
+				refunds++
+			}
 			continue
 		}
 		if rec.RetryCount == 0 {
@@ -709,15 +715,16 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 		}
 		outcomes = append(outcomes, o)
 	}
+	now := time.Now()
 	if abandoned {
+		d.budget.earn(now, 0, refunds)
 		if g.probe {
-			d.breaker.abandoned()
+			d.breaker.abandoned(g.gen)
 		}
 		return outcomes
 	}
-	now := time.Now()
-	d.budget.earn(now, firsts, retriesSent)
-	cooldown := d.breaker.result(now, results, g.probe)
+	d.budget.earn(now, firsts, retriesSent+refunds)
+	cooldown := d.breaker.result(now, g.gen, results, g.probe)
 	if cooldown == 0 {
 		if _, until := d.breaker.snapshot(); until.After(now) {
 			cooldown = until.Sub(now)
@@ -891,6 +898,13 @@ func (r *Relay) newDest(d Destination) *dest {
 	if d.Breaker.Successes == 0 {
 		d.Breaker.Successes = DefaultBreakerSuccesses
 	}
+	if d.VisibilityTimeout > 0 {
+		// Leased deliveries outlive their batch: bound them as the
+		// workers' batches are, so memory stays bounded.
+		if limit := r.cfg.Workers * r.cfg.BatchSize; d.MaxInFlight == 0 || d.MaxInFlight > limit {
+			d.MaxInFlight = limit
+		}
+	}
 	x := &dest{
 		Destination: d,
 		block:       d.OnDeadLetter == OnDeadLetterBlock,
@@ -985,7 +999,6 @@ const leasedOwner = -1
 func (r *Relay) deliverLeased(inflight context.Context, g *group, claimed time.Time, expiry map[int64]time.Time) {
 	defer r.leased.Done()
 	defer g.d.bulk.give(len(g.recs))
-	defer r.inflight.remove(leasedOwner, g.recs)
 	start := time.Now()
 	r.publish(inflight, []*group{g})
 	abandoned := inflight.Err() != nil
@@ -1012,6 +1025,9 @@ func (r *Relay) deliverLeased(inflight context.Context, g *group, claimed time.T
 	for i := range unsent {
 		unsent[i].Token = g.token
 	}
+	// Other workers may claim these keys again: their rows stay behind the
+	// leased ones until the write-back below, which then makes them ready.
+	r.inflight.remove(leasedOwner, g.recs)
 	ctx, cancel := writeBackContext(inflight)
 	defer cancel()
 	if err := r.cfg.Store.CompleteLeased(ctx, outcomes, unsent, keys); err != nil {

@@ -101,7 +101,7 @@ func isDigits(s string) bool {
 }
 
 // classifyTransport classifies a request that got no response.
-func (p *Publisher) classifyTransport(ctx context.Context, err error) error {
+func (p *Publisher) classifyTransport(ctx, parent context.Context, err error) error {
 	err = fmt.Errorf("POST %s: %w", p.url, unwrapURLError(err))
 	var (
 		dnsErr  *net.DNSError
@@ -125,7 +125,10 @@ func (p *Publisher) classifyTransport(ctx context.Context, err error) error {
 		// Certificates and TLS set-up are the same for every row.
 		return retry.Systemic(err)
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
-		if ctx.Err() != nil {
+		switch {
+		case parent.Err() != nil:
+			return retry.Transient(fmt.Errorf("%w (the delivery's deadline passed mid-request)", err), 0)
+		case ctx.Err() != nil:
 			return retry.Transient(fmt.Errorf("%w (timed out after %s)", err, p.cfg.Timeout), 0)
 		}
 		return retry.Transient(err, 0)

@@ -12,13 +12,18 @@ import (
 var errGuard = errors.New("refused by the SSRF guard")
 
 // blocked are special-purpose ranges beside those netip classifies:
-// "this network", carrier-grade NAT, IETF protocol assignments and
-// benchmarking.
+// "this network", carrier-grade NAT, IETF protocol assignments,
+// benchmarking, reserved, and IPv6 ranges that embed IPv4 addresses
+// (NAT64, 6to4), which could reach private IPv4 hosts.
 var blocked = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"),
 	netip.MustParsePrefix("192.0.0.0/24"),
 	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("64:ff9b::/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("2002::/16"),
 }
 
 // Forbidden reports whether the SSRF guard refuses addr: loopback,

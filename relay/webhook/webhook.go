@@ -92,7 +92,8 @@ func (c *Config) Validate() error {
 	case c.URL == "":
 		errs = append(errs, errors.New("url is required"))
 	case err != nil:
-		errs = append(errs, fmt.Errorf("url: %v", err))
+		// Not the URL itself: it may carry credentials or tokens.
+		errs = append(errs, fmt.Errorf("url is not a valid URL: %v", unwrapURLError(err)))
 	case u.Scheme != "http" && u.Scheme != "https":
 		errs = append(errs, fmt.Errorf("url %q must be http or https", RedactURL(c.URL)))
 	case u.Host == "":
@@ -118,11 +119,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("signing secret %d: %v", i+1, err))
 		}
 	}
-	for code, class := range c.StatusClasses {
+	for code := range c.StatusClasses {
 		if code < 100 || code > 599 {
 			errs = append(errs, fmt.Errorf("status class override for %d: not an HTTP status", code))
 		}
-		if code >= 200 && code < 300 && class != 0 {
+		if code >= 200 && code < 300 {
 			errs = append(errs, fmt.Errorf("status %d is a success and cannot be reclassified", code))
 		}
 	}
@@ -230,18 +231,34 @@ func (p *Publisher) Publish(ctx context.Context, recs []outbox.Record) []error {
 		}
 		lanes[l] = append(lanes[l], i)
 	}
+	// Rows not yet sent when ctx ends were never attempted: ErrNotSent.
+	notSent := func(lane []int) {
+		for _, j := range lane {
+			errs[j] = retry.ErrNotSent
+		}
+	}
 	sem := make(chan struct{}, p.cfg.Concurrency)
 	var wg sync.WaitGroup
-	for _, lane := range lanes {
-		sem <- struct{}{}
+	for l, lane := range lanes {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			for _, rest := range lanes[l:] {
+				notSent(rest)
+			}
+			wg.Wait()
+			return errs
+		}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			for n, i := range lane {
+				if ctx.Err() != nil {
+					notSent(lane[n:])
+					return
+				}
 				errs[i] = p.send(ctx, recs[i])
 				if errs[i] != nil {
-					for _, j := range lane[n+1:] {
-						errs[j] = retry.ErrNotSent
-					}
+					notSent(lane[n+1:])
 					return
 				}
 			}
@@ -252,8 +269,8 @@ func (p *Publisher) Publish(ctx context.Context, recs []outbox.Record) []error {
 }
 
 // send delivers one record.
-func (p *Publisher) send(ctx context.Context, rec outbox.Record) error {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+func (p *Publisher) send(parent context.Context, rec outbox.Record) error {
+	ctx, cancel := context.WithTimeout(parent, p.cfg.Timeout)
 	defer cancel()
 	req, err := p.request(ctx, rec)
 	if err != nil {
@@ -261,7 +278,7 @@ func (p *Publisher) send(ctx context.Context, rec outbox.Record) error {
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return p.classifyTransport(ctx, err)
+		return p.classifyTransport(ctx, parent, err)
 	}
 	defer resp.Body.Close()
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(p.cfg.MaxResponseBytes)))
@@ -307,11 +324,11 @@ func (p *Publisher) request(ctx context.Context, rec outbox.Record) (*http.Reque
 	if len(bad) > 0 {
 		return nil, retry.Permanent(fmt.Errorf("headers %q cannot be sent over HTTP", bad), outbox.ReasonInvalidMessage)
 	}
+	req.Header.Set("Content-Type", contentType)
 	for k, v := range p.cfg.Headers {
 		req.Header.Set(k, v)
 	}
 	id := rec.EventID.String()
-	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("User-Agent", userAgent)
 	req.Header.Set("Idempotency-Key", id)
 	switch {

@@ -99,6 +99,7 @@ func TestForbidden(t *testing.T) {
 		"127.0.0.1": true, "10.1.2.3": true, "172.16.0.1": true, "192.168.1.1": true, "169.254.169.254": true,
 		"100.64.0.1": true, "0.0.0.0": true, "::1": true, "fe80::1": true, "fd00::1": true, "::ffff:127.0.0.1": true,
 		"::ffff:10.0.0.1": true, "224.0.0.1": true, "::": true,
+		"64:ff9b::a00:1": true, "2002:a00:1::1": true, "240.1.2.3": true,
 		"8.8.8.8": false, "93.184.216.34": false, "2606:4700:4700::1111": false,
 	} {
 		if got := webhook.Forbidden(netip.MustParseAddr(addr)); got != want {
@@ -516,4 +517,34 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey) tls.Cert
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func TestRowsNotStartedByTheDeadlineAreNotSent(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	p := newPublisher(t, webhook.Config{URL: srv.URL, Concurrency: 1})
+	var recs []outbox.Record
+	for i := range 6 {
+		recs = append(recs, record(int64(i+1), "", "x", nil))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	errs := p.Publish(ctx, recs)
+	notSent := 0
+	for _, err := range errs {
+		if errors.Is(err, retry.ErrNotSent) {
+			notSent++
+		}
+	}
+	if sent := int(requests.Load()); sent+notSent != len(recs) {
+		t.Fatalf("%d requests made and %d rows reported not sent, of %d: rows never sent must be ErrNotSent (errors %v)",
+			sent, notSent, len(recs), errs)
+	}
 }

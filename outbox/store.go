@@ -466,14 +466,7 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	var deferAt []time.Time
 	var leased, leaseFor []int64
 	var leaseTokens []uuid.UUID
-	var (
-		ids                     []int64
-		statuses, errs, classes []string
-		incs                    []int32
-		delays                  []int64
-		reasons                 []pgtype.Text
-		parks, attempted        []bool
-	)
+	var fails failures
 	for _, o := range outcomes {
 		if o.Kind == Sent {
 			sent = append(sent, o.ID)
@@ -492,24 +485,11 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 			deferAt = append(deferAt, c.Now.Add(o.Delay))
 			continue
 		}
-		status, inc := "pending", int32(0)
+		inc := int32(0)
 		if o.Attempted && o.Kind != Deferred {
 			inc = 1
 		}
-		reason := pgtype.Text{}
-		if o.Kind == DeadLettered {
-			status = "dead_lettered"
-			reason = pgtype.Text{String: o.Reason, Valid: true}
-		}
-		ids = append(ids, o.ID)
-		statuses = append(statuses, status)
-		incs = append(incs, inc)
-		delays = append(delays, o.Delay.Microseconds())
-		errs = append(errs, truncate(storable(o.Error), MaxErrorLen))
-		classes = append(classes, o.Class)
-		reasons = append(reasons, reason)
-		parks = append(parks, o.ParkKey && o.Kind == DeadLettered)
-		attempted = append(attempted, o.Attempted)
+		fails.add(o, inc, o.Attempted, pgtype.UUID{})
 	}
 	b := &pgx.Batch{}
 	if len(sent) > 0 {
@@ -518,10 +498,7 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	if len(deferIDs) > 0 {
 		b.Queue(c.store.sql.defer_, deferIDs, deferAt)
 	}
-	if len(ids) > 0 {
-		b.Queue(c.store.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, c.store.errorHistory,
-			make([]pgtype.UUID, len(ids)))
-	}
+	fails.queue(b, c.store.sql.fail, c.store.errorHistory)
 	if len(leased) > 0 {
 		c.LeaseExpiry = make(map[int64]time.Time, len(leased))
 		b.Queue(c.store.sql.lease, leased, leaseTokens, leaseFor).Query(func(rows pgx.Rows) error {
@@ -546,6 +523,42 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	return nil
 }
 
+// failures gathers the parameters of the fail statement, one array per
+// column.
+type failures struct {
+	ids                     []int64
+	statuses, errs, classes []string
+	incs                    []int32
+	delays                  []int64
+	reasons                 []pgtype.Text
+	parks, attempted        []bool
+	tokens                  []pgtype.UUID
+}
+
+func (f *failures) add(o Outcome, inc int32, attempted bool, token pgtype.UUID) {
+	status, reason := "pending", pgtype.Text{}
+	if o.Kind == DeadLettered {
+		status = "dead_lettered"
+		reason = pgtype.Text{String: o.Reason, Valid: true}
+	}
+	f.ids = append(f.ids, o.ID)
+	f.statuses = append(f.statuses, status)
+	f.incs = append(f.incs, inc)
+	f.delays = append(f.delays, o.Delay.Microseconds())
+	f.errs = append(f.errs, truncate(storable(o.Error), MaxErrorLen))
+	f.classes = append(f.classes, o.Class)
+	f.reasons = append(f.reasons, reason)
+	f.parks = append(f.parks, o.ParkKey && o.Kind == DeadLettered)
+	f.attempted = append(f.attempted, attempted)
+	f.tokens = append(f.tokens, token)
+}
+
+func (f *failures) queue(b *pgx.Batch, sql string, history int) {
+	if len(f.ids) > 0 {
+		b.Queue(sql, f.ids, f.statuses, f.incs, f.delays, f.errs, f.classes, f.reasons, f.parks, f.attempted, history, f.tokens)
+	}
+}
+
 // LeasedWork is where a leased key's rows sat when they were leased: rows
 // of the key deferred to the lease's end are pulled forward once the
 // delivery is over.
@@ -563,16 +576,9 @@ type LeasedWork struct {
 // handed to the destination) give theirs back. Rows deferred behind the
 // leased keys are then made ready.
 func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent []Outcome, keys []LeasedWork) error {
-	var sentIDs, ids, unsentIDs []int64
+	var sentIDs, unsentIDs []int64
 	var sentTokens, unsentTokens []uuid.UUID
-	var (
-		statuses, errs, classes []string
-		incs                    []int32
-		delays                  []int64
-		reasons                 []pgtype.Text
-		parks, attempted        []bool
-		tokens                  []pgtype.UUID
-	)
+	var fails failures
 	for _, o := range outcomes {
 		switch o.Kind {
 		case Sent:
@@ -582,25 +588,12 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 		case Leased:
 			continue
 		}
-		status, inc := "pending", int32(0)
-		reason := pgtype.Text{}
-		switch o.Kind {
-		case Deferred:
-			inc = -1
-		case DeadLettered:
-			status = "dead_lettered"
-			reason = pgtype.Text{String: o.Reason, Valid: true}
+		inc := int32(0)
+		if o.Kind == Deferred {
+			inc = -1 // a systemic failure gives the lease's attempt back
 		}
-		ids = append(ids, o.ID)
-		statuses = append(statuses, status)
-		incs = append(incs, inc)
-		delays = append(delays, o.Delay.Microseconds())
-		errs = append(errs, truncate(storable(o.Error), MaxErrorLen))
-		classes = append(classes, o.Class)
-		reasons = append(reasons, reason)
-		parks = append(parks, o.ParkKey && o.Kind == DeadLettered)
-		attempted = append(attempted, false) // last_attempt_at was set by the lease
-		tokens = append(tokens, pgtype.UUID{Bytes: o.Token, Valid: true})
+		// last_attempt_at was set by the lease.
+		fails.add(o, inc, false, pgtype.UUID{Bytes: o.Token, Valid: true})
 	}
 	for _, o := range unsent {
 		unsentIDs = append(unsentIDs, o.ID)
@@ -610,9 +603,7 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 	if len(sentIDs) > 0 {
 		b.Queue(s.sql.leasedSent, sentIDs, sentTokens)
 	}
-	if len(ids) > 0 {
-		b.Queue(s.sql.fail, ids, statuses, incs, delays, errs, classes, reasons, parks, attempted, s.errorHistory, tokens)
-	}
+	fails.queue(b, s.sql.fail, s.errorHistory)
 	if len(unsentIDs) > 0 {
 		b.Queue(s.sql.unlease, unsentIDs, unsentTokens)
 	}

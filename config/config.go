@@ -120,9 +120,9 @@ type Retry struct {
 	MaxDelay time.Duration `koanf:"max_delay"`
 	// MaxRetryAfter caps a destination's Retry-After hint. Default 15m.
 	MaxRetryAfter time.Duration `koanf:"max_retry_after"`
-	// PauseBase and PauseMax bound the pause after systemic failures
-	// (destination down or refusing the relay); it doubles while they go
-	// on. Defaults 1s and 30s.
+	// PauseBase and PauseMax bound each destination's circuit breaker
+	// cool-down: how long it stays open before a probe; it doubles while
+	// probes fail. Defaults 1s and 30s.
 	PauseBase time.Duration `koanf:"pause_base"`
 	PauseMax  time.Duration `koanf:"pause_max"`
 }

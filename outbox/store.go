@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -356,6 +355,10 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		waiting bool      // parked or not yet due, rather than in flight
 		until   time.Time // when its rows may be looked at again
 	}
+	excluded := make(map[string]bool, len(p.ExcludeTopics))
+	for _, t := range p.ExcludeTopics {
+		excluded[t] = true
+	}
 	blocked := map[string]blocker{}
 	for rows.Next() {
 		var (
@@ -376,7 +379,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		switch {
 		case parked:
 			b.until = c.Now.Add(ParkedRecheck)
-		case !waiting && slices.Contains(p.ExcludeTopics, topic):
+		case !waiting && excluded[topic]:
 			b.waiting, b.until = true, c.Now.Add(max(p.ExcludeFor, time.Millisecond))
 		}
 		blocked[key] = b

@@ -319,19 +319,28 @@ type delivery struct {
 	err   string
 }
 
-// result feeds one publish's outcomes, in order, to the breaker. It
-// returns the cool-down when the breaker opened (0 otherwise). Results of
-// a publish admitted before the breaker last changed state are ignored:
-// they say nothing about the destination since.
+// result feeds one publish's outcomes, in order, to the breaker, and
+// returns how long the breaker stays open from now (0 when it is not open):
+// how long rows deferred by this publish should wait. Results of a publish
+// admitted before the breaker last changed state are ignored: they say
+// nothing about the destination since.
 func (b *breaker) result(now time.Time, gen int, results []delivery, probe bool) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if gen != b.gen {
-		return 0
+	if gen == b.gen {
+		if probe {
+			b.probing = false
+		}
+		b.feed(now, results)
 	}
-	if probe {
-		b.probing = false
+	if b.state == BreakerOpen && now.Before(b.until) {
+		return b.until.Sub(now)
 	}
+	return 0
+}
+
+// feed applies results until the breaker opens.
+func (b *breaker) feed(now time.Time, results []delivery) {
 	for _, res := range results {
 		if res.sent {
 			switch b.state {
@@ -347,22 +356,12 @@ func (b *breaker) result(now time.Time, gen int, results []delivery, probe bool)
 			continue
 		}
 		b.lastErr = res.err
-		switch res.class {
-		case retry.ClassSystemic:
-			return b.open(now)
-		case retry.ClassTransient:
-			switch b.state {
-			case BreakerHalfOpen:
-				return b.open(now)
-			case BreakerClosed:
-				b.failed++
-				if b.failed >= b.failures {
-					return b.open(now)
-				}
-			}
+		b.failed++
+		if res.class == retry.ClassSystemic || (res.class == retry.ClassTransient && (b.state == BreakerHalfOpen || b.failed >= b.failures)) {
+			b.open(now)
+			return
 		}
 	}
-	return 0
 }
 
 // abandoned returns a probe slot whose publish never finished.
@@ -374,15 +373,13 @@ func (b *breaker) abandoned(gen int) {
 	b.mu.Unlock()
 }
 
-func (b *breaker) open(now time.Time) time.Duration {
-	if b.state == BreakerOpen && now.Before(b.until) {
-		return b.until.Sub(now)
-	}
+// open opens the breaker for a cool-down that doubles with each opening
+// since it was last closed.
+func (b *breaker) open(now time.Time) {
 	d := retry.Exponential(b.streak, b.base, b.max)
 	b.streak++
 	b.until = now.Add(d)
 	b.set(BreakerOpen, d)
-	return d
 }
 
 func (b *breaker) set(to BreakerState, cooldown time.Duration) {

@@ -38,6 +38,27 @@ func TestValidateRoutes(t *testing.T) {
 	}
 }
 
+// breaker returns the breaker state of the destination called name.
+func (h *harness) breaker(name string) relay.BreakerState {
+	for _, d := range h.relay.Destinations() {
+		if d.Name == name {
+			return d.Breaker
+		}
+	}
+	h.t.Fatalf("no destination %s", name)
+	return 0
+}
+
+// allBreakers checks that every destination's breaker is in state want.
+func (h *harness) allBreakers(t *testing.T, want relay.BreakerState, when string) {
+	t.Helper()
+	for _, d := range h.relay.Destinations() {
+		if d.Breaker != want {
+			t.Errorf("destination %s: breaker %s %s, want %s", d.Name, d.Breaker, when, want)
+		}
+	}
+}
+
 // topicsSeen lists the topics a fake publisher was given.
 func (f *fakePublisher) topicsSeen() map[string]int {
 	f.mu.Lock()
@@ -129,20 +150,13 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 		return count(t, s.Pool, "topic = 'events' AND key IS NULL AND status = 'pending'") == 0
 	})
 	waitFor(t, "the failing destination's breaker open", func() bool {
-		for _, d := range h.relay.Destinations() {
-			if d.Name == "hooks" && d.Breaker == relay.BreakerOpen {
-				return true
-			}
-		}
-		return false
+		return h.breaker("hooks") == relay.BreakerOpen
 	})
 	if n := count(t, s.Pool, "retry_count > 0 OR status = 'dead_lettered'"); n != 0 {
 		t.Fatalf("%d rows burned attempts while their destination was down", n)
 	}
-	for _, d := range h.relay.Destinations() {
-		if d.Name == "kafka" && d.Breaker != relay.BreakerClosed {
-			t.Fatalf("the healthy destination's breaker is %s", d.Breaker)
-		}
+	if b := h.breaker("kafka"); b != relay.BreakerClosed {
+		t.Fatalf("the healthy destination's breaker is %s", b)
 	}
 	// The destination comes back: a single-row probe, then the backlog.
 	failing.down.Store(false)
@@ -158,11 +172,7 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 	h.stop()
 	keys := keysOf(t, s)
 	checkKeyOrder(t, failing.published(), keys)
-	for _, d := range h.relay.Destinations() {
-		if d.Breaker != relay.BreakerClosed {
-			t.Errorf("destination %s: breaker %s after recovery", d.Name, d.Breaker)
-		}
-	}
+	h.allBreakers(t, relay.BreakerClosed, "after recovery")
 	// While down, the breaker kept calls to a trickle of probes.
 	if calls := failing.callsDown.Load(); calls > 60 {
 		t.Errorf("%d publish calls to the failing destination while it was down", calls)
@@ -182,7 +192,7 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 			BatchSize:    1, PauseBase: time.Hour, PauseMax: time.Hour,
 		},
 	})
-	waitFor(t, "the breaker open", func() bool { return h.relay.Destinations()[0].Breaker == relay.BreakerOpen })
+	waitFor(t, "the breaker open", func() bool { return h.breaker("hooks") == relay.BreakerOpen })
 	claims := h.relay.Stats().Claims
 	waitFor(t, "more claims while the breaker is open", func() bool { return h.relay.Stats().Claims > claims+5 })
 	h.stop()
@@ -321,12 +331,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 		t.Fatal("no HTTP row records the refused connection")
 	}
 	waitFor(t, "the endpoint's breaker open", func() bool {
-		for _, d := range h.relay.Destinations() {
-			if d.Name == "hooks" && d.Breaker == relay.BreakerOpen {
-				return true
-			}
-		}
-		return false
+		return h.breaker("hooks") == relay.BreakerOpen
 	})
 
 	var mu sync.Mutex
@@ -349,11 +354,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	if len(got) < 100 {
 		t.Fatalf("the endpoint received %d requests, want 100", len(got))
 	}
-	for _, d := range h.relay.Destinations() {
-		if d.Breaker != relay.BreakerClosed {
-			t.Errorf("destination %s: breaker %s after recovery", d.Name, d.Breaker)
-		}
-	}
+	h.allBreakers(t, relay.BreakerClosed, "after recovery")
 	ctx := context.Background()
 	if n := len(kafkatest.ConsumeAll(ctx, t, cluster, "orders")) + len(kafkatest.ConsumeAll(ctx, t, cluster, "payments")); n < 2200 {
 		t.Fatalf("kafka got %d messages, want 2200", n)
@@ -377,7 +378,7 @@ func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 	})
 	waitFor(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
 	waitFor(t, "the breaker half-open after its cool-down", func() bool {
-		return h.relay.Destinations()[0].Breaker == relay.BreakerHalfOpen
+		return h.breaker("hooks") == relay.BreakerHalfOpen
 	})
 	h.stop()
 }

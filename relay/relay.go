@@ -445,6 +445,7 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		go r.deliverLeased(inflight, g, claim.Now, claim.LeaseExpiry)
 	}
 	handedOff = true
+	r.batches.Add(1)
 	r.count(outcomes, claim.Deferred)
 	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
@@ -726,11 +727,7 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 	d.budget.earn(now, firsts, retriesSent+refunds)
 	cooldown := d.breaker.result(now, g.gen, results, g.probe)
 	if cooldown == 0 {
-		if _, until := d.breaker.snapshot(); until.After(now) {
-			cooldown = until.Sub(now)
-		} else {
-			cooldown = r.cfg.PauseBase
-		}
+		cooldown = r.cfg.PauseBase // a stale systemic failure: look again soon
 	}
 	for i := range outcomes {
 		if outcomes[i].Kind == outbox.Deferred {
@@ -741,7 +738,6 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 }
 
 func (r *Relay) count(outcomes []outbox.Outcome, deferredByClaim int) {
-	r.batches.Add(1)
 	r.deferred.Add(int64(deferredByClaim))
 	for _, o := range outcomes {
 		switch o.Kind {

@@ -160,13 +160,7 @@ FROM generate_series(1, 20) g`)
 	h := hookRelay(t, s, retry.PolicyConfig{MaxAttempts: 2},
 		hookDestination(t, "unauthorized", srv.URL), hookDestination(t, "forbidden", srv.URL))
 	waitFor(t, "both breakers open", func() bool {
-		open := 0
-		for _, d := range h.relay.Destinations() {
-			if d.Breaker == relay.BreakerOpen {
-				open++
-			}
-		}
-		return open == 2
+		return h.breaker("unauthorized") == relay.BreakerOpen && h.breaker("forbidden") == relay.BreakerOpen
 	})
 	waitFor(t, "a row of each deferred with its error", func() bool {
 		return count(t, s.Pool, `last_error LIKE '%401 Unauthorized%'`) > 0 && count(t, s.Pool, `last_error LIKE '%403 Forbidden%'`) > 0

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,7 +133,7 @@ FROM generate_series(1, 2000) g`); err != nil {
 	}
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfgFile, "CRM_SIGNING_SECRETS="+secret+" "+secret))
 	waitFor(t, 90*time.Second, "every row delivered", func() bool { return countRows(t, pool, "true") == 0 })
-	p.signal(t, 15)
+	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("exit code %d; output:\n%s", code, p.output)
 	}
@@ -217,7 +218,7 @@ routes:
 	if err := pool.QueryRow(context.Background(), `SELECT next_attempt_at FROM outbox WHERE lease_token IS NOT NULL AND retry_count = 1`).Scan(&leaseEnd); err != nil {
 		t.Fatalf("the row is not leased during its delivery: %v", err)
 	}
-	p1.signal(t, 9) // SIGKILL mid-delivery
+	p1.signal(t, syscall.SIGKILL) // mid-delivery
 	p1.wait(t, 30*time.Second)
 
 	startRelay(t, env)

@@ -151,28 +151,32 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return nil
 }
 
-// buildDestinations makes a publisher for every configured destination.
-func buildDestinations(cfg *config.Config) ([]relay.Destination, []relay.Route, func(), error) {
+// buildDestinations makes a publisher for every configured destination;
+// closeAll releases them.
+func buildDestinations(cfg *config.Config) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
 	settings, routes := cfg.DestinationList()
 	var closers []func()
-	closeAll := func() {
+	closeAll = func() {
 		for _, c := range closers {
 			c()
 		}
 	}
-	var out []relay.Destination
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	out := make([]relay.Destination, 0, len(settings))
 	for _, s := range settings {
 		d := s.Relay
 		switch {
 		case s.Kafka != nil:
 			kc, err := kafkaConfig(*s.Kafka, s.Name, cfg.Relay)
 			if err != nil {
-				closeAll()
 				return nil, nil, nil, err
 			}
 			p, err := kafka.New(kc)
 			if err != nil {
-				closeAll()
 				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
 			}
 			closers = append(closers, func() { p.Close() })
@@ -180,12 +184,10 @@ func buildDestinations(cfg *config.Config) ([]relay.Destination, []relay.Route, 
 		case s.HTTP != nil:
 			wc, err := s.HTTP.Webhook(s.Name)
 			if err != nil {
-				closeAll()
 				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
 			}
 			p, err := webhook.New(wc)
 			if err != nil {
-				closeAll()
 				return nil, nil, nil, err
 			}
 			closers = append(closers, func() { p.Close() })

@@ -55,6 +55,7 @@ const (
 type Config struct {
 	Database Database `koanf:"database"`
 	Log      Log      `koanf:"log"`
+	Admin    Admin    `koanf:"admin"`
 	Relay    Relay    `koanf:"relay"`
 	Retry    Retry    `koanf:"retry"`
 	// Kafka is the default destination, named kafka, when brokers are
@@ -92,7 +93,11 @@ type Relay struct {
 	// SentRetention keeps delivered rows as sent for this long; 0 (the
 	// default) deletes them as they are delivered.
 	SentRetention time.Duration `koanf:"sent_retention"`
-	// CleanupInterval is how often sent rows past retention are deleted.
+	// DeadLetterRetention keeps dead-lettered and discarded rows this
+	// long after they were dead-lettered; 0 keeps them for ever. A row
+	// that parks its key is kept until released. Default 336h (14 days).
+	DeadLetterRetention time.Duration `koanf:"dead_letter_retention"`
+	// CleanupInterval is how often rows past their retention are deleted.
 	// Default 1m.
 	CleanupInterval time.Duration `koanf:"cleanup_interval"`
 	// OnDeadLetter is release (a dead-lettered row lets its key's later
@@ -201,6 +206,24 @@ type Database struct {
 	ConnectTimeout time.Duration `koanf:"connect_timeout"`
 }
 
+// Admin configures the admin HTTP listener and its dead-letter API.
+type Admin struct {
+	// Listen is the listener's address, host:port. Default :9090; empty
+	// turns the listener off.
+	Listen string `koanf:"listen"`
+	// Token is the bearer token the dead-letter API requires; without
+	// one the API is off. A secret: set it with OUTBOX_ADMIN_TOKEN or in
+	// the file, or put it in a file named by token_file.
+	Token     string `koanf:"token"`
+	TokenFile string `koanf:"token_file"`
+}
+
+// DefaultAdminListen is the admin listener's default address.
+const DefaultAdminListen = ":9090"
+
+// MinAdminToken is the shortest admin token accepted, in characters.
+const MinAdminToken = 16
+
 // Log configures logging.
 type Log struct {
 	// Level is debug, info, warn or error. Default info.
@@ -216,17 +239,19 @@ func defaults() Config {
 			MaxConns:       DefaultMaxConns,
 			ConnectTimeout: DefaultConnectTimeout,
 		},
-		Log: Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		Log:   Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		Admin: Admin{Listen: DefaultAdminListen},
 		Relay: Relay{
-			Workers:         relay.DefaultWorkers,
-			BatchSize:       relay.DefaultBatchSize,
-			MaxBatchBytes:   relay.DefaultMaxBatchBytes,
-			PollInterval:    relay.DefaultPollInterval,
-			PublishTimeout:  relay.DefaultPublishTimeout,
-			DrainTimeout:    relay.DefaultDrainTimeout,
-			CleanupInterval: relay.DefaultCleanupInterval,
-			OnDeadLetter:    relay.OnDeadLetterRelease,
-			Listen:          true,
+			Workers:             relay.DefaultWorkers,
+			BatchSize:           relay.DefaultBatchSize,
+			MaxBatchBytes:       relay.DefaultMaxBatchBytes,
+			PollInterval:        relay.DefaultPollInterval,
+			PublishTimeout:      relay.DefaultPublishTimeout,
+			DrainTimeout:        relay.DefaultDrainTimeout,
+			CleanupInterval:     relay.DefaultCleanupInterval,
+			DeadLetterRetention: relay.DefaultDeadLetterRetention,
+			OnDeadLetter:        relay.OnDeadLetterRelease,
+			Listen:              true,
 		},
 		Retry: Retry{
 			MaxAttempts:   retry.DefaultMaxAttempts,
@@ -348,6 +373,7 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	}
 	readSecret("database.url_file", cfg.Database.URLFile, &cfg.Database.URL)
 	readSecret("kafka.sasl.password_file", cfg.Kafka.SASL.PasswordFile, &cfg.Kafka.SASL.Password)
+	readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
 	problems = append(problems, cfg.resolveDestinations(allEnv(environ), readSecret)...)
 	if err := cfg.Validate(need); err != nil {
 		var ce *Error
@@ -392,6 +418,14 @@ func (c *Config) Validate(need Need) error {
 	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
 		p = append(p, fmt.Sprintf("log.format is %q; use text or json", c.Log.Format))
 	}
+	if c.Admin.Listen != "" {
+		if _, port, err := net.SplitHostPort(c.Admin.Listen); err != nil || port == "" {
+			p = append(p, fmt.Sprintf("admin.listen: %q is not host:port (use :9090 for every interface, empty to turn the listener off)", c.Admin.Listen))
+		}
+	}
+	if c.Admin.Token != "" && len(c.Admin.Token) < MinAdminToken {
+		p = append(p, fmt.Sprintf("admin.token is %d characters; use at least %d random ones", len(c.Admin.Token), MinAdminToken))
+	}
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
 	p = append(p, c.Retry.problems()...)
 	kafkaNeeded := need&NeedDestinations != 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination))
@@ -430,6 +464,9 @@ func (r Relay) problems(maxConns int32) []string {
 	}
 	if r.SentRetention < 0 {
 		p = append(p, fmt.Sprintf("relay.sent_retention is %s; use 0 to delete rows as they are sent", r.SentRetention))
+	}
+	if r.DeadLetterRetention < 0 {
+		p = append(p, fmt.Sprintf("relay.dead_letter_retention is %s; use 0 to keep dead letters for ever", r.DeadLetterRetention))
 	}
 	if r.OnDeadLetter != relay.OnDeadLetterRelease && r.OnDeadLetter != relay.OnDeadLetterBlock {
 		p = append(p, fmt.Sprintf("relay.on_dead_letter is %q; use release or block", r.OnDeadLetter))

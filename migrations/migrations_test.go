@@ -125,6 +125,16 @@ func TestDownRefusesToDropRows(t *testing.T) {
 	if _, err := db.Exec(`INSERT INTO app_outbox.outbox (topic, payload) VALUES ('orders', 'x')`); err != nil {
 		t.Fatal(err)
 	}
+	// The audit trail is refused too while it holds records.
+	if _, err := db.Exec(`INSERT INTO app_outbox.outbox_audit (actor, source, action, row_ids) VALUES ('alice', 'cli', 'replay', '{1}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Down(ctx); err == nil || !strings.Contains(err.Error(), "outbox_audit: it still holds records") {
+		t.Fatalf("down with audit records: err = %v, want a refusal", err)
+	}
+	if _, err := db.Exec(`DELETE FROM app_outbox.outbox_audit`); err != nil {
+		t.Fatal(err)
+	}
 	// Revert everything above the table itself; the last step must refuse.
 	for range len(st) - 1 {
 		if _, err := m.Down(ctx); err != nil {
@@ -233,11 +243,55 @@ func TestConstraints(t *testing.T) {
 		"unknown status":     `INSERT INTO outbox (topic, payload, status) VALUES ('t', 'x', 'lost')`,
 		"unknown reason":     `INSERT INTO outbox (topic, payload, status, dead_letter_reason) VALUES ('t', 'x', 'dead_lettered', 'bored')`,
 		"reason on pending":  `INSERT INTO outbox (topic, payload, dead_letter_reason) VALUES ('t', 'x', 'permanent')`,
+		"dead without time":  `INSERT INTO outbox (topic, payload, status, dead_letter_reason) VALUES ('t', 'x', 'dead_lettered', 'permanent')`,
 		"explicit id":        `INSERT INTO outbox (id, topic, payload) VALUES (1, 't', 'x')`,
 	} {
 		if _, err := s.Pool.Exec(ctx, stmt); err == nil {
 			t.Errorf("%s: insert succeeded, want a constraint error", name)
 		}
+	}
+}
+
+// The operators' view shows dead-lettered and discarded rows, without
+// payload bytes; the audit table refuses an action it does not know.
+func TestDeadLetterViewAndAudit(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	ctx := context.Background()
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at, destination)
+VALUES ('a', 'xyz', 'dead_lettered', 'permanent', now(), 'hooks'),
+       ('b', 'xyz', 'discarded', 'too_large', now(), NULL),
+       ('c', 'xyz', 'pending', NULL, NULL, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Pool.Query(ctx, `SELECT * FROM outbox_dead_letters ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var topics []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		topics = append(topics, vals[2].(string))
+	}
+	for _, f := range rows.FieldDescriptions() {
+		if f.Name == "payload" {
+			t.Error("the view shows payload bytes")
+		}
+	}
+	if rows.Err() != nil || strings.Join(topics, ",") != "a,b" {
+		t.Fatalf("view rows: %v (%v)", topics, rows.Err())
+	}
+	var dest, reason string
+	var size int
+	if err := s.Pool.QueryRow(ctx, `SELECT destination, reason, payload_bytes FROM outbox_dead_letters WHERE topic = 'a'`).Scan(&dest, &reason, &size); err != nil ||
+		dest != "hooks" || reason != "permanent" || size != 3 {
+		t.Fatalf("view columns: %q %q %d (%v)", dest, reason, size, err)
+	}
+	if _, err := s.Pool.Exec(ctx, `INSERT INTO outbox_audit (actor, source, action, row_ids) VALUES ('a', 'cli', 'delete', '{1}')`); err == nil {
+		t.Error("the audit table took an unknown action")
 	}
 }
 

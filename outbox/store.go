@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -57,6 +58,11 @@ const (
 // they are looked at again. Releasing the key makes them ready at once.
 const ParkedRecheck = 5 * time.Minute
 
+// ParkedNote starts the last_error of a row deferred behind a parked key,
+// followed by the parking row's id. Releasing the key finds the rows to
+// make ready by it, and restores their own last error.
+const ParkedNote = "waiting: key parked by dead-lettered row "
+
 // DefaultErrorHistory is the number of recent failures kept per row.
 const DefaultErrorHistory = 10
 
@@ -83,8 +89,9 @@ type Store struct {
 	errorHistory int
 	lockID       int64
 	sql          struct {
-		claim, holding, defer_, sent, fail, cleanup string
-		lease, leasedSent, unlease, pullForward     string
+		claim, holding, defer_, deferParked, sent string
+		fail, cleanup, expireDead                 string
+		lease, leasedSent, unlease, pullForward   string
 	}
 }
 
@@ -145,6 +152,9 @@ ORDER BY 1, 2`
 	s.sql.defer_ = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
 WHERE o.id = d.id`
+	s.sql.deferParked = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at, last_error = d.note
+FROM unnest($1::bigint[], $2::timestamptz[], $3::text[]) AS d(id, at, note)
+WHERE o.id = d.id`
 
 	if cfg.KeepSent {
 		s.sql.sent = `UPDATE ` + t + ` SET status = 'sent', sent_at = statement_timestamp(),
@@ -166,6 +176,7 @@ WHERE id = ANY($1)`
     dead_lettered_at = CASE WHEN f.status = 'dead_lettered' THEN statement_timestamp() END,
     key_parked = f.park,
     lease_token = NULL,
+    destination = coalesce(f.dest, o.destination),
     error_history = (
         SELECT coalesce(jsonb_agg(h.e ORDER BY h.n), '[]')
         FROM jsonb_array_elements(o.error_history || jsonb_build_array(jsonb_build_object(
@@ -174,8 +185,8 @@ WHERE id = ANY($1)`
              WITH ORDINALITY AS h(e, n)
         WHERE h.n > jsonb_array_length(o.error_history) + 1 - $10)
 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[],
-            $7::text[], $8::bool[], $9::bool[], $11::uuid[])
-     AS f(id, status, inc, delay_us, err, class, reason, park, attempted, token)
+            $7::text[], $8::bool[], $9::bool[], $11::uuid[], $12::text[])
+     AS f(id, status, inc, delay_us, err, class, reason, park, attempted, token, dest)
 WHERE o.id = f.id AND (f.token IS NULL OR o.lease_token = f.token)`
 
 	// A lease counts the attempt when it is taken, so a row that crashes
@@ -213,6 +224,12 @@ WHERE id = ANY(ARRAY(
     SELECT id FROM ` + t + `
     WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'
     ORDER BY sent_at LIMIT $2))`
+	s.sql.expireDead = `DELETE FROM ` + t + `
+WHERE id = ANY(ARRAY(
+    SELECT id FROM ` + t + `
+    WHERE status IN ('dead_lettered', 'discarded')
+      AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked
+    ORDER BY dead_lettered_at LIMIT $2))`
 	return s, nil
 }
 
@@ -353,6 +370,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	type blocker struct {
 		id      int64
 		waiting bool      // parked or not yet due, rather than in flight
+		parked  bool      // a dead letter that parks the key
 		until   time.Time // when its rows may be looked at again
 	}
 	excluded := make(map[string]bool, len(p.ExcludeTopics))
@@ -375,7 +393,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		if _, seen := blocked[key]; seen || claimed[id] {
 			continue // rows come in id order: only the first blocker counts
 		}
-		b := blocker{id: id, waiting: parked || waiting, until: next}
+		b := blocker{id: id, waiting: parked || waiting, parked: parked, until: next}
 		switch {
 		case parked:
 			b.until = c.Now.Add(ParkedRecheck)
@@ -391,19 +409,26 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		return nil
 	}
 	kept := c.Records[:0]
-	var deferIDs []int64
-	var deferAt []time.Time
+	var deferIDs, parkedIDs []int64
+	var deferAt, parkedAt []time.Time
+	var parkedNotes []string
 	for _, r := range c.Records {
 		b, ok := blocked[r.Key]
 		if !r.HasKey || !ok || r.ID < b.id {
 			kept = append(kept, r)
 			continue
 		}
-		if b.waiting {
+		switch {
+		case b.parked:
+			parkedIDs = append(parkedIDs, r.ID)
+			parkedAt = append(parkedAt, b.until)
+			parkedNotes = append(parkedNotes, ParkedNote+strconv.FormatInt(b.id, 10))
+			c.Deferred++
+		case b.waiting:
 			deferIDs = append(deferIDs, r.ID)
 			deferAt = append(deferAt, b.until)
 			c.Deferred++
-		} else {
+		default:
 			if c.Skipped == 0 || c.SkippedKeys[len(c.SkippedKeys)-1] != r.Key {
 				c.SkippedKeys = append(c.SkippedKeys, r.Key)
 			}
@@ -414,6 +439,11 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	if len(deferIDs) > 0 {
 		if _, err := c.tx.Exec(ctx, c.store.sql.defer_, deferIDs, deferAt); err != nil {
 			return fmt.Errorf("defer rows behind a waiting key: %w", err)
+		}
+	}
+	if len(parkedIDs) > 0 {
+		if _, err := c.tx.Exec(ctx, c.store.sql.deferParked, parkedIDs, parkedAt, parkedNotes); err != nil {
+			return fmt.Errorf("defer rows behind a parked key: %w", err)
 		}
 	}
 	return nil
@@ -455,6 +485,9 @@ type Outcome struct {
 	Attempted bool
 	// ParkKey makes a dead-lettered row hold its key until released.
 	ParkKey bool
+	// Destination names where the row failed (all kinds but Sent); empty
+	// when it never reached one.
+	Destination string
 	// Token is the lease of a Leased row and, in CompleteLeased, the lease
 	// the outcome applies to: it is written only while the row still
 	// holds it.
@@ -536,6 +569,7 @@ type failures struct {
 	reasons                 []pgtype.Text
 	parks, attempted        []bool
 	tokens                  []pgtype.UUID
+	dests                   []pgtype.Text
 }
 
 func (f *failures) add(o Outcome, inc int32, attempted bool, token pgtype.UUID) {
@@ -554,11 +588,12 @@ func (f *failures) add(o Outcome, inc int32, attempted bool, token pgtype.UUID) 
 	f.parks = append(f.parks, o.ParkKey && o.Kind == DeadLettered)
 	f.attempted = append(f.attempted, attempted)
 	f.tokens = append(f.tokens, token)
+	f.dests = append(f.dests, pgtype.Text{String: o.Destination, Valid: o.Destination != ""})
 }
 
 func (f *failures) queue(b *pgx.Batch, sql string, history int) {
 	if len(f.ids) > 0 {
-		b.Queue(sql, f.ids, f.statuses, f.incs, f.delays, f.errs, f.classes, f.reasons, f.parks, f.attempted, history, f.tokens)
+		b.Queue(sql, f.ids, f.statuses, f.incs, f.delays, f.errs, f.classes, f.reasons, f.parks, f.attempted, history, f.tokens, f.dests)
 	}
 }
 
@@ -643,24 +678,38 @@ func (c *Claim) Release(ctx context.Context) error {
 // ago, on one replica at a time: when another replica is cleaning up, it
 // returns 0 and busy. Only rows kept with KeepSent are ever sent.
 func (s *Store) DeleteSent(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
+	return s.maintain(ctx, "delete sent rows", s.sql.cleanup, retention, limit)
+}
+
+// DeleteExpiredDeadLetters deletes up to limit dead-lettered and discarded
+// rows dead-lettered longer than retention ago, on one replica at a time
+// like DeleteSent. A row that parks its key is kept: deleting it would
+// release the key without anyone deciding to.
+func (s *Store) DeleteExpiredDeadLetters(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
+	return s.maintain(ctx, "delete expired dead letters", s.sql.expireDead, retention, limit)
+}
+
+// maintain runs a bounded maintenance statement under the maintenance
+// lock, which one replica holds at a time.
+func (s *Store) maintain(ctx context.Context, what, sql string, retention time.Duration, limit int) (int64, bool, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return 0, false, fmt.Errorf("delete sent rows: begin: %w", err)
+		return 0, false, fmt.Errorf("%s: begin: %w", what, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	var locked bool
 	if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", s.lockID).Scan(&locked); err != nil {
-		return 0, false, fmt.Errorf("delete sent rows: lock: %w", err)
+		return 0, false, fmt.Errorf("%s: lock: %w", what, err)
 	}
 	if !locked {
 		return 0, true, nil
 	}
-	tag, err := tx.Exec(ctx, s.sql.cleanup, retention.Microseconds(), limit)
+	tag, err := tx.Exec(ctx, sql, retention.Microseconds(), limit)
 	if err != nil {
-		return 0, false, fmt.Errorf("delete sent rows: %w", err)
+		return 0, false, fmt.Errorf("%s: %w", what, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, false, fmt.Errorf("delete sent rows: commit: %w", err)
+		return 0, false, fmt.Errorf("%s: commit: %w", what, err)
 	}
 	return tag.RowsAffected(), false, nil
 }

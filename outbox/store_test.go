@@ -168,7 +168,7 @@ func TestParkedKeyHoldsLaterRows(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
 	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t', NULL, '3')`)
-	exec(t, s, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true WHERE id = 1`)
+	exec(t, s, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
 	c := claim(t, st, 10)
 	defer c.Release(context.Background())
 	if got := ids(c.Records); fmt.Sprint(got) != "[3]" || c.Deferred != 1 {

@@ -217,6 +217,17 @@ func (rt *router) topicsOf(dests map[int]bool) []string {
 	return out
 }
 
+// MatchRoute returns the first of routes that matches topic, as the relay
+// routes it.
+func MatchRoute(routes []Route, topic string) (Route, bool) {
+	for _, r := range routes {
+		if matchAny(r.Topics, topic) {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
 func matchAny(patterns []string, topic string) bool {
 	for _, p := range patterns {
 		if ok, _ := path.Match(p, topic); ok {

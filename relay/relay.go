@@ -55,8 +55,11 @@ const (
 	DefaultWriteTimeout    = 30 * time.Second
 	DefaultCleanupInterval = time.Minute
 	DefaultCleanupBatch    = 5000
-	DefaultPauseBase       = time.Second
-	DefaultPauseMax        = 30 * time.Second
+	// DefaultDeadLetterRetention is how long dead-lettered and discarded
+	// rows are kept.
+	DefaultDeadLetterRetention = 14 * 24 * time.Hour
+	DefaultPauseBase           = time.Second
+	DefaultPauseMax            = 30 * time.Second
 
 	// RecordOverhead is counted for each record against MaxBatchBytes,
 	// beside its payload, key and headers: a generous allowance for a
@@ -115,8 +118,12 @@ type Config struct {
 	// SentRetention keeps sent rows this long before cleanup; 0 deletes
 	// rows as they are sent. It must agree with the Store's KeepSent.
 	SentRetention time.Duration
-	// CleanupInterval is how often sent rows past their retention are
-	// deleted. Default 1m.
+	// DeadLetterRetention keeps dead-lettered and discarded rows this
+	// long after they were dead-lettered; a negative value keeps them for
+	// ever. Default 14 days.
+	DeadLetterRetention time.Duration
+	// CleanupInterval is how often rows past their retention are deleted.
+	// Default 1m.
 	CleanupInterval time.Duration
 	// PauseBase and PauseMax bound the cool-down of a destination's
 	// circuit breaker: how long it stays open before a probe. It doubles
@@ -222,6 +229,7 @@ func New(cfg Config) (*Relay, error) {
 	defDur(&cfg.PublishTimeout, DefaultPublishTimeout)
 	defDur(&cfg.DrainTimeout, DefaultDrainTimeout)
 	defDur(&cfg.CleanupInterval, DefaultCleanupInterval)
+	defDur(&cfg.DeadLetterRetention, DefaultDeadLetterRetention)
 	defDur(&cfg.PauseBase, DefaultPauseBase)
 	defDur(&cfg.PauseMax, max(DefaultPauseMax, cfg.PauseBase))
 	if cfg.OnDeadLetter == "" {
@@ -295,7 +303,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Listener != nil {
 		g.Go(func() error { return r.cfg.Listener.Run(listenCtx, r.wakeAll) })
 	}
-	if r.cfg.SentRetention > 0 {
+	if r.cfg.SentRetention > 0 || r.cfg.DeadLetterRetention > 0 {
 		g.Go(func() error { return r.cleanup(listenCtx) })
 	}
 	r.log.Info("relay started", slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
@@ -531,8 +539,12 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 		if rec.Undeliverable != "" {
 			// Without a destination, the relay's own policy applies.
 			park := rec.HasKey && ((d != nil && d.block) || (d == nil && r.cfg.OnDeadLetter == OnDeadLetterBlock))
-			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered,
-				Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park})
+			o := outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered,
+				Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park}
+			if d != nil {
+				o.Destination = d.Name
+			}
+			outcomes = append(outcomes, o)
 			r.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
 				slog.String("reason", rec.UndeliverableReason), slog.String("error", rec.Undeliverable))
 			if park {
@@ -546,7 +558,7 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			park := d.block && rec.HasKey
 			msg := fmt.Sprintf("all %d attempts used; the last leases ended without an outcome (the relay stopped or crashed while delivering)", rec.RetryCount)
 			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered, Reason: outbox.ReasonRetriesExhausted,
-				Error: msg, Class: retry.ClassTransient.String(), ParkKey: park})
+				Error: msg, Class: retry.ClassTransient.String(), ParkKey: park, Destination: d.Name})
 			if park {
 				stop()
 			}
@@ -698,7 +710,7 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 			Age:       claimed.Sub(rec.CreatedAt) + elapsed,
 			PrevDelay: rec.LastDelay,
 		})
-		o := outbox.Outcome{ID: rec.ID, Error: err.Error(), Class: class.String(), Attempted: true}
+		o := outbox.Outcome{ID: rec.ID, Error: err.Error(), Class: class.String(), Attempted: true, Destination: d.Name}
 		switch dec.Action {
 		case retry.Retry:
 			o.Kind, o.Delay = outbox.Retried, dec.Delay
@@ -753,33 +765,47 @@ func (r *Relay) count(outcomes []outbox.Outcome, deferredByClaim int) {
 	}
 }
 
-// cleanup deletes sent rows past their retention, in bounded batches, on
-// one replica at a time.
+// cleanup deletes sent rows and dead letters past their retention, in
+// bounded batches, on one replica at a time.
 func (r *Relay) cleanup(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.CleanupInterval)
 	defer t.Stop()
+	type task struct {
+		what      string
+		retention time.Duration
+		delete    func(context.Context, time.Duration, int) (int64, bool, error)
+	}
+	var tasks []task
+	if r.cfg.SentRetention > 0 {
+		tasks = append(tasks, task{"sent rows", r.cfg.SentRetention, r.cfg.Store.DeleteSent})
+	}
+	if r.cfg.DeadLetterRetention > 0 {
+		tasks = append(tasks, task{"dead letters", r.cfg.DeadLetterRetention, r.cfg.Store.DeleteExpiredDeadLetters})
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		total := int64(0)
-		for ctx.Err() == nil {
-			n, busy, err := r.cfg.Store.DeleteSent(ctx, r.cfg.SentRetention, DefaultCleanupBatch)
-			if err != nil {
-				if ctx.Err() == nil {
-					r.log.Error("cleanup of sent rows failed", slog.Any("error", err))
+		for _, tk := range tasks {
+			total := int64(0)
+			for ctx.Err() == nil {
+				n, busy, err := tk.delete(ctx, tk.retention, DefaultCleanupBatch)
+				if err != nil {
+					if ctx.Err() == nil {
+						r.log.Error("cleanup failed", slog.String("rows", tk.what), slog.Any("error", err))
+					}
+					break
 				}
-				break
+				total += n
+				if busy || n < DefaultCleanupBatch {
+					break
+				}
 			}
-			total += n
-			if busy || n < DefaultCleanupBatch {
-				break
+			if total > 0 {
+				r.log.Info("deleted rows past retention", slog.String("rows", tk.what), slog.Int64("deleted", total))
 			}
-		}
-		if total > 0 {
-			r.log.Info("deleted sent rows past retention", slog.Int64("rows", total))
 		}
 	}
 }

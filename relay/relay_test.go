@@ -691,6 +691,32 @@ func TestSentRowsCleanedUpAfterRetention(t *testing.T) {
 	waitFor(t, "sent rows deleted after their retention", func() bool { return count(t, s.Pool, "true") == 0 })
 }
 
+// Dead letters past their retention are deleted by the maintenance loop,
+// except a row that parks its key; younger ones and pending rows stay.
+func TestDeadLettersCleanedUpAfterRetention(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload, next_attempt_at, status, dead_letter_reason, dead_lettered_at, key_parked)
+SELECT 't', 'k' || g, 'x', now() + interval '1 hour',
+       CASE WHEN g <= 20 THEN 'dead_lettered' WHEN g <= 25 THEN 'discarded' ELSE 'pending' END,
+       CASE WHEN g <= 25 THEN 'permanent' END,
+       CASE WHEN g <= 25 THEN now() - CASE WHEN g % 5 = 0 THEN interval '1 minute' ELSE interval '2 hours' END END,
+       g = 1
+FROM generate_series(1, 30) g`)
+	start(t, s, &fakePublisher{}, options{cfg: relay.Config{DeadLetterRetention: time.Hour, CleanupInterval: 10 * time.Millisecond}})
+	// 20 of the 25 dead rows are two hours old; one of those parks its key.
+	waitFor(t, "old dead letters deleted", func() bool { return count(t, s.Pool, "status IN ('dead_lettered', 'discarded')") == 6 })
+	if n := count(t, s.Pool, "key_parked AND key = 'k1'"); n != 1 {
+		t.Fatal("the row that parks its key was deleted")
+	}
+	if n := count(t, s.Pool, "status = 'pending'"); n != 5 {
+		t.Fatalf("%d pending rows left, want 5", n)
+	}
+	if n := count(t, s.Pool, "dead_lettered_at > now() - interval '1 hour'"); n != 5 {
+		t.Fatalf("%d young dead letters left, want 5", n)
+	}
+}
+
 // Large payloads: every publish stays within the batch byte budget, and
 // everything is delivered.
 func TestBatchByteBudget(t *testing.T) {

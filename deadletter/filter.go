@@ -1,0 +1,244 @@
+package deadletter
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// Reasons are the dead-letter reasons a filter may name.
+var Reasons = []string{
+	outbox.ReasonPermanent, outbox.ReasonRetriesExhausted, outbox.ReasonMaxAgeExceeded,
+	outbox.ReasonTooLarge, outbox.ReasonNoRoute, outbox.ReasonInvalidMessage,
+}
+
+// Statuses of rows the dead-letter operations see.
+const (
+	StatusDeadLettered = "dead_lettered"
+	StatusDiscarded    = "discarded"
+)
+
+// Filter selects dead letters; zero fields match everything.
+type Filter struct {
+	// Topic is a topic name, or a glob where * matches any run of
+	// characters and ? one character.
+	Topic string `json:"topic,omitempty"`
+	// Destination is the name of the destination the row failed at.
+	Destination string `json:"destination,omitempty"`
+	// Reason is a dead-letter reason (see Reasons).
+	Reason string `json:"reason,omitempty"`
+	// Key is an exact ordering key.
+	Key string `json:"key,omitempty"`
+	// Since and Until bound when rows were dead-lettered: Since
+	// inclusive, Until exclusive.
+	Since TimeBound `json:"since,omitzero"`
+	Until TimeBound `json:"until,omitzero"`
+	// ErrorContains is text in last_error, matched without regard to
+	// case.
+	ErrorContains string `json:"error_contains,omitempty"`
+}
+
+// IsZero reports whether f matches every dead letter.
+func (f Filter) IsZero() bool { return f == Filter{} }
+
+// Validate reports every problem of f at once.
+func (f Filter) Validate() error {
+	var p []string
+	if f.Reason != "" && !slices.Contains(Reasons, f.Reason) {
+		p = append(p, fmt.Sprintf("reason %q is not a dead-letter reason; use one of %s", f.Reason, strings.Join(Reasons, ", ")))
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && f.Since.Ago == 0 && f.Until.Ago == 0 && !f.Since.At.Before(f.Until.At) {
+		p = append(p, fmt.Sprintf("since %s is not before until %s", f.Since, f.Until))
+	}
+	if f.Since.Ago > 0 && f.Until.Ago > 0 && f.Since.Ago <= f.Until.Ago {
+		p = append(p, fmt.Sprintf("since %s is not before until %s", f.Since, f.Until))
+	}
+	if len(p) > 0 {
+		return &InputError{Problems: p}
+	}
+	return nil
+}
+
+// TimeBound is a point in time, either absolute or a duration before the
+// database's clock when the query runs.
+type TimeBound struct {
+	At  time.Time
+	Ago time.Duration
+}
+
+// at returns b as an absolute time, taking now for the present.
+func (b TimeBound) at(now time.Time) TimeBound {
+	if b.Ago > 0 {
+		return TimeBound{At: now.Add(-b.Ago)}
+	}
+	return b
+}
+
+// IsZero reports whether b is unset.
+func (b TimeBound) IsZero() bool { return b.At.IsZero() && b.Ago == 0 }
+
+func (b TimeBound) String() string {
+	switch {
+	case b.Ago > 0:
+		return formatAgo(b.Ago)
+	case !b.At.IsZero():
+		return b.At.Format(time.RFC3339Nano)
+	}
+	return ""
+}
+
+// MarshalText writes b as ParseTimeBound reads it.
+func (b TimeBound) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
+
+// UnmarshalText reads b with ParseTimeBound.
+func (b *TimeBound) UnmarshalText(text []byte) error {
+	v, err := ParseTimeBound(string(text))
+	if err != nil {
+		return err
+	}
+	*b = v
+	return nil
+}
+
+var agoPattern = regexp.MustCompile(`^(\d+)(d|h|m|s)$`)
+
+// ParseTimeBound reads an RFC 3339 time (2026-11-20T08:00:00Z), a date
+// (2026-11-20, midnight UTC), or a duration before now: a Go duration
+// such as 90m or 1h30m, or whole days such as 7d.
+func ParseTimeBound(s string) (TimeBound, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return TimeBound{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return TimeBound{At: t}, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return TimeBound{At: t}, nil
+	}
+	if m := agoPattern.FindStringSubmatch(s); m != nil && m[2] == "d" {
+		n, err := strconv.Atoi(m[1])
+		if err == nil && n > 0 && n <= 36500 {
+			return TimeBound{Ago: time.Duration(n) * 24 * time.Hour}, nil
+		}
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return TimeBound{Ago: d}, nil
+	}
+	return TimeBound{}, &InputError{Problems: []string{fmt.Sprintf("time %q: use RFC 3339 (2026-11-20T08:00:00Z), a date (2026-11-20) or a duration before now (90m, 6h, 7d)", s)}}
+}
+
+func formatAgo(d time.Duration) string {
+	if d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	return d.String()
+}
+
+// where builds the SQL conditions of f, numbering parameters after those
+// already in args.
+type where struct {
+	conds []string
+	args  []any
+}
+
+func (w *where) add(cond string, args ...any) {
+	// Each ? becomes the next parameter number.
+	var b strings.Builder
+	for _, r := range cond {
+		if r == '?' {
+			w.args = append(w.args, args[0])
+			args = args[1:]
+			b.WriteString("$" + strconv.Itoa(len(w.args)))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	w.conds = append(w.conds, b.String())
+}
+
+func (w *where) sql() string {
+	if len(w.conds) == 0 {
+		return "true"
+	}
+	return strings.Join(w.conds, " AND ")
+}
+
+// bound is the SQL for a time bound.
+func (w *where) bound(column, op string, b TimeBound) {
+	if b.Ago > 0 {
+		w.add(column+" "+op+" now() - ? * interval '1 microsecond'", b.Ago.Microseconds())
+	} else {
+		w.add(column+" "+op+" ?", b.At)
+	}
+}
+
+func (w *where) filter(f Filter) {
+	if f.Topic != "" {
+		if strings.ContainsAny(f.Topic, "*?") {
+			w.add("topic LIKE ?", globToLike(f.Topic))
+		} else {
+			w.add("topic = ?", f.Topic)
+		}
+	}
+	if f.Destination != "" {
+		w.add("destination = ?", f.Destination)
+	}
+	if f.Reason != "" {
+		w.add("dead_letter_reason = ?", f.Reason)
+	}
+	if f.Key != "" {
+		w.add("key = ?", f.Key)
+	}
+	if !f.Since.IsZero() {
+		w.bound("dead_lettered_at", ">=", f.Since)
+	}
+	if !f.Until.IsZero() {
+		w.bound("dead_lettered_at", "<", f.Until)
+	}
+	if f.ErrorContains != "" {
+		w.add("strpos(lower(last_error), lower(?)) > 0", f.ErrorContains)
+	}
+}
+
+// globToLike turns a glob into a LIKE pattern with \ as the escape.
+func globToLike(glob string) string {
+	var b strings.Builder
+	for _, r := range glob {
+		switch r {
+		case '*':
+			b.WriteByte('%')
+		case '?':
+			b.WriteByte('_')
+		case '%', '_', '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// InputError is input that cannot be used: a malformed filter, time,
+// reference or edit. It lists every problem.
+type InputError struct{ Problems []string }
+
+func (e *InputError) Error() string {
+	if len(e.Problems) == 1 {
+		return e.Problems[0]
+	}
+	return "invalid input:\n  - " + strings.Join(e.Problems, "\n  - ")
+}
+
+// IsInput reports whether err is an *InputError.
+func IsInput(err error) bool {
+	var ie *InputError
+	return errors.As(err, &ie)
+}

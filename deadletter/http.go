@@ -1,0 +1,451 @@
+package deadletter
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// MaxRequestBytes bounds an API request body.
+const MaxRequestBytes = 16 << 20
+
+// APIPrefix starts every path of the API.
+const APIPrefix = "/api/v1/"
+
+// HandlerConfig configures the dead-letter HTTP API.
+type HandlerConfig struct {
+	Store *Store
+	// Token is the bearer token every request must carry. Required: the
+	// API is off without one.
+	Token string
+	// MaxPayload, if positive, is the largest payload an edit may set.
+	MaxPayload int
+	// CheckTopic, if set, vets the topic an edit sets.
+	CheckTopic func(topic string) error
+	Logger     *slog.Logger
+}
+
+// NewHandler returns the dead-letter API: the same operations as the
+// command line, as JSON over HTTP, each request authenticated with the
+// bearer token. Mount it at APIPrefix.
+func NewHandler(cfg HandlerConfig) (http.Handler, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("dead-letter API: no store")
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("dead-letter API: no token; the API is off without one")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &api{cfg: cfg, token: sha256.Sum256([]byte(cfg.Token))}
+	mux := http.NewServeMux()
+	p := strings.TrimSuffix(APIPrefix, "/")
+	mux.HandleFunc("GET "+p+"/dead-letters", h.list)
+	mux.HandleFunc("GET "+p+"/dead-letters/{ref}", h.show)
+	mux.HandleFunc("POST "+p+"/dead-letters/replay", h.replay)
+	mux.HandleFunc("POST "+p+"/dead-letters/discard", h.discard)
+	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/edit", h.edit)
+	mux.HandleFunc("GET "+p+"/parked-keys", h.keys)
+	mux.HandleFunc("POST "+p+"/parked-keys/release", h.release)
+	mux.HandleFunc("GET "+p+"/audit", h.audit)
+	mux.HandleFunc("GET "+p+"/stats", h.stats)
+	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	return h.authenticate(mux), nil
+}
+
+type api struct {
+	cfg   HandlerConfig
+	token [32]byte
+}
+
+// authenticate answers 401 to any request without the token, before
+// anything else is looked at.
+func (h *api) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(given))
+		if !ok || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-relay"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (h *api) list(w http.ResponseWriter, r *http.Request) {
+	q, err := query(r, "topic", "destination", "reason", "key", "since", "until", "error", "status", "limit", "cursor")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	f, err := filterFromQuery(q)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	limit, err := intParam(q, "limit")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	page, err := h.cfg.Store.List(r.Context(), ListParams{Filter: f, Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor")})
+	h.reply(w, r, page, err)
+}
+
+func (h *api) show(w http.ResponseWriter, r *http.Request) {
+	if _, err := query(r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	ref, err := ParseRef(r.PathValue("ref"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	d, err := h.cfg.Store.Get(r.Context(), ref)
+	h.reply(w, r, d, err)
+}
+
+// bulkRequest is the body of replay and discard.
+type bulkRequest struct {
+	IDs       refList `json:"ids"`
+	Filter    Filter  `json:"filter"`
+	All       bool    `json:"all"`
+	DryRun    bool    `json:"dry_run"`
+	BatchSize int     `json:"batch_size"`
+	// Rate is at most this many rows per second; 0 for no limit.
+	Rate   float64 `json:"rate"`
+	Reason string  `json:"reason"`
+	Actor  string  `json:"actor"`
+	// At is when replayed rows become ready (replay only).
+	At time.Time `json:"at"`
+}
+
+func (h *api) bulkParams(w http.ResponseWriter, r *http.Request) (bulkRequest, BulkParams, bool) {
+	var req bulkRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return req, BulkParams{}, false
+	}
+	refs, err := ParseRefs(req.IDs)
+	if err != nil {
+		h.fail(w, r, err)
+		return req, BulkParams{}, false
+	}
+	if req.Rate < 0 || math.IsInf(req.Rate, 0) {
+		h.fail(w, r, &InputError{Problems: []string{"rate must be a positive number of rows per second, or 0"}})
+		return req, BulkParams{}, false
+	}
+	p := BulkParams{
+		Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
+		DryRun:    req.DryRun, BatchSize: req.BatchSize, Actor: apiActor(req.Actor), Reason: req.Reason,
+	}
+	if req.Rate > 0 {
+		if p.BatchSize == 0 {
+			p.BatchSize = DefaultBatchSize
+		}
+		p.BatchSize = max(1, min(p.BatchSize, int(math.Ceil(req.Rate))))
+		p.Limiter = rate.NewLimiter(rate.Limit(req.Rate), p.BatchSize)
+	}
+	return req, p, true
+}
+
+// refList reads row ids given as numbers and event ids as strings.
+type refList []string
+
+func (l *refList) UnmarshalJSON(b []byte) error {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return errors.New("ids must be an array of row ids and event ids")
+	}
+	out := make(refList, 0, len(raw))
+	for _, r := range raw {
+		var s string
+		if err := json.Unmarshal(r, &s); err == nil {
+			out = append(out, s)
+			continue
+		}
+		var n json.Number
+		if err := json.Unmarshal(r, &n); err != nil {
+			return fmt.Errorf("ids: %s is neither a row id nor an event id", r)
+		}
+		out = append(out, n.String())
+	}
+	*l = out
+	return nil
+}
+
+func (h *api) replay(w http.ResponseWriter, r *http.Request) {
+	req, p, ok := h.bulkParams(w, r)
+	if !ok {
+		return
+	}
+	res, err := h.cfg.Store.Replay(r.Context(), ReplayParams{BulkParams: p, At: req.At})
+	h.reply(w, r, res, err)
+}
+
+func (h *api) discard(w http.ResponseWriter, r *http.Request) {
+	_, p, ok := h.bulkParams(w, r)
+	if !ok {
+		return
+	}
+	res, err := h.cfg.Store.Discard(r.Context(), p)
+	h.reply(w, r, res, err)
+}
+
+// editRequest is the body of edit. The payload is given in one of three
+// forms: a JSON value, text, or base64.
+type editRequest struct {
+	Topic         string          `json:"topic"`
+	Headers       json.RawMessage `json:"headers"`
+	Payload       json.RawMessage `json:"payload"`
+	PayloadText   *string         `json:"payload_text"`
+	PayloadBase64 *string         `json:"payload_base64"`
+	AllowNonJSON  bool            `json:"allow_non_json"`
+	At            time.Time       `json:"at"`
+	Reason        string          `json:"reason"`
+	Actor         string          `json:"actor"`
+}
+
+func (h *api) edit(w http.ResponseWriter, r *http.Request) {
+	ref, err := ParseRef(r.PathValue("ref"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var req editRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, MaxPayload: h.cfg.MaxPayload,
+		CheckTopic: h.cfg.CheckTopic, At: req.At, Actor: apiActor(req.Actor), Reason: req.Reason}
+	if req.Headers != nil && string(req.Headers) != "null" {
+		p.Headers = req.Headers
+	}
+	forms := 0
+	if req.Payload != nil && string(req.Payload) != "null" {
+		p.Payload = []byte(req.Payload)
+		forms++
+	}
+	if req.PayloadText != nil {
+		p.Payload = []byte(*req.PayloadText)
+		forms++
+	}
+	if req.PayloadBase64 != nil {
+		b, err := base64.StdEncoding.DecodeString(*req.PayloadBase64)
+		if err != nil {
+			h.fail(w, r, &InputError{Problems: []string{"payload_base64: " + err.Error()}})
+			return
+		}
+		p.Payload = b
+		forms++
+	}
+	if forms > 1 {
+		h.fail(w, r, &InputError{Problems: []string{"give the payload once: payload, payload_text or payload_base64"}})
+		return
+	}
+	res, err := h.cfg.Store.Edit(r.Context(), p)
+	h.reply(w, r, res, err)
+}
+
+func (h *api) keys(w http.ResponseWriter, r *http.Request) {
+	if _, err := query(r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	keys, err := h.cfg.Store.Keys(r.Context(), 0)
+	h.reply(w, r, map[string]any{"parked_keys": keys}, err)
+}
+
+func (h *api) release(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Key     string `json:"key"`
+		Discard bool   `json:"discard"`
+		Reason  string `json:"reason"`
+		Actor   string `json:"actor"`
+	}
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	res, err := h.cfg.Store.Release(r.Context(), ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(req.Actor)})
+	h.reply(w, r, res, err)
+}
+
+func (h *api) audit(w http.ResponseWriter, r *http.Request) {
+	q, err := query(r, "action", "actor", "row", "since", "until", "limit", "cursor")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	p := AuditParams{Action: q.Get("action"), Actor: q.Get("actor"), Cursor: q.Get("cursor")}
+	var problems []string
+	if p.Limit, err = intParam(q, "limit"); err != nil {
+		problems = append(problems, err.Error())
+	}
+	row, err := intParam(q, "row")
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	p.Row = int64(row)
+	if p.Since, err = ParseTimeBound(q.Get("since")); err != nil {
+		problems = append(problems, "since: "+err.Error())
+	}
+	if p.Until, err = ParseTimeBound(q.Get("until")); err != nil {
+		problems = append(problems, "until: "+err.Error())
+	}
+	if len(problems) > 0 {
+		h.fail(w, r, &InputError{Problems: problems})
+		return
+	}
+	page, err := h.cfg.Store.Audit(r.Context(), p)
+	h.reply(w, r, page, err)
+}
+
+func (h *api) stats(w http.ResponseWriter, r *http.Request) {
+	if _, err := query(r); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	st, err := h.cfg.Store.Stats(r.Context())
+	h.reply(w, r, st, err)
+}
+
+// apiActor records who acted through the API: the name the caller gives,
+// marked as coming from the API.
+func apiActor(name string) Actor {
+	if strings.TrimSpace(name) == "" {
+		name = "api"
+	}
+	return Actor{Name: name, Source: "api"}
+}
+
+// query returns the request's query parameters, refusing unknown and
+// repeated ones.
+func query(r *http.Request, allowed ...string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, &InputError{Problems: []string{"query: " + err.Error()}}
+	}
+	var p []string
+	for k, v := range q {
+		switch {
+		case !slices.Contains(allowed, k):
+			p = append(p, fmt.Sprintf("unknown query parameter %q", k))
+		case len(v) > 1:
+			p = append(p, fmt.Sprintf("query parameter %q is given %d times", k, len(v)))
+		}
+	}
+	if len(p) > 0 {
+		slices.Sort(p)
+		return nil, &InputError{Problems: p}
+	}
+	return q, nil
+}
+
+func filterFromQuery(q url.Values) (Filter, error) {
+	f := Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
+		Key: q.Get("key"), ErrorContains: q.Get("error")}
+	var p []string
+	var err error
+	if f.Since, err = ParseTimeBound(q.Get("since")); err != nil {
+		p = append(p, "since: "+err.Error())
+	}
+	if f.Until, err = ParseTimeBound(q.Get("until")); err != nil {
+		p = append(p, "until: "+err.Error())
+	}
+	if len(p) > 0 {
+		return f, &InputError{Problems: p}
+	}
+	return f, nil
+}
+
+func intParam(q url.Values, name string) (int, error) {
+	s := q.Get(name)
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, &InputError{Problems: []string{fmt.Sprintf("%s %q is not a non-negative integer", name, s)}}
+	}
+	return n, nil
+}
+
+// decode reads a request body of exactly one JSON object with only known
+// fields, whatever its content type says (curl -d sends form encoding).
+func decode(r *http.Request, v any) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, MaxRequestBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &InputError{Problems: []string{"the request body is empty: send a JSON object"}}
+		}
+		return &InputError{Problems: []string{"request body: " + err.Error()}}
+	}
+	if dec.More() {
+		return &InputError{Problems: []string{"request body: more than one JSON value"}}
+	}
+	return nil
+}
+
+func (h *api) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (h *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var ie *InputError
+	switch {
+	case errors.As(err, &ie):
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "invalid input", "problems": ie.Problems})
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotParked):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, ErrNotDeadLettered):
+		writeError(w, http.StatusConflict, err.Error())
+	case r.Context().Err() != nil:
+		// The caller went away; nothing to answer.
+	default:
+		h.cfg.Logger.Error("dead-letter API request failed", slog.String("method", r.Method),
+			slog.String("path", r.URL.Path), slog.Any("error", err))
+		writeError(w, http.StatusInternalServerError, "internal error; see the relay's log")
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

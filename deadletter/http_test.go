@@ -1,0 +1,254 @@
+package deadletter_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+)
+
+const apiToken = "s3cret-admin-token-0123"
+
+func newAPI(t *testing.T, s *pgtest.Schema) http.Handler {
+	t.Helper()
+	h, err := deadletter.NewHandler(deadletter.HandlerConfig{
+		Store:      newStore(t, s),
+		Token:      apiToken,
+		MaxPayload: 1024,
+		CheckTopic: func(topic string) error {
+			if !strings.HasPrefix(topic, "orders") {
+				return fmt.Errorf("no route matches it")
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// call sends a request to h with the token (unless tok says otherwise) and
+// returns the status and body.
+func call(h http.Handler, method, path, body string, tok ...string) (int, string) {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	token := apiToken
+	if len(tok) > 0 {
+		token = tok[0]
+	}
+	if token != "" {
+		req.Header.Set("Authorization", token)
+		if !strings.Contains(token, " ") {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
+}
+
+func TestAPIRequiresToken(t *testing.T) {
+	t.Parallel()
+	if _, err := deadletter.NewHandler(deadletter.HandlerConfig{Store: &deadletter.Store{}}); err == nil {
+		t.Fatal("an API without a token was built")
+	}
+	s := pgtest.NewSchema(t)
+	id, _ := addDead(t, s, dead{Topic: "orders.secret", Key: "customer-7", Parked: true})
+	h := newAPI(t, s)
+	before := snapshot(t, s)
+
+	for _, ep := range []struct{ method, path, body string }{
+		{"GET", "/api/v1/dead-letters", ""},
+		{"GET", fmt.Sprintf("/api/v1/dead-letters/%d", id), ""},
+		{"POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d]}`, id)},
+		{"POST", "/api/v1/dead-letters/discard", fmt.Sprintf(`{"ids":[%d],"reason":"x"}`, id)},
+		{"POST", fmt.Sprintf("/api/v1/dead-letters/%d/edit", id), `{"topic":"orders"}`},
+		{"GET", "/api/v1/parked-keys", ""},
+		{"POST", "/api/v1/parked-keys/release", `{"key":"customer-7"}`},
+		{"GET", "/api/v1/audit", ""},
+		{"GET", "/api/v1/stats", ""},
+		{"GET", "/api/v1/nothing-here", ""},
+	} {
+		for _, tok := range []string{"", "wrong-token", "Basic " + apiToken, apiToken + "x", "Bearer"} {
+			code, body := call(h, ep.method, ep.path, ep.body, tok)
+			if code != http.StatusUnauthorized {
+				t.Errorf("%s %s with %q: %d, want 401", ep.method, ep.path, tok, code)
+			}
+			if strings.Contains(body, "orders") || strings.Contains(body, "customer-7") {
+				t.Errorf("%s %s with %q exposed a row: %s", ep.method, ep.path, tok, body)
+			}
+		}
+	}
+	checkUnchanged(t, s, before)
+	if code, body := call(h, "GET", "/api/v1/stats", ""); code != http.StatusOK || !strings.Contains(body, `"dead_lettered": 1`) {
+		t.Fatalf("with the token: %d %s", code, body)
+	}
+}
+
+func TestAPIValidatesInput(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	id, _ := addDead(t, s, dead{Key: "k"})
+	h := newAPI(t, s)
+	before := snapshot(t, s)
+	edit := fmt.Sprintf("/api/v1/dead-letters/%d/edit", id)
+
+	for _, tc := range []struct {
+		method, path, body string
+		code               int
+		msg                string
+	}{
+		{"GET", "/api/v1/dead-letters?colour=red", "", 400, `unknown query parameter \"colour\"`},
+		{"GET", "/api/v1/dead-letters?since=yesterday", "", 400, `time \"yesterday\"`},
+		{"GET", "/api/v1/dead-letters?reason=broken", "", 400, `reason \"broken\"`},
+		{"GET", "/api/v1/dead-letters?limit=-1", "", 400, "limit"},
+		{"GET", "/api/v1/dead-letters?limit=5000", "", 400, "limit 5000"},
+		{"GET", "/api/v1/dead-letters?topic=a&topic=b", "", 400, "given 2 times"},
+		{"GET", "/api/v1/dead-letters?cursor=zz", "", 400, "cursor"},
+		{"GET", "/api/v1/dead-letters/abc", "", 400, "neither a row id"},
+		{"GET", "/api/v1/dead-letters/999999", "", 404, "no outbox row"},
+		{"POST", "/api/v1/dead-letters/replay", "", 400, "request body is empty"},
+		{"POST", "/api/v1/dead-letters/replay", `{"ids":[1]`, 400, "request body"},
+		{"POST", "/api/v1/dead-letters/replay", `{"ids":[1]} {}`, 400, "more than one JSON value"},
+		{"POST", "/api/v1/dead-letters/replay", `{"idz":[1]}`, 400, `unknown field \"idz\"`},
+		{"POST", "/api/v1/dead-letters/replay", `{"ids":[true]}`, 400, "neither a row id nor an event id"},
+		{"POST", "/api/v1/dead-letters/replay", `{"ids":["x1"]}`, 400, "neither a row id"},
+		{"POST", "/api/v1/dead-letters/replay", `{}`, 400, "select rows"},
+		{"POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d],"all":true}`, id), 400, "not several at once"},
+		{"POST", "/api/v1/dead-letters/replay", `{"filter":{"since":"soon"}}`, 400, "request body"},
+		{"POST", "/api/v1/dead-letters/replay", `{"filter":{"reason":"x"}}`, 400, `reason \"x\"`},
+		{"POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d, 999999]}`, id), 404, "999999"},
+		{"POST", "/api/v1/dead-letters/replay", `{"all":true,"rate":-1}`, 400, "rate"},
+		{"POST", "/api/v1/dead-letters/replay", `{"all":true,"batch_size":100000}`, 400, "batch size"},
+		{"POST", "/api/v1/dead-letters/discard", fmt.Sprintf(`{"ids":[%d]}`, id), 400, "needs a reason"},
+		{"POST", edit, `{}`, 400, "nothing to change"},
+		{"POST", edit, `{"payload":{"a":1},"payload_text":"x"}`, 400, "give the payload once"},
+		{"POST", edit, `{"payload_base64":"%%%"}`, 400, "payload_base64"},
+		{"POST", edit, `{"payload_text":"not json"}`, 400, "payload is JSON and the new one is not"},
+		{"POST", edit, `{"headers":{"a":1}}`, 400, "headers must be a JSON object of string values"},
+		{"POST", edit, `{"topic":"billing"}`, 400, "no route matches it"},
+		{"POST", edit, fmt.Sprintf(`{"payload_text":%q,"allow_non_json":true}`, strings.Repeat("x", 2000)), 400, "above the payload cap"},
+		{"POST", "/api/v1/dead-letters/999999/edit", `{"topic":"orders.v2"}`, 404, "no outbox row"},
+		{"POST", "/api/v1/parked-keys/release", `{"key":"k"}`, 404, "not parked"},
+		{"POST", "/api/v1/parked-keys/release", `{}`, 400, "name the key"},
+		{"GET", "/api/v1/audit?action=delete", "", 400, `action \"delete\"`},
+		{"GET", "/api/v1/audit?row=x", "", 400, "row"},
+		{"GET", "/api/v1/dead-letters/replay/now", "", 404, "no such endpoint"},
+		{"DELETE", "/api/v1/stats", "", 404, "no such endpoint: DELETE /api/v1/stats"},
+	} {
+		code, body := call(h, tc.method, tc.path, tc.body)
+		if code != tc.code || !strings.Contains(body, tc.msg) {
+			t.Errorf("%s %s %s: %d %s; want %d and %q", tc.method, tc.path, tc.body, code, body, tc.code, tc.msg)
+		}
+	}
+	checkUnchanged(t, s, before)
+}
+
+func TestAPIOperations(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	a, _ := addDead(t, s, dead{Topic: "orders", Key: "a", Dest: "hooks"})
+	b, bEvent := addDead(t, s, dead{Topic: "orders", Key: "b", Dest: "hooks"})
+	c, _ := addDead(t, s, dead{Topic: "billing", Dest: "kafka"})
+	p := addParked(t, s, "p", base)
+	h := newAPI(t, s)
+
+	decode := func(body string, v any) {
+		t.Helper()
+		if err := json.Unmarshal([]byte(body), v); err != nil {
+			t.Fatalf("%v: %s", err, body)
+		}
+	}
+	var page deadletter.Page
+	code, body := call(h, "GET", "/api/v1/dead-letters?destination=hooks&limit=1", "")
+	decode(body, &page)
+	if code != 200 || len(page.Letters) != 1 || page.Next == "" {
+		t.Fatalf("list: %d %s", code, body)
+	}
+	code, body = call(h, "GET", "/api/v1/dead-letters?destination=hooks&limit=1&cursor="+page.Next, "")
+	var page2 deadletter.Page
+	decode(body, &page2)
+	if code != 200 || len(page2.Letters) != 1 || page2.Next != "" || page2.Letters[0].ID == page.Letters[0].ID {
+		t.Fatalf("second page: %d %s", code, body)
+	}
+
+	code, body = call(h, "GET", fmt.Sprintf("/api/v1/dead-letters/%s", bEvent), "")
+	var shown struct {
+		ID      int64          `json:"id"`
+		Payload map[string]int `json:"payload"`
+	}
+	decode(body, &shown)
+	if code != 200 || shown.ID != b || shown.Payload["n"] != 1 {
+		t.Fatalf("show by event id: %d %s", code, body)
+	}
+
+	// Dry run, then the replay itself, by id and event id.
+	var res deadletter.Result
+	code, body = call(h, "POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d, %q],"dry_run":true}`, a, bEvent))
+	decode(body, &res)
+	if code != 200 || !res.DryRun || !slices.Equal(sorted(res.Changed), []int64{a, b}) || statuses(t, s, a, b)[0] != "dead_lettered" {
+		t.Fatalf("dry run: %d %s", code, body)
+	}
+	code, body = call(h, "POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d, %q],"reason":"hooks fixed","actor":"alice"}`, a, bEvent))
+	if code != 200 || !slices.Equal(statuses(t, s, a, b), []string{"pending", "pending"}) {
+		t.Fatalf("replay: %d %s", code, body)
+	}
+	code, body = call(h, "POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d]}`, a))
+	decode(body, &res)
+	if code != 200 || len(res.Changed) != 0 || len(res.Unchanged) != 1 || res.Unchanged[0].Status != "pending" {
+		t.Fatalf("second replay: %d %s", code, body)
+	}
+
+	// Edit: 409 for a row that is no longer a dead letter; a JSON payload
+	// value for one that is.
+	if code, body := call(h, "POST", fmt.Sprintf("/api/v1/dead-letters/%d/edit", a), `{"topic":"orders.v2"}`); code != 409 {
+		t.Fatalf("edit of a pending row: %d %s", code, body)
+	}
+	code, body = call(h, "POST", fmt.Sprintf("/api/v1/dead-letters/%d/edit", c), `{"payload":{"n":2},"topic":"orders.billing","actor":"bob"}`)
+	if r := rowState(t, s, c); code != 200 || r.Status != "pending" || string(r.Payload) != `{"n":2}` || r.Topic != "orders.billing" {
+		t.Fatalf("edit: %d %s; row %+v", code, body, r)
+	}
+
+	var keys struct {
+		ParkedKeys []deadletter.ParkedKey `json:"parked_keys"`
+	}
+	code, body = call(h, "GET", "/api/v1/parked-keys", "")
+	decode(body, &keys)
+	if code != 200 || len(keys.ParkedKeys) != 1 || keys.ParkedKeys[0].Key != "p" || keys.ParkedKeys[0].Waiting != 3 {
+		t.Fatalf("parked keys: %d %s", code, body)
+	}
+	if code, body := call(h, "POST", "/api/v1/parked-keys/release", `{"key":"p","discard":true,"reason":"handled by hand","actor":"carol"}`); code != 200 {
+		t.Fatalf("release: %d %s", code, body)
+	}
+	checkReleased(t, s, p)
+	if st := statuses(t, s, p.Park); st[0] != "discarded" {
+		t.Fatalf("parking row is %s, want discarded", st[0])
+	}
+
+	var audit deadletter.AuditPage
+	code, body = call(h, "GET", "/api/v1/audit?limit=10", "")
+	decode(body, &audit)
+	var got []string
+	for _, r := range audit.Records {
+		got = append(got, r.Action+"/"+r.Actor+"/"+r.Source)
+	}
+	if want := []string{"release/carol/api", "edit/bob/api", "replay/alice/api"}; code != 200 || !slices.Equal(got, want) {
+		t.Fatalf("audit: %v, want %v (%s)", got, want, body)
+	}
+
+	var st deadletter.Stats
+	code, body = call(h, "GET", "/api/v1/stats", "")
+	decode(body, &st)
+	if code != 200 || st.DeadLettered != 0 || st.Discarded != 1 {
+		t.Fatalf("stats: %d %s", code, body)
+	}
+	if code, _ := call(h, "POST", "/api/v1/dead-letters/discard", `{"all":true,"reason":"nothing left"}`); code != 200 {
+		t.Fatalf("discard all: %d", code)
+	}
+}

@@ -1,0 +1,466 @@
+// Package deadletter finds, explains, fixes, replays and discards the
+// outbox rows that could not be delivered, and records every operator
+// action in an audit table.
+//
+// Dead letters stay in the outbox table with status dead_lettered (or
+// discarded, once an operator has given up on them) until retention
+// deletes them. Replaying a row makes it pending again, as if it were new
+// apart from its error history, so the relay delivers it like any other.
+package deadletter
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+)
+
+// Limits.
+const (
+	// DefaultListLimit is the page size of List and Audit.
+	DefaultListLimit = 50
+	// MaxListLimit is the largest page.
+	MaxListLimit = 1000
+	// DefaultBatchSize is how many rows a bulk action changes per
+	// transaction.
+	DefaultBatchSize = 500
+	// MaxBatchSize is the largest batch a bulk action may use.
+	MaxBatchSize = 10000
+)
+
+// Sentinel errors.
+var (
+	// ErrNotFound: no row has the id or event id.
+	ErrNotFound = errors.New("not found")
+	// ErrNotDeadLettered: the row is not dead-lettered, so it cannot be
+	// edited.
+	ErrNotDeadLettered = errors.New("not dead-lettered")
+	// ErrNotParked: no dead letter parks the key.
+	ErrNotParked = errors.New("key is not parked")
+)
+
+// Config configures a Store.
+type Config struct {
+	// Schema holds the outbox table. Default "public".
+	Schema string
+}
+
+// Store queries and changes dead letters in one schema.
+type Store struct {
+	pool          *pgxpool.Pool
+	outbox, audit string
+}
+
+// NewStore returns a Store on pool.
+func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if cfg.Schema == "" {
+		cfg.Schema = migrations.DefaultSchema
+	}
+	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("dead-letter store: %w", err)
+	}
+	return &Store{
+		pool:   pool,
+		outbox: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(),
+		audit:  pgx.Identifier{cfg.Schema, "outbox_audit"}.Sanitize(),
+	}, nil
+}
+
+// Letter is a dead letter, or any outbox row when looked up by Get.
+type Letter struct {
+	ID      int64     `json:"id"`
+	EventID uuid.UUID `json:"event_id"`
+	Topic   string    `json:"topic"`
+	// Key is nil for a row without a key.
+	Key *string `json:"key"`
+	// Destination is where the row last failed; empty when it never
+	// reached one.
+	Destination string `json:"destination,omitempty"`
+	Status      string `json:"status"`
+	Reason      string `json:"reason,omitempty"`
+	// ParksKey is true while the row holds back its key's later rows.
+	ParksKey       bool       `json:"parks_key"`
+	Attempts       int        `json:"attempts"`
+	LastError      string     `json:"last_error,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	NextAttemptAt  time.Time  `json:"next_attempt_at"`
+	LastAttemptAt  *time.Time `json:"last_attempt_at,omitempty"`
+	DeadLetteredAt *time.Time `json:"dead_lettered_at,omitempty"`
+	PayloadBytes   int        `json:"payload_bytes"`
+	// Headers are the row's headers as stored: a JSON object, though a
+	// row dead-lettered invalid_message may hold anything.
+	Headers json.RawMessage `json:"headers"`
+}
+
+// Detail is a row with its payload and error history, for Get.
+type Detail struct {
+	Letter
+	Payload      []byte         `json:"-"`
+	ErrorHistory []HistoryEntry `json:"error_history"`
+}
+
+// HistoryEntry is one recorded failure.
+type HistoryEntry struct {
+	At      time.Time `json:"at"`
+	Attempt int       `json:"attempt"`
+	Class   string    `json:"class"`
+	Error   string    `json:"error"`
+}
+
+// Payload encodings in JSON output.
+const (
+	EncodingJSON   = "json"
+	EncodingText   = "text"
+	EncodingBase64 = "base64"
+)
+
+// PayloadEncoding says how a payload is best shown: as JSON when it
+// parses as JSON and is valid UTF-8, as text when it is valid UTF-8
+// without control characters other than white space, else as base64.
+// JSON with invalid UTF-8 in its strings would not survive being
+// embedded: decoders replace the bad bytes.
+func PayloadEncoding(b []byte) string {
+	switch {
+	case len(b) > 0 && utf8.Valid(b) && json.Valid(b):
+		return EncodingJSON
+	case utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool {
+		return r < 0x20 && r != '\n' && r != '\r' && r != '\t' || r == 0x7f
+	}):
+		return EncodingText
+	}
+	return EncodingBase64
+}
+
+// MarshalJSON adds the payload, as a JSON value when it is JSON, a string
+// when it is text, else base64, with payload_encoding saying which.
+func (d Detail) MarshalJSON() ([]byte, error) {
+	type plain Detail // without this method
+	enc := PayloadEncoding(d.Payload)
+	var payload any
+	switch enc {
+	case EncodingJSON:
+		payload = json.RawMessage(d.Payload)
+	case EncodingText:
+		payload = string(d.Payload)
+	default:
+		payload = base64.StdEncoding.EncodeToString(d.Payload)
+	}
+	return json.Marshal(struct {
+		plain
+		PayloadEncoding string `json:"payload_encoding"`
+		Payload         any    `json:"payload"`
+	}{plain(d), enc, payload})
+}
+
+const letterColumns = `id, event_id, topic, key, coalesce(destination, ''), status,
+    coalesce(dead_letter_reason, ''), key_parked, retry_count, coalesce(last_error, ''),
+    created_at, next_attempt_at, last_attempt_at, dead_lettered_at, octet_length(payload), headers`
+
+func scanLetter(row pgx.Row, extra ...any) (Letter, error) {
+	var l Letter
+	var headers []byte
+	dest := append([]any{&l.ID, &l.EventID, &l.Topic, &l.Key, &l.Destination, &l.Status,
+		&l.Reason, &l.ParksKey, &l.Attempts, &l.LastError,
+		&l.CreatedAt, &l.NextAttemptAt, &l.LastAttemptAt, &l.DeadLetteredAt, &l.PayloadBytes, &headers}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return l, err
+	}
+	l.Headers = json.RawMessage(headers)
+	return l, nil
+}
+
+// Ref names a row by id or event id.
+type Ref struct {
+	ID      int64
+	EventID uuid.UUID
+}
+
+// ParseRef reads a row id (a positive integer) or an event id (a UUID).
+func ParseRef(s string) (Ref, error) {
+	s = strings.TrimSpace(s)
+	if id, err := strconv.ParseInt(s, 10, 64); err == nil && id > 0 {
+		return Ref{ID: id}, nil
+	}
+	if u, err := uuid.Parse(s); err == nil {
+		return Ref{EventID: u}, nil
+	}
+	return Ref{}, &InputError{Problems: []string{fmt.Sprintf("%q is neither a row id (a positive integer) nor an event id (a UUID)", s)}}
+}
+
+// MarshalText writes the id or event id.
+func (r Ref) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+func (r Ref) String() string {
+	if r.ID > 0 {
+		return strconv.FormatInt(r.ID, 10)
+	}
+	return r.EventID.String()
+}
+
+// ParseRefs reads several references, reporting every bad one.
+func ParseRefs(ss []string) ([]Ref, error) {
+	var refs []Ref
+	var p []string
+	for _, s := range ss {
+		r, err := ParseRef(s)
+		if err != nil {
+			p = append(p, err.Error())
+			continue
+		}
+		refs = append(refs, r)
+	}
+	if len(p) > 0 {
+		return nil, &InputError{Problems: p}
+	}
+	return refs, nil
+}
+
+// NotFoundError lists references that match no row.
+type NotFoundError struct{ Refs []Ref }
+
+func (e *NotFoundError) Error() string {
+	s := make([]string, len(e.Refs))
+	for i, r := range e.Refs {
+		s[i] = r.String()
+	}
+	return "no outbox row has id or event id " + strings.Join(s, ", ")
+}
+
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// Get returns the row ref names, whatever its status, with its payload and
+// error history.
+func (s *Store) Get(ctx context.Context, ref Ref) (*Detail, error) {
+	row := s.pool.QueryRow(ctx, `SELECT `+letterColumns+`, payload, error_history
+FROM `+s.outbox+` WHERE id = $1 OR event_id = $2`, ref.ID, ref.EventID)
+	var d Detail
+	var history []byte
+	l, err := scanLetter(row, &d.Payload, &history)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, &NotFoundError{Refs: []Ref{ref}}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get outbox row %s: %w", ref, err)
+	}
+	d.Letter = l
+	if err := json.Unmarshal(history, &d.ErrorHistory); err != nil {
+		return nil, fmt.Errorf("get outbox row %s: error history: %w", ref, err)
+	}
+	return &d, nil
+}
+
+// ListParams selects a page of dead letters, newest first.
+type ListParams struct {
+	Filter Filter
+	// Status is dead_lettered (the default), discarded, or all.
+	Status string
+	// Limit is the page size. Default 50, at most 1000.
+	Limit int
+	// Cursor continues from a previous page's Next.
+	Cursor string
+}
+
+// Page is one page of dead letters. Pages are keyed on when rows were
+// dead-lettered: a walk through every page sees each row present at its
+// start exactly once, while rows dead-lettered meanwhile appear only on a
+// new walk.
+type Page struct {
+	Letters []Letter `json:"dead_letters"`
+	// Next is the cursor of the next page; empty on the last.
+	Next string `json:"next_cursor,omitempty"`
+}
+
+// List returns a page of dead letters matching p, newest first.
+func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
+	var w where
+	switch p.Status {
+	case "", StatusDeadLettered:
+		w.add("status = 'dead_lettered'")
+	case StatusDiscarded:
+		w.add("status = 'discarded'")
+	case "all":
+		w.add("status IN ('dead_lettered', 'discarded')")
+	default:
+		return nil, &InputError{Problems: []string{fmt.Sprintf("status %q: use dead_lettered, discarded or all", p.Status)}}
+	}
+	if err := p.Filter.Validate(); err != nil {
+		return nil, err
+	}
+	limit, err := pageLimit(p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	w.filter(p.Filter)
+	if p.Cursor != "" {
+		at, id, err := parseCursor(p.Cursor)
+		if err != nil {
+			return nil, err
+		}
+		w.add("(dead_lettered_at, id) < (?, ?)", at, id)
+	}
+	w.args = append(w.args, limit+1)
+	rows, err := s.pool.Query(ctx, `SELECT `+letterColumns+` FROM `+s.outbox+`
+WHERE `+w.sql()+`
+ORDER BY dead_lettered_at DESC, id DESC
+LIMIT $`+strconv.Itoa(len(w.args)), w.args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	letters, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Letter, error) { return scanLetter(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	page := &Page{Letters: letters}
+	if len(letters) > limit {
+		page.Letters = letters[:limit]
+		last := page.Letters[limit-1]
+		page.Next = cursor(*last.DeadLetteredAt, last.ID)
+	}
+	if page.Letters == nil {
+		page.Letters = []Letter{}
+	}
+	return page, nil
+}
+
+func pageLimit(n int) (int, error) {
+	switch {
+	case n == 0:
+		return DefaultListLimit, nil
+	case n < 0 || n > MaxListLimit:
+		return 0, &InputError{Problems: []string{fmt.Sprintf("limit %d: use 1 to %d", n, MaxListLimit)}}
+	}
+	return n, nil
+}
+
+// A cursor is the last row's dead-letter time in microseconds and its id.
+func cursor(at time.Time, id int64) string {
+	return strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+}
+
+func parseCursor(c string) (time.Time, int64, error) {
+	bad := &InputError{Problems: []string{fmt.Sprintf("cursor %q is not one this command returned", c)}}
+	a, b, ok := strings.Cut(c, "-")
+	if !ok {
+		return time.Time{}, 0, bad
+	}
+	us, err1 := strconv.ParseInt(a, 10, 64)
+	id, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil || id < 1 {
+		return time.Time{}, 0, bad
+	}
+	return time.UnixMicro(us), id, nil
+}
+
+// ParkedKey is a key held back by a dead letter (on_dead_letter: block).
+type ParkedKey struct {
+	Key string `json:"key"`
+	// Row is the dead letter that parks the key.
+	Row Letter `json:"row"`
+	// Waiting counts the key's pending rows behind it.
+	Waiting int `json:"waiting"`
+}
+
+// Keys lists parked keys, the longest parked first, at most limit
+// (default and most 1000).
+func (s *Store) Keys(ctx context.Context, limit int) ([]ParkedKey, error) {
+	if limit <= 0 || limit > MaxListLimit {
+		limit = MaxListLimit
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+letterColumns+`,
+    (SELECT count(*) FROM `+s.outbox+` AS w WHERE w.key = o.key AND w.status = 'pending' AND w.id > o.id)
+FROM `+s.outbox+` AS o
+WHERE key_parked
+ORDER BY dead_lettered_at, id
+LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list parked keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedKey, error) {
+		var k ParkedKey
+		l, err := scanLetter(r, &k.Waiting)
+		k.Row = l
+		if l.Key != nil {
+			k.Key = *l.Key
+		}
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list parked keys: %w", err)
+	}
+	if keys == nil {
+		keys = []ParkedKey{}
+	}
+	return keys, nil
+}
+
+// Stats summarises the dead letters.
+type Stats struct {
+	// DeadLettered and Discarded count rows by status; ParkedKeys counts
+	// keys held back.
+	DeadLettered int `json:"dead_lettered"`
+	Discarded    int `json:"discarded"`
+	ParkedKeys   int `json:"parked_keys"`
+	// Oldest and Newest are when the oldest and newest dead-lettered row
+	// were dead-lettered (discarded rows left out).
+	Oldest *time.Time `json:"oldest,omitempty"`
+	Newest *time.Time `json:"newest,omitempty"`
+	// ByTopic, ByDestination and ByReason count dead-lettered rows.
+	// Rows that never reached a destination count under "".
+	ByTopic       map[string]int `json:"by_topic"`
+	ByDestination map[string]int `json:"by_destination"`
+	ByReason      map[string]int `json:"by_reason"`
+}
+
+// Stats counts dead letters by topic, destination and reason.
+func (s *Store) Stats(ctx context.Context) (*Stats, error) {
+	rows, err := s.pool.Query(ctx, `SELECT status, topic, coalesce(destination, ''), coalesce(dead_letter_reason, ''),
+    count(*), min(dead_lettered_at), max(dead_lettered_at)
+FROM `+s.outbox+`
+WHERE status IN ('dead_lettered', 'discarded')
+GROUP BY 1, 2, 3, 4`)
+	if err != nil {
+		return nil, fmt.Errorf("count dead letters: %w", err)
+	}
+	st := &Stats{ByTopic: map[string]int{}, ByDestination: map[string]int{}, ByReason: map[string]int{}}
+	var status, topic, dest, reason string
+	var n int
+	var oldest, newest *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&status, &topic, &dest, &reason, &n, &oldest, &newest}, func() error {
+		if status == StatusDiscarded {
+			st.Discarded += n
+			return nil
+		}
+		st.DeadLettered += n
+		st.ByTopic[topic] += n
+		st.ByDestination[dest] += n
+		st.ByReason[reason] += n
+		if oldest != nil && (st.Oldest == nil || oldest.Before(*st.Oldest)) {
+			t := *oldest
+			st.Oldest = &t
+		}
+		if newest != nil && (st.Newest == nil || newest.After(*st.Newest)) {
+			t := *newest
+			st.Newest = &t
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count dead letters: %w", err)
+	}
+	// A key is parked by one row as a rule; count keys all the same.
+	if err := s.pool.QueryRow(ctx, `SELECT count(DISTINCT key) FROM `+s.outbox+` WHERE key_parked`).Scan(&st.ParkedKeys); err != nil {
+		return nil, fmt.Errorf("count parked keys: %w", err)
+	}
+	return st, nil
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/deadletter"
 )
 
 // Exit codes.
@@ -31,7 +33,7 @@ func main() {
 	// After the first signal, a second one gets the default behaviour:
 	// exit at once.
 	context.AfterFunc(ctx, stop)
-	code := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -46,14 +48,21 @@ func (e usageError) Unwrap() error { return e.err }
 type app struct {
 	flags  *config.Flags
 	env    []string
+	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 	cfg    *config.Config // set by load
 	log    *slog.Logger
+	atExit []func() // run when the command is done, last first
 }
 
-func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int {
-	a := &app{env: env, stdout: stdout, stderr: stderr}
+func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{env: env, stdin: stdin, stdout: stdout, stderr: stderr}
+	defer func() {
+		for _, f := range slices.Backward(a.atExit) {
+			f()
+		}
+	}()
 	root := &cobra.Command{
 		Use:           "outbox-relay",
 		Short:         "Deliver PostgreSQL outbox rows to Kafka and HTTP, at least once and in order per key",
@@ -64,7 +73,7 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	a.flags = config.Bind(root.PersistentFlags())
-	root.AddCommand(a.migrateCmd(), a.runCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd())
 	root.SetArgs(args)
 
 	err := root.ExecuteContext(ctx)
@@ -80,6 +89,11 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	case errors.As(err, &ce):
 		fmt.Fprintln(stderr, "outbox-relay:", err)
 		return exitUsage
+	case deadletter.IsInput(err):
+		// Input the operator gave: nothing secret, and clearer on
+		// several lines.
+		fmt.Fprintln(stderr, "outbox-relay:", err)
+		return exitFailed
 	case errors.As(err, new(usageError)) || strings.HasPrefix(err.Error(), "unknown command"):
 		fmt.Fprintln(stderr, "outbox-relay:", err)
 		fmt.Fprintln(stderr, "Run 'outbox-relay --help' for usage.")

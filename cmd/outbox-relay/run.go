@@ -97,28 +97,34 @@ func (a *app) run(ctx context.Context) error {
 		}
 	}
 	r, err := relay.New(relay.Config{
-		Store:           store,
-		Destinations:    destinations,
-		Routes:          routes,
-		Listener:        listener,
-		Policy:          policy,
-		Logger:          a.log,
-		Workers:         cfg.Relay.Workers,
-		BatchSize:       cfg.Relay.BatchSize,
-		MaxBatchBytes:   cfg.Relay.MaxBatchBytes,
-		PayloadCap:      cfg.Relay.PayloadCap,
-		PollInterval:    cfg.Relay.PollInterval,
-		PublishTimeout:  cfg.Relay.PublishTimeout,
-		DrainTimeout:    cfg.Relay.DrainTimeout,
-		OnDeadLetter:    cfg.Relay.OnDeadLetter,
-		SentRetention:   cfg.Relay.SentRetention,
-		CleanupInterval: cfg.Relay.CleanupInterval,
-		PauseBase:       cfg.Retry.PauseBase,
-		PauseMax:        cfg.Retry.PauseMax,
+		Store:               store,
+		Destinations:        destinations,
+		Routes:              routes,
+		Listener:            listener,
+		Policy:              policy,
+		Logger:              a.log,
+		Workers:             cfg.Relay.Workers,
+		BatchSize:           cfg.Relay.BatchSize,
+		MaxBatchBytes:       cfg.Relay.MaxBatchBytes,
+		PayloadCap:          cfg.Relay.PayloadCap,
+		PollInterval:        cfg.Relay.PollInterval,
+		PublishTimeout:      cfg.Relay.PublishTimeout,
+		DrainTimeout:        cfg.Relay.DrainTimeout,
+		OnDeadLetter:        cfg.Relay.OnDeadLetter,
+		SentRetention:       cfg.Relay.SentRetention,
+		DeadLetterRetention: deadLetterRetention(cfg.Relay),
+		CleanupInterval:     cfg.Relay.CleanupInterval,
+		PauseBase:           cfg.Retry.PauseBase,
+		PauseMax:            cfg.Retry.PauseMax,
 	})
 	if err != nil {
 		return err
 	}
+	stopAdmin, err := a.startAdmin(pool, routes)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
 	names := make([]string, 0, len(destinations))
 	for _, d := range destinations {
 		names = append(names, d.Name)
@@ -133,6 +139,15 @@ func maxAge(r config.Retry) time.Duration {
 		return -1
 	}
 	return r.MaxAge
+}
+
+// deadLetterRetention maps the configuration's 0 (keep for ever) to the
+// relay's negative.
+func deadLetterRetention(r config.Relay) time.Duration {
+	if r.DeadLetterRetention == 0 {
+		return -1
+	}
+	return r.DeadLetterRetention
 }
 
 // idleGrace is added to the publish timeout for the server-side idle

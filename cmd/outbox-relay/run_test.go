@@ -142,6 +142,7 @@ func relayEnv(dsn string, c *kfake.Cluster, extra ...string) []string {
 		"OUTBOX_DATABASE_URL=" + dsn,
 		"OUTBOX_KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
 		"OUTBOX_RELAY_POLL_INTERVAL=50ms",
+		"OUTBOX_ADMIN_LISTEN=127.0.0.1:0",
 		"OUTBOX_LOG_LEVEL=info",
 	}, extra...)
 }

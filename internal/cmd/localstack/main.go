@@ -9,10 +9,12 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
+	mrand "math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -90,9 +92,15 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 		return err
 	}
 
+	adminAddr, err := freeAddr(envOr("OUTBOX_ADMIN_LISTEN", ""))
+	if err != nil {
+		return err
+	}
+	token := envOr("OUTBOX_ADMIN_TOKEN", rand.Text())
 	relay := exec.Command(relayBin, "run")
 	relay.Env = append(os.Environ(),
 		"OUTBOX_DATABASE_URL="+dsn, "OUTBOX_KAFKA_BROKERS="+brokers,
+		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token,
 		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"))
 	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr
 	// Its own process group: Ctrl-C reaches it through us, as SIGTERM.
@@ -113,6 +121,7 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	}()
 	fmt.Printf("relay started (pid %d); demo producer: %d order transactions/s over %d customers, 1 in 10 rolled back\n",
 		relay.Process.Pid, rate, customers)
+	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")
 	fmt.Println()
 
@@ -178,7 +187,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produ
 		fmt.Fprintln(os.Stderr, "localstack: producer:", err)
 		return
 	}
-	rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	rng := mrand.New(mrand.NewPCG(mrand.Uint64(), mrand.Uint64()))
 	tick := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
 	defer tick.Stop()
 	errRollback := errors.New("the customer changed their mind")
@@ -234,6 +243,20 @@ func consume(ctx context.Context, brokers string, delivered *atomic.Int64) {
 		fetches := cl.PollFetches(ctx)
 		delivered.Add(int64(fetches.NumRecords()))
 	}
+}
+
+// freeAddr returns addr, or when it is empty a free loopback address for
+// the relay's admin listener.
+func freeAddr(addr string) (string, error) {
+	if addr != "" {
+		return addr, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port for the admin listener: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 func envOr(name, def string) string {

@@ -1,0 +1,750 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/user"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/time/rate"
+
+	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// envActor names who runs dead-letter commands, for the audit trail, when
+// --actor is not given.
+const envActor = "OUTBOX_ACTOR"
+
+// dlq carries what the dead-letter commands share.
+type dlq struct {
+	*app
+	actor string
+	json  bool
+	store *deadletter.Store
+}
+
+func (a *app) dlqCmd() *cobra.Command {
+	d := &dlq{app: a}
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Inspect, fix, replay and discard dead letters",
+		Long: `Inspect, fix, replay and discard dead letters.
+
+Every change is recorded in the audit table with who made it (--actor, else
+$OUTBOX_ACTOR, else the operating-system user), when, why and on which rows.
+Exit codes: 0 done, 1 failed or bad input (nothing changed), 2 bad usage.`,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return d.open(cmd.Context())
+		},
+	}
+	cmd.PersistentFlags().StringVar(&d.actor, "actor", "", "who is acting, for the audit trail (env "+envActor+", default the OS user)")
+	cmd.PersistentFlags().BoolVar(&d.json, "json", false, "print JSON instead of text")
+	cmd.AddCommand(d.listCmd(), d.showCmd(), d.replayCmd(), d.editCmd(), d.discardCmd(),
+		d.keysCmd(), d.releaseCmd(), d.auditCmd(), d.statsCmd())
+	return cmd
+}
+
+func (d *dlq) open(ctx context.Context) error {
+	if err := d.load(config.NeedDatabase); err != nil {
+		return err
+	}
+	pool, err := d.connect(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := checkSchema(ctx, pool, d.cfg.Database.Schema); err != nil {
+		pool.Close()
+		return err
+	}
+	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: d.cfg.Database.Schema})
+	if err != nil {
+		pool.Close()
+		return err
+	}
+	d.store = st
+	d.atExit = append(d.atExit, pool.Close)
+	return nil
+}
+
+// who is the actor recorded in the audit trail.
+func (d *dlq) who() deadletter.Actor {
+	name := d.actor
+	if name == "" {
+		name = lookupEnv(d.env, envActor)
+	}
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
+	}
+	if name == "" {
+		name = lookupEnv(d.env, "USER")
+	}
+	return deadletter.Actor{Name: name, Source: "cli"}
+}
+
+func lookupEnv(env []string, key string) string {
+	for _, kv := range slices.Backward(env) {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// filterFlags are the flags that select dead letters.
+type filterFlags struct {
+	topic, destination, reason, key, since, until, errText string
+}
+
+func (f *filterFlags) bind(fs *pflag.FlagSet) {
+	fs.StringVar(&f.topic, "topic", "", "topic, or a glob such as 'orders.*'")
+	fs.StringVar(&f.destination, "destination", "", "destination the rows failed at")
+	fs.StringVar(&f.reason, "reason-code", "", "dead-letter reason: "+strings.Join(deadletter.Reasons, ", "))
+	fs.StringVar(&f.key, "key", "", "ordering key")
+	fs.StringVar(&f.since, "since", "", "dead-lettered at or after: RFC 3339 time, date, or duration ago (90m, 6h, 7d)")
+	fs.StringVar(&f.until, "until", "", "dead-lettered before: RFC 3339 time, date, or duration ago")
+	fs.StringVar(&f.errText, "error", "", "text in the last error, any case")
+}
+
+func (f *filterFlags) filter() (deadletter.Filter, error) {
+	out := deadletter.Filter{Topic: f.topic, Destination: f.destination, Reason: f.reason, Key: f.key, ErrorContains: f.errText}
+	var problems []string
+	var err error
+	if out.Since, err = deadletter.ParseTimeBound(f.since); err != nil {
+		problems = append(problems, "--since: "+err.Error())
+	}
+	if out.Until, err = deadletter.ParseTimeBound(f.until); err != nil {
+		problems = append(problems, "--until: "+err.Error())
+	}
+	if len(problems) > 0 {
+		return out, &deadletter.InputError{Problems: problems}
+	}
+	return out, out.Validate()
+}
+
+func (d *dlq) listCmd() *cobra.Command {
+	var f filterFlags
+	var status, cursor string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters, newest first",
+		Long: `List dead letters, newest first, a page at a time.
+
+Pass the printed --cursor to get the next page. A walk through the pages sees
+every row that was dead-lettered when it began exactly once.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			filter, err := f.filter()
+			if err != nil {
+				return err
+			}
+			page, err := d.store.List(cmd.Context(), deadletter.ListParams{Filter: filter, Status: status, Limit: limit, Cursor: cursor})
+			if err != nil {
+				return err
+			}
+			if d.json {
+				return d.printJSON(page)
+			}
+			tw := d.table("ID", "DEAD-LETTERED", "TOPIC", "KEY", "DESTINATION", "REASON", "ATTEMPTS", "LAST ERROR")
+			for _, l := range page.Letters {
+				reason := l.Reason
+				if l.Status == deadletter.StatusDiscarded {
+					reason += " (discarded)"
+				}
+				if l.ParksKey {
+					reason += " (parks key)"
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", l.ID, stamp(l.DeadLetteredAt), l.Topic, keyText(l.Key),
+					dash(l.Destination), reason, l.Attempts, clip(l.LastError, 60))
+			}
+			tw.Flush()
+			if len(page.Letters) == 0 {
+				fmt.Fprintln(d.stdout, "no dead letters match")
+			}
+			if page.Next != "" {
+				fmt.Fprintf(d.stdout, "more: add --cursor %s\n", page.Next)
+			}
+			return nil
+		},
+	}
+	f.bind(cmd.Flags())
+	cmd.Flags().StringVar(&status, "status", deadletter.StatusDeadLettered, "dead_lettered, discarded or all")
+	cmd.Flags().IntVar(&limit, "limit", deadletter.DefaultListLimit, fmt.Sprintf("rows per page, at most %d", deadletter.MaxListLimit))
+	cmd.Flags().StringVar(&cursor, "cursor", "", "continue after a previous page")
+	return cmd
+}
+
+func (d *dlq) showCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID|EVENT_ID",
+		Short: "Show a row with its payload, headers and error history",
+		Args:  exactArgs(1, "a row id or event id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref, err := deadletter.ParseRef(args[0])
+			if err != nil {
+				return err
+			}
+			row, err := d.store.Get(cmd.Context(), ref)
+			if err != nil {
+				return err
+			}
+			if d.json {
+				return d.printJSON(row)
+			}
+			d.printDetail(row)
+			return nil
+		},
+	}
+}
+
+func (d *dlq) printDetail(r *deadletter.Detail) {
+	w := d.stdout
+	status := r.Status
+	if r.Reason != "" {
+		status += " (" + r.Reason + ")"
+	}
+	if r.ParksKey {
+		status += ", parks its key"
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, kv := range [][2]string{
+		{"row", strconv.FormatInt(r.ID, 10)},
+		{"event id", r.EventID.String()},
+		{"status", status},
+		{"topic", r.Topic},
+		{"key", keyText(r.Key)},
+		{"destination", dash(r.Destination)},
+		{"attempts", strconv.Itoa(r.Attempts)},
+		{"created", stamp(&r.CreatedAt)},
+		{"last attempt", stamp(r.LastAttemptAt)},
+		{"dead-lettered", stamp(r.DeadLetteredAt)},
+		{"next attempt", stamp(&r.NextAttemptAt)},
+		{"last error", dash(r.LastError)},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w, "\nheaders:")
+	var headers map[string]any
+	if err := json.Unmarshal(r.Headers, &headers); err != nil || len(headers) == 0 {
+		fmt.Fprintf(w, "  %s\n", r.Headers)
+	} else {
+		names := make([]string, 0, len(headers))
+		for k := range headers {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		for _, k := range names {
+			v, _ := json.Marshal(headers[k])
+			fmt.Fprintf(w, "  %s: %s\n", k, v)
+		}
+	}
+
+	enc := deadletter.PayloadEncoding(r.Payload)
+	fmt.Fprintf(w, "\npayload (%d bytes, %s):\n", len(r.Payload), map[string]string{
+		deadletter.EncodingJSON: "JSON", deadletter.EncodingText: "text", deadletter.EncodingBase64: "binary, hex dump"}[enc])
+	switch enc {
+	case deadletter.EncodingJSON:
+		var b bytes.Buffer
+		_ = json.Indent(&b, r.Payload, "  ", "  ")
+		fmt.Fprintf(w, "  %s\n", b.String())
+	case deadletter.EncodingText:
+		fmt.Fprintln(w, indent(string(r.Payload)))
+	default:
+		fmt.Fprint(w, indent(hex.Dump(r.Payload)))
+	}
+
+	fmt.Fprintf(w, "\nerror history (%d, oldest first):\n", len(r.ErrorHistory))
+	for _, h := range r.ErrorHistory {
+		fmt.Fprintf(w, "  %s  attempt %d  %s  %s\n", stamp(&h.At), h.Attempt, h.Class, h.Error)
+	}
+}
+
+// bulkFlags are the flags of replay and discard.
+type bulkFlags struct {
+	filterFlags
+	all       bool
+	dryRun    bool
+	batchSize int
+	rate      float64
+	reason    string
+}
+
+func (b *bulkFlags) bind(fs *pflag.FlagSet, verb string) {
+	b.filterFlags.bind(fs)
+	fs.BoolVar(&b.all, "all", false, "select every dead letter")
+	fs.BoolVar(&b.dryRun, "dry-run", false, "show what would "+verb+" and change nothing")
+	fs.IntVar(&b.batchSize, "batch-size", deadletter.DefaultBatchSize, "rows changed per transaction")
+	fs.Float64Var(&b.rate, "rate", 0, "at most this many rows per second (0: no limit)")
+}
+
+// params builds the bulk parameters from the arguments and flags.
+func (b *bulkFlags) params(d *dlq, args []string) (deadletter.BulkParams, error) {
+	p := deadletter.BulkParams{DryRun: b.dryRun, BatchSize: b.batchSize, Actor: d.who(), Reason: b.reason}
+	filter, ferr := b.filter()
+	given := 0
+	for _, g := range []bool{len(args) > 0, !filter.IsZero() || ferr != nil, b.all} {
+		if g {
+			given++
+		}
+	}
+	if given != 1 {
+		return p, usageError{errors.New("select rows by id arguments, by filter flags, or with --all: exactly one of them")}
+	}
+	if b.batchSize < 1 || b.batchSize > deadletter.MaxBatchSize {
+		return p, usageError{fmt.Errorf("--batch-size %d: use 1 to %d", b.batchSize, deadletter.MaxBatchSize)}
+	}
+	if b.rate < 0 || math.IsNaN(b.rate) || math.IsInf(b.rate, 0) {
+		return p, usageError{fmt.Errorf("--rate %v: use a positive number of rows per second, or 0 for no limit", b.rate)}
+	}
+	if ferr != nil {
+		return p, ferr
+	}
+	refs, err := deadletter.ParseRefs(args)
+	if err != nil {
+		return p, err
+	}
+	p.Refs, p.Filter, p.All = refs, filter, b.all
+	if b.rate > 0 {
+		// Small batches at a steady pace rather than bursts.
+		p.BatchSize = max(1, min(p.BatchSize, int(math.Ceil(b.rate))))
+		p.Limiter = rate.NewLimiter(rate.Limit(b.rate), p.BatchSize)
+	}
+	return p, nil
+}
+
+func (d *dlq) replayCmd() *cobra.Command {
+	var b bulkFlags
+	var at string
+	cmd := &cobra.Command{
+		Use:   "replay [ID|EVENT_ID ...]",
+		Short: "Deliver dead letters again",
+		Long: `Make dead letters pending again: retry_count 0, ready now (or --at), error
+history kept. Select rows by id or event id, by filter flags, or with --all.
+
+Bulk replays run in batches of --batch-size rows, each in its own transaction
+with its own audit record, optionally paced by --rate. A filter applies to
+rows dead-lettered before the replay began. A named row that is no longer
+dead-lettered is left as it is and reported. An unknown id changes nothing.`,
+		Example: `  outbox-relay dlq replay 1042 1043
+  outbox-relay dlq replay --topic 'orders.*' --reason-code retries_exhausted --since 6h --dry-run
+  outbox-relay dlq replay --destination hooks --rate 200 --reason "endpoint fixed"`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := b.params(d, args)
+			if err != nil {
+				return err
+			}
+			rp := deadletter.ReplayParams{BulkParams: p}
+			if at != "" {
+				t, err := parseInstant(at)
+				if err != nil {
+					return err
+				}
+				rp.At = t
+			}
+			res, err := d.store.Replay(cmd.Context(), rp)
+			d.printResult(res, "replay")
+			return err
+		},
+	}
+	b.bind(cmd.Flags(), "be replayed")
+	cmd.Flags().StringVar(&b.reason, "reason", "", "why, for the audit trail")
+	cmd.Flags().StringVar(&at, "at", "", "make the rows ready at this RFC 3339 time instead of now")
+	return cmd
+}
+
+func (d *dlq) discardCmd() *cobra.Command {
+	var b bulkFlags
+	cmd := &cobra.Command{
+		Use:   "discard [ID|EVENT_ID ...] --reason TEXT",
+		Short: "Give up on dead letters; they stay, discarded, until retention",
+		Long: `Mark dead letters discarded: they will not be delivered and stay in the table,
+with status discarded, until relay.dead_letter_retention deletes them.
+Discarding the row that parks a key releases the key. --reason is required.`,
+		Example: `  outbox-relay dlq discard 1042 --reason "duplicate of order 77"
+  outbox-relay dlq discard --topic test.events --all --reason "test traffic"`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(b.reason) == "" {
+				return usageError{errors.New("discard needs --reason: say why, for the audit trail")}
+			}
+			p, err := b.params(d, args)
+			if err != nil {
+				return err
+			}
+			res, err := d.store.Discard(cmd.Context(), p)
+			d.printResult(res, "discard")
+			return err
+		},
+	}
+	b.bind(cmd.Flags(), "be discarded")
+	cmd.Flags().StringVar(&b.reason, "reason", "", "why (required), for the audit trail")
+	return cmd
+}
+
+func (d *dlq) editCmd() *cobra.Command {
+	var payloadFile, headersFile, topic, reason, at string
+	var allowNonJSON bool
+	cmd := &cobra.Command{
+		Use:   "edit ID|EVENT_ID",
+		Short: "Replace a dead letter's payload, headers or topic, and replay it",
+		Long: `Replace a dead letter's payload, headers or topic, and replay it, in one
+transaction. The row as it was is kept in the audit record.
+
+--payload and --headers read a file, or standard input for "-". Headers are a
+JSON object of strings. A JSON payload can only be replaced by JSON unless
+--allow-non-json is given; a new topic must match a route when routes are
+configured. Invalid input changes nothing.`,
+		Example: `  outbox-relay dlq show 1042 --json | jq .payload > fixed.json && vi fixed.json
+  outbox-relay dlq edit 1042 --payload fixed.json --reason "currency code fixed"
+  outbox-relay dlq edit 1043 --topic orders.created --reason "typo in topic"`,
+		Args: exactArgs(1, "a row id or event id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if payloadFile == "-" && headersFile == "-" {
+				return usageError{errors.New("--payload and --headers cannot both read standard input")}
+			}
+			ref, err := deadletter.ParseRef(args[0])
+			if err != nil {
+				return err
+			}
+			p := deadletter.EditParams{Ref: ref, Topic: topic, AllowNonJSON: allowNonJSON,
+				MaxPayload: d.cfg.Relay.PayloadCap, Actor: d.who(), Reason: reason}
+			if p.MaxPayload == 0 {
+				p.MaxPayload = d.cfg.Relay.MaxBatchBytes
+			}
+			if len(d.cfg.Routes) > 0 {
+				_, routes := d.cfg.DestinationList()
+				p.CheckTopic = func(t string) error {
+					if _, ok := relay.MatchRoute(routes, t); !ok {
+						return errors.New("no route matches it")
+					}
+					return nil
+				}
+			}
+			var problems []string
+			if payloadFile != "" {
+				if p.Payload, err = d.readInput(payloadFile); err != nil {
+					problems = append(problems, "--payload: "+err.Error())
+				} else if p.Payload == nil {
+					p.Payload = []byte{}
+				}
+			}
+			if headersFile != "" {
+				if p.Headers, err = d.readInput(headersFile); err != nil {
+					problems = append(problems, "--headers: "+err.Error())
+				} else if p.Headers == nil {
+					p.Headers = []byte{}
+				}
+			}
+			if at != "" {
+				if p.At, err = parseInstant(at); err != nil {
+					problems = append(problems, err.Error())
+				}
+			}
+			if len(problems) > 0 {
+				return &deadletter.InputError{Problems: problems}
+			}
+			res, err := d.store.Edit(cmd.Context(), p)
+			d.printResult(res, "edit")
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&payloadFile, "payload", "", "file with the new payload, - for standard input")
+	cmd.Flags().StringVar(&headersFile, "headers", "", "file with the new headers (a JSON object of strings), - for standard input")
+	cmd.Flags().StringVar(&topic, "topic", "", "new topic")
+	cmd.Flags().BoolVar(&allowNonJSON, "allow-non-json", false, "accept a payload that is not JSON in place of a JSON one")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit trail")
+	cmd.Flags().StringVar(&at, "at", "", "make the row ready at this RFC 3339 time instead of now")
+	return cmd
+}
+
+// readInput reads a file, or standard input for "-".
+func (d *dlq) readInput(name string) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(d.stdin)
+	}
+	return os.ReadFile(name)
+}
+
+func (d *dlq) keysCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "keys",
+		Short: "List keys parked by a dead letter (on_dead_letter: block)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			keys, err := d.store.Keys(cmd.Context(), 0)
+			if err != nil {
+				return err
+			}
+			if d.json {
+				return d.printJSON(map[string]any{"parked_keys": keys})
+			}
+			if len(keys) == 0 {
+				fmt.Fprintln(d.stdout, "no parked keys")
+				return nil
+			}
+			tw := d.table("KEY", "PARKED BY ROW", "TOPIC", "DESTINATION", "REASON", "DEAD-LETTERED", "WAITING", "LAST ERROR")
+			for _, k := range keys {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", k.Key, k.Row.ID, k.Row.Topic, dash(k.Row.Destination),
+					k.Row.Reason, stamp(k.Row.DeadLetteredAt), k.Waiting, clip(k.Row.LastError, 60))
+			}
+			tw.Flush()
+			return nil
+		},
+	}
+}
+
+func (d *dlq) releaseCmd() *cobra.Command {
+	var discard bool
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "release KEY",
+		Short: "Let a parked key's later rows go on, in order",
+		Long: `Release a key parked by a dead letter: its later rows are delivered at once,
+in order. The parking row stays dead-lettered (replay it later, out of order)
+or, with --discard, is discarded; --discard needs --reason.`,
+		Args: exactArgs(1, "a key"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if discard && strings.TrimSpace(reason) == "" {
+				return usageError{errors.New("release --discard needs --reason: say why, for the audit trail")}
+			}
+			res, err := d.store.Release(cmd.Context(), deadletter.ReleaseParams{Key: args[0], Discard: discard, Actor: d.who(), Reason: reason})
+			d.printResult(res, "release")
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&discard, "discard", false, "discard the row that parks the key")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit trail (required with --discard)")
+	return cmd
+}
+
+func (d *dlq) auditCmd() *cobra.Command {
+	var action, actor, since, until, cursor string
+	var row int64
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "List operator actions on dead letters, newest first",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p := deadletter.AuditParams{Action: action, Actor: actor, Row: row, Limit: limit, Cursor: cursor}
+			var problems []string
+			var err error
+			if p.Since, err = deadletter.ParseTimeBound(since); err != nil {
+				problems = append(problems, "--since: "+err.Error())
+			}
+			if p.Until, err = deadletter.ParseTimeBound(until); err != nil {
+				problems = append(problems, "--until: "+err.Error())
+			}
+			if len(problems) > 0 {
+				return &deadletter.InputError{Problems: problems}
+			}
+			page, err := d.store.Audit(cmd.Context(), p)
+			if err != nil {
+				return err
+			}
+			if d.json {
+				return d.printJSON(page)
+			}
+			if len(page.Records) == 0 {
+				fmt.Fprintln(d.stdout, "no audit records match")
+				return nil
+			}
+			tw := d.table("ID", "AT", "ACTOR", "SOURCE", "ACTION", "ROWS", "REASON")
+			for _, r := range page.Records {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, stamp(&r.At), r.Actor, r.Source, r.Action, idList(r.RowIDs), dash(r.Reason))
+			}
+			tw.Flush()
+			if page.Next != "" {
+				fmt.Fprintf(d.stdout, "more: add --cursor %s\n", page.Next)
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&action, "action", "", "replay, edit, discard or release")
+	fs.StringVar(&actor, "by", "", "actor, exactly")
+	fs.Int64Var(&row, "row", 0, "records that touched this row id")
+	fs.StringVar(&since, "since", "", "at or after: RFC 3339 time, date, or duration ago")
+	fs.StringVar(&until, "until", "", "before: RFC 3339 time, date, or duration ago")
+	fs.IntVar(&limit, "limit", deadletter.DefaultListLimit, "records per page")
+	fs.StringVar(&cursor, "cursor", "", "continue after a previous page")
+	return cmd
+}
+
+func (d *dlq) statsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats",
+		Short: "Count dead letters by topic, destination and reason",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := d.store.Stats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if d.json {
+				return d.printJSON(st)
+			}
+			w := d.stdout
+			fmt.Fprintf(w, "dead-lettered %d, discarded %d, parked keys %d\n", st.DeadLettered, st.Discarded, st.ParkedKeys)
+			if st.Oldest != nil {
+				fmt.Fprintf(w, "oldest %s, newest %s\n", stamp(st.Oldest), stamp(st.Newest))
+			}
+			for _, g := range []struct {
+				name   string
+				counts map[string]int
+			}{{"topic", st.ByTopic}, {"destination", st.ByDestination}, {"reason", st.ByReason}} {
+				if len(g.counts) == 0 {
+					continue
+				}
+				fmt.Fprintf(w, "\nby %s:\n", g.name)
+				names := make([]string, 0, len(g.counts))
+				for k := range g.counts {
+					names = append(names, k)
+				}
+				sort.Slice(names, func(i, j int) bool {
+					if g.counts[names[i]] != g.counts[names[j]] {
+						return g.counts[names[i]] > g.counts[names[j]]
+					}
+					return names[i] < names[j]
+				})
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				for _, k := range names {
+					fmt.Fprintf(tw, "  %s\t%d\n", dash(k), g.counts[k])
+				}
+				tw.Flush()
+			}
+			return nil
+		},
+	}
+}
+
+// printResult reports what an action did; res may be nil after an error.
+func (d *dlq) printResult(res *deadletter.Result, verb string) {
+	if res == nil {
+		return
+	}
+	if d.json {
+		_ = d.printJSON(res)
+		return
+	}
+	w := d.stdout
+	past := map[string]string{"replay": "replayed", "edit": "edited and replayed", "discard": "discarded", "release": "released"}[verb]
+	for _, u := range res.Unchanged {
+		fmt.Fprintf(w, "row %d is %s, not dead-lettered: left as it is\n", u.ID, u.Status)
+	}
+	switch {
+	case res.DryRun:
+		fmt.Fprintf(w, "dry run: would %s %s: %s\n", verb, rowCount(len(res.Changed)), idList(res.Changed))
+	case verb == "release":
+		fmt.Fprintf(w, "released key %s (parked by row %s)\n", strings.Join(res.ReleasedKeys, ", "), idList(res.Changed))
+	default:
+		fmt.Fprintf(w, "%s %s: %s\n", past, rowCount(len(res.Changed)), idList(res.Changed))
+		if len(res.ReleasedKeys) > 0 {
+			fmt.Fprintf(w, "released parked keys: %s\n", strings.Join(res.ReleasedKeys, ", "))
+		}
+	}
+}
+
+func (d *dlq) printJSON(v any) error {
+	enc := json.NewEncoder(d.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (d *dlq) table(headers ...string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(headers, "\t"))
+	return tw
+}
+
+// parseInstant reads an RFC 3339 time for --at.
+func parseInstant(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return t, &deadletter.InputError{Problems: []string{fmt.Sprintf("--at %q: use an RFC 3339 time such as 2026-11-20T08:00:00Z", s)}}
+	}
+	return t, nil
+}
+
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("%s takes %s, got %d arguments", cmd.CommandPath(), what, len(args))}
+		}
+		return nil
+	}
+}
+
+func stamp(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000Z")
+}
+
+func keyText(k *string) string {
+	if k == nil {
+		return "(none)"
+	}
+	return *k
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clip(s string, n int) string {
+	s = oneLine(s)
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ")
+}
+
+func rowCount(n int) string {
+	if n == 1 {
+		return "1 row"
+	}
+	return strconv.Itoa(n) + " rows"
+}
+
+// idList shows up to ten ids.
+func idList(ids []int64) string {
+	if len(ids) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, 11)
+	for _, id := range ids[:min(len(ids), 10)] {
+		parts = append(parts, strconv.FormatInt(id, 10))
+	}
+	if len(ids) > 10 {
+		parts = append(parts, fmt.Sprintf("… (%d more)", len(ids)-10))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/time/rate"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -81,7 +83,10 @@ type BulkParams struct {
 	DryRun bool
 	// BatchSize is how many rows change per transaction. Default 500.
 	BatchSize int
-	// Limiter, if set, paces the batches.
+	// Rate, if positive, is the most rows changed per second: batches
+	// shrink to at most a second's worth and are paced evenly.
+	Rate float64
+	// Limiter, if set, paces the batches instead of Rate.
 	Limiter Limiter
 	Actor   Actor
 	// Reason says why, for the audit trail.
@@ -174,6 +179,14 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 		batch = DefaultBatchSize
 	case batch < 0 || batch > MaxBatchSize:
 		return nil, &InputError{Problems: []string{fmt.Sprintf("batch size %d: use 1 to %d", batch, MaxBatchSize)}}
+	}
+	switch {
+	case p.Rate < 0 || math.IsNaN(p.Rate) || math.IsInf(p.Rate, 0):
+		return nil, &InputError{Problems: []string{fmt.Sprintf("rate %v: use a positive number of rows per second, or 0 for no limit", p.Rate)}}
+	case p.Rate > 0 && p.Limiter == nil:
+		// Small batches at a steady pace rather than bursts.
+		batch = max(1, min(batch, int(math.Ceil(p.Rate))))
+		p.Limiter = rate.NewLimiter(rate.Limit(p.Rate), batch)
 	}
 	res := &Result{Action: action, DryRun: p.DryRun, Changed: []int64{}}
 	if len(p.Refs) > 0 {

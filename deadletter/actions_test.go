@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -1024,5 +1025,36 @@ func TestReplayWaitsForConcurrentChange(t *testing.T) {
 	}
 	if got := statuses(t, s, last); got[0] != "discarded" {
 		t.Errorf("row discarded meanwhile is %s", got[0])
+	}
+}
+
+// A rate shrinks batches to a second's worth of rows; a bad rate is
+// refused before anything changes.
+func TestReplayRate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	for i := range 5 {
+		addDead(t, s, dead{At: base.Add(time.Duration(i) * time.Second)})
+	}
+	before := snapshot(t, s)
+	for _, r := range []float64{-1, math.Inf(1), math.NaN()} {
+		p := deadletter.ReplayParams{BulkParams: byFilter(deadletter.Filter{Topic: "orders"}, 100)}
+		p.Rate = r
+		if _, err := st.Replay(ctx, p); !deadletter.IsInput(err) {
+			t.Errorf("rate %v: err = %v, want an input error", r, err)
+		}
+	}
+	checkUnchanged(t, s, before)
+
+	p := deadletter.ReplayParams{BulkParams: byFilter(deadletter.Filter{Topic: "orders"}, 100)}
+	p.Rate = 3 // batches of 3: the first at once, the second a second later
+	res, err := st.Replay(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Changed) != 5 || len(auditRecords(t, s)) != 2 {
+		t.Fatalf("replay at 3 rows/s: %+v, %d audit records; want 5 rows in 2 batches", res, len(auditRecords(t, s)))
 	}
 }

@@ -9,15 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // MaxRequestBytes bounds an API request body.
@@ -150,20 +147,9 @@ func (h *api) bulkParams(w http.ResponseWriter, r *http.Request) (bulkRequest, B
 		h.fail(w, r, err)
 		return req, BulkParams{}, false
 	}
-	if req.Rate < 0 || math.IsInf(req.Rate, 0) {
-		h.fail(w, r, &InputError{Problems: []string{"rate must be a positive number of rows per second, or 0"}})
-		return req, BulkParams{}, false
-	}
 	p := BulkParams{
 		Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
-		DryRun:    req.DryRun, BatchSize: req.BatchSize, Actor: apiActor(req.Actor), Reason: req.Reason,
-	}
-	if req.Rate > 0 {
-		if p.BatchSize == 0 {
-			p.BatchSize = DefaultBatchSize
-		}
-		p.BatchSize = max(1, min(p.BatchSize, int(math.Ceil(req.Rate))))
-		p.Limiter = rate.NewLimiter(rate.Limit(req.Rate), p.BatchSize)
+		DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(req.Actor), Reason: req.Reason,
 	}
 	return req, p, true
 }

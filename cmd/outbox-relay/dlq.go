@@ -20,7 +20,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/time/rate"
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
@@ -299,7 +298,7 @@ func (b *bulkFlags) bind(fs *pflag.FlagSet, verb string) {
 
 // params builds the bulk parameters from the arguments and flags.
 func (b *bulkFlags) params(d *dlq, args []string) (deadletter.BulkParams, error) {
-	p := deadletter.BulkParams{DryRun: b.dryRun, BatchSize: b.batchSize, Actor: d.who(), Reason: b.reason}
+	p := deadletter.BulkParams{DryRun: b.dryRun, BatchSize: b.batchSize, Rate: b.rate, Actor: d.who(), Reason: b.reason}
 	filter, ferr := b.filter()
 	given := 0
 	for _, g := range []bool{len(args) > 0, !filter.IsZero() || ferr != nil, b.all} {
@@ -324,11 +323,6 @@ func (b *bulkFlags) params(d *dlq, args []string) (deadletter.BulkParams, error)
 		return p, err
 	}
 	p.Refs, p.Filter, p.All = refs, filter, b.all
-	if b.rate > 0 {
-		// Small batches at a steady pace rather than bursts.
-		p.BatchSize = max(1, min(p.BatchSize, int(math.Ceil(b.rate))))
-		p.Limiter = rate.NewLimiter(rate.Limit(b.rate), p.BatchSize)
-	}
 	return p, nil
 }
 

@@ -208,7 +208,7 @@ type Database struct {
 
 // Admin configures the admin HTTP listener and its dead-letter API.
 type Admin struct {
-	// Listen is the listener's address, host:port. Default :9090; empty
+	// Listen is the listener's address, host:port. Default :9780; empty
 	// turns the listener off.
 	Listen string `koanf:"listen"`
 	// Token is the bearer token the dead-letter API requires; without
@@ -219,7 +219,7 @@ type Admin struct {
 }
 
 // DefaultAdminListen is the admin listener's default address.
-const DefaultAdminListen = ":9090"
+const DefaultAdminListen = ":9780"
 
 // MinAdminToken is the shortest admin token accepted, in characters.
 const MinAdminToken = 16
@@ -420,7 +420,7 @@ func (c *Config) Validate(need Need) error {
 	}
 	if c.Admin.Listen != "" {
 		if _, port, err := net.SplitHostPort(c.Admin.Listen); err != nil || port == "" {
-			p = append(p, fmt.Sprintf("admin.listen: %q is not host:port (use :9090 for every interface, empty to turn the listener off)", c.Admin.Listen))
+			p = append(p, fmt.Sprintf("admin.listen: %q is not host:port (use :9780 for every interface, empty to turn the listener off)", c.Admin.Listen))
 		}
 	}
 	if c.Admin.Token != "" && len(c.Admin.Token) < MinAdminToken {

@@ -151,18 +151,18 @@ func TestAdminSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Admin.Listen != ":9090" || cfg.Admin.Token != "from-a-file-0123456789" || cfg.Relay.DeadLetterRetention != 14*24*time.Hour {
+	if cfg.Admin.Listen != ":9780" || cfg.Admin.Token != "from-a-file-0123456789" || cfg.Relay.DeadLetterRetention != 14*24*time.Hour {
 		t.Fatalf("admin %+v, dead-letter retention %s", cfg.Admin, cfg.Relay.DeadLetterRetention)
 	}
 
-	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_LISTEN=9090",
+	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_LISTEN=9780",
 		"OUTBOX_ADMIN_TOKEN=short-secret", "OUTBOX_RELAY_DEAD_LETTER_RETENTION=-1h"}, config.NeedDatabase)
 	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 3 {
 		t.Fatalf("err = %v, want three problems", err)
 	}
 	msg := err.Error()
-	for _, want := range []string{`admin.listen: "9090" is not host:port`, "admin.token is 12 characters", "relay.dead_letter_retention is -1h0m0s"} {
+	for _, want := range []string{`admin.listen: "9780" is not host:port`, "admin.token is 12 characters", "relay.dead_letter_retention is -1h0m0s"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not mention %q:\n%s", want, msg)
 		}

@@ -104,14 +104,37 @@ type ReplayParams struct {
 type Result struct {
 	Action string `json:"action"`
 	DryRun bool   `json:"dry_run"`
-	// Changed are the rows changed, or that would be in a dry run.
-	Changed []int64 `json:"changed"`
+	// Count is the number of rows changed, or that would be in a dry run.
+	Count int `json:"count"`
+	// Changed are their ids, the first MaxReportedIDs of them; Truncated
+	// says there were more.
+	Changed   []int64 `json:"changed"`
+	Truncated bool    `json:"truncated,omitempty"`
 	// Unchanged are rows named by reference that were left alone because
 	// they are not dead-lettered.
 	Unchanged []Unchanged `json:"unchanged,omitempty"`
 	// ReleasedKeys are keys whose later rows were let go.
 	ReleasedKeys []string `json:"released_keys,omitempty"`
 }
+
+// MaxReportedIDs bounds the ids a Result lists: a bulk action may change
+// millions of rows.
+const MaxReportedIDs = 10000
+
+// add counts ids as changed.
+func (r *Result) add(ids ...int64) {
+	r.Count += len(ids)
+	room := max(0, MaxReportedIDs-len(r.Changed))
+	if len(ids) > room {
+		ids, r.Truncated = ids[:room], true
+	}
+	r.Changed = append(r.Changed, ids...)
+}
+
+// StatusGone is the status reported for a row that an operator acted on
+// before and that is no longer in the table: delivered and deleted, or
+// expired by retention.
+const StatusGone = "gone"
 
 // Unchanged is a row an action left alone, and its status.
 type Unchanged struct {
@@ -198,7 +221,7 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 			}
 			if p.DryRun || len(targets) == 0 {
 				for _, t := range targets {
-					res.Changed = append(res.Changed, t.id)
+					res.add(t.id)
 				}
 				return errDryRun
 			}
@@ -228,8 +251,8 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 			// Outside the transaction: no locks are held while waiting.
 			if err := p.Limiter.WaitN(ctx, batch); err != nil {
 				err = fmt.Errorf("wait for the rate limit: %w", err)
-				if len(res.Changed) > 0 {
-					return res, fmt.Errorf("%s stopped after %d rows: %w", action, len(res.Changed), err)
+				if res.Count > 0 {
+					return res, fmt.Errorf("%s stopped after %d rows: %w", action, res.Count, err)
 				}
 				return nil, fmt.Errorf("%s: %w", action, err)
 			}
@@ -248,14 +271,14 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 		})
 		if err != nil && !errors.Is(err, errDryRun) {
 			// Earlier batches are committed: say how far it got.
-			if len(res.Changed) > 0 {
-				return res, fmt.Errorf("%s stopped after %d rows: %w", action, len(res.Changed), err)
+			if res.Count > 0 {
+				return res, fmt.Errorf("%s stopped after %d rows: %w", action, res.Count, err)
 			}
 			return nil, err
 		}
 		if p.DryRun {
 			for _, t := range targets {
-				res.Changed = append(res.Changed, t.id)
+				res.add(t.id)
 			}
 		}
 		if len(targets) < batch {
@@ -305,13 +328,39 @@ FROM `+s.outbox+` WHERE id = ANY($1) OR event_id = ANY($2) ORDER BY id FOR UPDAT
 		return nil, fmt.Errorf("select rows: %w", err)
 	}
 	var missing []Ref
+	var missingIDs []int64
 	for _, r := range refs {
 		if (r.ID > 0 && !foundID[r.ID]) || (r.ID == 0 && !foundEvent[r.EventID]) {
 			missing = append(missing, r)
+			if r.ID > 0 {
+				missingIDs = append(missingIDs, r.ID)
+			}
 		}
 	}
-	if len(missing) > 0 {
-		return nil, &NotFoundError{Refs: missing}
+	if len(missing) == 0 {
+		return targets, nil
+	}
+	// A row an operator acted on before may since have been delivered and
+	// deleted, or expired: that is not a mistake in the input.
+	rows, err = tx.Query(ctx, `SELECT DISTINCT r FROM `+s.audit+` AS a, unnest(a.row_ids) AS r
+WHERE a.row_ids && $1::bigint[] AND r = ANY($1)`, missingIDs)
+	if err != nil {
+		return nil, fmt.Errorf("look for rows in the audit trail: %w", err)
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("look for rows in the audit trail: %w", err)
+	}
+	unknown := missing[:0]
+	for _, r := range missing {
+		if r.ID > 0 && slices.Contains(gone, r.ID) {
+			res.Unchanged = append(res.Unchanged, Unchanged{ID: r.ID, Status: StatusGone})
+			continue
+		}
+		unknown = append(unknown, r)
+	}
+	if len(unknown) > 0 {
+		return nil, &NotFoundError{Refs: unknown}
 	}
 	return targets, nil
 }
@@ -374,7 +423,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, action string, p BulkParam
 	if err := s.record(ctx, tx, p.Actor, action, p.Reason, ids, details); err != nil {
 		return err
 	}
-	res.Changed = append(res.Changed, ids...)
+	res.add(ids...)
 	res.ReleasedKeys = append(res.ReleasedKeys, keys...)
 	return nil
 }
@@ -388,12 +437,12 @@ func (s *Store) unpark(ctx context.Context, tx pgx.Tx, keys []string) error {
 	// First wait for claims that hold the keys' rows: one that saw the key
 	// parked may be deferring them behind it right now, and its note must
 	// be visible to the update below, or they would wait minutes more.
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.outbox+` WHERE key = ANY($1) AND status = 'pending' FOR UPDATE`, keys); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.outbox+` WHERE key = ANY($1) AND status = 'pending' ORDER BY id FOR UPDATE`, keys); err != nil {
 		return fmt.Errorf("lock the rows behind parked keys: %w", err)
 	}
 	_, err := tx.Exec(ctx, `UPDATE `+s.outbox+` SET next_attempt_at = now(),
     last_error = error_history -> -1 ->> 'error'
-WHERE key = ANY($1) AND status = 'pending' AND starts_with(last_error, $2)`, keys, outbox.ParkedNote)
+WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL AND starts_with(last_error, $2)`, keys, outbox.ParkedNote)
 	if err != nil {
 		return fmt.Errorf("let go of the rows behind parked keys: %w", err)
 	}
@@ -484,8 +533,9 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 		var key *string
 		var parked bool
 		var id int64
+		cond, arg := p.Ref.match()
 		err := tx.QueryRow(ctx, `SELECT id, status, topic, headers, payload, key, key_parked FROM `+s.outbox+`
-WHERE id = $1 OR event_id = $2 FOR UPDATE`, p.Ref.ID, p.Ref.EventID).Scan(&id, &status, &before.Topic, &before.Headers, &before.Payload, &key, &parked)
+WHERE `+cond+` FOR UPDATE`, arg).Scan(&id, &status, &before.Topic, &before.Headers, &before.Payload, &key, &parked)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return &NotFoundError{Refs: []Ref{p.Ref}}
 		}
@@ -528,7 +578,7 @@ WHERE id = $1`, id, nullIfEmpty(p.Topic), nullIfNil(after.Headers), p.Payload, a
 		if err := s.record(ctx, tx, p.Actor, ActionEdit, p.Reason, []int64{id}, details); err != nil {
 			return err
 		}
-		res.Changed = []int64{id}
+		res.add(id)
 		res.ReleasedKeys = newKey
 		return nil
 	})
@@ -643,7 +693,8 @@ WHERE key = $1 AND key_parked RETURNING id`, p.Key, status)
 		if err := s.record(ctx, tx, p.Actor, ActionRelease, p.Reason, ids, details); err != nil {
 			return err
 		}
-		res.Changed, res.ReleasedKeys = ids, []string{p.Key}
+		res.add(ids...)
+		res.ReleasedKeys = []string{p.Key}
 		return nil
 	})
 	if err != nil {

@@ -1058,3 +1058,77 @@ func TestReplayRate(t *testing.T) {
 		t.Fatalf("replay at 3 rows/s: %+v, %d audit records; want 5 rows in 2 batches", res, len(auditRecords(t, s)))
 	}
 }
+
+// A row named by id is only ever the row with that id, even when another
+// row carries the zero event id.
+func TestRefsMatchOnlyTheirColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	zero, _ := addDead(t, s, dead{Topic: "orders"})
+	exec(t, s, `UPDATE outbox SET event_id = '00000000-0000-0000-0000-000000000000' WHERE id = $1`, zero)
+	target, _ := addDead(t, s, dead{Topic: "orders"})
+
+	d, err := st.Get(ctx, deadletter.Ref{ID: target})
+	if err != nil || d.ID != target {
+		t.Fatalf("Get(%d) = %+v, %v", target, d, err)
+	}
+	if _, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: target}, Topic: "orders.fixed", Actor: actor}); err != nil {
+		t.Fatal(err)
+	}
+	if r := rowState(t, s, zero); r.Topic != "orders" || r.Status != "dead_lettered" {
+		t.Fatalf("the row with the zero event id was edited: %+v", r)
+	}
+	if r := rowState(t, s, target); r.Topic != "orders.fixed" {
+		t.Fatalf("the named row was not edited: %+v", r)
+	}
+}
+
+// Replaying a row that was replayed, delivered and deleted since reports
+// it gone rather than failing; an id that never existed still fails.
+func TestReplayRowGoneSince(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	a, _ := addDead(t, s, dead{Topic: "orders"})
+	b, _ := addDead(t, s, dead{Topic: "orders"})
+	if _, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: a}}}, Actor: actor}}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `DELETE FROM outbox WHERE id = $1`, a) // delivered
+
+	res, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: a}, {ID: b}}}, Actor: actor}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Changed, []int64{b}) || len(res.Unchanged) != 1 || res.Unchanged[0] != (deadletter.Unchanged{ID: a, Status: deadletter.StatusGone}) {
+		t.Fatalf("replay of a gone row and a dead letter = %+v", res)
+	}
+	before := snapshot(t, s)
+	_, err = st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: a}, {ID: b + 100}}}, Actor: actor}})
+	if !errors.Is(err, deadletter.ErrNotFound) || !strings.Contains(err.Error(), fmt.Sprint(b+100)) || strings.Contains(err.Error(), fmt.Sprint(a)+",") {
+		t.Fatalf("replay of an id that never existed: %v", err)
+	}
+	checkUnchanged(t, s, before)
+}
+
+// A result lists a bounded number of ids but counts every row.
+func TestResultListsBoundedIDs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	n := deadletter.MaxReportedIDs + 5
+	exec(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
+		SELECT 'orders', 'x', 'dead_lettered', 'permanent', now() - interval '1 hour' FROM generate_series(1, $1)`, n)
+	p := deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{All: true}, DryRun: true, BatchSize: 5000, Actor: actor}}
+	res, err := st.Replay(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Count != n || len(res.Changed) != deadletter.MaxReportedIDs || !res.Truncated {
+		t.Fatalf("dry run over %d rows: count %d, %d ids, truncated %v", n, res.Count, len(res.Changed), res.Truncated)
+	}
+}

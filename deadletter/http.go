@@ -259,7 +259,9 @@ func (h *api) keys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	keys, err := h.cfg.Store.Keys(r.Context(), 0)
-	h.reply(w, r, map[string]any{"parked_keys": keys}, err)
+	// At most MaxListLimit keys are listed; limited says the list may
+	// have been cut there.
+	h.reply(w, r, map[string]any{"parked_keys": keys, "limited": len(keys) == MaxListLimit}, err)
 }
 
 func (h *api) release(w http.ResponseWriter, r *http.Request) {

@@ -198,6 +198,16 @@ func ParseRef(s string) (Ref, error) {
 	return Ref{}, &InputError{Problems: []string{fmt.Sprintf("%q is neither a row id (a positive integer) nor an event id (a UUID)", s)}}
 }
 
+// match is the condition that selects the row r names, and its argument:
+// only the column r names, so that a row with a zero event id never
+// matches a lookup by id.
+func (r Ref) match() (string, any) {
+	if r.ID > 0 {
+		return "id = $1", r.ID
+	}
+	return "event_id = $1", r.EventID
+}
+
 // MarshalText writes the id or event id.
 func (r Ref) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 
@@ -242,8 +252,9 @@ func (e *NotFoundError) Unwrap() error { return ErrNotFound }
 // Get returns the row ref names, whatever its status, with its payload and
 // error history.
 func (s *Store) Get(ctx context.Context, ref Ref) (*Detail, error) {
+	cond, arg := ref.match()
 	row := s.pool.QueryRow(ctx, `SELECT `+letterColumns+`, payload, error_history
-FROM `+s.outbox+` WHERE id = $1 OR event_id = $2`, ref.ID, ref.EventID)
+FROM `+s.outbox+` WHERE `+cond, arg)
 	var d Detail
 	var history []byte
 	l, err := scanLetter(row, &d.Payload, &history)
@@ -301,14 +312,26 @@ func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.filter(p.Filter)
+	var anchor time.Time
 	if p.Cursor != "" {
-		at, id, err := parseCursor(p.Cursor)
+		at, id, a, err := parseCursor(p.Cursor)
 		if err != nil {
 			return nil, err
 		}
 		w.add("(dead_lettered_at, id) < (?, ?)", at, id)
+		anchor = a
 	}
+	if p.Filter.Since.Ago > 0 || p.Filter.Until.Ago > 0 {
+		// Times before now count from the first page's now, carried in
+		// the cursor, so the window does not slide during a walk.
+		if anchor.IsZero() {
+			if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&anchor); err != nil {
+				return nil, fmt.Errorf("list dead letters: %w", err)
+			}
+		}
+		p.Filter.Since, p.Filter.Until = p.Filter.Since.at(anchor), p.Filter.Until.at(anchor)
+	}
+	w.filter(p.Filter)
 	w.args = append(w.args, limit+1)
 	rows, err := s.pool.Query(ctx, `SELECT `+letterColumns+` FROM `+s.outbox+`
 WHERE `+w.sql()+`
@@ -325,7 +348,7 @@ LIMIT $`+strconv.Itoa(len(w.args)), w.args...)
 	if len(letters) > limit {
 		page.Letters = letters[:limit]
 		last := page.Letters[limit-1]
-		page.Next = cursor(*last.DeadLetteredAt, last.ID)
+		page.Next = cursor(*last.DeadLetteredAt, last.ID, anchor)
 	}
 	if page.Letters == nil {
 		page.Letters = []Letter{}
@@ -343,23 +366,35 @@ func pageLimit(n int) (int, error) {
 	return n, nil
 }
 
-// A cursor is the last row's dead-letter time in microseconds and its id.
-func cursor(at time.Time, id int64) string {
-	return strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+// A cursor is the last row's dead-letter time in microseconds and its id,
+// and when relative times were resolved, the moment they count from.
+func cursor(at time.Time, id int64, anchor time.Time) string {
+	c := strconv.FormatInt(at.UnixMicro(), 10) + "-" + strconv.FormatInt(id, 10)
+	if !anchor.IsZero() {
+		c += "-" + strconv.FormatInt(anchor.UnixMicro(), 10)
+	}
+	return c
 }
 
-func parseCursor(c string) (time.Time, int64, error) {
+func parseCursor(c string) (at time.Time, id int64, anchor time.Time, err error) {
 	bad := &InputError{Problems: []string{fmt.Sprintf("cursor %q is not one this command returned", c)}}
-	a, b, ok := strings.Cut(c, "-")
-	if !ok {
-		return time.Time{}, 0, bad
+	parts := strings.Split(c, "-")
+	if len(parts) < 2 || len(parts) > 3 {
+		return at, 0, anchor, bad
 	}
-	us, err1 := strconv.ParseInt(a, 10, 64)
-	id, err2 := strconv.ParseInt(b, 10, 64)
+	us, err1 := strconv.ParseInt(parts[0], 10, 64)
+	id, err2 := strconv.ParseInt(parts[1], 10, 64)
 	if err1 != nil || err2 != nil || id < 1 {
-		return time.Time{}, 0, bad
+		return at, 0, anchor, bad
 	}
-	return time.UnixMicro(us), id, nil
+	if len(parts) == 3 {
+		a, err := strconv.ParseInt(parts[2], 10, 64)
+		if err != nil || a < 1 {
+			return at, 0, anchor, bad
+		}
+		anchor = time.UnixMicro(a)
+	}
+	return time.UnixMicro(us), id, anchor, nil
 }
 
 // ParkedKey is a key held back by a dead letter (on_dead_letter: block).

@@ -170,7 +170,7 @@ func TestListInputErrors(t *testing.T) {
 		{"cursor without separator", deadletter.ListParams{Cursor: "12345"}},
 		{"cursor not numbers", deadletter.ListParams{Cursor: "abc-def"}},
 		{"cursor bad id", deadletter.ListParams{Cursor: "1763632800000000-0"}},
-		{"cursor trailing junk", deadletter.ListParams{Cursor: "1763632800000000-5-6"}},
+		{"cursor trailing junk", deadletter.ListParams{Cursor: "1763632800000000-5-6-7"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -534,5 +534,40 @@ func TestStats(t *testing.T) {
 		if !maps.Equal(c.got, c.want) {
 			t.Errorf("by %s = %v, want %v", c.name, c.got, c.want)
 		}
+	}
+}
+
+// A relative window counts from the first page's moment, carried in the
+// cursor: a walk that began 40 minutes ago still sees the rows that were
+// inside "the last hour" then.
+func TestListRelativeWindowHoldsAcrossPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	now := dbNow(t, s)
+	older, _ := addDead(t, s, dead{At: now.Add(-90 * time.Minute)})
+	newer, _ := addDead(t, s, dead{At: now.Add(-30 * time.Minute)})
+	f := deadletter.Filter{Since: deadletter.TimeBound{Ago: time.Hour}}
+
+	page, err := st.List(ctx, deadletter.ListParams{Filter: f, Limit: 1})
+	if err != nil || len(page.Letters) != 1 || page.Letters[0].ID != newer || page.Next != "" {
+		t.Fatalf("first page = %+v, %v; want only row %d", page, err, newer)
+	}
+	// The same walk, begun 40 minutes ago: its window reaches 100 minutes
+	// back.
+	began := now.Add(-40 * time.Minute)
+	c := fmt.Sprintf("%d-%d-%d", now.Add(-30*time.Minute).UnixMicro(), newer, began.UnixMicro())
+	page, err = st.List(ctx, deadletter.ListParams{Filter: f, Limit: 1, Cursor: c})
+	if err != nil || len(page.Letters) != 1 || page.Letters[0].ID != older {
+		t.Fatalf("page after a cursor begun 40 minutes ago = %+v, %v; want row %d", page, err, older)
+	}
+	if page.Next != "" {
+		t.Fatalf("next cursor %q after the last row", page.Next)
+	}
+	// A first page's cursor carries its moment.
+	page, err = st.List(ctx, deadletter.ListParams{Filter: deadletter.Filter{Since: deadletter.TimeBound{Ago: 2 * time.Hour}}, Limit: 1})
+	if err != nil || strings.Count(page.Next, "-") != 2 {
+		t.Fatalf("first page's cursor %q (%v) does not carry its moment", page.Next, err)
 	}
 }

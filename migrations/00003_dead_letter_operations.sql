@@ -2,16 +2,19 @@
 -- operators did about it, and a view to query dead letters with.
 
 -- +goose Up
--- The destination of the row's latest failed attempt: where a dead letter
--- died. Null for rows that never reached one (no_route, invalid_message).
-ALTER TABLE {{.Schema}}.outbox ADD COLUMN destination text;
-
 -- Dead letters are listed, paged and expired by when they were
--- dead-lettered: every one has that time.
+-- dead-lettered: every one must have that time. The backfill runs before
+-- any ALTER, whose lock would otherwise block producers for its whole scan;
+-- the constraint is added unchecked here (instantly) and validated by the
+-- next migration without blocking writes.
 UPDATE {{.Schema}}.outbox SET dead_lettered_at = coalesce(last_attempt_at, created_at)
 WHERE status IN ('dead_lettered', 'discarded') AND dead_lettered_at IS NULL;
 ALTER TABLE {{.Schema}}.outbox ADD CONSTRAINT outbox_dead_lettered_at_check
-    CHECK (status NOT IN ('dead_lettered', 'discarded') OR dead_lettered_at IS NOT NULL);
+    CHECK (status NOT IN ('dead_lettered', 'discarded') OR dead_lettered_at IS NOT NULL) NOT VALID;
+
+-- The destination of the row's latest failed attempt: where a dead letter
+-- died. Null for rows that never reached one (no_route, invalid_message).
+ALTER TABLE {{.Schema}}.outbox ADD COLUMN destination text;
 
 -- Every operator action on dead letters: who, when, what, why and on which
 -- rows. Bulk actions write one record per batch, in the batch's own

@@ -121,3 +121,62 @@ func TestDeleteExpiredDeadLetters(t *testing.T) {
 		t.Errorf("rows left %v, want %v", got, kept[1:])
 	}
 }
+
+// A dead letter replayed while the retention delete waits for its row is
+// not deleted: the delete checks the row again once it has it.
+func TestDeleteExpiredDeadLettersSparesRowReplayedMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	exec(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
+		VALUES ('t', 'x', 'dead_lettered', 'permanent', now() - interval '2 hours')`)
+
+	// An operator's replay, not yet committed, holds the row.
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var pid int32
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE outbox SET status = 'pending', dead_letter_reason = NULL, dead_lettered_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, _, err := st.DeleteExpiredDeadLetters(ctx, time.Hour, 10)
+		done <- result{n, err}
+	}()
+	// Wait until the delete waits for the replay's lock, then commit it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the delete never waited for the replay")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.n != 0 {
+		t.Fatalf("delete = %d, %v; want nothing deleted", r.n, r.err)
+	}
+	if ids := remainingIDs(t, s); len(ids) != 1 {
+		t.Fatalf("the replayed row was deleted")
+	}
+}

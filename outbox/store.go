@@ -219,17 +219,20 @@ WHERE o.id = l.id AND o.lease_token = l.token`
 FROM unnest($1::text[], $2::bigint[], $3::timestamptz[]) AS p(key, id, until)
 WHERE o.key = p.key AND o.status = 'pending' AND o.id > p.id AND o.next_attempt_at = p.until`
 
+	// The conditions stand in the outer WHERE too: PostgreSQL checks that
+	// one again on a row changed meanwhile (a dead letter replayed while
+	// the delete waited for its lock), the subquery's it does not.
+	sent := `status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'`
 	s.sql.cleanup = `DELETE FROM ` + t + `
 WHERE id = ANY(ARRAY(
-    SELECT id FROM ` + t + `
-    WHERE status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'
-    ORDER BY sent_at LIMIT $2))`
+    SELECT id FROM ` + t + ` WHERE ` + sent + `
+    ORDER BY sent_at LIMIT $2)) AND ` + sent
+	expired := `status IN ('dead_lettered', 'discarded')
+      AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked`
 	s.sql.expireDead = `DELETE FROM ` + t + `
 WHERE id = ANY(ARRAY(
-    SELECT id FROM ` + t + `
-    WHERE status IN ('dead_lettered', 'discarded')
-      AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked
-    ORDER BY dead_lettered_at LIMIT $2))`
+    SELECT id FROM ` + t + ` WHERE ` + expired + `
+    ORDER BY dead_lettered_at LIMIT $2)) AND ` + expired
 	return s, nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -48,6 +49,15 @@ func (a *app) dlqCmd() *cobra.Command {
 Every change is recorded in the audit table with who made it (--actor, else
 $OUTBOX_ACTOR, else the operating-system user), when, why and on which rows.
 Exit codes: 0 done, 1 failed or bad input (nothing changed), 2 bad usage.`,
+		// Without a known subcommand: a usage error, not help and exit 0,
+		// so a typo in a script does not pass for success.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %s", args[0], cmd.CommandPath())}
+			}
+			return usageError{fmt.Errorf("%s needs a subcommand: list, show, replay, edit, discard, keys, release, audit or stats", cmd.CommandPath())}
+		},
+		RunE: func(*cobra.Command, []string) error { return nil },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return d.open(cmd.Context())
 		},
@@ -171,7 +181,7 @@ every row that was dead-lettered when it began exactly once.`,
 				if l.ParksKey {
 					reason += " (parks key)"
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", l.ID, stamp(l.DeadLetteredAt), l.Topic, keyText(l.Key),
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", l.ID, stamp(l.DeadLetteredAt), cell(l.Topic), keyText(l.Key),
 					dash(l.Destination), reason, l.Attempts, clip(l.LastError, 60))
 			}
 			tw.Flush()
@@ -192,11 +202,17 @@ every row that was dead-lettered when it began exactly once.`,
 }
 
 func (d *dlq) showCmd() *cobra.Command {
-	return &cobra.Command{
+	var raw bool
+	cmd := &cobra.Command{
 		Use:   "show ID|EVENT_ID",
 		Short: "Show a row with its payload, headers and error history",
-		Args:  exactArgs(1, "a row id or event id"),
+		Example: `  outbox-relay dlq show 1042
+  outbox-relay dlq show 1042 --raw-payload > payload.json   # the bytes, to edit`,
+		Args: exactArgs(1, "a row id or event id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if raw && d.json {
+				return usageError{errors.New("--raw-payload and --json do not go together")}
+			}
 			ref, err := deadletter.ParseRef(args[0])
 			if err != nil {
 				return err
@@ -205,13 +221,19 @@ func (d *dlq) showCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if d.json {
+			switch {
+			case raw:
+				_, err = d.stdout.Write(row.Payload)
+				return err
+			case d.json:
 				return d.printJSON(row)
 			}
 			d.printDetail(row)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&raw, "raw-payload", false, "write only the payload's bytes, as they are")
+	return cmd
 }
 
 func (d *dlq) printDetail(r *deadletter.Detail) {
@@ -228,7 +250,7 @@ func (d *dlq) printDetail(r *deadletter.Detail) {
 		{"row", strconv.FormatInt(r.ID, 10)},
 		{"event id", r.EventID.String()},
 		{"status", status},
-		{"topic", r.Topic},
+		{"topic", cell(r.Topic)},
 		{"key", keyText(r.Key)},
 		{"destination", dash(r.Destination)},
 		{"attempts", strconv.Itoa(r.Attempts)},
@@ -254,7 +276,7 @@ func (d *dlq) printDetail(r *deadletter.Detail) {
 		sort.Strings(names)
 		for _, k := range names {
 			v, _ := json.Marshal(headers[k])
-			fmt.Fprintf(w, "  %s: %s\n", k, v)
+			fmt.Fprintf(w, "  %s: %s\n", cell(k), v)
 		}
 	}
 
@@ -274,7 +296,7 @@ func (d *dlq) printDetail(r *deadletter.Detail) {
 
 	fmt.Fprintf(w, "\nerror history (%d, oldest first):\n", len(r.ErrorHistory))
 	for _, h := range r.ErrorHistory {
-		fmt.Fprintf(w, "  %s  attempt %d  %s  %s\n", stamp(&h.At), h.Attempt, h.Class, h.Error)
+		fmt.Fprintf(w, "  %s  attempt %d  %s  %s\n", stamp(&h.At), h.Attempt, cell(h.Class), cell(h.Error))
 	}
 }
 
@@ -375,7 +397,7 @@ func (d *dlq) discardCmd() *cobra.Command {
 with status discarded, until relay.dead_letter_retention deletes them.
 Discarding the row that parks a key releases the key. --reason is required.`,
 		Example: `  outbox-relay dlq discard 1042 --reason "duplicate of order 77"
-  outbox-relay dlq discard --topic test.events --all --reason "test traffic"`,
+  outbox-relay dlq discard --topic 'test.*' --reason "test traffic"`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(b.reason) == "" {
 				return usageError{errors.New("discard needs --reason: say why, for the audit trail")}
@@ -407,7 +429,7 @@ transaction. The row as it was is kept in the audit record.
 JSON object of strings. A JSON payload can only be replaced by JSON unless
 --allow-non-json is given; a new topic must match a route when routes are
 configured. Invalid input changes nothing.`,
-		Example: `  outbox-relay dlq show 1042 --json | jq .payload > fixed.json && vi fixed.json
+		Example: `  outbox-relay dlq show 1042 --raw-payload > fixed.json && vi fixed.json
   outbox-relay dlq edit 1042 --payload fixed.json --reason "currency code fixed"
   outbox-relay dlq edit 1043 --topic orders.created --reason "typo in topic"`,
 		Args: exactArgs(1, "a row id or event id"),
@@ -488,8 +510,9 @@ func (d *dlq) keysCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			limited := len(keys) == deadletter.MaxListLimit
 			if d.json {
-				return d.printJSON(map[string]any{"parked_keys": keys})
+				return d.printJSON(map[string]any{"parked_keys": keys, "limited": limited})
 			}
 			if len(keys) == 0 {
 				fmt.Fprintln(d.stdout, "no parked keys")
@@ -497,10 +520,13 @@ func (d *dlq) keysCmd() *cobra.Command {
 			}
 			tw := d.table("KEY", "PARKED BY ROW", "TOPIC", "DESTINATION", "REASON", "DEAD-LETTERED", "WAITING", "LAST ERROR")
 			for _, k := range keys {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", k.Key, k.Row.ID, k.Row.Topic, dash(k.Row.Destination),
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", cell(k.Key), k.Row.ID, cell(k.Row.Topic), dash(k.Row.Destination),
 					k.Row.Reason, stamp(k.Row.DeadLetteredAt), k.Waiting, clip(k.Row.LastError, 60))
 			}
 			tw.Flush()
+			if limited {
+				fmt.Fprintf(d.stdout, "only the %d longest parked keys are listed; dlq stats counts them all\n", len(keys))
+			}
 			return nil
 		},
 	}
@@ -564,7 +590,7 @@ func (d *dlq) auditCmd() *cobra.Command {
 			}
 			tw := d.table("ID", "AT", "ACTOR", "SOURCE", "ACTION", "ROWS", "REASON")
 			for _, r := range page.Records {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, stamp(&r.At), r.Actor, r.Source, r.Action, idList(r.RowIDs), dash(r.Reason))
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, stamp(&r.At), cell(r.Actor), r.Source, r.Action, idList(r.RowIDs, len(r.RowIDs)), clip(r.Reason, 60))
 			}
 			tw.Flush()
 			if page.Next != "" {
@@ -643,15 +669,19 @@ func (d *dlq) printResult(res *deadletter.Result, verb string) {
 	w := d.stdout
 	past := map[string]string{"replay": "replayed", "edit": "edited and replayed", "discard": "discarded", "release": "released"}[verb]
 	for _, u := range res.Unchanged {
+		if u.Status == deadletter.StatusGone {
+			fmt.Fprintf(w, "row %d is gone (delivered or deleted since an earlier action): nothing to do\n", u.ID)
+			continue
+		}
 		fmt.Fprintf(w, "row %d is %s, not dead-lettered: left as it is\n", u.ID, u.Status)
 	}
 	switch {
 	case res.DryRun:
-		fmt.Fprintf(w, "dry run: would %s %s: %s\n", verb, rowCount(len(res.Changed)), idList(res.Changed))
+		fmt.Fprintf(w, "dry run: would %s %s: %s\n", verb, rowCount(res.Count), idList(res.Changed, res.Count))
 	case verb == "release":
-		fmt.Fprintf(w, "released key %s (parked by row %s)\n", strings.Join(res.ReleasedKeys, ", "), idList(res.Changed))
+		fmt.Fprintf(w, "released key %s (parked by row %s)\n", strings.Join(res.ReleasedKeys, ", "), idList(res.Changed, res.Count))
 	default:
-		fmt.Fprintf(w, "%s %s: %s\n", past, rowCount(len(res.Changed)), idList(res.Changed))
+		fmt.Fprintf(w, "%s %s: %s\n", past, rowCount(res.Count), idList(res.Changed, res.Count))
 		if len(res.ReleasedKeys) > 0 {
 			fmt.Fprintf(w, "released parked keys: %s\n", strings.Join(res.ReleasedKeys, ", "))
 		}
@@ -699,18 +729,30 @@ func keyText(k *string) string {
 	if k == nil {
 		return "(none)"
 	}
-	return *k
+	return cell(*k)
 }
 
 func dash(s string) string {
 	if s == "" {
 		return "-"
 	}
+	return cell(s)
+}
+
+// cell makes text from a row or an operator safe for a terminal: text
+// with control or unprintable characters is shown quoted, with escapes.
+func cell(s string) string {
+	if strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
 	return s
 }
 
 func clip(s string, n int) string {
-	s = oneLine(s)
+	s = cell(oneLine(s))
+	if s == "" {
+		return "-"
+	}
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}
@@ -728,17 +770,17 @@ func rowCount(n int) string {
 	return strconv.Itoa(n) + " rows"
 }
 
-// idList shows up to ten ids.
-func idList(ids []int64) string {
-	if len(ids) == 0 {
+// idList shows up to ten of ids, of total.
+func idList(ids []int64, total int) string {
+	if total == 0 {
 		return "none"
 	}
 	parts := make([]string, 0, 11)
 	for _, id := range ids[:min(len(ids), 10)] {
 		parts = append(parts, strconv.FormatInt(id, 10))
 	}
-	if len(ids) > 10 {
-		parts = append(parts, fmt.Sprintf("… (%d more)", len(ids)-10))
+	if total > 10 {
+		parts = append(parts, fmt.Sprintf("… (%d more)", total-10))
 	}
 	return strings.Join(parts, ", ")
 }

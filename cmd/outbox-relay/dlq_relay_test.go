@@ -73,7 +73,6 @@ func TestDLQWorkflowWithRelay(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(`
 relay:
   poll_interval: 50ms
-  sent_retention: 1h
 admin:
   listen: 127.0.0.1:0
 destinations:
@@ -182,18 +181,19 @@ RETURNING id`, key, []byte(r.body)).Scan(&id); err != nil {
 		t.Fatal("the parking row of key b is no longer a dead letter")
 	}
 
-	// The receiver is mended: replay order 20, delivered exactly once.
+	// The receiver is mended: replay order 20, delivered exactly once and
+	// deleted; replaying it again is a no-op.
 	rc.broken.Store(false)
 	id20 := strconv.FormatInt(ids[20], 10)
-	c.ok("dlq", "replay", id20)
-	waitFor(t, 30*time.Second, "order 20 delivered", func() bool { return countRows(t, pool, "id = "+id20+" AND status = 'sent'") == 1 })
-	out := c.ok("dlq", "replay", id20)
-	if !strings.Contains(out, "is sent, not dead-lettered: left as it is") {
-		t.Fatalf("second replay: %s", out)
-	}
 	var event string
 	if err := pool.QueryRow(context.Background(), `SELECT event_id::text FROM outbox WHERE id = $1`, ids[20]).Scan(&event); err != nil {
 		t.Fatal(err)
+	}
+	c.ok("dlq", "replay", id20)
+	waitFor(t, 30*time.Second, "order 20 delivered", func() bool { return countRows(t, pool, "id = "+id20) == 0 })
+	out := c.ok("dlq", "replay", id20)
+	if !strings.Contains(out, "row "+id20+" is gone") || !strings.Contains(out, "replayed 0 rows") {
+		t.Fatalf("second replay: %s", out)
 	}
 	rc.mu.Lock()
 	n := rc.events[event]

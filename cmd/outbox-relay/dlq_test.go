@@ -235,6 +235,9 @@ func TestDLQShow(t *testing.T) {
 		t.Fatalf("payload %s: %v", detail.Payload, err)
 	}
 
+	if raw := c.ok("dlq", "show", strconv.FormatInt(bin, 10), "--raw-payload"); raw != "\x00\x01\xffbinary" {
+		t.Errorf("raw payload = %q", raw)
+	}
 	out = c.ok("dlq", "show", strconv.FormatInt(bin, 10))
 	if !strings.Contains(out, "binary, hex dump") || !strings.Contains(out, "00 01 ff 62") {
 		t.Errorf("binary payload not shown as hex:\n%s", out)
@@ -284,6 +287,9 @@ func TestDLQBadInputChangesNothing(t *testing.T) {
 		{[]string{"dlq", "release", "k", "--discard"}, 2, "needs --reason"},
 		{[]string{"dlq", "show"}, 2, "takes a row id or event id"},
 		{[]string{"dlq", "list", "--colour"}, 2, "unknown flag"},
+		{[]string{"dlq", "dicsard", sid}, 2, `unknown command "dicsard" for outbox-relay dlq`},
+		{[]string{"dlq"}, 2, "needs a subcommand"},
+		{[]string{"dlq", "show", sid, "--raw-payload", "--json"}, 2, "do not go together"},
 	} {
 		r := c.run("", tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -415,12 +416,12 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, action string, p BulkParam
 	if err := s.unpark(ctx, tx, keys); err != nil {
 		return err
 	}
+	batch := details
 	if len(keys) > 0 {
-		details["released_keys"] = keys
-	} else {
-		delete(details, "released_keys")
+		batch = maps.Clone(details)
+		batch["released_keys"] = keys
 	}
-	if err := s.record(ctx, tx, p.Actor, action, p.Reason, ids, details); err != nil {
+	if err := s.record(ctx, tx, p.Actor, action, p.Reason, ids, batch); err != nil {
 		return err
 	}
 	res.add(ids...)

@@ -1094,12 +1094,12 @@ func TestReplayRowGoneSince(t *testing.T) {
 	st := newStore(t, s)
 	a, _ := addDead(t, s, dead{Topic: "orders"})
 	b, _ := addDead(t, s, dead{Topic: "orders"})
-	if _, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: a}}}, Actor: actor}}); err != nil {
+	if _, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: byRefs(deadletter.Ref{ID: a})}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, s, `DELETE FROM outbox WHERE id = $1`, a) // delivered
 
-	res, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: a}, {ID: b}}}, Actor: actor}})
+	res, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: byRefs(deadletter.Ref{ID: a}, deadletter.Ref{ID: b})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1107,7 +1107,7 @@ func TestReplayRowGoneSince(t *testing.T) {
 		t.Fatalf("replay of a gone row and a dead letter = %+v", res)
 	}
 	before := snapshot(t, s)
-	_, err = st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: a}, {ID: b + 100}}}, Actor: actor}})
+	_, err = st.Replay(ctx, deadletter.ReplayParams{BulkParams: byRefs(deadletter.Ref{ID: a}, deadletter.Ref{ID: b + 100})})
 	if !errors.Is(err, deadletter.ErrNotFound) || !strings.Contains(err.Error(), fmt.Sprint(b+100)) || strings.Contains(err.Error(), fmt.Sprint(a)+",") {
 		t.Fatalf("replay of an id that never existed: %v", err)
 	}

@@ -134,6 +134,24 @@ func ParseTimeBound(s string) (TimeBound, error) {
 	return TimeBound{}, &InputError{Problems: []string{fmt.Sprintf("time %q: use RFC 3339 (2026-11-20T08:00:00Z), a date (2026-11-20) or a duration before now (90m, 6h, 7d)", s)}}
 }
 
+// ParseWindow reads the since and until bounds of a time window with
+// ParseTimeBound, reporting the problems of both at once.
+func ParseWindow(since, until string) (TimeBound, TimeBound, error) {
+	var p []string
+	s, err := ParseTimeBound(since)
+	if err != nil {
+		p = append(p, "since: "+err.Error())
+	}
+	u, err := ParseTimeBound(until)
+	if err != nil {
+		p = append(p, "until: "+err.Error())
+	}
+	if len(p) > 0 {
+		return s, u, &InputError{Problems: p}
+	}
+	return s, u, nil
+}
+
 func formatAgo(d time.Duration) string {
 	if d%(24*time.Hour) == 0 {
 		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"

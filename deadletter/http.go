@@ -295,11 +295,9 @@ func (h *api) audit(w http.ResponseWriter, r *http.Request) {
 		problems = append(problems, err.Error())
 	}
 	p.Row = int64(row)
-	if p.Since, err = ParseTimeBound(q.Get("since")); err != nil {
-		problems = append(problems, "since: "+err.Error())
-	}
-	if p.Until, err = ParseTimeBound(q.Get("until")); err != nil {
-		problems = append(problems, "until: "+err.Error())
+	var window *InputError
+	if p.Since, p.Until, err = ParseWindow(q.Get("since"), q.Get("until")); errors.As(err, &window) {
+		problems = append(problems, window.Problems...)
 	}
 	if len(problems) > 0 {
 		h.fail(w, r, &InputError{Problems: problems})
@@ -353,18 +351,9 @@ func query(r *http.Request, allowed ...string) (url.Values, error) {
 func filterFromQuery(q url.Values) (Filter, error) {
 	f := Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
 		Key: q.Get("key"), ErrorContains: q.Get("error")}
-	var p []string
 	var err error
-	if f.Since, err = ParseTimeBound(q.Get("since")); err != nil {
-		p = append(p, "since: "+err.Error())
-	}
-	if f.Until, err = ParseTimeBound(q.Get("until")); err != nil {
-		p = append(p, "until: "+err.Error())
-	}
-	if len(p) > 0 {
-		return f, &InputError{Problems: p}
-	}
-	return f, nil
+	f.Since, f.Until, err = ParseWindow(q.Get("since"), q.Get("until"))
+	return f, err
 }
 
 func intParam(q url.Values, name string) (int, error) {

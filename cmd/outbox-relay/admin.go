@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -19,9 +20,26 @@ import (
 // progress when the relay stops.
 const adminShutdown = 5 * time.Second
 
+// editChecks are what an edited dead letter must fit, for the command
+// line and the API alike: the relay's payload cap, and a route for its
+// topic.
+func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) error) {
+	maxPayload = cfg.Relay.PayloadCap
+	if maxPayload == 0 {
+		maxPayload = cfg.Relay.MaxBatchBytes // the relay's default cap
+	}
+	_, routes := cfg.DestinationList()
+	return maxPayload, func(t string) error {
+		if _, ok := relay.MatchRoute(routes, t); !ok {
+			return errors.New("no route matches it")
+		}
+		return nil
+	}
+}
+
 // startAdmin starts the admin listener, with the dead-letter API when a
 // token is configured, and returns a function that stops it.
-func (a *app) startAdmin(pool *pgxpool.Pool, routes []relay.Route) (stop func(), err error) {
+func (a *app) startAdmin(pool *pgxpool.Pool) (stop func(), err error) {
 	cfg := a.cfg
 	if cfg.Admin.Listen == "" {
 		return func() {}, nil
@@ -33,21 +51,13 @@ func (a *app) startAdmin(pool *pgxpool.Pool, routes []relay.Route) (stop func(),
 		if err != nil {
 			return nil, err
 		}
-		payloadCap := cfg.Relay.PayloadCap
-		if payloadCap == 0 {
-			payloadCap = cfg.Relay.MaxBatchBytes
-		}
+		maxPayload, checkTopic := editChecks(cfg)
 		h, err := deadletter.NewHandler(deadletter.HandlerConfig{
 			Store:      store,
 			Token:      cfg.Admin.Token,
-			MaxPayload: payloadCap,
-			CheckTopic: func(t string) error {
-				if _, ok := relay.MatchRoute(routes, t); !ok {
-					return errors.New("no route matches it")
-				}
-				return nil
-			},
-			Logger: a.log,
+			MaxPayload: maxPayload,
+			CheckTopic: checkTopic,
+			Logger:     a.log,
 		})
 		if err != nil {
 			return nil, err

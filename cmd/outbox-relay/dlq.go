@@ -24,7 +24,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // envActor names who runs dead-letter commands, for the audit trail, when
@@ -134,16 +133,9 @@ func (f *filterFlags) bind(fs *pflag.FlagSet) {
 
 func (f *filterFlags) filter() (deadletter.Filter, error) {
 	out := deadletter.Filter{Topic: f.topic, Destination: f.destination, Reason: f.reason, Key: f.key, ErrorContains: f.errText}
-	var problems []string
 	var err error
-	if out.Since, err = deadletter.ParseTimeBound(f.since); err != nil {
-		problems = append(problems, "--since: "+err.Error())
-	}
-	if out.Until, err = deadletter.ParseTimeBound(f.until); err != nil {
-		problems = append(problems, "--until: "+err.Error())
-	}
-	if len(problems) > 0 {
-		return out, &deadletter.InputError{Problems: problems}
+	if out.Since, out.Until, err = deadletter.ParseWindow(f.since, f.until); err != nil {
+		return out, err
 	}
 	return out, out.Validate()
 }
@@ -441,20 +433,8 @@ configured. Invalid input changes nothing.`,
 			if err != nil {
 				return err
 			}
-			p := deadletter.EditParams{Ref: ref, Topic: topic, AllowNonJSON: allowNonJSON,
-				MaxPayload: d.cfg.Relay.PayloadCap, Actor: d.who(), Reason: reason}
-			if p.MaxPayload == 0 {
-				p.MaxPayload = d.cfg.Relay.MaxBatchBytes
-			}
-			if len(d.cfg.Routes) > 0 {
-				_, routes := d.cfg.DestinationList()
-				p.CheckTopic = func(t string) error {
-					if _, ok := relay.MatchRoute(routes, t); !ok {
-						return errors.New("no route matches it")
-					}
-					return nil
-				}
-			}
+			p := deadletter.EditParams{Ref: ref, Topic: topic, AllowNonJSON: allowNonJSON, Actor: d.who(), Reason: reason}
+			p.MaxPayload, p.CheckTopic = editChecks(d.cfg)
 			var problems []string
 			if payloadFile != "" {
 				if p.Payload, err = d.readInput(payloadFile); err != nil {
@@ -566,16 +546,9 @@ func (d *dlq) auditCmd() *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p := deadletter.AuditParams{Action: action, Actor: actor, Row: row, Limit: limit, Cursor: cursor}
-			var problems []string
 			var err error
-			if p.Since, err = deadletter.ParseTimeBound(since); err != nil {
-				problems = append(problems, "--since: "+err.Error())
-			}
-			if p.Until, err = deadletter.ParseTimeBound(until); err != nil {
-				problems = append(problems, "--until: "+err.Error())
-			}
-			if len(problems) > 0 {
-				return &deadletter.InputError{Problems: problems}
+			if p.Since, p.Until, err = deadletter.ParseWindow(since, until); err != nil {
+				return err
 			}
 			page, err := d.store.Audit(cmd.Context(), p)
 			if err != nil {

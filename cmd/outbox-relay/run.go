@@ -74,7 +74,7 @@ func (a *app) run(ctx context.Context) error {
 	}
 	policy, err := retry.NewPolicy(retry.PolicyConfig{
 		MaxAttempts:   cfg.Retry.MaxAttempts,
-		MaxAge:        maxAge(cfg.Retry),
+		MaxAge:        forever(cfg.Retry.MaxAge),
 		Strategy:      retry.Strategy(cfg.Retry.Strategy),
 		BaseDelay:     cfg.Retry.BaseDelay,
 		MaxDelay:      cfg.Retry.MaxDelay,
@@ -112,7 +112,7 @@ func (a *app) run(ctx context.Context) error {
 		DrainTimeout:        cfg.Relay.DrainTimeout,
 		OnDeadLetter:        cfg.Relay.OnDeadLetter,
 		SentRetention:       cfg.Relay.SentRetention,
-		DeadLetterRetention: deadLetterRetention(cfg.Relay),
+		DeadLetterRetention: forever(cfg.Relay.DeadLetterRetention),
 		CleanupInterval:     cfg.Relay.CleanupInterval,
 		PauseBase:           cfg.Retry.PauseBase,
 		PauseMax:            cfg.Retry.PauseMax,
@@ -120,7 +120,7 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	stopAdmin, err := a.startAdmin(pool, routes)
+	stopAdmin, err := a.startAdmin(pool)
 	if err != nil {
 		return err
 	}
@@ -133,21 +133,14 @@ func (a *app) run(ctx context.Context) error {
 	return r.Run(ctx)
 }
 
-// maxAge maps the configuration's 0 (no limit) to the policy's negative.
-func maxAge(r config.Retry) time.Duration {
-	if r.MaxAge == 0 {
+// forever maps the configuration's 0 for "no limit" (retry.max_age,
+// relay.dead_letter_retention) to the negative the relay and the retry
+// policy take for it, since their 0 means the default.
+func forever(d time.Duration) time.Duration {
+	if d == 0 {
 		return -1
 	}
-	return r.MaxAge
-}
-
-// deadLetterRetention maps the configuration's 0 (keep for ever) to the
-// relay's negative.
-func deadLetterRetention(r config.Relay) time.Duration {
-	if r.DeadLetterRetention == 0 {
-		return -1
-	}
-	return r.DeadLetterRetention
+	return d
 }
 
 // idleGrace is added to the publish timeout for the server-side idle

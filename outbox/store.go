@@ -92,6 +92,7 @@ type Store struct {
 		claim, holding, defer_, deferParked, sent string
 		fail, cleanup, expireDead                 string
 		lease, leasedSent, unlease, pullForward   string
+		backlog                                   string
 	}
 }
 
@@ -108,6 +109,11 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
 	}
 	s := &Store{pool: pool, keepSent: cfg.KeepSent, errorHistory: cfg.ErrorHistory, lockID: migrations.LockID(cfg.Schema) + 1}
 	t := pgx.Identifier{cfg.Schema, "outbox"}.Sanitize()
+
+	s.sql.backlog = `SELECT topic, count(*), (extract(epoch FROM now() - min(created_at)) * 1e6)::bigint
+FROM ` + t + `
+WHERE status = 'pending'
+GROUP BY topic`
 
 	// The plain form on the partial index keeps its plan after ANALYZE;
 	// IN (SELECT ... LIMIT) and CTE forms flip to generic plans that scan
@@ -480,7 +486,8 @@ type Outcome struct {
 	Error string
 	// Class is the failure's class, kept in the error history.
 	Class string
-	// Reason is the dead-letter reason (DeadLettered).
+	// Reason is the dead-letter reason (DeadLettered). A Deferred row may
+	// say why it waits, for metrics; that is not stored.
 	Reason string
 	// Attempted is true when the row was handed to the destination; an
 	// attempted failure counts towards retry_count unless Deferred. A
@@ -488,8 +495,8 @@ type Outcome struct {
 	Attempted bool
 	// ParkKey makes a dead-lettered row hold its key until released.
 	ParkKey bool
-	// Destination names where the row failed (all kinds but Sent); empty
-	// when it never reached one.
+	// Destination names where the row went; empty when it never got one.
+	// It is stored for attempted failures and dead letters.
 	Destination string
 	// Token is the lease of a Leased row and, in CompleteLeased, the lease
 	// the outcome applies to: it is written only while the row still
@@ -690,6 +697,37 @@ func (s *Store) DeleteSent(ctx context.Context, retention time.Duration, limit i
 // release the key without anyone deciding to.
 func (s *Store) DeleteExpiredDeadLetters(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
 	return s.maintain(ctx, "delete expired dead letters", s.sql.expireDead, retention, limit)
+}
+
+// TopicBacklog is what waits for delivery on one topic.
+type TopicBacklog struct {
+	Topic string
+	// Pending counts the topic's pending rows, ready or waiting.
+	Pending int64
+	// OldestAge is the age of its oldest pending row, by the database
+	// clock.
+	OldestAge time.Duration
+}
+
+// Backlog reports the pending rows of every topic that has some. It reads
+// every pending row: call it every few seconds at most.
+func (s *Store) Backlog(ctx context.Context) ([]TopicBacklog, error) {
+	rows, err := s.pool.Query(ctx, s.sql.backlog)
+	if err != nil {
+		return nil, fmt.Errorf("measure the backlog: %w", err)
+	}
+	var out []TopicBacklog
+	var b TopicBacklog
+	var ageUS int64
+	_, err = pgx.ForEachRow(rows, []any{&b.Topic, &b.Pending, &ageUS}, func() error {
+		b.OldestAge = time.Duration(max(ageUS, 0)) * time.Microsecond
+		out = append(out, b)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("measure the backlog: %w", err)
+	}
+	return out, nil
 }
 
 // maintain runs a bounded maintenance statement under the maintenance

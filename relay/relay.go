@@ -89,6 +89,8 @@ type Config struct {
 	Policy *retry.Policy
 	// Logger receives the relay's logs. Default discards.
 	Logger *slog.Logger
+	// Observer is told of claims and outcomes, for metrics. Optional.
+	Observer Observer
 
 	// Workers is the number of batches in flight at once. Default 2.
 	Workers int
@@ -187,6 +189,34 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Observer is told what the relay does, for metrics. The workers call it
+// concurrently; its methods must be quick.
+type Observer interface {
+	// Claimed reports one claim query: how long it took and how many
+	// rows it returned.
+	Claimed(elapsed time.Duration, rows int)
+	// Settled reports one row's outcome once it is written back: the
+	// destination ("" when the row never got one), the kind, the
+	// dead-letter reason or the Defer* reason, and for a sent row the
+	// time from its creation to the destination's acknowledgement, by
+	// the database clock.
+	Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration)
+}
+
+// Why rows are deferred (Observer.Settled's reason for Deferred rows).
+const (
+	// DeferKeyWaiting: an earlier row of the key waits for a retry, a
+	// delay, or a parked key's release.
+	DeferKeyWaiting = "key_waiting"
+	// DeferCircuitOpen: the destination's circuit breaker is open.
+	DeferCircuitOpen = "circuit_open"
+	// DeferRetryBudget: the destination's retries are over budget.
+	DeferRetryBudget = "retry_budget"
+	// DeferDestinationFailing: the attempt failed in a way that says the
+	// destination as a whole cannot be used (a systemic failure).
+	DeferDestinationFailing = "destination_failing"
+)
+
 // Stats counts what the relay did. Read it with Relay.Stats.
 type Stats struct {
 	// Claims counts claim queries; Batches those that found rows.
@@ -197,6 +227,7 @@ type Stats struct {
 type Relay struct {
 	cfg      Config
 	log      *slog.Logger
+	obs      Observer
 	leased   sync.WaitGroup // deliveries on a lease, outliving their batch
 	dests    []*dest
 	router   *router
@@ -249,7 +280,7 @@ func New(cfg Config) (*Relay, error) {
 		cfg.Destinations = []Destination{{Name: "default", Publisher: cfg.Publisher}}
 		cfg.Routes = []Route{{Topics: []string{"*"}, Destination: "default"}}
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, inflight: inflightKeys{owner: map[string]int{}}}
+	r := &Relay{cfg: cfg, log: cfg.Logger, obs: cfg.Observer, inflight: inflightKeys{owner: map[string]int{}}}
 	index := map[string]int{}
 	for i, d := range cfg.Destinations {
 		index[d.Name] = i
@@ -380,6 +411,9 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		return false, err
 	}
 	r.claims.Add(1)
+	if r.obs != nil {
+		r.obs.Claimed(time.Since(start), len(claim.Records))
+	}
 	// Size the next claim by the rows that will be published: oversized
 	// rows are never loaded and must not shrink it.
 	total, n := 0, 0
@@ -399,9 +433,13 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		writeCtx, cancel := writeBackContext(ctx)
 		defer cancel()
 		if claim.Deferred > 0 {
-			r.deferred.Add(int64(claim.Deferred))
 			// The claim's rows were rescheduled: look again at once.
-			return true, claim.Complete(writeCtx, nil)
+			if err := claim.Complete(writeCtx, nil); err != nil {
+				return false, err
+			}
+			r.count(nil, claim.Deferred)
+			r.observe(nil, nil, claim.Deferred)
+			return true, nil
 		}
 		return false, claim.Release(writeCtx)
 	}
@@ -409,6 +447,7 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 	all, outcomes := r.plan(claim.Records, time.Now())
 	var groups, leased []*group
 	for _, g := range all {
+		g.claimed, g.start = claim.Now, start
 		if g.d.VisibilityTimeout > 0 {
 			leased = append(leased, g)
 			g.token = uuid.New()
@@ -440,7 +479,7 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		published += len(g.recs)
 	}
 	for _, g := range groups {
-		outcomes = append(outcomes, r.decide(claim.Now, g, abandoned, time.Since(start))...)
+		outcomes = append(outcomes, r.decide(g, abandoned)...)
 	}
 	writeCtx, cancel := writeBackContext(ctx)
 	defer cancel()
@@ -450,11 +489,12 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 	for _, g := range leased {
 		r.inflight.add(leasedOwner, g.recs) // taken over from the worker
 		r.leased.Add(1)
-		go r.deliverLeased(inflight, g, claim.Now, claim.LeaseExpiry)
+		go r.deliverLeased(inflight, g, claim.LeaseExpiry)
 	}
 	handedOff = true
 	r.batches.Add(1)
 	r.count(outcomes, claim.Deferred)
+	r.observe(outcomes, groups, claim.Deferred)
 	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
@@ -485,7 +525,14 @@ type group struct {
 	probe bool      // the breaker's half-open probe
 	gen   int       // the breaker state the group was admitted in
 	token uuid.UUID // the lease, for a destination with a visibility timeout
+
+	claimed time.Time // the database clock at the claim
+	start   time.Time // the local clock when the claim began
+	done    time.Time // the local clock when the publish returned
 }
+
+// acked is when the group's publish returned, by the database clock.
+func (g *group) acked() time.Time { return g.claimed.Add(g.done.Sub(g.start)) }
 
 // plan routes the claimed rows and picks those to publish now, per
 // destination, in id order. Undeliverable and unroutable rows get their
@@ -570,7 +617,8 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			admitted[rt.dest] = a
 		}
 		if !a.ok {
-			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: max(a.until.Sub(now), time.Millisecond)})
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: max(a.until.Sub(now), time.Millisecond),
+				Reason: DeferCircuitOpen, Destination: d.Name})
 			stop()
 			continue
 		}
@@ -592,7 +640,8 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 		}
 		if rec.RetryCount > 0 && !d.budget.spend(now) {
 			d.bulk.give(1)
-			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: budgetDeferral})
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: budgetDeferral,
+				Reason: DeferRetryBudget, Destination: d.Name})
 			stop()
 			continue
 		}
@@ -622,6 +671,7 @@ func (r *Relay) publish(inflight context.Context, groups []*group) {
 		ctx, cancel := context.WithTimeout(inflight, timeout)
 		defer cancel()
 		g.errs = g.d.Publisher.Publish(ctx, g.recs)
+		g.done = time.Now()
 		if len(g.errs) != len(g.recs) {
 			err := fmt.Errorf("destination %s returned %d results for %d records", g.d.Name, len(g.errs), len(g.recs))
 			g.errs = make([]error, len(g.recs))
@@ -664,8 +714,9 @@ func (r *Relay) claimLimit(avgRowBytes int) int {
 // its destination's breaker and retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's.
-func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time.Duration) []outbox.Outcome {
+func (r *Relay) decide(g *group, abandoned bool) []outbox.Outcome {
 	d := g.d
+	elapsed := g.done.Sub(g.start)
 	outcomes := make([]outbox.Outcome, 0, len(g.recs))
 	results := make([]delivery, 0, len(g.recs))
 	failedKeys := map[string]bool{}
@@ -676,7 +727,7 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 		}
 		err := g.errs[i]
 		if err == nil {
-			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Sent})
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Sent, Destination: d.Name})
 			results = append(results, delivery{sent: true})
 			if rec.RetryCount > 0 {
 				retriesSent++
@@ -707,7 +758,7 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 		dec := r.cfg.Policy.Decide(retry.Failure{
 			Err:       err,
 			Attempt:   rec.RetryCount,
-			Age:       claimed.Sub(rec.CreatedAt) + elapsed,
+			Age:       g.claimed.Sub(rec.CreatedAt) + elapsed,
 			PrevDelay: rec.LastDelay,
 		})
 		o := outbox.Outcome{ID: rec.ID, Error: err.Error(), Class: class.String(), Attempted: true, Destination: d.Name}
@@ -715,7 +766,7 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 		case retry.Retry:
 			o.Kind, o.Delay = outbox.Retried, dec.Delay
 		case retry.Defer:
-			o.Kind = outbox.Deferred
+			o.Kind, o.Reason = outbox.Deferred, DeferDestinationFailing
 		case retry.DeadLetter:
 			o.Kind, o.Reason = outbox.DeadLettered, dec.Reason
 			o.ParkKey = d.block && rec.HasKey
@@ -747,6 +798,36 @@ func (r *Relay) decide(claimed time.Time, g *group, abandoned bool, elapsed time
 		}
 	}
 	return outcomes
+}
+
+// observe tells the observer of written-back outcomes, and of rows the
+// claim deferred behind a waiting row of their key.
+func (r *Relay) observe(outcomes []outbox.Outcome, groups []*group, deferredByClaim int) {
+	if r.obs == nil {
+		return
+	}
+	for range deferredByClaim {
+		r.obs.Settled("", outbox.Deferred, DeferKeyWaiting, 0)
+	}
+	var lag map[int64]time.Duration
+	for _, g := range groups {
+		acked := g.acked()
+		for _, rec := range g.recs {
+			if lag == nil {
+				lag = make(map[int64]time.Duration, len(outcomes))
+			}
+			lag[rec.ID] = acked.Sub(rec.CreatedAt)
+		}
+	}
+	for _, o := range outcomes {
+		switch o.Kind {
+		case outbox.Leased: // told when its delivery is done
+		case outbox.Sent:
+			r.obs.Settled(o.Destination, o.Kind, "", max(lag[o.ID], 0))
+		default:
+			r.obs.Settled(o.Destination, o.Kind, o.Reason, 0)
+		}
+	}
 }
 
 func (r *Relay) count(outcomes []outbox.Outcome, deferredByClaim int) {
@@ -1018,13 +1099,12 @@ const leasedOwner = -1
 
 // deliverLeased delivers a leased group outside any transaction and
 // writes the outcomes back where the lease still holds.
-func (r *Relay) deliverLeased(inflight context.Context, g *group, claimed time.Time, expiry map[int64]time.Time) {
+func (r *Relay) deliverLeased(inflight context.Context, g *group, expiry map[int64]time.Time) {
 	defer r.leased.Done()
 	defer g.d.bulk.give(len(g.recs))
-	start := time.Now()
 	r.publish(inflight, []*group{g})
 	abandoned := inflight.Err() != nil
-	outcomes := r.decide(claimed, g, abandoned, time.Since(start))
+	outcomes := r.decide(g, abandoned)
 	decided := make(map[int64]bool, len(outcomes))
 	for _, o := range outcomes {
 		decided[o.ID] = true
@@ -1059,5 +1139,6 @@ func (r *Relay) deliverLeased(inflight context.Context, g *group, claimed time.T
 		return
 	}
 	r.count(outcomes, 0)
+	r.observe(outcomes, []*group{g}, 0)
 	r.wakeAll()
 }

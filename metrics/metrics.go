@@ -1,0 +1,239 @@
+// Package metrics exposes what the relay does as Prometheus metrics: what
+// it claims and delivers, how long publishes take, the state of each
+// destination's circuit, and the backlog and dead letters in the table.
+//
+// Every name starts with outbox_; labels are destination names, topics
+// (capped), outcomes and reasons, never row ids or URLs. Ages and lags are
+// measured by the database clock.
+package metrics
+
+import (
+	"context"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Namespace starts every metric name.
+const Namespace = "outbox"
+
+// NoDestination is the destination label of rows that have none: held
+// back behind their key before routing, or matching no route.
+const NoDestination = "none"
+
+// Buckets of the histograms, in seconds or rows.
+var (
+	LagBuckets       = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+	PublishBuckets   = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30}
+	ClaimBuckets     = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+	BatchSizeBuckets = []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
+)
+
+// Relay counts what the relay does. It is a relay.Observer, and wraps
+// publishers to time them.
+type Relay struct {
+	delivered    *prometheus.CounterVec
+	retried      *prometheus.CounterVec
+	deferred     *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	lag          *prometheus.HistogramVec
+	publish      *prometheus.HistogramVec
+	claim        prometheus.Histogram
+	batch        prometheus.Histogram
+}
+
+var _ relay.Observer = (*Relay)(nil)
+
+// NewRelay registers the relay's metrics with reg.
+func NewRelay(reg prometheus.Registerer) (*Relay, error) {
+	m := &Relay{
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "delivered_total",
+			Help: "Rows delivered: acknowledged by the destination and written back.",
+		}, []string{"destination"}),
+		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "retried_total",
+			Help: "Failed attempts that will be retried after a backoff.",
+		}, []string{"destination"}),
+		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "deferred_total",
+			Help: "Deferrals: rows put off without counting an attempt, by reason (key_waiting, circuit_open, retry_budget, destination_failing). A row held back behind its key is counted each time it is rescheduled.",
+		}, []string{"destination", "reason"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "dead_lettered_total",
+			Help: "Rows moved to the dead-letter status, by reason.",
+		}, []string{"destination", "reason"}),
+		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "delivery_lag_seconds",
+			Help:    "Time from a row's creation to the destination's acknowledgement, by the database clock.",
+			Buckets: LagBuckets,
+		}, []string{"destination"}),
+		publish: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "publish_duration_seconds",
+			Help:    "Duration of one publish of a batch's records to a destination.",
+			Buckets: PublishBuckets,
+		}, []string{"destination"}),
+		claim: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "claim_duration_seconds",
+			Help:    "Duration of one claim of ready rows.",
+			Buckets: ClaimBuckets,
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Name: "batch_rows",
+			Help:    "Rows returned by one claim (empty claims included).",
+			Buckets: BatchSizeBuckets,
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.delivered, m.retried, m.deferred, m.deadLettered, m.lag, m.publish, m.claim, m.batch} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	// Rows without a destination: held back behind their key, or
+	// dead-lettered before routing.
+	m.deferred.WithLabelValues(NoDestination, relay.DeferKeyWaiting)
+	for _, r := range deadLetterReasons {
+		m.deadLettered.WithLabelValues(NoDestination, r)
+	}
+	return m, nil
+}
+
+// Destination makes a destination's series exist from the start, at
+// zero, so that rates and increase() see the first delivery, retry or
+// dead letter.
+func (m *Relay) Destination(name string) {
+	m.delivered.WithLabelValues(name)
+	m.retried.WithLabelValues(name)
+	m.lag.WithLabelValues(name)
+	m.publish.WithLabelValues(name)
+	for _, r := range []string{relay.DeferCircuitOpen, relay.DeferRetryBudget, relay.DeferDestinationFailing} {
+		m.deferred.WithLabelValues(name, r)
+	}
+	for _, r := range deadLetterReasons {
+		m.deadLettered.WithLabelValues(name, r)
+	}
+}
+
+// Claimed implements relay.Observer.
+func (m *Relay) Claimed(elapsed time.Duration, rows int) {
+	m.claim.Observe(elapsed.Seconds())
+	m.batch.Observe(float64(rows))
+}
+
+// Settled implements relay.Observer.
+func (m *Relay) Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration) {
+	if destination == "" {
+		destination = NoDestination
+	}
+	switch kind {
+	case outbox.Sent:
+		m.delivered.WithLabelValues(destination).Inc()
+		m.lag.WithLabelValues(destination).Observe(lag.Seconds())
+	case outbox.Retried:
+		m.retried.WithLabelValues(destination).Inc()
+	case outbox.Deferred:
+		m.deferred.WithLabelValues(destination, reason).Inc()
+	case outbox.DeadLettered:
+		m.deadLettered.WithLabelValues(destination, reason).Inc()
+	}
+}
+
+// Publisher wraps p, the publisher of the named destination, to time its
+// publishes.
+func (m *Relay) Publisher(destination string, p relay.Publisher) relay.Publisher {
+	return timedPublisher{next: p, hist: m.publish.WithLabelValues(destination)}
+}
+
+type timedPublisher struct {
+	next relay.Publisher
+	hist prometheus.Observer
+}
+
+func (t timedPublisher) Publish(ctx context.Context, records []outbox.Record) []error {
+	start := time.Now()
+	errs := t.next.Publish(ctx, records)
+	t.hist.Observe(time.Since(start).Seconds())
+	return errs
+}
+
+// Circuit states, the values of outbox_circuit_state's state label.
+var circuitStates = []relay.BreakerState{relay.BreakerClosed, relay.BreakerHalfOpen, relay.BreakerOpen}
+
+func stateLabel(s relay.BreakerState) string {
+	if s == relay.BreakerHalfOpen {
+		return "half_open"
+	}
+	return s.String()
+}
+
+// destinations reports the circuit of every destination at each scrape.
+type destinations struct {
+	status        func() []relay.DestinationStatus
+	state, paused *prometheus.Desc
+}
+
+// NewDestinations returns a collector of the circuit state of the
+// destinations that status reports (Relay.Destinations).
+func NewDestinations(status func() []relay.DestinationStatus) prometheus.Collector {
+	return &destinations{
+		status: status,
+		state: prometheus.NewDesc(Namespace+"_circuit_state",
+			"1 for the current state of the destination's circuit breaker (closed, half_open, open), 0 for the others.",
+			[]string{"destination", "state"}, nil),
+		paused: prometheus.NewDesc(Namespace+"_destination_paused",
+			"1 while the destination's circuit is open: its rows wait without counting attempts.",
+			[]string{"destination"}, nil),
+	}
+}
+
+func (d *destinations) Describe(ch chan<- *prometheus.Desc) {
+	ch <- d.state
+	ch <- d.paused
+}
+
+func (d *destinations) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range d.status() {
+		for _, s := range circuitStates {
+			ch <- prometheus.MustNewConstMetric(d.state, prometheus.GaugeValue, boolValue(st.Breaker == s), st.Name, stateLabel(s))
+		}
+		ch <- prometheus.MustNewConstMetric(d.paused, prometheus.GaugeValue, boolValue(st.Breaker == relay.BreakerOpen), st.Name)
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// NewBuildInfo returns outbox_build_info: always 1, with the version, the
+// VCS revision and the Go version as labels. An empty version or revision
+// is taken from the binary's build information.
+func NewBuildInfo(version, revision string) prometheus.Collector {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if version == "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && revision == "" {
+				revision = s.Value
+			}
+		}
+	}
+	if version == "" {
+		version = "(devel)"
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "build_info",
+		Help:        "Always 1; the labels say which build is running.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "go_version": runtime.Version()},
+	})
+	g.Set(1)
+	return g
+}

@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -290,6 +291,33 @@ func Bind(fs *pflag.FlagSet) *Flags {
 	return f
 }
 
+// secretSettings are the settings that hold secrets, with the file setting
+// that can supply each.
+var secretSettings = map[string]string{
+	"database.url":        "database.url_file",
+	"admin.token":         "admin.token_file",
+	"kafka.sasl.password": "kafka.sasl.password_file",
+}
+
+// SecretFlag reports whether an unknown command-line flag looks like an
+// attempt to pass a secret, and if so returns how to give it instead.
+// Command lines are visible to every user of the machine (ps, /proc), so
+// secrets have no flags.
+func SecretFlag(name string) (hint string, ok bool) {
+	norm := strings.NewReplacer("_", "-", ".", "-").Replace(strings.ToLower(strings.TrimLeft(name, "-")))
+	for path, file := range secretSettings {
+		if norm == strings.NewReplacer(".", "-", "_", "-").Replace(path) || norm == strings.NewReplacer(".", "-", "_", "-").Replace(file) {
+			return fmt.Sprintf("set %s, or %s in the configuration file", EnvName(path), file), true
+		}
+	}
+	for _, word := range []string{"password", "passwd", "token", "secret", "dsn", "database-url", "db-url"} {
+		if strings.Contains(norm, word) {
+			return "secrets come from OUTBOX_* environment variables or *_file settings (see the configuration reference)", true
+		}
+	}
+	return "", false
+}
+
 // EnvName is the environment variable for the setting at path.
 func EnvName(path string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(path, ".", "_"))
@@ -380,7 +408,7 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 		if errors.As(err, &ce) {
 			for _, p := range ce.Problems {
 				path, _, _ := strings.Cut(p, " ")
-				if !failed[strings.TrimSuffix(path, ":")] {
+				if !failed[strings.TrimSuffix(path, ":")] && !undecodedDestination(p, failed) {
 					problems = append(problems, p)
 				}
 			}
@@ -614,17 +642,63 @@ func passwords(dsn string) []string {
 			out = append(out, pw, url.QueryEscape(pw))
 		}
 	}
-	// key=value form: password=secret or password='se cret'.
-	for _, f := range strings.Fields(dsn) {
-		if v, ok := strings.CutPrefix(f, "password="); ok {
-			out = append(out, strings.Trim(v, "'"))
-		}
+	// Forms the parsers reject, found by pattern: everything between the
+	// user and the last @ of a URL (a password with an unescaped @), and
+	// key=value passwords, quoted or with escapes, spaces around the =.
+	if m := urlPassword.FindStringSubmatch(dsn); m != nil {
+		out = append(out, m[1])
+		// The driver may have masked the part before the @ already.
+		out = append(out, longParts(m[1])...)
+	}
+	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
+		v := m[1]
+		out = append(out, v, strings.Trim(v, "'"), strings.ReplaceAll(v, `\`, ""))
+		// Words after the value without an = of their own were meant as
+		// part of it (an unquoted space); the driver reports them alone.
+		out = append(out, longParts(v+" "+m[2])...)
 	}
 	// Longest first, so a short secret inside a longer one does not leave
 	// the rest of the longer one visible.
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
 }
+
+var (
+	urlPassword = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:(.+)@[^@]*$`)
+	kvPassword  = regexp.MustCompile(`(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)((?:\s+[^\s=]+(?:\s|$))*)`)
+)
+
+// longParts splits a secret at punctuation and spaces and returns the
+// parts long enough to be worth hiding on their own.
+func longParts(s string) []string {
+	var out []string
+	for _, p := range strings.FieldsFunc(s, func(r rune) bool {
+		return r == '@' || r == '\\' || r == '\'' || r == ' ' || r == '\t'
+	}) {
+		if len(p) >= 3 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// undecodedDestination reports whether problem is a route naming a
+// destination whose settings did not decode: the destination is missing
+// only because of the problem already reported.
+func undecodedDestination(problem string, failed map[string]bool) bool {
+	m := undefinedDestination.FindStringSubmatch(problem)
+	if m == nil {
+		return false
+	}
+	for path := range failed {
+		if strings.HasPrefix(path, "destinations["+m[1]+"]") || strings.HasPrefix(path, "destinations."+m[1]+".") {
+			return true
+		}
+	}
+	return false
+}
+
+var undefinedDestination = regexp.MustCompile(`^routes: route \d+: destination "([^"]+)" is not defined`)
 
 type decodeProblem struct{ path, text string }
 

@@ -171,3 +171,130 @@ func TestAdminSettings(t *testing.T) {
 		t.Errorf("the error shows the token:\n%s", msg)
 	}
 }
+
+// One configuration with a mistake of every kind: each is reported once,
+// in one error, and nothing else is.
+func TestLoadReportsEveryKindOfProblemAtOnce(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+database:
+  connect_timeout: soon
+relay:
+  workers: -1
+  poll_intervall: 1s
+log:
+  level: loud
+destinations:
+  hook:
+    http:
+      timeout: 5s
+routes:
+  - topics: ["a.*"]
+    destination: hook
+  - topics: ["b"]
+    destination: nowhere
+`)
+	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_ADMIN_TOKEN=too-short"},
+		config.NeedDatabase|config.NeedDestinations)
+	var ce *config.Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("err = %v, want *config.Error", err)
+	}
+	want := []string{
+		"database.connect_timeout: ",                            // a bad duration
+		"unknown setting relay.poll_intervall",                  // an unknown key
+		"relay.workers is -1",                                   // a negative count
+		"log.level: unknown level",                              // a bad name
+		"database.url is required",                              // a missing secret
+		"destinations.hook.http: url is required",               // a missing URL
+		"admin.token is 9 characters",                           // a short token
+		`routes: route 2: destination "nowhere" is not defined`, // a bad route
+	}
+	found := make([]int, len(want))
+	for _, p := range ce.Problems {
+		n := 0
+		for i, w := range want {
+			if strings.Contains(p, w) {
+				found[i]++
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("problem %q matches %d of the mistakes, want 1", p, n)
+		}
+	}
+	for i, w := range want {
+		if found[i] != 1 {
+			t.Errorf("%q is reported %d times, want once:\n%s", w, found[i], err)
+		}
+	}
+}
+
+// A database URL that cannot be used is reported without its password,
+// whether it comes from the environment, the file or url_file, and in
+// every form the driver accepts.
+func TestLoadProblemsHideTheDatabasePassword(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		"postgres://app:hunter2@db:notaport/app",               // the URL does not parse
+		"postgresql://app:hunter2@db:5432/app?sslmode=bogus",   // it parses, a setting does not
+		"postgres://app:hunter2@db:5432/app?connect_timeout=x", // the driver quotes the setting
+		"postgres://app:hunter2@[::1/app",                      // a broken IPv6 host
+		"postgres://app:hunter2%zz@db/app",                     // a broken escape in the password
+		"postgres://app:hun%40ter2@db:notaport/app",            // an escaped password
+		"postgres://app@db:notaport/app?password=hunter2",      // the password as a parameter
+		"host=db user=app password=hunter2 port=notaport",
+		"host=db user=app password='hunter2 with spaces' sslmode=bogus",
+		"host=db password = hunter2 port=notaport",          // spaces around =
+		"postgres://app:hun@ter2@db:5432/x?sslmode=bogus",   // an unescaped @ in the password
+		`host=db user=app password=hun\ ter2 port=notaport`, // an escaped space
+	} {
+		secretFile := filepath.Join(t.TempDir(), "url")
+		if err := os.WriteFile(secretFile, []byte(dsn+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for source, env := range map[string][]string{
+			"env":      {"OUTBOX_DATABASE_URL=" + dsn},
+			"file":     {"OUTBOX_CONFIG=" + writeFile(t, "database:\n  url: \""+dsn+"\"\n")},
+			"url_file": {"OUTBOX_DATABASE_URL_FILE=" + secretFile},
+		} {
+			// Another problem alongside, so the message has several lines.
+			_, err := config.Load(nil, append(env, "OUTBOX_LOG_LEVEL=loud"), config.NeedDatabase)
+			var ce *config.Error
+			if !errors.As(err, &ce) || len(ce.Problems) != 2 || !strings.Contains(err.Error(), "database.url: ") {
+				t.Errorf("%s from %s: err = %v, want a database.url problem and a log.level one", dsn, source, err)
+				continue
+			}
+			for _, secret := range []string{"hunter2", "hun%40ter2", "hun@ter2", "ter2"} {
+				if strings.Contains(err.Error(), secret) {
+					t.Errorf("%s from %s: the error shows the password:\n%s", dsn, source, err)
+				}
+			}
+		}
+	}
+}
+
+// A destination whose settings do not decode is reported once: the routes
+// that name it are not reported as naming an undefined destination.
+func TestUndecodedDestinationIsOneProblem(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+destinations:
+  hook:
+    http:
+      url: https://hooks.example.com/h
+      timeout: forever
+routes:
+  - topics: ["a"]
+    destination: hook
+  - topics: ["b"]
+    destination: nowhere
+`)
+	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://app@db/app"},
+		config.NeedDatabase|config.NeedDestinations)
+	var ce *config.Error
+	if !errors.As(err, &ce) || len(ce.Problems) != 2 ||
+		!strings.Contains(err.Error(), "http.timeout") || !strings.Contains(err.Error(), `"nowhere" is not defined`) {
+		t.Fatalf("err = %v, want the timeout and the route to nowhere, nothing else", err)
+	}
+}

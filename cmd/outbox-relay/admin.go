@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
@@ -37,23 +39,43 @@ func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) err
 	}
 }
 
-// startAdmin starts the admin listener, with the dead-letter API when a
-// token is configured, and returns a function that stops it.
-func (a *app) startAdmin(pool *pgxpool.Pool) (stop func(), err error) {
+// admin is what the admin listener serves.
+type admin struct {
+	pool     *pgxpool.Pool
+	dead     *deadletter.Store
+	registry *prometheus.Registry
+	relay    *relay.Relay
+	// draining is closed when the relay begins to stop.
+	draining <-chan struct{}
+}
+
+// readyTimeout bounds the database check of one readiness probe.
+const readyTimeout = 2 * time.Second
+
+// startAdmin starts the admin listener: health, metrics, and the
+// dead-letter API when a token is configured. It returns a function that
+// stops it.
+func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	cfg := a.cfg
 	if cfg.Admin.Listen == "" {
 		return func() {}, nil
 	}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", ad.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(ad.registry, promhttp.HandlerOpts{
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+		ErrorHandling:     promhttp.ContinueOnError,
+		EnableOpenMetrics: true,
+	}))
 	api := "off (no admin.token)"
 	if cfg.Admin.Token != "" {
-		store, err := deadletter.NewStore(pool, deadletter.Config{Schema: cfg.Database.Schema})
-		if err != nil {
-			return nil, err
-		}
 		maxPayload, checkTopic := editChecks(cfg)
 		h, err := deadletter.NewHandler(deadletter.HandlerConfig{
-			Store:      store,
+			Store:      ad.dead,
 			Token:      cfg.Admin.Token,
 			MaxPayload: maxPayload,
 			CheckTopic: checkTopic,
@@ -90,4 +112,37 @@ func (a *app) startAdmin(pool *pgxpool.Pool) (stop func(), err error) {
 		_ = srv.Shutdown(ctx)
 		<-done
 	}, nil
+}
+
+// readyz answers 200 while the relay can deliver: the database answers,
+// no destination's circuit is open, and the relay is not stopping.
+// Otherwise 503, with a line per problem. A half-open circuit is ready: its
+// last probe went through, and it stays half-open until traffic confirms.
+func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
+	var problems []string
+	select {
+	case <-ad.draining:
+		problems = append(problems, "draining: the relay is stopping")
+	default:
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := ad.pool.Ping(ctx); err != nil {
+		problems = append(problems, "database: not reachable")
+	}
+	for _, d := range ad.relay.Destinations() {
+		if d.Breaker == relay.BreakerOpen {
+			problems = append(problems, fmt.Sprintf("destination %s: failing; circuit open, its rows wait", d.Name))
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if len(problems) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		for _, p := range problems {
+			fmt.Fprintln(w, p)
+		}
+		return
+	}
+	fmt.Fprintln(w, "ok")
 }

@@ -10,16 +10,34 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 )
+
+// version and revision name the build, set at build time with
+// -ldflags "-X main.version=v1.2.3 -X main.revision=<commit>"; when empty,
+// they come from the binary's build information.
+var version, revision string
+
+// buildVersion is the running build's version.
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
 
 // Exit codes.
 const (
@@ -68,10 +86,19 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 		Short:         "Deliver PostgreSQL outbox rows to Kafka and HTTP, at least once and in order per key",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildVersion(),
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		var ne *pflag.NotExistError
+		if errors.As(err, &ne) {
+			if hint, ok := config.SecretFlag(ne.GetSpecifiedName()); ok {
+				return usageError{fmt.Errorf("--%s: secrets are not taken from the command line, where every user of the machine can see them; %s", ne.GetSpecifiedName(), hint)}
+			}
+		}
+		return usageError{err}
+	})
 	a.flags = config.Bind(root.PersistentFlags())
 	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd())
 	root.SetArgs(args)
@@ -147,9 +174,26 @@ func (a *app) connect(ctx context.Context, settings map[string]string) (*pgxpool
 	return pool, nil
 }
 
+// getenv looks variables up in the command's environment.
+func (a *app) getenv() func(string) string {
+	m := make(map[string]string, len(a.env))
+	for _, kv := range a.env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return func(k string) string { return m[k] }
+}
+
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
+		// An argument may be a misplaced connection string: never echo
+		// its password.
+		shown := make([]string, len(args))
+		for i, a := range args {
+			shown[i] = config.RedactURL(a)
+		}
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), shown)}
 	}
 	return nil
 }

@@ -195,7 +195,14 @@ func TestUsageAndConfigErrors(t *testing.T) {
 		want []string
 	}{
 		{"unknown flag", nil, []string{"migrate", "up", "--nope"}, []string{"unknown flag: --nope"}},
-		{"database URL on the command line is refused", nil, []string{"migrate", "up", "--database-url", "postgres://u:p@h/d"}, []string{"unknown flag"}},
+		{"database URL on the command line is refused", nil, []string{"migrate", "up", "--database-url", "postgres://u:Secretpw@h/d"},
+			[]string{"--database-url: secrets are not taken from the command line", "set OUTBOX_DATABASE_URL, or database.url_file"}},
+		{"a token on the command line is refused", nil, []string{"run", "--admin-token=0123456789abcdefgh"},
+			[]string{"--admin-token: secrets are not taken from the command line", "OUTBOX_ADMIN_TOKEN"}},
+		{"any password flag is refused", nil, []string{"run", "--kafka-password", "x"},
+			[]string{"--kafka-password: secrets are not taken from the command line"}},
+		{"a connection string as an argument is not echoed", nil, []string{"migrate", "up", "postgres://u:Secretpw@h/d"},
+			[]string{"takes no arguments", "postgres://u:xxxxx@h/d"}},
 		{"unknown command", nil, []string{"migrat"}, []string{"unknown command"}},
 		{"stray argument", []string{"OUTBOX_DATABASE_URL=postgres://h/d"}, []string{"migrate", "up", "now"}, []string{"takes no arguments"}},
 		{"every configuration problem", nil, []string{"migrate", "up", "--config", cfgFile},
@@ -211,6 +218,9 @@ func TestUsageAndConfigErrors(t *testing.T) {
 				if !strings.Contains(r.stderr, w) {
 					t.Errorf("stderr does not mention %q: %s", w, r.stderr)
 				}
+			}
+			if strings.Contains(r.stderr, "Secretpw") {
+				t.Errorf("stderr shows the password: %s", r.stderr)
 			}
 		})
 	}

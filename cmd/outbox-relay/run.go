@@ -10,17 +10,23 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
+	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
 // kafkaBatchSlack is what the Kafka writer's batch limit exceeds the
@@ -83,7 +89,41 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	destinations, routes, closeAll, err := buildDestinations(cfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		metrics.NewBuildInfo(buildVersion(), revision),
+	)
+	relayMetrics, err := metrics.NewRelay(reg)
+	if err != nil {
+		return err
+	}
+	wrap := func(name, _ string, p relay.Publisher) relay.Publisher { return relayMetrics.Publisher(name, p) }
+	traceSlack := 0
+	if getenv := a.getenv(); tracing.Enabled(getenv) {
+		tr, err := tracing.FromEnv(ctx, getenv, buildVersion())
+		if err != nil {
+			return err
+		}
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			a.log.Warn("tracing failed", slog.Any("error", err))
+		}))
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tracingFlush)
+			defer cancel()
+			if err := tr.Shutdown(sctx); err != nil {
+				a.log.Warn("flushing traces failed", slog.Any("error", err))
+			}
+		}()
+		wrap = func(name, system string, p relay.Publisher) relay.Publisher {
+			return relayMetrics.Publisher(name, tr.Publisher(name, system, p))
+		}
+		// Each record may gain a traceparent header on the way.
+		traceSlack = cfg.Relay.BatchSize * traceHeaderBytes
+		a.log.Info("tracing deliveries")
+	}
+	destinations, routes, closeAll, err := buildDestinations(cfg, wrap, traceSlack)
 	if err != nil {
 		return err
 	}
@@ -103,6 +143,7 @@ func (a *app) run(ctx context.Context) error {
 		Listener:            listener,
 		Policy:              policy,
 		Logger:              a.log,
+		Observer:            relayMetrics,
 		Workers:             cfg.Relay.Workers,
 		BatchSize:           cfg.Relay.BatchSize,
 		MaxBatchBytes:       cfg.Relay.MaxBatchBytes,
@@ -120,15 +161,30 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	stopAdmin, err := a.startAdmin(pool)
+	dead, err := deadletter.NewStore(pool, deadletter.Config{Schema: cfg.Database.Schema})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(
+		metrics.NewDestinations(r.Destinations),
+		metrics.NewBacklog(metrics.BacklogConfig{Backlog: store, DeadLetters: dead, Logger: a.log}),
+	)
+	names := make([]string, 0, len(destinations))
+	for _, d := range destinations {
+		names = append(names, d.Name)
+		relayMetrics.Destination(d.Name)
+	}
+	stopAdmin, err := a.startAdmin(admin{
+		pool:     pool,
+		dead:     dead,
+		registry: reg,
+		relay:    r,
+		draining: ctx.Done(),
+	})
 	if err != nil {
 		return err
 	}
 	defer stopAdmin()
-	names := make([]string, 0, len(destinations))
-	for _, d := range destinations {
-		names = append(names, d.Name)
-	}
 	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names))
 	return r.Run(ctx)
 }
@@ -159,9 +215,17 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return nil
 }
 
-// buildDestinations makes a publisher for every configured destination;
-// closeAll releases them.
-func buildDestinations(cfg *config.Config) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
+// tracingFlush bounds the export of the last spans at exit.
+const tracingFlush = 5 * time.Second
+
+// traceHeaderBytes is what a traceparent header adds to a Kafka record.
+const traceHeaderBytes = 96
+
+// buildDestinations makes a publisher for every configured destination,
+// wrapped by wrap (with the messaging system, "kafka" or ""); closeAll
+// releases them. slack is added to Kafka writers' batch limit for headers
+// the wrappers add.
+func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, slack int) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
 	settings, routes := cfg.DestinationList()
 	var closers []func()
 	closeAll = func() {
@@ -183,12 +247,13 @@ func buildDestinations(cfg *config.Config) (_ []relay.Destination, _ []relay.Rou
 			if err != nil {
 				return nil, nil, nil, err
 			}
+			kc.BatchBytes += int64(slack)
 			p, err := kafka.New(kc)
 			if err != nil {
 				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
 			}
 			closers = append(closers, func() { p.Close() })
-			d.Publisher = p
+			d.Publisher = wrap(s.Name, "kafka", p)
 		case s.HTTP != nil:
 			wc, err := s.HTTP.Webhook(s.Name)
 			if err != nil {
@@ -199,7 +264,7 @@ func buildDestinations(cfg *config.Config) (_ []relay.Destination, _ []relay.Rou
 				return nil, nil, nil, err
 			}
 			closers = append(closers, func() { p.Close() })
-			d.Publisher = p
+			d.Publisher = wrap(s.Name, "", p)
 		}
 		out = append(out, d)
 	}

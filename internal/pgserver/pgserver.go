@@ -178,10 +178,25 @@ func (s *Server) Stop() error {
 // Restart stops the server the way a crash would and starts it again on the
 // same port, for tests of database restarts.
 func (s *Server) Restart(ctx context.Context) error {
+	if err := s.Halt(ctx); err != nil {
+		return err
+	}
+	return s.Resume(ctx)
+}
+
+// Halt stops the server the way a crash would, keeping its data; Resume
+// starts it again on the same port. Between them the database is down.
+func (s *Server) Halt(ctx context.Context) error {
 	data := filepath.Join(s.dir, "data")
 	if out, err := s.command(ctx, "pg_ctl", "stop", "-w", "-m", "immediate", "-D", data).CombinedOutput(); err != nil {
 		return fmt.Errorf("pg_ctl stop: %w: %s", err, lastLines(out, 3))
 	}
+	return nil
+}
+
+// Resume starts a halted server again.
+func (s *Server) Resume(ctx context.Context) error {
+	data := filepath.Join(s.dir, "data")
 	if out, err := s.command(ctx, "pg_ctl", "start", "-w", "-t", "60", "-D", data,
 		"-l", filepath.Join(s.dir, "server.log")).CombinedOutput(); err != nil {
 		return fmt.Errorf("pg_ctl start: %w: %s", err, lastLines(out, 3))

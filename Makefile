@@ -1,20 +1,27 @@
 GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
-.PHONY: all build static test run bench vet fmt-check postgres clean
+.PHONY: all build static test test-containers run bench vet fmt-check postgres clean
 
 all: build
 
 ## build: the outbox-relay binary in bin/
 build:
-	$(GO) build -o bin/outbox-relay ./cmd/outbox-relay
+	$(GO) build -ldflags="$(LDFLAGS)" -o bin/outbox-relay ./cmd/outbox-relay
 
 ## static: a static binary, as the container image builds it
 static:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w" -o bin/outbox-relay-static ./cmd/outbox-relay
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w $(LDFLAGS)" -o bin/outbox-relay-static ./cmd/outbox-relay
 
 ## test: vet, formatting, and every test with the race detector against a real PostgreSQL
 test: postgres vet fmt-check
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+## test-containers: the end-to-end scenarios against PostgreSQL and Kafka containers (needs a Docker engine; skips without one)
+test-containers: postgres
+	OUTBOX_TEST_CONTAINERS=1 $(GO) test -race -count=1 -timeout 20m -run '^TestScenarios(Local|Containers)$$' -v ./cmd/outbox-relay/
 
 ## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it)
 run: postgres build

@@ -665,7 +665,7 @@ func passwords(dsn string) []string {
 
 var (
 	urlPassword = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:(.+)@[^@]*$`)
-	kvPassword  = regexp.MustCompile(`(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)((?:\s+[^\s=]+(?:\s|$))*)`)
+	kvPassword  = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)((?:\s+[^\s=]+(?:\s|$))*)`)
 )
 
 // longParts splits a secret at punctuation and spaces and returns the

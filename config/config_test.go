@@ -245,9 +245,10 @@ func TestLoadProblemsHideTheDatabasePassword(t *testing.T) {
 		"postgres://app@db:notaport/app?password=hunter2",      // the password as a parameter
 		"host=db user=app password=hunter2 port=notaport",
 		"host=db user=app password='hunter2 with spaces' sslmode=bogus",
-		"host=db password = hunter2 port=notaport",          // spaces around =
-		"postgres://app:hun@ter2@db:5432/x?sslmode=bogus",   // an unescaped @ in the password
-		`host=db user=app password=hun\ ter2 port=notaport`, // an escaped space
+		"host=db password = hunter2 port=notaport",           // spaces around =
+		"postgres://app:hun@ter2@db:5432/x?sslmode=bogus",    // an unescaped @ in the password
+		`host=db user=app password=hun\ ter2 port=notaport`,  // an escaped space
+		"host=db user=app sslpassword=hunter2 port=notaport", // the client key's password
 	} {
 		secretFile := filepath.Join(t.TempDir(), "url")
 		if err := os.WriteFile(secretFile, []byte(dsn+"\n"), 0o600); err != nil {

@@ -117,8 +117,12 @@ func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, t := range topics {
-		ch <- prometheus.MustNewConstMetric(b.pending, prometheus.GaugeValue, float64(t.Pending), t.Topic)
-		ch <- prometheus.MustNewConstMetric(b.oldest, prometheus.GaugeValue, t.OldestAge.Seconds(), t.Topic)
+		// A topic name that is not valid UTF-8 (a SQL_ASCII database)
+		// cannot be a label value: leave it out rather than fail.
+		if m, err := prometheus.NewConstMetric(b.pending, prometheus.GaugeValue, float64(t.Pending), t.Topic); err == nil {
+			ch <- m
+			ch <- prometheus.MustNewConstMetric(b.oldest, prometheus.GaugeValue, t.OldestAge.Seconds(), t.Topic)
+		}
 	}
 	for _, r := range deadLetterReasons {
 		ch <- prometheus.MustNewConstMetric(b.dead, prometheus.GaugeValue, float64(stats.ByReason[r]), r)
@@ -171,17 +175,27 @@ func (b *backlog) capTopics(topics []outbox.TopicBacklog) []outbox.TopicBacklog 
 		}
 		out = append(out, other)
 	}
-	now := map[string]bool{}
-	for _, t := range out {
-		now[t.Topic] = true
-		if len(b.seen) < b.cfg.MaxTopics+1 {
-			b.seen[t.Topic] = true
-		}
+	// Topics reported before and now drained are reported at zero, so
+	// their series end at 0 rather than vanish; a topic summed into
+	// OtherTopics still has rows and is not. The set is bounded: past
+	// twice MaxTopics it starts again from the topics of this scrape.
+	present := make(map[string]bool, len(topics)+1)
+	for _, t := range topics {
+		present[t.Topic] = true
+	}
+	if len(topics) > b.cfg.MaxTopics {
+		present[OtherTopics] = true
 	}
 	for t := range b.seen {
-		if !now[t] {
+		if !present[t] {
 			out = append(out, outbox.TopicBacklog{Topic: t})
 		}
+	}
+	if len(b.seen) > 2*b.cfg.MaxTopics {
+		clear(b.seen)
+	}
+	for _, t := range out {
+		b.seen[t.Topic] = true
 	}
 	return out
 }

@@ -134,9 +134,6 @@ func (p *tracedPublisher) Publish(ctx context.Context, records []outbox.Record) 
 		if p.system != "" {
 			attrs = append(attrs, semconv.MessagingSystemKey.String(p.system))
 		}
-		if rec.HasKey && p.system == "kafka" {
-			attrs = append(attrs, semconv.MessagingKafkaMessageKey(rec.Key))
-		}
 		sctx, span := p.tracer.Start(parent, "send "+rec.Topic,
 			trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 		spans[i] = span

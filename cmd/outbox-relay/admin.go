@@ -116,8 +116,9 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 
 // readyz answers 200 while the relay can deliver: the database answers,
 // no destination's circuit is open, and the relay is not stopping.
-// Otherwise 503, with a line per problem. A half-open circuit is ready: its
-// last probe went through, and it stays half-open until traffic confirms.
+// Otherwise 503, with a line per problem. A half-open circuit (cool-down
+// over, probes allowed) is ready: it stays half-open until traffic
+// confirms, which an idle destination may never send.
 func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
 	var problems []string
 	select {

@@ -122,7 +122,13 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 		fmt.Fprintln(stderr, "outbox-relay:", err)
 		return exitFailed
 	case errors.As(err, new(usageError)) || strings.HasPrefix(err.Error(), "unknown command"):
-		fmt.Fprintln(stderr, "outbox-relay:", err)
+		// A misplaced connection string may be echoed back: not its
+		// password.
+		msg := err.Error()
+		for _, arg := range args {
+			msg = config.Redact(msg, arg)
+		}
+		fmt.Fprintln(stderr, "outbox-relay:", msg)
 		fmt.Fprintln(stderr, "Run 'outbox-relay --help' for usage.")
 		return exitUsage
 	default:

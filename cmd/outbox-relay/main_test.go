@@ -203,6 +203,8 @@ func TestUsageAndConfigErrors(t *testing.T) {
 			[]string{"--kafka-password: secrets are not taken from the command line"}},
 		{"a connection string as an argument is not echoed", nil, []string{"migrate", "up", "postgres://u:Secretpw@h/d"},
 			[]string{"takes no arguments", "postgres://u:xxxxx@h/d"}},
+		{"a connection string as a command is not echoed", nil, []string{"postgres://u:Secretpw@h/d"}, []string{"unknown command"}},
+		{"a connection string as a dlq command is not echoed", nil, []string{"dlq", "postgres://u:Secretpw@h/d"}, []string{"dlq"}},
 		{"unknown command", nil, []string{"migrat"}, []string{"unknown command"}},
 		{"stray argument", []string{"OUTBOX_DATABASE_URL=postgres://h/d"}, []string{"migrate", "up", "now"}, []string{"takes no arguments"}},
 		{"every configuration problem", nil, []string{"migrate", "up", "--config", cfgFile},

@@ -10,7 +10,6 @@ package metrics
 import (
 	"context"
 	"runtime"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -213,22 +212,8 @@ func boolValue(b bool) float64 {
 }
 
 // NewBuildInfo returns outbox_build_info: always 1, with the version, the
-// VCS revision and the Go version as labels. An empty version or revision
-// is taken from the binary's build information.
+// VCS revision and the Go version as labels.
 func NewBuildInfo(version, revision string) prometheus.Collector {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if version == "" {
-			version = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && revision == "" {
-				revision = s.Value
-			}
-		}
-	}
-	if version == "" {
-		version = "(devel)"
-	}
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help:        "Always 1; the labels say which build is running.",

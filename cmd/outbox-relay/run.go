@@ -89,11 +89,12 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ver, rev := buildInfo()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		metrics.NewBuildInfo(buildVersion(), revision),
+		metrics.NewBuildInfo(ver, rev),
 	)
 	relayMetrics, err := metrics.NewRelay(reg)
 	if err != nil {
@@ -102,7 +103,7 @@ func (a *app) run(ctx context.Context) error {
 	wrap := func(name, _ string, p relay.Publisher) relay.Publisher { return relayMetrics.Publisher(name, p) }
 	traceSlack := 0
 	if getenv := a.getenv(); tracing.Enabled(getenv) {
-		tr, err := tracing.FromEnv(ctx, getenv, buildVersion())
+		tr, err := tracing.FromEnv(ctx, getenv, ver)
 		if err != nil {
 			return err
 		}

@@ -69,7 +69,14 @@ func runScenarios(t *testing.T, ns newStack) {
 func TestScenariosLocal(t *testing.T) {
 	t.Parallel()
 	runScenarios(t, func(t *testing.T, topics ...string) stack {
-		c := kafkatest.NewCluster(t, topics)
+		// Topics are created as on a real broker, so the local run covers
+		// the container run's set-up too.
+		c := kafkatest.NewCluster(t, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := kafkatest.CreateTopics(ctx, c.ListenAddrs(), 3, topics...); err != nil {
+			t.Fatal(err)
+		}
 		return stack{dsn: pgtest.NewDatabase(t), brokers: c.ListenAddrs()}
 	})
 }

@@ -41,11 +41,7 @@ type Record struct {
 // ConsumeAll reads every record topic holds now, duplicates included.
 func ConsumeAll(ctx context.Context, tb testing.TB, c *kfake.Cluster, topic string) []Record {
 	tb.Helper()
-	total := int64(0)
-	for _, p := range c.PartitionInfos(topic) {
-		total += p.HighWatermark - p.LogStartOffset
-	}
-	return Consume(ctx, tb, c.ListenAddrs(), topic, int(total))
+	return ConsumeTopic(ctx, tb, c.ListenAddrs(), topic)
 }
 
 // Consume reads topic from the start until it has n records or ctx ends,

@@ -133,22 +133,34 @@ ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
-	// Rows that still hold the keys of a claim, below each key's last
+	// Rows that still hold the keys of a claim, up to each key's last
 	// claimed row: the claimed rows themselves and any blocker. Per key, in
-	// id order, at most as many rows as the claim holds of the key: if a
-	// blocker exists it is among them. The LATERAL probe keeps the work
-	// bounded whatever the statistics say; with a dominant key a plain join
-	// flips to hashing the whole pending index. Pending rows are looked for
-	// from the lowest pending id ($3) up, which skips the index entries of
-	// the key's delivered rows, dead until vacuum.
+	// id order, as many rows as the claim holds of the key: if a blocker
+	// exists it is among them, and the last claimed row ends the scan.
+	// Pending rows are looked for from the lowest pending id ($3) up, which
+	// skips the index entries of the key's delivered rows, dead until
+	// vacuum.
+	//
+	// The bounds are row comparisons on (key, id), and nothing else: the
+	// probe wants (key, id) order, which only the key index gives without
+	// a sort, and in the claim's transaction the planner prices any sort
+	// out (see claimBegin).
+	// With key = beside them the planner would drop the key from that
+	// order, and the scan would start at the key's first entry. The index
+	// stops early on a row comparison's first column only, so the upper
+	// bound is inclusive: LIMIT, reached at the last claimed row, ends
+	// the scan. The LATERAL probe keeps the work bounded for a dominant
+	// key too, where a plain join flips to hashing the whole pending
+	// index.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
 	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic
 FROM ` + keys + `
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic FROM ` + t + ` AS p
-    WHERE p.key = c.key AND p.status = 'pending' AND p.id >= $3 AND p.id < c.max_id
-    ORDER BY p.id LIMIT c.n) AS p
+    WHERE p.status = 'pending' AND p.key IS NOT NULL
+      AND (p.key, p.id) >= (c.key, $3) AND (p.key, p.id) <= (c.key, c.max_id)
+    ORDER BY p.key, p.id LIMIT c.n) AS p
 UNION ALL
 SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic
 FROM ` + keys + `
@@ -289,11 +301,24 @@ type Claim struct {
 	LeaseExpiry map[int64]time.Time
 }
 
+// claimBegin starts a claim's transaction, in the same round trip, with
+// settings that keep its plans right whatever the statistics say. An
+// outbox that keeps up is mostly dead rows, so an ANALYZE can leave the
+// planner believing that no row is pending while thousands are.
+//   - With sorts priced out, the key check's probe is served in (key, id)
+//     order by the key index, not by scanning the pending rows once per
+//     key, which a plan thinking them a handful would otherwise pick, at
+//     seconds per claim. The claim itself stays on the pending index.
+//   - Without JIT, a plan with a high estimate (the key check's, planned
+//     afresh for its first calls) does not spend hundreds of milliseconds
+//     compiling itself for a statement that runs in a few.
+const claimBegin = "BEGIN; SET LOCAL enable_sort = off; SET LOCAL jit = off"
+
 // Claim locks up to p.Limit ready rows and returns them in an open
 // transaction. Rows whose key is held by an earlier row outside the claim
 // are left out, so rows of one key are always published in id order.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
 	if err != nil {
 		return nil, fmt.Errorf("claim outbox rows: begin: %w", err)
 	}

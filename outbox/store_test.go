@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -307,37 +308,8 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	exec(t, s, `ANALYZE outbox`)
 	st := newStore(t, s, false)
 
-	conn, err := s.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
-		t.Fatal(err)
-	}
-	prepared := 0
-	plan := func(sql, args string) string {
-		t.Helper()
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		prepared++ // prepared statements outlive the transaction
-		name := fmt.Sprintf("plan_%d", prepared)
-		if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := tx.Query(ctx, "EXPLAIN EXECUTE "+name+"("+args+")")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.Join(lines, "\n")
-	}
+	explain := genericPlans(t, s)
+	plan := func(sql, args string) string { return explain("", sql, args) }
 	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}'")
 	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
 		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
@@ -359,6 +331,19 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 		t.Fatalf("key check with a dominant key is not a bounded probe per key:\n%s", skewedPlan)
 	}
 
+	// The key's last claimed row ends its probe, which does not read on
+	// through the dominant key's other rows.
+	run := explain("ANALYZE, BUFFERS", outbox.HoldingSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
+	probe := regexp.MustCompile(`Index Scan using outbox_key_pending_idx on outbox p .*\n(?:\s+\w.*\n)*?\s+Buffers: shared hit=(\d+)(?: read=(\d+))?`).FindStringSubmatch(run)
+	if probe == nil {
+		t.Fatalf("no buffer counts for the probe in:\n%s", run)
+	}
+	hit, _ := strconv.Atoi(probe[1])
+	read, _ := strconv.Atoi(probe[2])
+	if hit+read > 30 {
+		t.Fatalf("the probe of 3 claimed rows read %d buffers:\n%s", hit+read, run)
+	}
+
 	// And it is fast: a claim of 1000 rows out of 20,000 pending.
 	start := time.Now()
 	c := claim(t, st, 1000)
@@ -368,6 +353,93 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 		t.Fatalf("claimed %d rows, want 1000", len(c.Records))
 	}
 	t.Logf("claim of 1000 rows with key order check: %v", elapsed)
+}
+
+// An outbox that keeps up is mostly dead rows, so an ANALYZE may leave
+// the planner believing that a claim's id range, or the whole pending
+// index, holds a row or two when it holds thousands. The key check must
+// still probe each key on the key index: scanning the pending rows once
+// per key costs claimed × pending index entries, seconds per claim.
+func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	exec(t, s, `INSERT INTO outbox (topic, key, payload)
+		SELECT 't', 'key-' || (random() * 65535)::int, 'x' FROM generate_series(1, 20000)`)
+	exec(t, s, `ANALYZE outbox`)
+	st := newStore(t, s, false)
+	explain := genericPlans(t, s)
+	exec(t, s, `CREATE TABLE pages AS SELECT oid, relname, relpages FROM pg_class
+		WHERE relnamespace = $1::regnamespace AND relname LIKE 'outbox%'`, s.Name)
+	cases := []struct {
+		table, pending, keys float64 // reltuples of the table, the pending index and the key index
+		pages                float64 // relpages as a multiple of the real ones
+	}{
+		{-1, -1, -1, 0}, // never analyzed
+		{0, 0, 0, 0}, {1, 1, 1, 1}, {50, 50, 50, 1}, {300, 300, 300, 20}, {20000, 20000, 20000, 1},
+		{2000, 1, 2000, 1}, {2000, 0, 0, 1}, {20000, 1, 20000, 20},
+	}
+	for _, columns := range []bool{true, false} {
+		if !columns {
+			// Analyzed while empty: no column statistics either.
+			exec(t, s, `DELETE FROM pg_statistic WHERE starelid = 'outbox'::regclass`)
+		}
+		for _, stats := range cases {
+			// What an ANALYZE or VACUUM of a nearly empty, bloated table
+			// leaves behind.
+			exec(t, s, `UPDATE pg_class c SET relpages = p.relpages * $4::real,
+				reltuples = CASE p.relname WHEN 'outbox' THEN $1::real WHEN 'outbox_pending_idx' THEN $2::real ELSE $3::real END
+				FROM pages p WHERE c.oid = p.oid`, stats.table, stats.pending, stats.keys, stats.pages)
+			plan := explain("", outbox.HoldingSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000")
+			probe := regexp.MustCompile(`Limit .*\n.*Index Scan using outbox_key_pending_idx on outbox p .*\n\s*Index Cond: \(\(ROW\(key, id\) >= ROW\(c.key, \$3\)\)`)
+			if !probe.MatchString(plan) || strings.Contains(plan, "outbox_pending_idx") || strings.Contains(plan, "Seq Scan on outbox") {
+				t.Errorf("with statistics %+v (column statistics: %v), the key order check does not probe each key on its index:\n%s",
+					stats, columns, plan)
+			}
+		}
+	}
+}
+
+// genericPlans returns a function that explains a statement as a generic
+// prepared plan (what pgx's statement cache ends up using), in a
+// transaction begun as a claim's is, with the given EXPLAIN options and
+// arguments.
+func genericPlans(t *testing.T, s *pgtest.Schema) func(options, sql, args string) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := s.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	prepared := 0
+	return func(options, sql, args string) string {
+		t.Helper()
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: outbox.ClaimBegin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		prepared++ // prepared statements outlive the transaction
+		name := fmt.Sprintf("plan_%d", prepared)
+		if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {
+			t.Fatal(err)
+		}
+		if options != "" {
+			options = "(" + options + ") "
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN "+options+"EXECUTE "+name+"("+args+")")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
 }
 
 func TestDeleteSent(t *testing.T) {

@@ -347,14 +347,16 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		key     pgtype.Text
 		headers string
 		lastUS  pgtype.Int8
+		eventID pgtype.UUID // binary; uuid.UUID would go through its text form
 	)
 	for rows.Next() {
 		var r Record
-		if err := rows.Scan(&r.ID, &r.EventID, &r.Topic, &key, &r.Payload, &r.PayloadSize,
+		if err := rows.Scan(&r.ID, &eventID, &r.Topic, &key, &r.Payload, &r.PayloadSize,
 			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &c.Now, &c.minPending); err != nil {
 			rows.Close()
 			return fmt.Errorf("claim outbox rows: scan: %w", err)
 		}
+		r.EventID = eventID.Bytes
 		r.Key, r.HasKey = key.String, key.Valid
 		if lastUS.Valid {
 			r.LastDelay = time.Duration(lastUS.Int64) * time.Microsecond

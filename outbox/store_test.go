@@ -334,7 +334,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	// The key's last claimed row ends its probe, which does not read on
 	// through the dominant key's other rows.
 	run := explain("ANALYZE, BUFFERS", outbox.HoldingSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
-	probe := regexp.MustCompile(`Index Scan using outbox_key_pending_idx on outbox p .*\n(?:\s+\w.*\n)*?\s+Buffers: shared hit=(\d+)(?: read=(\d+))?`).FindStringSubmatch(run)
+	probe := regexp.MustCompile(`Index Scan using outbox_key_pending_idx on outbox p .*\n(?:\s+\w.*\n)*?\s+Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?`).FindStringSubmatch(run)
 	if probe == nil {
 		t.Fatalf("no buffer counts for the probe in:\n%s", run)
 	}
@@ -363,8 +363,17 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
+	var super bool
+	if err := s.Pool.QueryRow(context.Background(), `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+		t.Fatal(err)
+	}
+	if !super {
+		t.Skip("writing planner statistics needs a superuser; " + pgtest.EnvURL + " names a database user that is not one")
+	}
+	// Autovacuum would overwrite the statistics written below.
+	exec(t, s, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
 	exec(t, s, `INSERT INTO outbox (topic, key, payload)
-		SELECT 't', 'key-' || (random() * 65535)::int, 'x' FROM generate_series(1, 20000)`)
+		SELECT 't', 'key-' || (g * 7919 % 65536), 'x' FROM generate_series(1, 20000) g`)
 	exec(t, s, `ANALYZE outbox`)
 	st := newStore(t, s, false)
 	explain := genericPlans(t, s)

@@ -831,7 +831,7 @@ func TestAudit(t *testing.T) {
 	act(err)
 
 	// Record i (from 1) was written 6-i hours ago.
-	exec(t, s, `UPDATE outbox_audit AS o SET at = now() - (6 - n.n) * interval '1 hour'
+	s.Exec(t, `UPDATE outbox_audit AS o SET at = now() - (6 - n.n) * interval '1 hour'
 FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox_audit) AS n WHERE o.id = n.id`)
 	all, err := st.Audit(ctx, deadletter.AuditParams{})
 	if err != nil {
@@ -1067,7 +1067,7 @@ func TestRefsMatchOnlyTheirColumn(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	zero, _ := addDead(t, s, dead{Topic: "orders"})
-	exec(t, s, `UPDATE outbox SET event_id = '00000000-0000-0000-0000-000000000000' WHERE id = $1`, zero)
+	s.Exec(t, `UPDATE outbox SET event_id = '00000000-0000-0000-0000-000000000000' WHERE id = $1`, zero)
 	target, _ := addDead(t, s, dead{Topic: "orders"})
 
 	d, err := st.Get(ctx, deadletter.Ref{ID: target})
@@ -1097,7 +1097,7 @@ func TestReplayRowGoneSince(t *testing.T) {
 	if _, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: byRefs(deadletter.Ref{ID: a})}); err != nil {
 		t.Fatal(err)
 	}
-	exec(t, s, `DELETE FROM outbox WHERE id = $1`, a) // delivered
+	s.Exec(t, `DELETE FROM outbox WHERE id = $1`, a) // delivered
 
 	res, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: byRefs(deadletter.Ref{ID: a}, deadletter.Ref{ID: b})})
 	if err != nil {
@@ -1121,7 +1121,7 @@ func TestResultListsBoundedIDs(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	n := deadletter.MaxReportedIDs + 5
-	exec(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
+	s.Exec(t, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
 		SELECT 'orders', 'x', 'dead_lettered', 'permanent', now() - interval '1 hour' FROM generate_series(1, $1)`, n)
 	p := deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{All: true}, DryRun: true, BatchSize: 5000, Actor: actor}}
 	res, err := st.Replay(ctx, p)

@@ -32,13 +32,6 @@ func newStore(t *testing.T, s *pgtest.Schema) *deadletter.Store {
 	return st
 }
 
-func exec(t *testing.T, s *pgtest.Schema, sql string, args ...any) {
-	t.Helper()
-	if _, err := s.Pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
 // query scans one row of sql into dest.
 func query(t *testing.T, s *pgtest.Schema, sql string, args []any, dest ...any) {
 	t.Helper()
@@ -118,7 +111,7 @@ func addDead(t *testing.T, s *pgtest.Schema, d dead) (int64, uuid.UUID) {
 	var ev uuid.UUID
 	query(t, s, `INSERT INTO outbox (topic, key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id, event_id`,
 		[]any{d.Topic, nullable(d.Key), d.Payload, d.Headers}, &id, &ev)
-	exec(t, s, `UPDATE outbox SET status = $2, dead_letter_reason = $3, dead_lettered_at = $4, destination = $5,
+	s.Exec(t, `UPDATE outbox SET status = $2, dead_letter_reason = $3, dead_lettered_at = $4, destination = $5,
     last_error = $6, error_history = $7, retry_count = $8, key_parked = $9, last_attempt_at = $4
 WHERE id = $1`, id, d.Status, d.Reason, d.At, nullable(d.Dest), d.LastError, d.History, d.Retries, d.Parked)
 	return id, ev

@@ -53,7 +53,7 @@ func TestListFilters(t *testing.T) {
 	}
 	// Rows that are not dead letters never show.
 	addPending(t, s, "k1", 0, "HTTP 400", "")
-	exec(t, s, `INSERT INTO outbox (topic, key, payload, status, sent_at) VALUES ('orders.created', 'k1', '{}', 'sent', now())`)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, status, sent_at) VALUES ('orders.created', 'k1', '{}', 'sent', now())`)
 
 	ago := func(h float64) deadletter.TimeBound {
 		return deadletter.TimeBound{Ago: time.Duration(h * float64(time.Hour))}
@@ -194,7 +194,7 @@ func TestListDefaultLimit(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	n := deadletter.DefaultListLimit + 1
-	exec(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
+	s.Exec(t, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
 SELECT 't', 'x', 'dead_lettered', 'permanent', $1::timestamptz + i * interval '1 second' FROM generate_series(1, $2) AS i`, base, n)
 
 	page, err := st.List(ctx, deadletter.ListParams{})
@@ -457,7 +457,7 @@ func TestKeys(t *testing.T) {
 	earlier, _ := addDead(t, s, dead{Key: "earlier", At: base, Parked: true})
 	addPending(t, s, "earlier", outbox.ParkedRecheck, outbox.ParkedNote+fmt.Sprint(earlier), "")
 	// Rows of the key that are not pending do not wait.
-	exec(t, s, `INSERT INTO outbox (topic, key, payload, status, sent_at) VALUES ('orders', 'later', '{}', 'sent', now())`)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, status, sent_at) VALUES ('orders', 'later', '{}', 'sent', now())`)
 	addDead(t, s, dead{Key: "later", At: base.Add(2 * time.Hour), Status: deadletter.StatusDiscarded})
 	// Not parking: a dead letter of another key without on_dead_letter: block.
 	addDead(t, s, dead{Key: "free", At: base})

@@ -38,7 +38,7 @@ func TestListenerWakesOnInsert(t *testing.T) {
 		t.Fatalf("%d wake-ups before any insert, want 1 (after LISTEN)", n)
 	}
 	<-wakes
-	exec(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+	s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	select {
 	case <-wakes:
 	case <-time.After(30 * time.Second):

@@ -33,7 +33,7 @@ func TestDeleteExpiredDeadLetters(t *testing.T) {
 
 	// 25 expired rows, dead-lettered or discarded, the higher the id the
 	// older.
-	exec(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
+	s.Exec(t, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
 		SELECT 't', 'x', CASE WHEN i % 5 = 0 THEN 'discarded' ELSE 'dead_lettered' END, 'permanent',
 		       now() - interval '2 hours' - i * interval '1 minute'
 		FROM generate_series(1, 25) AS i`)
@@ -129,7 +129,7 @@ func TestDeleteExpiredDeadLettersSparesRowReplayedMeanwhile(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	exec(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
+	s.Exec(t, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
 		VALUES ('t', 'x', 'dead_lettered', 'permanent', now() - interval '2 hours')`)
 
 	// An operator's replay, not yet committed, holds the row.

@@ -25,13 +25,6 @@ func newStore(t *testing.T, s *pgtest.Schema, keepSent bool) *outbox.Store {
 	return st
 }
 
-func exec(t *testing.T, s *pgtest.Schema, sql string, args ...any) {
-	t.Helper()
-	if _, err := s.Pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
 func ids(recs []outbox.Record) []int64 {
 	out := make([]int64, len(recs))
 	for i, r := range recs {
@@ -53,12 +46,12 @@ func TestClaimReadsRows(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	exec(t, s, `INSERT INTO outbox (topic, key, payload, headers) VALUES
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, headers) VALUES
 		('a', 'k1', 'hello', '{"h":"v"}'),
 		('b', NULL, 'later', '{}'),
 		('c', NULL, repeat('x', 101)::bytea, '{}'),
 		('d', NULL, 'x', '{"n": 1, "ok": "yes", "o": {}}')`)
-	exec(t, s, `UPDATE outbox SET next_attempt_at = now() + interval '1 hour' WHERE topic = 'b'`)
+	s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '1 hour' WHERE topic = 'b'`)
 
 	c := claim(t, st, 10)
 	defer c.Release(context.Background())
@@ -90,7 +83,7 @@ func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
 	// ids 1..6: K K x K y K
-	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES
 		('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4'), ('t','y','5'), ('t','K','6')`)
 
 	first := claim(t, st, 2) // ids 1, 2: a run of K
@@ -138,8 +131,8 @@ func TestWaitingHeadDefersItsKey(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4')`)
-	exec(t, s, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = 1`)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4')`)
+	s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = 1`)
 
 	c := claim(t, st, 10)
 	if got := ids(c.Records); fmt.Sprint(got) != "[3]" || c.Deferred != 2 {
@@ -168,8 +161,8 @@ func TestParkedKeyHoldsLaterRows(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	exec(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t', NULL, '3')`)
-	exec(t, s, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t', NULL, '3')`)
+	s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
 	c := claim(t, st, 10)
 	defer c.Release(context.Background())
 	if got := ids(c.Records); fmt.Sprint(got) != "[3]" || c.Deferred != 1 {
@@ -185,8 +178,8 @@ func TestCompleteWritesOutcomes(t *testing.T) {
 			ctx := context.Background()
 			s := pgtest.NewSchema(t)
 			st := newStore(t, s, keep)
-			exec(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'p' FROM generate_series(1, 5) g`)
-			exec(t, s, `UPDATE outbox SET retry_count = 2, error_history = '[{"error":"e1"},{"error":"e2"},{"error":"e3"}]' WHERE id = 2`)
+			s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'p' FROM generate_series(1, 5) g`)
+			s.Exec(t, `UPDATE outbox SET retry_count = 2, error_history = '[{"error":"e1"},{"error":"e2"},{"error":"e3"}]' WHERE id = 2`)
 
 			c := claim(t, st, 10)
 			err := c.Complete(ctx, []outbox.Outcome{
@@ -264,7 +257,7 @@ func TestCompleteStoresAnyErrorText(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	exec(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+	s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	c := claim(t, st, 10)
 	err := c.Complete(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Retried, Delay: time.Second, Error: "body: \x00\xff\xfe end", Attempted: true}})
 	if err != nil {
@@ -284,7 +277,7 @@ func TestReleaseLeavesRowsAsTheyWere(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	exec(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', '1'), ('t', '2')`)
+	s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ('t', '1'), ('t', '2')`)
 	c := claim(t, st, 10)
 	if err := c.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -302,10 +295,10 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
-	exec(t, s, `INSERT INTO outbox (topic, key, payload, status, sent_at)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, status, sent_at)
 		SELECT 't', 'k' || (g % 1000), 'x', CASE WHEN g % 10 = 0 THEN 'pending' ELSE 'sent' END, now()
 		FROM generate_series(1, 200000) g`)
-	exec(t, s, `ANALYZE outbox`)
+	s.Exec(t, `ANALYZE outbox`)
 	st := newStore(t, s, false)
 
 	explain := genericPlans(t, s)
@@ -322,8 +315,8 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 
 	// A dominant key must not flip the key check to scanning every
 	// pending row: its probe stays bounded by the claimed count.
-	exec(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'hot', 'x' FROM generate_series(1, 100000)`)
-	exec(t, s, `ANALYZE outbox`)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'hot', 'x' FROM generate_series(1, 100000)`)
+	s.Exec(t, `ANALYZE outbox`)
 	skewedPlan := plan(outbox.HoldingSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
 	bounded := regexp.MustCompile(`Limit .*\n\s*->  Index Scan using outbox_key_pending_idx on outbox p `)
 	if !bounded.MatchString(skewedPlan) || strings.Contains(skewedPlan, "outbox_pending_idx on outbox p ") ||
@@ -371,13 +364,13 @@ func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 		t.Skip("writing planner statistics needs a superuser; " + pgtest.EnvURL + " names a database user that is not one")
 	}
 	// Autovacuum would overwrite the statistics written below.
-	exec(t, s, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
-	exec(t, s, `INSERT INTO outbox (topic, key, payload)
+	s.Exec(t, `ALTER TABLE outbox SET (autovacuum_enabled = off)`)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload)
 		SELECT 't', 'key-' || (g * 7919 % 65536), 'x' FROM generate_series(1, 20000) g`)
-	exec(t, s, `ANALYZE outbox`)
+	s.Exec(t, `ANALYZE outbox`)
 	st := newStore(t, s, false)
 	explain := genericPlans(t, s)
-	exec(t, s, `CREATE TABLE pages AS SELECT oid, relname, relpages FROM pg_class
+	s.Exec(t, `CREATE TABLE pages AS SELECT oid, relname, relpages FROM pg_class
 		WHERE relnamespace = $1::regnamespace AND relname LIKE 'outbox%'`, s.Name)
 	cases := []struct {
 		table, pending, keys float64 // reltuples of the table, the pending index and the key index
@@ -390,12 +383,12 @@ func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 	for _, columns := range []bool{true, false} {
 		if !columns {
 			// Analyzed while empty: no column statistics either.
-			exec(t, s, `DELETE FROM pg_statistic WHERE starelid = 'outbox'::regclass`)
+			s.Exec(t, `DELETE FROM pg_statistic WHERE starelid = 'outbox'::regclass`)
 		}
 		for _, stats := range cases {
 			// What an ANALYZE or VACUUM of a nearly empty, bloated table
 			// leaves behind.
-			exec(t, s, `UPDATE pg_class c SET relpages = p.relpages * $4::real,
+			s.Exec(t, `UPDATE pg_class c SET relpages = p.relpages * $4::real,
 				reltuples = CASE p.relname WHEN 'outbox' THEN $1::real WHEN 'outbox_pending_idx' THEN $2::real ELSE $3::real END
 				FROM pages p WHERE c.oid = p.oid`, stats.table, stats.pending, stats.keys, stats.pages)
 			plan := explain("", outbox.HoldingSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000")
@@ -456,9 +449,9 @@ func TestDeleteSent(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, true)
-	exec(t, s, `INSERT INTO outbox (topic, payload, status, sent_at)
+	s.Exec(t, `INSERT INTO outbox (topic, payload, status, sent_at)
 		SELECT 't', 'x', 'sent', now() - interval '2 hours' FROM generate_series(1, 25)`)
-	exec(t, s, `INSERT INTO outbox (topic, payload, status, sent_at) VALUES ('t', 'recent', 'sent', now()), ('t', 'pending', 'pending', NULL)`)
+	s.Exec(t, `INSERT INTO outbox (topic, payload, status, sent_at) VALUES ('t', 'recent', 'sent', now()), ('t', 'pending', 'pending', NULL)`)
 
 	total := int64(0)
 	for {

@@ -165,6 +165,14 @@ type Schema struct {
 	Pool *pgxpool.Pool
 }
 
+// Exec runs sql on the schema's pool and fails the test on error.
+func (s *Schema) Exec(tb testing.TB, sql string, args ...any) {
+	tb.Helper()
+	if _, err := s.Pool.Exec(context.Background(), sql, args...); err != nil {
+		tb.Fatalf("%s: %v", sql, err)
+	}
+}
+
 // NewSchema creates a schema in the package server's default database,
 // applies the outbox migrations to it and drops it when the test ends.
 func NewSchema(tb testing.TB) *Schema {

@@ -144,14 +144,13 @@ FOR UPDATE SKIP LOCKED`
 	// The bounds are row comparisons on (key, id), and nothing else: the
 	// probe wants (key, id) order, which only the key index gives without
 	// a sort, and in the claim's transaction the planner prices any sort
-	// out (see claimBegin).
-	// With key = beside them the planner would drop the key from that
-	// order, and the scan would start at the key's first entry. The index
-	// stops early on a row comparison's first column only, so the upper
-	// bound is inclusive: LIMIT, reached at the last claimed row, ends
-	// the scan. The LATERAL probe keeps the work bounded for a dominant
-	// key too, where a plain join flips to hashing the whole pending
-	// index.
+	// out (see claimBegin). With key = beside them the planner would drop
+	// the key from that order, and the scan would start at the key's first
+	// entry. The index stops early on a row comparison's first column
+	// only, so the upper bound is inclusive: LIMIT, reached at the last
+	// claimed row, ends the scan. The LATERAL probe keeps the work bounded
+	// for a dominant key too, where a plain join flips to hashing the
+	// whole pending index. The rows come back unsorted.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
 	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic

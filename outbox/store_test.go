@@ -170,6 +170,34 @@ func TestParkedKeyHoldsLaterRows(t *testing.T) {
 	}
 }
 
+// With several rows holding a key, the lowest decides: here the parked
+// dead letter, not the waiting row after it, which the key check reports
+// first.
+func TestLowestBlockerDecides(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','K','3')`)
+	s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
+	s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes' WHERE id = 2`)
+	c := claim(t, st, 10)
+	if len(c.Records) != 0 || c.Deferred != 1 {
+		t.Fatalf("claim = %v deferred %d, want nothing with row 3 deferred", ids(c.Records), c.Deferred)
+	}
+	if err := c.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	var note string
+	var wait time.Duration
+	if err := s.Pool.QueryRow(ctx, `SELECT coalesce(last_error, ''), next_attempt_at - now() FROM outbox WHERE id = 3`).Scan(&note, &wait); err != nil {
+		t.Fatal(err)
+	}
+	if note != outbox.ParkedNote+"1" || wait < outbox.ParkedRecheck-time.Minute || wait > outbox.ParkedRecheck {
+		t.Fatalf("row 3 waits %v with note %q, want about %v behind parked row 1", wait, note, outbox.ParkedRecheck)
+	}
+}
+
 func TestCompleteWritesOutcomes(t *testing.T) {
 	t.Parallel()
 	for _, keep := range []bool{false, true} {
@@ -301,7 +329,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	s.Exec(t, `ANALYZE outbox`)
 	st := newStore(t, s, false)
 
-	explain := genericPlans(t, s)
+	explain := preparedPlans(t, s, "force_generic_plan")
 	plan := func(sql, args string) string { return explain("", sql, args) }
 	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}'")
 	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
@@ -369,7 +397,13 @@ func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 		SELECT 't', 'key-' || (g * 7919 % 65536), 'x' FROM generate_series(1, 20000) g`)
 	s.Exec(t, `ANALYZE outbox`)
 	st := newStore(t, s, false)
-	explain := genericPlans(t, s)
+	// The first calls on a connection get custom plans, later ones the
+	// generic plan: both must hold.
+	explainers := map[string]func(options, sql, args string) string{
+		"generic": preparedPlans(t, s, "force_generic_plan"),
+		"custom":  preparedPlans(t, s, "force_custom_plan"),
+	}
+	probe := regexp.MustCompile(`Limit .*\n.*Index Scan using outbox_key_pending_idx on outbox p .*\n\s*Index Cond: \(\(ROW\(key, id\) >= ROW\(c.key, (\$3|'1000'::bigint)\)\)`)
 	s.Exec(t, `CREATE TABLE pages AS SELECT oid, relname, relpages FROM pg_class
 		WHERE relnamespace = $1::regnamespace AND relname LIKE 'outbox%'`, s.Name)
 	cases := []struct {
@@ -391,21 +425,22 @@ func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 			s.Exec(t, `UPDATE pg_class c SET relpages = p.relpages * $4::real,
 				reltuples = CASE p.relname WHEN 'outbox' THEN $1::real WHEN 'outbox_pending_idx' THEN $2::real ELSE $3::real END
 				FROM pages p WHERE c.oid = p.oid`, stats.table, stats.pending, stats.keys, stats.pages)
-			plan := explain("", outbox.HoldingSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000")
-			probe := regexp.MustCompile(`Limit .*\n.*Index Scan using outbox_key_pending_idx on outbox p .*\n\s*Index Cond: \(\(ROW\(key, id\) >= ROW\(c.key, \$3\)\)`)
-			if !probe.MatchString(plan) || strings.Contains(plan, "outbox_pending_idx") || strings.Contains(plan, "Seq Scan on outbox") {
-				t.Errorf("with statistics %+v (column statistics: %v), the key order check does not probe each key on its index:\n%s",
-					stats, columns, plan)
+			for mode, explain := range explainers {
+				plan := explain("", outbox.HoldingSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000")
+				if !probe.MatchString(plan) || strings.Contains(plan, "outbox_pending_idx") || strings.Contains(plan, "Seq Scan on outbox") {
+					t.Errorf("%s plan with statistics %+v (column statistics: %v): the key order check does not probe each key on its index:\n%s",
+						mode, stats, columns, plan)
+				}
 			}
 		}
 	}
 }
 
-// genericPlans returns a function that explains a statement as a generic
-// prepared plan (what pgx's statement cache ends up using), in a
-// transaction begun as a claim's is, with the given EXPLAIN options and
-// arguments.
-func genericPlans(t *testing.T, s *pgtest.Schema) func(options, sql, args string) string {
+// preparedPlans returns a function that explains a prepared statement in
+// a transaction begun as a claim's is, with the given EXPLAIN options and
+// arguments. planCacheMode is force_generic_plan (what pgx's statement
+// cache ends up using) or force_custom_plan (its first calls).
+func preparedPlans(t *testing.T, s *pgtest.Schema, planCacheMode string) func(options, sql, args string) string {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := s.Pool.Acquire(ctx)
@@ -413,7 +448,7 @@ func genericPlans(t *testing.T, s *pgtest.Schema) func(options, sql, args string
 		t.Fatal(err)
 	}
 	t.Cleanup(conn.Release)
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+planCacheMode); err != nil {
 		t.Fatal(err)
 	}
 	prepared := 0

@@ -510,7 +510,7 @@ func (r *runner) producers(ctx context.Context) error {
 	}
 	with := float64(rows[1]) / took[1].Seconds()
 	without := float64(rows[0]) / took[0].Seconds()
-	detail := fmt.Sprintf("%d rounds of %s each, alternating", rounds, r.cfg.ProducersFor/rounds)
+	detail := fmt.Sprintf("%d rounds of %s each, alternating", rounds, (r.cfg.ProducersFor / rounds).Round(time.Millisecond))
 	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, with trigger", Value: with, Unit: "rows/s", Detail: detail})
 	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, without trigger", Value: without, Unit: "rows/s",
 		Detail: fmt.Sprintf("trigger costs %.1f%%", 100*(1-with/without))})

@@ -71,7 +71,10 @@ type Config struct {
 
 // Relay configures delivery.
 type Relay struct {
-	// Workers is the number of batches in flight at once. Default 2.
+	// Workers is the number of batches published at once. While a
+	// backlog lasts, each worker also claims its next batch while it
+	// publishes, when the pool has connections to spare: it holds two
+	// batches at most. Default 2.
 	Workers int `koanf:"workers"`
 	// BatchSize is the most rows claimed per batch. Default 500.
 	BatchSize int `koanf:"batch_size"`
@@ -200,7 +203,9 @@ type Database struct {
 	URLFile string `koanf:"url_file"`
 	// Schema holds the outbox table. Default "public".
 	Schema string `koanf:"schema"`
-	// MaxConns bounds the relay's connections to the database. Default 10.
+	// MaxConns bounds the relay's connections to the database: at least
+	// workers + 2, and 2 × workers + 2 for workers to claim ahead (see
+	// relay.Config.Workers). Default 10.
 	MaxConns int32 `koanf:"max_conns"`
 	// ConnectTimeout bounds each connection attempt, unless the URL sets
 	// connect_timeout itself. Default 10s.

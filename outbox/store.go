@@ -299,6 +299,13 @@ type Claim struct {
 	LeaseExpiry map[int64]time.Time
 }
 
+// SpareConns is how many more connections the store's pool could hand out
+// now without waiting.
+func (s *Store) SpareConns() int {
+	st := s.pool.Stat()
+	return int(st.MaxConns() - st.AcquiredConns() - st.ConstructingConns())
+}
+
 // claimBegin starts a claim's transaction, in the same round trip, with
 // settings that keep its plans right whatever the statistics say. An
 // outbox that keeps up is mostly dead rows, so an ANALYZE can leave the

@@ -92,7 +92,10 @@ type Config struct {
 	// Observer is told of claims and outcomes, for metrics. Optional.
 	Observer Observer
 
-	// Workers is the number of batches in flight at once. Default 2.
+	// Workers is the number of batches published at once. While a
+	// backlog lasts, each worker also claims its next batch while it
+	// publishes, when the pool has connections to spare: it holds two
+	// batches at most. Default 2.
 	Workers int
 	// BatchSize is the most rows claimed per batch. Default 500.
 	BatchSize int
@@ -355,19 +358,48 @@ func (r *Relay) wakeAll() {
 }
 
 // work is one worker's loop: claim, publish, write back; sleep (until a
-// wake-up or the poll interval) only when a batch delivered nothing.
+// wake-up or the poll interval) only when a batch delivered nothing. While
+// a backlog lasts, it claims its next batch while it delivers the current
+// one (see claimAhead), so the database does not wait on the destination.
 func (r *Relay) work(ctx, inflight context.Context, id int) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
+	w := &worker{owner: 2 * id, avoid: avoidKeys{}}
+	var ahead chan taken // the next batch, being claimed
+	defer func() {
+		if ahead != nil {
+			r.drop(ctx, <-ahead)
+		}
+	}()
 	errDelay := time.Duration(0)
-	avoid := avoidKeys{}
-	avgRowBytes := 0
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		more, err := r.batch(ctx, inflight, id, avoid, &avgRowBytes)
+		var t taken
+		if ahead != nil {
+			t, ahead = <-ahead, nil
+			if t.err == nil && t.claim.Skipped > len(t.claim.Records) {
+				// Mostly held behind the batch before it: a hot key.
+				w.aheadPaused = time.Now().Add(avoidFor)
+			}
+		} else {
+			t = r.take(ctx, w, w.owner, false)
+		}
+		more, err := false, t.err
+		if err == nil {
+			if r.claimAhead(w, t) {
+				next := make(chan taken, 1)
+				go func() { next <- r.take(ctx, w, t.owner^1, true) }()
+				ahead = next
+			}
+			more, err = r.deliver(ctx, inflight, t)
+		}
 		if err != nil {
+			if ahead != nil {
+				r.drop(ctx, <-ahead)
+				ahead = nil
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -379,7 +411,9 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 			continue
 		}
 		errDelay = 0
-		if more {
+		// A batch claimed ahead says nothing about the backlog: the one
+		// before it was full.
+		if more || ahead != nil || t.ahead {
 			continue
 		}
 		// Wake up when a breaker may let a probe through, too.
@@ -397,18 +431,49 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 	}
 }
 
-// batch claims and delivers one batch. more reports that it delivered
-// something, so the worker should look again before sleeping.
-func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys, avgRowBytes *int) (more bool, err error) {
+// worker is what one worker keeps between batches. Its claims run one at a
+// time, so they share it without a lock.
+type worker struct {
+	owner       int // in the in-flight registry; a batch claimed ahead of another has its owner^1
+	avoid       avoidKeys
+	avgRowBytes int
+	aheadPaused time.Time // no claiming ahead before then
+}
+
+// taken is a claimed batch not yet delivered.
+type taken struct {
+	claim *outbox.Claim
+	owner int // its keys' owner in the in-flight registry
+	limit int
+	start time.Time // when the claim began
+	ahead bool      // claimed while the batch before it was delivered
+	err   error
+}
+
+// claimAhead reports whether the worker should claim its next batch while
+// it delivers t. Only while a backlog lasts: t came back full and is to be
+// published. Not while batches claimed ahead come back held behind the one
+// before them (a hot key: its rows can only follow it). And only with
+// connections to spare beyond those of the workers, so that the wake-up
+// listener, maintenance and health checks never wait for one. Each worker
+// then holds two batches at most: one publishing, the next claimed.
+func (r *Relay) claimAhead(w *worker, t taken) bool {
+	return t.claim.Claimed == t.limit && len(t.claim.Records) > 0 &&
+		time.Now().After(w.aheadPaused) && r.cfg.Store.SpareConns() >= 2
+}
+
+// take claims a batch for w, its keys in flight under owner until the
+// batch is delivered or dropped.
+func (r *Relay) take(ctx context.Context, w *worker, owner int, ahead bool) taken {
 	start := time.Now()
-	limit := r.claimLimit(*avgRowBytes)
+	limit := r.claimLimit(w.avgRowBytes)
 	closed, closedFor := r.closedTopics(start)
 	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
-		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(worker, avoid.keys(start)),
+		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(owner, w.avoid.keys(start)),
 		ExcludeTopics: closed, ExcludeFor: closedFor,
 	})
 	if err != nil {
-		return false, err
+		return taken{err: err}
 	}
 	r.claims.Add(1)
 	if r.obs != nil {
@@ -424,11 +489,32 @@ func (r *Relay) batch(ctx, inflight context.Context, worker int, avoid avoidKeys
 		}
 	}
 	if n > 0 {
-		*avgRowBytes = total / n
+		w.avgRowBytes = total / n
 	}
-	avoid.add(claim.SkippedKeys, start)
-	r.inflight.add(worker, claim.Records)
-	defer r.inflight.remove(worker, claim.Records)
+	w.avoid.add(claim.SkippedKeys, start)
+	r.inflight.add(owner, claim.Records)
+	return taken{claim: claim, owner: owner, limit: limit, start: start, ahead: ahead}
+}
+
+// drop gives a batch back undelivered: its rows stay as they were.
+func (r *Relay) drop(ctx context.Context, t taken) {
+	if t.err != nil {
+		return
+	}
+	r.inflight.remove(t.owner, t.claim.Records)
+	writeCtx, cancel := writeBackContext(ctx)
+	defer cancel()
+	if err := t.claim.Release(writeCtx); err != nil {
+		r.log.Warn("releasing a claim failed; its rows are unlocked when the connection closes", slog.Any("error", err))
+	}
+}
+
+// deliver publishes a claimed batch and writes its outcomes back. more
+// reports that it delivered something, so the worker should look again
+// before sleeping.
+func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err error) {
+	claim, start, limit := t.claim, t.start, t.limit
+	defer r.inflight.remove(t.owner, claim.Records)
 	if len(claim.Records) == 0 {
 		writeCtx, cancel := writeBackContext(ctx)
 		defer cancel()

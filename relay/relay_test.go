@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -564,6 +565,114 @@ func TestStopAbandonsBatchAfterDrainTimeout(t *testing.T) {
 	h.stop() // the publish never finishes: abandoned after the drain timeout
 	if n := count(t, s.Pool, "status = 'pending' AND retry_count = 0 AND last_error IS NULL"); n != 10 {
 		t.Fatalf("%d rows pending and untouched after an abandoned batch, want 10", n)
+	}
+}
+
+// stepPublisher acknowledges every record, after running step with the
+// publish's number, from 1.
+type stepPublisher struct {
+	mu    sync.Mutex
+	calls int
+	ids   []int64
+	step  func(call int)
+}
+
+func (p *stepPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+	p.mu.Lock()
+	p.calls++
+	call := p.calls
+	p.mu.Unlock()
+	p.step(call)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range recs {
+		p.ids = append(p.ids, r.ID)
+	}
+	return make([]error, len(recs))
+}
+
+func (p *stepPublisher) published() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int64(nil), p.ids...)
+}
+
+// awaitClaims waits, from a publish, until the relay has made n claims; it
+// reports whether it did within ten seconds.
+func awaitClaims(t *testing.T, rel *atomic.Pointer[relay.Relay], n int64) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for r := rel.Load(); r == nil || r.Stats().Claims < n; r = rel.Load() {
+		if time.Now().After(deadline) {
+			t.Errorf("no claim %d while a batch was publishing", n)
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+// While a backlog lasts, a worker claims its next batch while it publishes
+// the current one. Rows of a key in flight are left for later, so per-key
+// order holds.
+func TestClaimsNextBatchWhilePublishing(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	// Batches of 10 over 15 keys: the batch claimed ahead of the first
+	// holds keys of it too.
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 15), 'x' FROM generate_series(1, 30) g`)
+	keyOf := keysOf(t, s)
+	var rel atomic.Pointer[relay.Relay]
+	pub := &stepPublisher{step: func(call int) {
+		if call == 1 {
+			awaitClaims(t, &rel, 2)
+		}
+	}}
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10}})
+	rel.Store(h.relay)
+	waitFor(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
+	got := pub.published()
+	if len(got) != 30 {
+		t.Fatalf("published %d rows, want 30 once each", len(got))
+	}
+	checkKeyOrder(t, got, keyOf)
+}
+
+// A batch claimed ahead and not yet published when the relay stops is given
+// back: its rows are unlocked and untouched.
+func TestStopReleasesBatchClaimedAhead(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 30)`)
+	var rel atomic.Pointer[relay.Relay]
+	claimedAhead, release := make(chan struct{}), make(chan struct{})
+	pub := &stepPublisher{step: func(call int) {
+		if call == 1 {
+			awaitClaims(t, &rel, 2)
+			close(claimedAhead)
+			<-release
+		}
+	}}
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DrainTimeout: time.Minute}})
+	rel.Store(h.relay)
+	<-claimedAhead
+	h.cancel() // the first batch finishes; the one claimed ahead is not published
+	close(release)
+	h.stop()
+	if n := len(pub.published()); n != 10 {
+		t.Fatalf("published %d rows, want the first batch's 10", n)
+	}
+	if n := count(t, s.Pool, "status = 'pending' AND retry_count = 0 AND last_error IS NULL"); n != 20 {
+		t.Fatalf("%d rows pending and untouched, want 20", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var unlocked int
+	if err := s.Pool.QueryRow(ctx,
+		`SELECT count(*) FROM (SELECT id FROM outbox FOR UPDATE SKIP LOCKED) AS o`).Scan(&unlocked); err != nil {
+		t.Fatalf("counting unlocked rows: %v", err)
+	}
+	if unlocked != 20 {
+		t.Fatalf("%d of 20 rows unlocked after the relay stopped", unlocked)
 	}
 }
 

@@ -56,11 +56,12 @@ are delivered again later. A second signal exits at once.`,
 func (a *app) run(ctx context.Context) error {
 	cfg := a.cfg
 	pool, err := a.connect(ctx, map[string]string{
-		// A claim's transaction stays open while its batch is published;
-		// if the relay vanishes behind a network black hole, the server
-		// ends the transaction and releases the rows rather than waiting
-		// for TCP.
-		"idle_in_transaction_session_timeout": strconv.FormatInt((cfg.Relay.PublishTimeout + idleGrace).Milliseconds(), 10),
+		// A claim's transaction stays open while its batch is published,
+		// and a batch claimed ahead also waits for the one before it: two
+		// publishes at most. If the relay vanishes behind a network black
+		// hole, the server ends the transaction and releases the rows
+		// rather than waiting for TCP.
+		"idle_in_transaction_session_timeout": strconv.FormatInt((2*cfg.Relay.PublishTimeout + idleGrace).Milliseconds(), 10),
 		// The relay's writes only record progress: a write-back lost in a
 		// database crash makes its rows pending again, delivered once
 		// more, never lost. Not waiting for the WAL flush at every batch

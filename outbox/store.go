@@ -89,10 +89,11 @@ type Store struct {
 	errorHistory int
 	lockID       int64
 	sql          struct {
-		claim, holding, defer_, deferParked, sent string
-		fail, cleanup, expireDead                 string
-		lease, leasedSent, unlease, pullForward   string
-		backlog                                   string
+		claim, holding, stillLeased, defer_     string
+		deferParked, sent                       string
+		fail, cleanup, expireDead               string
+		lease, leasedSent, unlease, pullForward string
+		backlog                                 string
 	}
 }
 
@@ -153,17 +154,28 @@ FOR UPDATE SKIP LOCKED`
 	// whole pending index. The rows come back unsorted.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
-	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic
+	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic, p.lease_token IS NOT NULL
 FROM ` + keys + `
 CROSS JOIN LATERAL (
-    SELECT p.id, p.next_attempt_at, p.topic FROM ` + t + ` AS p
+    SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM ` + t + ` AS p
     WHERE p.status = 'pending' AND p.key IS NOT NULL
       AND (p.key, p.id) >= (c.key, $3) AND (p.key, p.id) <= (c.key, c.max_id)
     ORDER BY p.key, p.id LIMIT c.n) AS p
 UNION ALL
-SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic
+SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
 FROM ` + keys + `
 JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked`
+
+	// Leased rows that still hold their lease as the key check saw it,
+	// share-locked until the claim ends. Their delivery's write-back
+	// changes them, so it waits for the claim: the rows deferred behind
+	// them are committed by then, and its pull-forward finds them. A row
+	// locked meanwhile (its write-back under way, or its lease over and the
+	// row claimed) is passed over, and the rows behind it are not deferred.
+	s.sql.stillLeased = `SELECT o.id FROM ` + t + ` AS o
+JOIN unnest($1::bigint[], $2::timestamptz[]) AS l(id, until) ON o.id = l.id
+WHERE o.status = 'pending' AND o.lease_token IS NOT NULL AND o.next_attempt_at = l.until
+FOR SHARE OF o SKIP LOCKED`
 
 	s.sql.defer_ = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
@@ -410,12 +422,6 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	if err != nil {
 		return fmt.Errorf("check key order: %w", err)
 	}
-	type blocker struct {
-		id      int64
-		waiting bool      // parked or not yet due, rather than in flight
-		parked  bool      // a dead letter that parks the key
-		until   time.Time // when its rows may be looked at again
-	}
 	excluded := make(map[string]bool, len(p.ExcludeTopics))
 	for _, t := range p.ExcludeTopics {
 		excluded[t] = true
@@ -428,15 +434,16 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 			parked, waiting bool
 			next            time.Time
 			topic           string
+			leased          bool
 		)
-		if err := rows.Scan(&key, &id, &parked, &next, &waiting, &topic); err != nil {
+		if err := rows.Scan(&key, &id, &parked, &next, &waiting, &topic, &leased); err != nil {
 			rows.Close()
 			return fmt.Errorf("check key order: scan: %w", err)
 		}
 		if b, seen := blocked[key]; claimed[id] || seen && b.id < id {
 			continue // only the key's lowest blocker counts
 		}
-		b := blocker{id: id, waiting: parked || waiting, parked: parked, until: next}
+		b := blocker{id: id, waiting: parked || waiting, parked: parked, leased: leased && waiting, until: next}
 		switch {
 		case parked:
 			b.until = c.Now.Add(ParkedRecheck)
@@ -450,6 +457,9 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	}
 	if len(blocked) == 0 {
 		return nil
+	}
+	if err := c.holdLeases(ctx, blocked); err != nil {
+		return err
 	}
 	kept := c.Records[:0]
 	var deferIDs, parkedIDs []int64
@@ -487,6 +497,55 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	if len(parkedIDs) > 0 {
 		if _, err := c.tx.Exec(ctx, c.store.sql.deferParked, parkedIDs, parkedAt, parkedNotes); err != nil {
 			return fmt.Errorf("defer rows behind a parked key: %w", err)
+		}
+	}
+	return nil
+}
+
+// blocker is the lowest row outside a claim that holds a claimed key.
+type blocker struct {
+	id      int64
+	waiting bool      // parked or not yet due, rather than in flight
+	parked  bool      // a dead letter that parks the key
+	leased  bool      // being delivered under a lease
+	until   time.Time // when its rows may be looked at again
+}
+
+// holdLeases share-locks the leased blockers until the claim ends, so that
+// the rows deferred behind them are committed before their delivery's
+// write-back looks for rows to pull forward. Without it, a write-back
+// between the key check and the claim's commit would miss them, and they
+// would wait for the whole lease. A blocker whose lease is over, or being
+// written back, no longer waits: its rows are left ready for the next
+// claim.
+func (c *Claim) holdLeases(ctx context.Context, blocked map[string]blocker) error {
+	var ids []int64
+	var until []time.Time
+	for _, b := range blocked {
+		if b.leased {
+			ids = append(ids, b.id)
+			until = append(until, b.until)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := c.tx.Query(ctx, c.store.sql.stillLeased, ids, until)
+	if err != nil {
+		return fmt.Errorf("hold leased rows: %w", err)
+	}
+	still, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("hold leased rows: %w", err)
+	}
+	held := make(map[int64]bool, len(still))
+	for _, id := range still {
+		held[id] = true
+	}
+	for key, b := range blocked {
+		if b.leased && !held[b.id] {
+			b.waiting = false
+			blocked[key] = b
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
@@ -195,6 +196,69 @@ func TestLowestBlockerDecides(t *testing.T) {
 	}
 	if note != outbox.ParkedNote+"1" || wait < outbox.ParkedRecheck-time.Minute || wait > outbox.ParkedRecheck {
 		t.Fatalf("row 3 waits %v with note %q, want about %v behind parked row 1", wait, note, outbox.ParkedRecheck)
+	}
+}
+
+// A leased delivery's write-back that comes while a claim defers rows
+// behind the lease waits for that claim, then pulls those rows forward:
+// they do not wait for the whole lease.
+func TestLeaseWriteBackPullsForwardRowsDeferredMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1')`)
+	c := claim(t, st, 10)
+	token := uuid.New()
+	if err := c.Complete(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Leased, Token: token, Delay: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	until := c.LeaseExpiry[1]
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','2')`)
+
+	behind := claim(t, st, 10)
+	if len(behind.Records) != 0 || behind.Deferred != 1 {
+		t.Fatalf("claim = %v deferred %d, want row 2 deferred behind the lease", ids(behind.Records), behind.Deferred)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- st.CompleteLeased(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Sent, Token: token}}, nil,
+			[]outbox.LeasedWork{{Key: "K", FirstID: 1, Until: until}})
+	}()
+	// Let the write-back run as far as it can before the claim commits:
+	// to its end, or until it waits for the claim.
+	deadline := time.Now().Add(10 * time.Second)
+	finished, err := false, error(nil)
+	for waiting := 0; !finished && waiting == 0; {
+		select {
+		case err = <-done:
+			finished = true
+		default:
+			if e := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); e != nil {
+				t.Fatal(e)
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the lease write-back neither finished nor waited")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := behind.Complete(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !finished {
+		err = <-done
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wait time.Duration
+	if err := s.Pool.QueryRow(ctx, `SELECT next_attempt_at - now() FROM outbox WHERE id = 2`).Scan(&wait); err != nil {
+		t.Fatal(err)
+	}
+	if wait > 0 {
+		t.Fatalf("row 2 waits %v after the lease it was deferred behind was written back, want it ready", wait)
 	}
 }
 

@@ -379,8 +379,9 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 		var t taken
 		if ahead != nil {
 			t, ahead = <-ahead, nil
-			if t.err == nil && t.claim.Skipped > len(t.claim.Records) {
-				// Mostly held behind the batch before it: a hot key.
+			if t.err == nil && 2*len(t.claim.Records) < t.limit {
+				// Not worth it: the backlog is ending, or its rows are
+				// held behind the batch before it (a hot key).
 				w.aheadPaused = time.Now().Add(avoidFor)
 			}
 		} else {
@@ -452,8 +453,9 @@ type taken struct {
 
 // claimAhead reports whether the worker should claim its next batch while
 // it delivers t. Only while a backlog lasts: t came back full and is to be
-// published. Not while batches claimed ahead come back held behind the one
-// before them (a hot key: its rows can only follow it). And only with
+// published. Not for a while after a batch claimed ahead came back less
+// than half full: held behind the one before it (a hot key, whose rows can
+// only follow it), or left out as a key in flight. And only with
 // connections to spare beyond those of the workers, so that the wake-up
 // listener, maintenance and health checks never wait for one. Each worker
 // then holds two batches at most: one publishing, the next claimed.

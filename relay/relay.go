@@ -236,6 +236,7 @@ type Relay struct {
 	router   *router
 	wakes    []chan struct{}
 	inflight inflightKeys
+	sqlBusy  atomic.Int32 // claims and write-backs under way
 
 	claims, batches, delivered, retried, deferred, deadLettered atomic.Int64
 }
@@ -453,15 +454,19 @@ type taken struct {
 
 // claimAhead reports whether the worker should claim its next batch while
 // it delivers t. Only while a backlog lasts: t came back full and is to be
-// published. Not for a while after a batch claimed ahead came back less
-// than half full: held behind the one before it (a hot key, whose rows can
-// only follow it), or left out as a key in flight. And only with
-// connections to spare beyond those of the workers, so that the wake-up
-// listener, maintenance and health checks never wait for one. Each worker
-// then holds two batches at most: one publishing, the next claimed.
+// published. Only while no claim or write-back of the relay is under way:
+// claiming ahead fills the time the database would wait on publishes, and
+// where the workers keep it busy, more claims at once only contend (each
+// must pass over the rows the others have locked). Not for a while after
+// a batch claimed ahead came back less than half full: held behind the one
+// before it (a hot key, whose rows can only follow it), or left out as a
+// key in flight. And only with connections to spare beyond those of the
+// workers, so that the wake-up listener, maintenance and health checks
+// never wait for one. Each worker then holds two batches at most: one
+// publishing, the next claimed.
 func (r *Relay) claimAhead(w *worker, t taken) bool {
 	return t.claim.Claimed == t.limit && len(t.claim.Records) > 0 &&
-		time.Now().After(w.aheadPaused) && r.cfg.Store.SpareConns() >= 2
+		r.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && r.cfg.Store.SpareConns() >= 2
 }
 
 // take claims a batch for w, its keys in flight under owner until the
@@ -470,10 +475,12 @@ func (r *Relay) take(ctx context.Context, w *worker, owner int, ahead bool) take
 	start := time.Now()
 	limit := r.claimLimit(w.avgRowBytes)
 	closed, closedFor := r.closedTopics(start)
+	r.sqlBusy.Add(1)
 	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(owner, w.avoid.keys(start)),
 		ExcludeTopics: closed, ExcludeFor: closedFor,
 	})
+	r.sqlBusy.Add(-1)
 	if err != nil {
 		return taken{err: err}
 	}
@@ -571,7 +578,10 @@ func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err 
 	}
 	writeCtx, cancel := writeBackContext(ctx)
 	defer cancel()
-	if err := claim.Complete(writeCtx, outcomes); err != nil {
+	r.sqlBusy.Add(1)
+	err = claim.Complete(writeCtx, outcomes)
+	r.sqlBusy.Add(-1)
+	if err != nil {
 		return false, err
 	}
 	for _, g := range leased {

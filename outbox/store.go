@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -89,8 +90,8 @@ type Store struct {
 	errorHistory int
 	lockID       int64
 	sql          struct {
-		claim, holding, stillLeased, defer_     string
-		deferParked, sent                       string
+		claim, holding, stillLeased, leaseOver  string
+		defer_, deferParked, sent               string
 		fail, cleanup, expireDead               string
 		lease, leasedSent, unlease, pullForward string
 		backlog                                 string
@@ -166,16 +167,21 @@ SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
 FROM ` + keys + `
 JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked`
 
-	// Leased rows that still hold their lease as the key check saw it,
-	// share-locked until the claim ends. Their delivery's write-back
-	// changes them, so it waits for the claim: the rows deferred behind
-	// them are committed by then, and its pull-forward finds them. A row
-	// locked meanwhile (its write-back under way, or its lease over and the
-	// row claimed) is passed over, and the rows behind it are not deferred.
+	// After a claim that deferred rows behind leased rows commits: the
+	// leased rows that still hold their lease as the key check saw it. A
+	// row whose write-back is under way is waited for (a short statement
+	// batch, never a publish), then seen as it ends. A lease already past
+	// its end is over without a look, so a claim that took its row again
+	// is never waited for.
 	s.sql.stillLeased = `SELECT o.id FROM ` + t + ` AS o
 JOIN unnest($1::bigint[], $2::timestamptz[]) AS l(id, until) ON o.id = l.id
-WHERE o.status = 'pending' AND o.lease_token IS NOT NULL AND o.next_attempt_at = l.until
-FOR SHARE OF o SKIP LOCKED`
+WHERE l.until > now()
+  AND o.status = 'pending' AND o.lease_token IS NOT NULL AND o.next_attempt_at = l.until
+FOR SHARE OF o`
+	// Rows deferred to the end of a lease that is over: ready now.
+	s.sql.leaseOver = `UPDATE ` + t + ` AS o SET next_attempt_at = statement_timestamp()
+FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, until)
+WHERE o.id = d.id AND o.status = 'pending' AND o.next_attempt_at = d.until`
 
 	s.sql.defer_ = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
@@ -309,6 +315,8 @@ type Claim struct {
 	SkippedKeys []string
 	// LeaseExpiry is, after Complete, when each Leased row's lease ends.
 	LeaseExpiry map[int64]time.Time
+
+	behindLeases []behindLease // rows deferred behind leased rows
 }
 
 // SpareConns is how many more connections the store's pool could hand out
@@ -458,9 +466,6 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	if len(blocked) == 0 {
 		return nil
 	}
-	if err := c.holdLeases(ctx, blocked); err != nil {
-		return err
-	}
 	kept := c.Records[:0]
 	var deferIDs, parkedIDs []int64
 	var deferAt, parkedAt []time.Time
@@ -481,6 +486,9 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 			deferIDs = append(deferIDs, r.ID)
 			deferAt = append(deferAt, b.until)
 			c.Deferred++
+			if b.leased {
+				c.behindLeases = append(c.behindLeases, behindLease{id: r.ID, lease: b.id, until: b.until})
+			}
 		default:
 			if c.Skipped == 0 || c.SkippedKeys[len(c.SkippedKeys)-1] != r.Key {
 				c.SkippedKeys = append(c.SkippedKeys, r.Key)
@@ -511,44 +519,45 @@ type blocker struct {
 	until   time.Time // when its rows may be looked at again
 }
 
-// holdLeases share-locks the leased blockers until the claim ends, so that
-// the rows deferred behind them are committed before their delivery's
-// write-back looks for rows to pull forward. Without it, a write-back
-// between the key check and the claim's commit would miss them, and they
-// would wait for the whole lease. A blocker whose lease is over, or being
-// written back, no longer waits: its rows are left ready for the next
-// claim.
-func (c *Claim) holdLeases(ctx context.Context, blocked map[string]blocker) error {
-	var ids []int64
-	var until []time.Time
-	for _, b := range blocked {
-		if b.leased {
-			ids = append(ids, b.id)
-			until = append(until, b.until)
-		}
+// behindLease is a row a claim deferred to the end of a leased row's lease.
+type behindLease struct {
+	id, lease int64
+	until     time.Time
+}
+
+// releaseEndedLeases, once a claim has committed, makes ready the rows it
+// deferred behind leases that have ended meanwhile. A lease's write-back
+// pulls forward the rows deferred behind it, but one that ran between the
+// claim's key check and its commit could not see them, and they would
+// wait for the whole lease. Now either the write-back comes after the
+// commit and finds them, or it is over (waited for, if under way) and this
+// finds it over. Best effort: if it fails, the rows wait for the lease's
+// end, as they would have.
+func (c *Claim) releaseEndedLeases(ctx context.Context) {
+	leases := make([]int64, len(c.behindLeases))
+	until := make([]time.Time, len(c.behindLeases))
+	for i, b := range c.behindLeases {
+		leases[i], until[i] = b.lease, b.until
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := c.tx.Query(ctx, c.store.sql.stillLeased, ids, until)
+	rows, err := c.store.pool.Query(ctx, c.store.sql.stillLeased, leases, until)
 	if err != nil {
-		return fmt.Errorf("hold leased rows: %w", err)
+		return
 	}
 	still, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return fmt.Errorf("hold leased rows: %w", err)
+		return
 	}
-	held := make(map[int64]bool, len(still))
-	for _, id := range still {
-		held[id] = true
-	}
-	for key, b := range blocked {
-		if b.leased && !held[b.id] {
-			b.waiting = false
-			blocked[key] = b
+	var ids []int64
+	var at []time.Time
+	for _, b := range c.behindLeases {
+		if !slices.Contains(still, b.lease) {
+			ids = append(ids, b.id)
+			at = append(at, b.until)
 		}
 	}
-	return nil
+	if len(ids) > 0 {
+		_, _ = c.store.pool.Exec(ctx, c.store.sql.leaseOver, ids, at)
+	}
 }
 
 // Outcome kinds.
@@ -658,6 +667,9 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	}
 	if err := c.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit %d outcomes: %w", len(outcomes), err)
+	}
+	if len(c.behindLeases) > 0 {
+		c.releaseEndedLeases(ctx)
 	}
 	return nil
 }

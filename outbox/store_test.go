@@ -199,67 +199,97 @@ func TestLowestBlockerDecides(t *testing.T) {
 	}
 }
 
-// A leased delivery's write-back that comes while a claim defers rows
-// behind the lease waits for that claim, then pulls those rows forward:
-// they do not wait for the whole lease.
-func TestLeaseWriteBackPullsForwardRowsDeferredMeanwhile(t *testing.T) {
-	t.Parallel()
+// leaseAndDeferBehind leases row 1 of key K for an hour, inserts row 2 of
+// K, and returns a claim that found row 2 behind the lease and deferred it,
+// not yet committed, with the lease's token and end.
+func leaseAndDeferBehind(t *testing.T, s *pgtest.Schema, st *outbox.Store) (*outbox.Claim, uuid.UUID, time.Time) {
+	t.Helper()
 	ctx := context.Background()
-	s := pgtest.NewSchema(t)
-	st := newStore(t, s, false)
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1')`)
 	c := claim(t, st, 10)
 	token := uuid.New()
 	if err := c.Complete(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Leased, Token: token, Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
-	until := c.LeaseExpiry[1]
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','2')`)
-
 	behind := claim(t, st, 10)
 	if len(behind.Records) != 0 || behind.Deferred != 1 {
 		t.Fatalf("claim = %v deferred %d, want row 2 deferred behind the lease", ids(behind.Records), behind.Deferred)
 	}
-	done := make(chan error, 1)
-	go func() {
-		done <- st.CompleteLeased(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Sent, Token: token}}, nil,
-			[]outbox.LeasedWork{{Key: "K", FirstID: 1, Until: until}})
-	}()
-	// Let the write-back run as far as it can before the claim commits:
-	// to its end, or until it waits for the claim.
-	deadline := time.Now().Add(10 * time.Second)
-	finished, err := false, error(nil)
-	for waiting := 0; !finished && waiting == 0; {
-		select {
-		case err = <-done:
-			finished = true
-		default:
-			if e := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); e != nil {
-				t.Fatal(e)
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the lease write-back neither finished nor waited")
-			}
-			time.Sleep(time.Millisecond)
-		}
+	return behind, token, c.LeaseExpiry[1]
+}
+
+func checkReady(t *testing.T, s *pgtest.Schema, id int64) {
+	t.Helper()
+	var wait time.Duration
+	if err := s.Pool.QueryRow(context.Background(), `SELECT next_attempt_at - now() FROM outbox WHERE id = $1`, id).Scan(&wait); err != nil {
+		t.Fatal(err)
+	}
+	if wait > 0 {
+		t.Fatalf("row %d waits %v after the lease it was deferred behind ended, want it ready", id, wait)
+	}
+}
+
+// A lease's write-back that runs while a claim is deferring rows behind
+// the lease does not wait for that claim, and cannot see the deferral:
+// the claim, once committed, finds the lease over and makes the rows
+// ready. They do not wait for the whole lease.
+func TestRowsDeferredBehindALeaseWrittenBackMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	behind, token, until := leaseAndDeferBehind(t, s, st)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := st.CompleteLeased(wctx, []outbox.Outcome{{ID: 1, Kind: outbox.Sent, Token: token}}, nil,
+		[]outbox.LeasedWork{{Key: "K", FirstID: 1, Until: until}}); err != nil {
+		t.Fatalf("lease write-back while a claim defers behind it: %v", err)
 	}
 	if err := behind.Complete(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	if !finished {
-		err = <-done
-	}
+	checkReady(t, s, 2)
+}
+
+// A claim that commits while a lease's write-back is under way waits for
+// it, then finds the lease over.
+func TestRowsDeferredBehindALeaseWhoseWriteBackIsUnderWay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	behind, _, _ := leaseAndDeferBehind(t, s, st)
+	// The write-back, under way: it has deleted the sent row, and not
+	// yet committed.
+	wb, err := s.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wait time.Duration
-	if err := s.Pool.QueryRow(ctx, `SELECT next_attempt_at - now() FROM outbox WHERE id = 2`).Scan(&wait); err != nil {
+	defer wb.Rollback(ctx)
+	if _, err := wb.Exec(ctx, `DELETE FROM outbox WHERE id = 1`); err != nil {
 		t.Fatal(err)
 	}
-	if wait > 0 {
-		t.Fatalf("row 2 waits %v after the lease it was deferred behind was written back, want it ready", wait)
+	done := make(chan error, 1)
+	go func() { done <- behind.Complete(ctx, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting := 0; waiting == 0; {
+		if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim's commit did not wait for the lease's write-back under way")
+		}
+		time.Sleep(time.Millisecond)
 	}
+	if err := wb.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	checkReady(t, s, 2)
 }
 
 func TestCompleteWritesOutcomes(t *testing.T) {

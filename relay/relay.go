@@ -460,10 +460,11 @@ type taken struct {
 // must pass over the rows the others have locked). Not for a while after
 // a batch claimed ahead came back less than half full: held behind the one
 // before it (a hot key, whose rows can only follow it), or left out as a
-// key in flight. And only with connections to spare beyond those of the
-// workers, so that the wake-up listener, maintenance and health checks
-// never wait for one. Each worker then holds two batches at most: one
-// publishing, the next claimed.
+// key in flight. And only with two connections to spare, so that the
+// wake-up listener, maintenance and health checks seldom wait for one (a
+// check, not a reservation: two workers looking at once may both go).
+// Each worker then holds two batches at most: one publishing, the next
+// claimed.
 func (r *Relay) claimAhead(w *worker, t taken) bool {
 	return t.claim.Claimed == t.limit && len(t.claim.Records) > 0 &&
 		r.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && r.cfg.Store.SpareConns() >= 2

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -167,21 +166,24 @@ SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
 FROM ` + keys + `
 JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked`
 
-	// After a claim that deferred rows behind leased rows commits: the
-	// leased rows that still hold their lease as the key check saw it. A
-	// row whose write-back is under way is waited for (a short statement
-	// batch, never a publish), then seen as it ends. A lease already past
-	// its end is over without a look, so a claim that took its row again
-	// is never waited for.
-	s.sql.stillLeased = `SELECT o.id FROM ` + t + ` AS o
-JOIN unnest($1::bigint[], $2::timestamptz[]) AS l(id, until) ON o.id = l.id
-WHERE l.until > now()
-  AND o.status = 'pending' AND o.lease_token IS NOT NULL AND o.next_attempt_at = l.until
-FOR SHARE OF o`
-	// Rows deferred to the end of a lease that is over: ready now.
+	// After a claim that deferred rows behind a leased row commits: is the
+	// row still leased as the key check saw it? A write-back under way is
+	// waited for (a short statement batch, never a publish), then seen as
+	// it ends. One row per statement, so no lock is held while waiting for
+	// another: write-backs lock their rows in an order of their own. A
+	// lease already past its end is over without a look, so a claim that
+	// took its row again is never waited for.
+	s.sql.stillLeased = `SELECT count(*) FROM (
+    SELECT 1 FROM ` + t + `
+    WHERE id = $1 AND $2 > now()
+      AND status = 'pending' AND lease_token IS NOT NULL AND next_attempt_at = $2
+    FOR SHARE) AS o`
+	// Rows deferred to the end of a lease that is over: ready now. Rows
+	// whose deferral has passed are ready already, and may be locked by a
+	// claim: they are left alone.
 	s.sql.leaseOver = `UPDATE ` + t + ` AS o SET next_attempt_at = statement_timestamp()
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, until)
-WHERE o.id = d.id AND o.status = 'pending' AND o.next_attempt_at = d.until`
+WHERE o.id = d.id AND d.until > now() AND o.status = 'pending' AND o.next_attempt_at = d.until`
 
 	s.sql.defer_ = `UPDATE ` + t + ` AS o SET next_attempt_at = d.at
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
@@ -534,23 +536,20 @@ type behindLease struct {
 // finds it over. Best effort: if it fails, the rows wait for the lease's
 // end, as they would have.
 func (c *Claim) releaseEndedLeases(ctx context.Context) {
-	leases := make([]int64, len(c.behindLeases))
-	until := make([]time.Time, len(c.behindLeases))
-	for i, b := range c.behindLeases {
-		leases[i], until[i] = b.lease, b.until
-	}
-	rows, err := c.store.pool.Query(ctx, c.store.sql.stillLeased, leases, until)
-	if err != nil {
-		return
-	}
-	still, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return
-	}
+	over := map[int64]bool{}
 	var ids []int64
 	var at []time.Time
 	for _, b := range c.behindLeases {
-		if !slices.Contains(still, b.lease) {
+		ended, seen := over[b.lease]
+		if !seen {
+			var still int
+			if err := c.store.pool.QueryRow(ctx, c.store.sql.stillLeased, b.lease, b.until).Scan(&still); err != nil {
+				return
+			}
+			ended = still == 0
+			over[b.lease] = ended
+		}
+		if ended {
 			ids = append(ids, b.id)
 			at = append(at, b.until)
 		}

@@ -292,6 +292,77 @@ func TestRowsDeferredBehindALeaseWhoseWriteBackIsUnderWay(t *testing.T) {
 	checkReady(t, s, 2)
 }
 
+// With several leases behind one claim, the claim's look at them holds no
+// lock while it waits for a write-back under way, so another write-back,
+// which locks its rows in an order of its own, never deadlocks with it.
+func TestLookAtSeveralLeasesHoldsNoLockWhileWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','A','1'), ('t','B','2'), ('t','C','3')`)
+	c := claim(t, st, 10)
+	var leases []outbox.Outcome
+	for _, id := range []int64{1, 2, 3} {
+		leases = append(leases, outbox.Outcome{ID: id, Kind: outbox.Leased, Token: uuid.New(), Delay: time.Hour})
+	}
+	if err := c.Complete(ctx, leases); err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','A','4'), ('t','B','5'), ('t','C','6')`)
+	behind := claim(t, st, 10)
+	if behind.Deferred != 3 {
+		t.Fatalf("claim deferred %d rows, want 3 behind the leases", behind.Deferred)
+	}
+	begin := func() pgx.Tx {
+		tx, err := s.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		return tx
+	}
+	// A write-back of row 2 under way: the claim's look waits for it.
+	second := begin()
+	if _, err := second.Exec(ctx, `UPDATE outbox SET last_error = 'x' WHERE id = 2`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- behind.Complete(ctx, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting := 0; waiting == 0; {
+		if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the claim's look did not wait for the write-back under way")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Another write-back, sending row 3 and failing row 1, in that order:
+	// it must not wait for the claim's look, which has been at row 1.
+	other := begin()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := other.Exec(wctx, `DELETE FROM outbox WHERE id = 3`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(wctx, `UPDATE outbox SET next_attempt_at = now() + interval '1 minute', lease_token = NULL WHERE id = 1`); err != nil {
+		t.Fatalf("a write-back waited for the claim's look at leases: %v", err)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	checkReady(t, s, 6) // behind row 3, sent
+}
+
 func TestCompleteWritesOutcomes(t *testing.T) {
 	t.Parallel()
 	for _, keep := range []bool{false, true} {

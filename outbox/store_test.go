@@ -230,6 +230,23 @@ func checkReady(t *testing.T, s *pgtest.Schema, id int64) {
 	}
 }
 
+// awaitLockWait waits until a session on the schema's tables waits for a
+// row lock, failing with msg after ten seconds.
+func awaitLockWait(t *testing.T, s *pgtest.Schema, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting := 0; waiting == 0; {
+		if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // A lease's write-back that runs while a claim is deferring rows behind
 // the lease does not wait for that claim, and cannot see the deferral:
 // the claim, once committed, finds the lease over and makes the rows
@@ -272,17 +289,7 @@ func TestRowsDeferredBehindALeaseWhoseWriteBackIsUnderWay(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- behind.Complete(ctx, nil) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for waiting := 0; waiting == 0; {
-		if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the claim's commit did not wait for the lease's write-back under way")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitLockWait(t, s, "the claim's commit did not wait for the lease's write-back under way")
 	if err := wb.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -329,17 +336,7 @@ func TestLookAtSeveralLeasesHoldsNoLockWhileWaiting(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- behind.Complete(ctx, nil) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for waiting := 0; waiting == 0; {
-		if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the claim's look did not wait for the write-back under way")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitLockWait(t, s, "the claim's look did not wait for the write-back under way")
 	// Another write-back, sending row 3 and failing row 1, in that order:
 	// it must not wait for the claim's look, which has been at row 1.
 	other := begin()

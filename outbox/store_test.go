@@ -230,6 +230,18 @@ func checkReady(t *testing.T, s *pgtest.Schema, id int64) {
 	}
 }
 
+// beginTx begins a transaction on the schema's pool, rolled back at the
+// end of the test unless committed.
+func beginTx(t *testing.T, s *pgtest.Schema) pgx.Tx {
+	t.Helper()
+	tx, err := s.Pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
 // awaitLockWait waits until a session on the schema's tables waits for a
 // row lock, failing with msg after ten seconds.
 func awaitLockWait(t *testing.T, s *pgtest.Schema, msg string) {
@@ -279,11 +291,7 @@ func TestRowsDeferredBehindALeaseWhoseWriteBackIsUnderWay(t *testing.T) {
 	behind, _, _ := leaseAndDeferBehind(t, s, st)
 	// The write-back, under way: it has deleted the sent row, and not
 	// yet committed.
-	wb, err := s.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wb.Rollback(ctx)
+	wb := beginTx(t, s)
 	if _, err := wb.Exec(ctx, `DELETE FROM outbox WHERE id = 1`); err != nil {
 		t.Fatal(err)
 	}
@@ -321,16 +329,8 @@ func TestLookAtSeveralLeasesHoldsNoLockWhileWaiting(t *testing.T) {
 	if behind.Deferred != 3 {
 		t.Fatalf("claim deferred %d rows, want 3 behind the leases", behind.Deferred)
 	}
-	begin := func() pgx.Tx {
-		tx, err := s.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		return tx
-	}
 	// A write-back of row 2 under way: the claim's look waits for it.
-	second := begin()
+	second := beginTx(t, s)
 	if _, err := second.Exec(ctx, `UPDATE outbox SET last_error = 'x' WHERE id = 2`); err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +339,7 @@ func TestLookAtSeveralLeasesHoldsNoLockWhileWaiting(t *testing.T) {
 	awaitLockWait(t, s, "the claim's look did not wait for the write-back under way")
 	// Another write-back, sending row 3 and failing row 1, in that order:
 	// it must not wait for the claim's look, which has been at row 1.
-	other := begin()
+	other := beginTx(t, s)
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := other.Exec(wctx, `DELETE FROM outbox WHERE id = 3`); err != nil {

@@ -597,18 +597,17 @@ func (p *stepPublisher) published() []int64 {
 	return append([]int64(nil), p.ids...)
 }
 
-// awaitClaims waits, from a publish, until the relay has made n claims; it
-// reports whether it did within ten seconds.
-func awaitClaims(t *testing.T, rel *atomic.Pointer[relay.Relay], n int64) bool {
+// awaitClaims waits, from a publish, until the relay has made n claims,
+// and marks the test failed if that takes over ten seconds.
+func awaitClaims(t *testing.T, rel *atomic.Pointer[relay.Relay], n int64) {
 	deadline := time.Now().Add(10 * time.Second)
 	for r := rel.Load(); r == nil || r.Stats().Claims < n; r = rel.Load() {
 		if time.Now().After(deadline) {
 			t.Errorf("no claim %d while a batch was publishing", n)
-			return false
+			return
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return true
 }
 
 // While a backlog lasts, a worker claims its next batch while it publishes
@@ -627,8 +626,11 @@ func TestClaimsNextBatchWhilePublishing(t *testing.T) {
 			awaitClaims(t, &rel, 2)
 		}
 	}}
-	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10}})
+	// A claim ahead needs two connections to spare: nothing else here
+	// takes one (no cleanup, no polling) until the first publish is over.
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DeadLetterRetention: -1}})
 	rel.Store(h.relay)
+	waitFor(t, "every row published", func() bool { return len(pub.published()) >= 30 })
 	waitFor(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
 	got := pub.published()
 	if len(got) != 30 {
@@ -652,7 +654,7 @@ func TestStopReleasesBatchClaimedAhead(t *testing.T) {
 			<-release
 		}
 	}}
-	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DrainTimeout: time.Minute}})
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DrainTimeout: time.Minute, DeadLetterRetention: -1}})
 	rel.Store(h.relay)
 	<-claimedAhead
 	h.cancel() // the first batch finishes; the one claimed ahead is not published

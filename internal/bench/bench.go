@@ -470,6 +470,12 @@ func (r *runner) producers(ctx context.Context) error {
 		return err
 	}
 	payload := make([]byte, r.cfg.PayloadBytes)
+	write := func() error {
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := producer.Write(ctx, tx, outbox.Message{Topic: "bench", Key: "k", Payload: payload})
+			return err
+		})
+	}
 	var rows [2]int64 // without, with
 	var took [2]time.Duration
 	for i := range rounds {
@@ -485,26 +491,12 @@ func (r *runner) producers(ctx context.Context) error {
 			if _, err := e.pool.Exec(ctx, "ALTER TABLE outbox "+state+" TRIGGER outbox_notify"); err != nil {
 				return err
 			}
-			var n atomic.Int64
 			start := time.Now()
-			deadline := start.Add(r.cfg.ProducersFor / rounds)
-			err := parallel(producers, func() error {
-				for time.Now().Before(deadline) {
-					err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-						_, err := producer.Write(ctx, tx, outbox.Message{Topic: "bench", Key: "k", Payload: payload})
-						return err
-					})
-					if err != nil {
-						return err
-					}
-					n.Add(1)
-				}
-				return nil
-			})
+			n, err := repeatFor(producers, r.cfg.ProducersFor/rounds, write)
 			if err != nil {
 				return err
 			}
-			rows[trigger] += n.Load()
+			rows[trigger] += n
 			took[trigger] += time.Since(start)
 		}
 	}
@@ -638,6 +630,23 @@ func percentile(d []time.Duration, q float64) time.Duration {
 	slices.Sort(s)
 	i := int(math.Ceil(q/100*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// repeatFor runs fn over and over in n goroutines for d, and counts the
+// calls that succeeded.
+func repeatFor(n int, d time.Duration, fn func() error) (int64, error) {
+	var done atomic.Int64
+	deadline := time.Now().Add(d)
+	err := parallel(n, func() error {
+		for time.Now().Before(deadline) {
+			if err := fn(); err != nil {
+				return err
+			}
+			done.Add(1)
+		}
+		return nil
+	})
+	return done.Load(), err
 }
 
 // parallel runs fn n times concurrently and returns the first error.

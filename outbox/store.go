@@ -134,13 +134,14 @@ ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
-	// Rows that still hold the keys of a claim, up to each key's last
-	// claimed row: the claimed rows themselves and any blocker. Per key, in
-	// id order, as many rows as the claim holds of the key: if a blocker
-	// exists it is among them, and the last claimed row ends the scan.
-	// Pending rows are looked for from the lowest pending id ($3) up, which
-	// skips the index entries of the key's delivered rows, dead until
-	// vacuum.
+	// Rows outside a claim that hold its keys: blockers below each key's
+	// last claimed row. Per key, in id order, as many rows as the claim
+	// holds of the key: if a blocker exists it is among them, and the last
+	// claimed row ends the scan. Of those, the claimed rows themselves are
+	// dropped here, against a hash of the claim's ids, so that only
+	// blockers come back: most claims have none. Pending rows are looked
+	// for from the lowest pending id ($3) up, which skips the index
+	// entries of the key's delivered rows, dead until vacuum.
 	//
 	// The bounds are row comparisons on (key, id), and nothing else: the
 	// probe wants (key, id) order, which only the key index gives without
@@ -154,13 +155,14 @@ FOR UPDATE SKIP LOCKED`
 	// whole pending index. The rows come back unsorted.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
-	s.sql.holding = `SELECT c.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic, p.lease_token IS NOT NULL
+	s.sql.holding = `SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > now(), h.topic, h.lease_token IS NOT NULL
 FROM ` + keys + `
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM ` + t + ` AS p
     WHERE p.status = 'pending' AND p.key IS NOT NULL
       AND (p.key, p.id) >= (c.key, $3) AND (p.key, p.id) <= (c.key, c.max_id)
-    ORDER BY p.key, p.id LIMIT c.n) AS p
+    ORDER BY p.key, p.id LIMIT c.n) AS h
+WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
 UNION ALL
 SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
 FROM ` + keys + `
@@ -417,12 +419,10 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
-	claimed := make(map[int64]bool, len(c.Records))
 	for _, r := range c.Records {
 		if r.HasKey {
 			keys = append(keys, r.Key)
 			ids = append(ids, r.ID)
-			claimed[r.ID] = true
 		}
 	}
 	if len(keys) == 0 {
@@ -450,7 +450,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 			rows.Close()
 			return fmt.Errorf("check key order: scan: %w", err)
 		}
-		if b, seen := blocked[key]; claimed[id] || seen && b.id < id {
+		if b, seen := blocked[key]; seen && b.id < id {
 			continue // only the key's lowest blocker counts
 		}
 		b := blocker{id: id, waiting: parked || waiting, parked: parked, leased: leased && waiting, until: next}

@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // A small run of every scenario, so the benchmark cannot rot.
 func TestSmoke(t *testing.T) {
 	results, err := bench.Run(context.Background(), bench.Config{
-		URL: pgtest.URL(t), Rows: 2000, BatchSize: 200, PayloadBytes: 100,
+		URL: pgtest.URL(t), Rows: 2000, Pairs: 2, BatchSize: 200, PayloadBytes: 100,
 		Rates: []int{500}, LatencyFor: time.Second, ProducersFor: 300 * time.Millisecond,
 		NaiveRows: 200, NaiveFor: 5 * time.Second,
 		Logf: t.Logf,
@@ -30,6 +30,9 @@ func TestSmoke(t *testing.T) {
 		groups[r.Group]++
 		if r.Value <= 0 && r.Group != "latency" && r.Group != "claim" {
 			t.Errorf("%s / %s = %v %s", r.Group, r.Name, r.Value, r.Unit)
+		}
+		if r.Group == "drain" && strings.Contains(r.Name, "10k keys") && !strings.HasPrefix(r.Detail, "mean of ") {
+			t.Errorf("%s / %s: %q, want the mean of 2 drains", r.Group, r.Name, r.Detail)
 		}
 	}
 	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 3, "producer": 2, "baseline": 2, "claim": 2} {

@@ -251,8 +251,8 @@ func (r *runner) drains(ctx context.Context) error {
 					}
 					ceilings = append(ceilings, c)
 				}
-				// Each drain is set against the mean of the ceilings on
-				// either side of it.
+				// The ceiling of each drain is the mean of the two beside
+				// it; the figures are the means over the drains.
 				var ceiling, got float64
 				for i, d := range drains {
 					ceiling += (ceilings[i] + ceilings[i+1]) / 2 / float64(pairs)
@@ -515,7 +515,8 @@ func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st
 // producers measures producer throughput, single-row transactions from 8
 // connections, with and without the wake-up trigger. The two alternate in
 // short rounds on one table (ABBA order), so a change in the disk's speed
-// during the run weighs on both alike.
+// during the run weighs on both alike, and the trigger's cost is the
+// median of the rounds' own.
 func (r *runner) producers(ctx context.Context) error {
 	const producers, rounds = 8, 8
 	e, err := r.newEnv(ctx, producers+1)

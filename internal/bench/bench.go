@@ -185,10 +185,8 @@ func (r *runner) fill(ctx context.Context, e *env, n int, keyExpr string) error 
 	insert := fmt.Sprintf(`INSERT INTO outbox (id, topic, key, payload) OVERRIDING SYSTEM VALUE
 		SELECT g, 'bench', %s, convert_to(rpad(g::text, %d, 'x'), 'UTF8') FROM generate_series($1::bigint, $2::bigint) g`,
 		keyExpr, r.cfg.PayloadBytes)
-	var part atomic.Int64
-	err := parallel(sessions, func() error {
-		i := part.Add(1) - 1
-		_, err := e.pool.Exec(ctx, insert, i*int64(n)/sessions+1, (i+1)*int64(n)/sessions)
+	err := parallel(sessions, func(i int) error {
+		_, err := e.pool.Exec(ctx, insert, i*n/sessions+1, (i+1)*n/sessions)
 		return err
 	})
 	for _, index := range []string{"outbox_pkey", "outbox_pending_idx"} {
@@ -236,14 +234,14 @@ func (r *runner) drains(ctx context.Context) error {
 			}
 			for _, workers := range []int{1, 2} {
 				name := fmt.Sprintf("%s, %s, %d worker(s)", mode, dist.name, workers)
-				ceilings, drains := make([]float64, 0, pairs+1), make([]float64, 0, pairs)
+				ceilings, drained := make([]float64, 0, pairs+1), make([]float64, 0, pairs)
 				for i := 0; i <= pairs; i++ {
 					if i > 0 {
 						got, err := r.drain(ctx, keep, dist.expr, workers)
 						if err != nil {
 							return fmt.Errorf("%s: %w", name, err)
 						}
-						drains = append(drains, got)
+						drained = append(drained, got)
 					}
 					c, err := r.sqlCeiling(ctx, keep, dist.expr, workers)
 					if err != nil {
@@ -254,7 +252,7 @@ func (r *runner) drains(ctx context.Context) error {
 				// The ceiling of each drain is the mean of the two beside
 				// it; the figures are the means over the drains.
 				var ceiling, got float64
-				for i, d := range drains {
+				for i, d := range drained {
 					ceiling += (ceilings[i] + ceilings[i+1]) / 2 / float64(pairs)
 					got += d / float64(pairs)
 				}
@@ -263,7 +261,7 @@ func (r *runner) drains(ctx context.Context) error {
 				if pairs > 1 {
 					ceilingNote = fmt.Sprintf("%s before, between and after %d drains; the mean, over the drains, of the two beside each",
 						list(ceilings), pairs)
-					drainNote = fmt.Sprintf("mean of %s; %s", list(drains), drainNote)
+					drainNote = fmt.Sprintf("mean of %s; %s", list(drained), drainNote)
 				}
 				r.add(Result{Group: "ceiling", Name: name, Value: ceiling, Unit: "rows/s", Detail: ceilingNote})
 				r.add(Result{Group: "drain", Name: name, Value: got, Unit: "rows/s", Detail: drainNote})
@@ -348,7 +346,7 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 	}
 	var done atomic.Int64
 	start := time.Now()
-	err = parallel(workers, func() error {
+	err = parallel(workers, func(int) error {
 		for done.Load() < int64(r.cfg.Rows) {
 			if _, err := claimAndAck(ctx, store, r.cfg.BatchSize, &done); err != nil {
 				return err
@@ -464,7 +462,7 @@ func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st
 	var mu sync.Mutex
 	committed := map[uuid.UUID]time.Time{}
 	deadline := time.Now().Add(r.cfg.LatencyFor)
-	err = parallel(producers, func() error {
+	err = parallel(producers, func(int) error {
 		tick := time.NewTicker(interval)
 		defer tick.Stop()
 		msgs := make([]outbox.Message, perTx)
@@ -708,7 +706,7 @@ func percentile(d []time.Duration, q float64) time.Duration {
 func repeatFor(n int, d time.Duration, fn func() error) (int64, error) {
 	var done atomic.Int64
 	deadline := time.Now().Add(d)
-	err := parallel(n, func() error {
+	err := parallel(n, func(int) error {
 		for time.Now().Before(deadline) {
 			if err := fn(); err != nil {
 				return err
@@ -720,15 +718,15 @@ func repeatFor(n int, d time.Duration, fn func() error) (int64, error) {
 	return done.Load(), err
 }
 
-// parallel runs fn n times concurrently and returns the first error.
-func parallel(n int, fn func() error) error {
+// parallel runs fn(0) to fn(n-1) concurrently and returns their errors, joined.
+func parallel(n int, fn func(i int) error) error {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = fn()
+			errs[i] = fn(i)
 		}()
 	}
 	wg.Wait()

@@ -88,8 +88,10 @@ type Store struct {
 	keepSent     bool
 	errorHistory int
 	lockID       int64
+	keyCheck     keyCheckForm // tests force a form; zero picks per claim
 	sql          struct {
-		claim, holding, stillLeased, leaseOver  string
+		claim, holdingBySpan, holdingByKey      string
+		stillLeased, leaseOver                  string
 		defer_, deferParked, sent               string
 		fail, cleanup, expireDead               string
 		lease, leasedSent, unlease, pullForward string
@@ -134,39 +136,58 @@ ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
 
-	// Rows outside a claim that hold its keys: blockers below each key's
-	// last claimed row. Per key, in id order, as many rows as the claim
-	// holds of the key: if a blocker exists it is among them, and the last
-	// claimed row ends the scan. Of those, the claimed rows themselves are
-	// dropped here, against a hash of the claim's ids, so that only
-	// blockers come back: most claims have none. Pending rows are looked
-	// for from the lowest pending id ($3) up, which skips the index
-	// entries of the key's delivered rows, dead until vacuum.
+	// Rows outside a claim that hold its keys: pending rows from the
+	// lowest pending id ($3) up, or parked dead letters, below the key's
+	// last claimed row. Most claims have none, and only they come back:
+	// the claimed rows are dropped here against a hash of the claim's ids.
+	// Starting at the lowest pending id skips the index entries of
+	// delivered rows, dead until vacuum. Two forms find the same blockers
+	// (keepKeyOrder picks one); both may return the key's later rows too.
 	//
-	// The bounds are row comparisons on (key, id), and nothing else: the
-	// probe wants (key, id) order, which only the key index gives without
-	// a sort, and in the claim's transaction the planner prices any sort
-	// out (see claimBegin). With key = beside them the planner would drop
-	// the key from that order, and the scan would start at the key's first
-	// entry. The index stops early on a row comparison's first column
-	// only, so the upper bound is inclusive: LIMIT, reached at the last
-	// claimed row, ends the scan. The LATERAL probe keeps the work bounded
-	// for a dominant key too, where a plain join flips to hashing the
-	// whole pending index. The rows come back unsorted.
+	// holdingBySpan reads the claim's own id span once, on the pending
+	// index, and keeps the rows whose key is claimed. That is one index
+	// entry per row in the span: the claim's rows and those it passed
+	// over (locked, waiting, or of an excluded topic). The key set is a
+	// hashed NOT IN under a NOT: as IN, the planner would make it a join,
+	// free to probe the pending rows once per key. ORDER BY id, with
+	// sorts priced out (see claimBegin), keeps the scan on an id index
+	// whatever the statistics say.
+	//
+	// holdingByKey probes each key on the key index instead, for a claim
+	// that passed over many rows. Per key, in id order, as many rows as
+	// the claim holds of the key: if a blocker exists it is among them,
+	// and the last claimed row ends the scan. The bounds are row
+	// comparisons on (key, id), and nothing else: the probe wants (key, id)
+	// order, which only the key index gives without a sort. With key =
+	// beside them the planner would drop the key from that order, and the
+	// scan would start at the key's first entry. The index stops early on
+	// a row comparison's first column only, so the upper bound is
+	// inclusive: LIMIT, reached at the last claimed row, ends the scan.
+	// The LATERAL probe keeps the work bounded for a dominant key too,
+	// where a plain join flips to hashing the whole pending index.
+	//
+	// The rows come back unsorted.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c`
-	s.sql.holding = `SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > now(), h.topic, h.lease_token IS NOT NULL
+	parked := `
+UNION ALL
+SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
+FROM ` + keys + `
+JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked`
+	s.sql.holdingBySpan = `(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic, p.lease_token IS NOT NULL
+FROM ` + t + ` AS p
+WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
+  AND NOT p.key NOT IN (SELECT unnest($1::text[]))
+  AND p.id NOT IN (SELECT unnest($2::bigint[]))
+ORDER BY p.id)` + parked
+	s.sql.holdingByKey = `SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > now(), h.topic, h.lease_token IS NOT NULL
 FROM ` + keys + `
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM ` + t + ` AS p
     WHERE p.status = 'pending' AND p.key IS NOT NULL
       AND (p.key, p.id) >= (c.key, $3) AND (p.key, p.id) <= (c.key, c.max_id)
     ORDER BY p.key, p.id LIMIT c.n) AS h
-WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
-UNION ALL
-SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
-FROM ` + keys + `
-JOIN ` + t + ` AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked`
+WHERE h.id NOT IN (SELECT unnest($2::bigint[]))` + parked
 
 	// After a claim that deferred rows behind a leased row commits: is the
 	// row still leased as the key check saw it? A write-back under way is
@@ -337,7 +358,8 @@ func (s *Store) SpareConns() int {
 //   - With sorts priced out, the key check's probe is served in (key, id)
 //     order by the key index, not by scanning the pending rows once per
 //     key, which a plan thinking them a handful would otherwise pick, at
-//     seconds per claim. The claim itself stays on the pending index.
+//     seconds per claim; its read of a span, and the claim itself, stay
+//     on an id index rather than reading the whole table.
 //   - Without JIT, a plan with a high estimate (the key check's custom
 //     plans, or any plan left with a sort priced out at 10^10) is not
 //     compiled, at 300-400 ms, for a statement that runs in a few
@@ -419,16 +441,25 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
+	distinct := map[string]struct{}{}
 	for _, r := range c.Records {
 		if r.HasKey {
 			keys = append(keys, r.Key)
 			ids = append(ids, r.ID)
+			distinct[r.Key] = struct{}{}
 		}
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	rows, err := c.tx.Query(ctx, c.store.sql.holding, keys, ids, c.minPending)
+	var rows pgx.Rows
+	var err error
+	last := ids[len(ids)-1]
+	if c.store.keyCheck.bySpan(last-c.minPending, len(ids), len(distinct)) {
+		rows, err = c.tx.Query(ctx, c.store.sql.holdingBySpan, keys, ids, c.minPending, last)
+	} else {
+		rows, err = c.tx.Query(ctx, c.store.sql.holdingByKey, keys, ids, c.minPending)
+	}
 	if err != nil {
 		return fmt.Errorf("check key order: %w", err)
 	}
@@ -510,6 +541,35 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		}
 	}
 	return nil
+}
+
+// keyCheckForm is how a claim's key check looks for blockers.
+type keyCheckForm int
+
+const (
+	keyCheckAuto keyCheckForm = iota
+	keyCheckBySpan
+	keyCheckByKey
+)
+
+// spanEntriesPerKey is how many index entries of the span a key's probe
+// costs about as much as: a descent of the key index, against reading on
+// along the pending index (about 6 µs against 0.7 µs an entry, measured
+// on claims of 1000 rows and 1000 keys).
+const spanEntriesPerKey = 4
+
+// bySpan says whether to read the claim's id span, span ids wide, rather
+// than probe each of its keys, for claimed keyed rows of distinct keys.
+// Probing reads each claimed row's entry too, and descends once a key.
+func (f keyCheckForm) bySpan(span int64, claimed, distinct int) bool {
+	switch f {
+	case keyCheckBySpan:
+		return true
+	case keyCheckByKey:
+		return false
+	default: // keyCheckAuto
+		return span <= int64(claimed+spanEntriesPerKey*distinct)
+	}
 }
 
 // blocker is the lowest row outside a claim that holds a claimed key.

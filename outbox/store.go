@@ -441,12 +441,10 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
-	distinct := map[string]struct{}{}
 	for _, r := range c.Records {
 		if r.HasKey {
 			keys = append(keys, r.Key)
 			ids = append(ids, r.ID)
-			distinct[r.Key] = struct{}{}
 		}
 	}
 	if len(keys) == 0 {
@@ -455,7 +453,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var rows pgx.Rows
 	var err error
 	last := ids[len(ids)-1]
-	if c.store.keyCheck.bySpan(last-c.minPending, len(ids), len(distinct)) {
+	if c.store.keyCheck.bySpan(last-c.minPending+1, keys) {
 		rows, err = c.tx.Query(ctx, c.store.sql.holdingBySpan, keys, ids, c.minPending, last)
 	} else {
 		rows, err = c.tx.Query(ctx, c.store.sql.holdingByKey, keys, ids, c.minPending)
@@ -559,17 +557,31 @@ const (
 const spanEntriesPerKey = 4
 
 // bySpan says whether to read the claim's id span, span ids wide, rather
-// than probe each of its keys, for claimed keyed rows of distinct keys.
-// Probing reads each claimed row's entry too, and descends once a key.
-func (f keyCheckForm) bySpan(span int64, claimed, distinct int) bool {
+// than probe each of the claimed keys (one per claimed keyed row). Both
+// read the claimed rows' entries; the span reads the rows passed over
+// too, and the probes descend the key index once a key. Keys are counted
+// only as far as the answer needs: a hash of 1000 keys costs more than
+// the rest of the choice.
+func (f keyCheckForm) bySpan(span int64, keys []string) bool {
 	switch f {
 	case keyCheckBySpan:
 		return true
 	case keyCheckByKey:
 		return false
-	default: // keyCheckAuto
-		return span <= int64(claimed+spanEntriesPerKey*distinct)
 	}
+	passed := span - int64(len(keys)) // at most, the rows passed over
+	if passed <= 0 {
+		return true
+	}
+	need := int(min((passed+spanEntriesPerKey-1)/spanEntriesPerKey, int64(len(keys)+1)))
+	seen := make(map[string]struct{}, min(need, len(keys)))
+	for _, k := range keys {
+		seen[k] = struct{}{}
+		if len(seen) >= need {
+			return true
+		}
+	}
+	return false
 }
 
 // blocker is the lowest row outside a claim that holds a claimed key.

@@ -31,8 +31,8 @@ func TestSmoke(t *testing.T) {
 		if r.Value <= 0 && r.Group != "latency" && r.Group != "claim" && r.Unit != "%" {
 			t.Errorf("%s / %s = %v %s", r.Group, r.Name, r.Value, r.Unit)
 		}
-		if r.Group == "drain" && strings.Contains(r.Name, "10k keys") && !strings.HasPrefix(r.Detail, "mean of ") {
-			t.Errorf("%s / %s: %q, want the mean of 2 drains", r.Group, r.Name, r.Detail)
+		if r.Group == "drain" && strings.Contains(r.Name, "10k keys, 2 worker(s)") != strings.HasPrefix(r.Detail, "mean of ") {
+			t.Errorf("%s / %s: %q, want the mean of 2 drains for 10k keys with 2 workers, and one drain otherwise", r.Group, r.Name, r.Detail)
 		}
 	}
 	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 3, "producer": 3, "baseline": 2, "claim": 2} {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/gctune"
 )
 
 // version and revision name the build, set at build time with
@@ -55,6 +56,7 @@ const (
 )
 
 func main() {
+	gctune.Apply()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// After the first signal, a second one gets the default behaviour:
 	// exit at once.

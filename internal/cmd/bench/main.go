@@ -22,10 +22,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/gctune"
 	"github.com/outbox-relay/outbox-relay/internal/pgserver"
 )
 
 func main() {
+	// The relay as it ships: its binary does the same.
+	gctune.Apply()
 	rows := flag.Int("rows", 200_000, "backlog rows per drain scenario")
 	batch := flag.Int("batch", 1000, "claim batch size")
 	payload := flag.Int("payload", 200, "payload bytes per message")

@@ -1,5 +1,12 @@
 package outbox
 
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
 // Hooks for the package's external tests.
 
 const ClaimBegin = claimBegin
@@ -18,3 +25,35 @@ const (
 
 func SetKeyCheck(s *Store, f keyCheckForm) { s.keyCheck = f }
 func CleanupLockID(s *Store) int64         { return s.lockID }
+
+// Deferrals describes what an open claim did to the rows it held back:
+// each pending row's next attempt, as the claim's own transaction sees
+// it, with its note, and the lease each row deferred behind one waits
+// for. Times the claim computed from its clock, its Now plus one of
+// offsets, are given as such ("now+5m0s"), others as they are, so that
+// two claims of the same rows can be compared.
+func Deferrals(ctx context.Context, c *Claim, offsets ...time.Duration) (map[int64]string, error) {
+	rows, err := c.tx.Query(ctx, `SELECT id, next_attempt_at, coalesce(last_error, '') FROM outbox WHERE status = 'pending'`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var next time.Time
+		var note string
+		if err := rows.Scan(&id, &next, &note); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		at := next.UTC().Format(time.RFC3339Nano)
+		if d := next.Sub(c.Now); slices.Contains(offsets, d) {
+			at = "now+" + d.String()
+		}
+		out[id] = at + " " + note
+	}
+	for _, b := range c.behindLeases {
+		out[b.id] += fmt.Sprintf(" behind lease %d", b.lease)
+	}
+	return out, rows.Err()
+}

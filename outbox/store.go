@@ -142,29 +142,33 @@ FOR UPDATE SKIP LOCKED`
 	// the claimed rows are dropped here against a hash of the claim's ids.
 	// Starting at the lowest pending id skips the index entries of
 	// delivered rows, dead until vacuum. Two forms find the same blockers
-	// (keepKeyOrder picks one); both may return the key's later rows too.
+	// (keepKeyOrder picks one). The span's may also return rows of a key
+	// above its last claimed row, below the claim's last: they hold back
+	// none of the key's claimed rows, all below them.
 	//
-	// holdingBySpan reads the claim's own id span once, on the pending
-	// index, and keeps the rows whose key is claimed. That is one index
-	// entry per row in the span: the claim's rows and those it passed
-	// over (locked, waiting, or of an excluded topic). The key set is a
-	// hashed NOT IN under a NOT: as IN, the planner would make it a join,
-	// free to probe the pending rows once per key. ORDER BY id, with
-	// sorts priced out (see claimBegin), keeps the scan on an id index
-	// whatever the statistics say.
+	// holdingBySpan reads the claim's own id span once, on an id index
+	// (the pending index, or the primary key if stale statistics say so,
+	// bounded by the span either way), and keeps the rows whose key is
+	// claimed. On the pending index that is one entry per row in the
+	// span: the claim's rows and those it passed over (locked, waiting,
+	// or of an excluded topic). The key set is a hashed NOT IN under a
+	// NOT: as IN, the planner would make it a join, free to probe the
+	// pending rows once per key. ORDER BY id, with sorts priced out (see
+	// claimBegin), keeps the scan on an id index whatever the statistics.
 	//
 	// holdingByKey probes each key on the key index instead, for a claim
-	// that passed over many rows. Per key, in id order, as many rows as
-	// the claim holds of the key: if a blocker exists it is among them,
-	// and the last claimed row ends the scan. The bounds are row
-	// comparisons on (key, id), and nothing else: the probe wants (key, id)
-	// order, which only the key index gives without a sort. With key =
-	// beside them the planner would drop the key from that order, and the
-	// scan would start at the key's first entry. The index stops early on
-	// a row comparison's first column only, so the upper bound is
-	// inclusive: LIMIT, reached at the last claimed row, ends the scan.
-	// The LATERAL probe keeps the work bounded for a dominant key too,
-	// where a plain join flips to hashing the whole pending index.
+	// that passed over many rows, or holds few keys. Per key, in id
+	// order, as many rows as the claim holds of the key: if a blocker
+	// exists it is among them, and the last claimed row ends the scan.
+	// The bounds are row comparisons on (key, id), and nothing else: the
+	// probe wants (key, id) order, which only the key index gives without
+	// a sort. With key = beside them the planner would drop the key from
+	// that order, and the scan would start at the key's first entry. The
+	// index stops early on a row comparison's first column only, so the
+	// upper bound is inclusive: LIMIT, reached at the last claimed row,
+	// ends the scan. The LATERAL probe keeps the work bounded for a
+	// dominant key too, where a plain join flips to hashing the whole
+	// pending index.
 	//
 	// The rows come back unsorted.
 	keys := `(SELECT c.key, max(c.id) AS max_id, count(*) AS n
@@ -503,6 +507,8 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var parkedNotes []string
 	for _, r := range c.Records {
 		b, ok := blocked[r.Key]
+		// A blocker above the row (the key check by span may find one)
+		// does not hold it back.
 		if !r.HasKey || !ok || r.ID < b.id {
 			kept = append(kept, r)
 			continue

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -49,7 +50,7 @@ func claim(t *testing.T, st *outbox.Store, limit int) *outbox.Claim {
 }
 
 // forEachKeyCheck runs fn with the key check in each of its forms, each on
-// a schema of its own.
+// a schema of its own, as parallel subtests of a parallel test.
 func forEachKeyCheck(t *testing.T, fn func(t *testing.T, s *pgtest.Schema, st *outbox.Store)) {
 	t.Parallel()
 	for name, form := range map[string]outbox.KeyCheckForm{"by span": outbox.KeyCheckBySpan, "by key": outbox.KeyCheckByKey} {
@@ -188,6 +189,19 @@ func TestParkedKeyHoldsLaterRows(t *testing.T) {
 	})
 }
 
+// A key's row above its claimed ones, waiting, holds back nothing: the
+// key check by span reads it, as it lies below the claim's last row.
+func TestLaterRowOfAKeyHoldsNothingBack(t *testing.T) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','L','3')`)
+		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = 2`)
+		c := claim(t, st, 10)
+		if got := ids(c.Records); fmt.Sprint(got) != "[1 3]" || c.Deferred != 0 || c.Skipped != 0 {
+			t.Fatalf("claim = %v deferred %d skipped %d, want [1 3] with nothing held back", got, c.Deferred, c.Skipped)
+		}
+	})
+}
+
 // With several rows holding a key, the lowest decides: here the parked
 // dead letter, not the waiting row after it, which the key check reports
 // first.
@@ -218,7 +232,8 @@ func TestLowestBlockerDecides(t *testing.T) {
 // The two forms of the key check find the same blockers: on random
 // outboxes of waiting, leased, parked, delivered and locked rows, a claim
 // by span and a claim by key, each released before the next, hold back
-// the same rows the same way.
+// the same rows the same way. Each waiting or leased row waits until a
+// time of its own, so a row deferred behind one says which.
 func TestKeyCheckFormsAgree(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -230,6 +245,7 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 		Records           []int64
 		Deferred, Skipped int
 		SkippedKeys       []string
+		Rows              map[int64]string
 	}
 	run := func(st *outbox.Store, p outbox.ClaimParams) result {
 		t.Helper()
@@ -242,9 +258,13 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 				t.Fatal(err)
 			}
 		}()
-		return result{ids(c.Records), c.Deferred, c.Skipped, c.SkippedKeys}
+		rows, err := outbox.Deferrals(ctx, c, outbox.ParkedRecheck, p.ExcludeFor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return result{ids(c.Records), c.Deferred, c.Skipped, c.SkippedKeys, rows}
 	}
-	var deferred, skipped int
+	var deferred, skipped, behindLeases int
 	for seed := range uint64(6) {
 		rnd := rand.New(rand.NewPCG(seed, 1))
 		s.Exec(t, `TRUNCATE outbox`)
@@ -267,8 +287,10 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 				locked = append(locked, id)
 			}
 		}
-		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = ANY($1)`, waiting)
-		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', lease_token = gen_random_uuid() WHERE id = ANY($1)`, leased)
+		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '1 hour' + id * interval '1 second', retry_count = 1
+			WHERE id = ANY($1)`, waiting)
+		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '2 hours' + id * interval '1 second', lease_token = gen_random_uuid()
+			WHERE id = ANY($1)`, leased)
 		s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', dead_lettered_at = now(),
 			key_parked = key IS NOT NULL WHERE id = ANY($1)`, parked)
 		s.Exec(t, `DELETE FROM outbox WHERE id = ANY($1)`, delivered)
@@ -284,8 +306,19 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 		} {
 			p.PayloadCap = 100
 			want, got := run(byKey, p), run(bySpan, p)
-			if fmt.Sprint(got) != fmt.Sprint(want) {
+			if !reflect.DeepEqual(got, want) {
+				for id, row := range want.Rows {
+					if got.Rows[id] != row {
+						t.Errorf("row %d: by span %q, by key %q", id, got.Rows[id], row)
+					}
+				}
+				got.Rows, want.Rows = nil, nil
 				t.Fatalf("seed %d, claim %+v: by span %+v, by key %+v", seed, p, got, want)
+			}
+			for _, row := range got.Rows {
+				if strings.Contains(row, "behind lease") {
+					behindLeases++
+				}
 			}
 			deferred += got.Deferred
 			skipped += got.Skipped
@@ -294,8 +327,9 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if deferred == 0 || skipped == 0 {
-		t.Fatalf("claims deferred %d and skipped %d rows in all: the outboxes had no blockers to find", deferred, skipped)
+	if deferred == 0 || skipped == 0 || behindLeases == 0 {
+		t.Fatalf("claims deferred %d rows (%d behind leases) and skipped %d in all: the outboxes had too few blockers to find",
+			deferred, behindLeases, skipped)
 	}
 }
 
@@ -647,9 +681,10 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 
 // An outbox that keeps up is mostly dead rows, so an ANALYZE may leave
 // the planner believing that a claim's id range, or the whole pending
-// index, holds a row or two when it holds thousands. The key check must
-// still probe each key on the key index: scanning the pending rows once
-// per key costs claimed × pending index entries, seconds per claim.
+// index, holds a row or two when it holds thousands. The key check by key
+// must still probe each key on the key index, and the one by span read
+// the span once on an id index: scanning the pending rows once per key
+// costs claimed × pending index entries, seconds per claim.
 func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)

@@ -9,12 +9,12 @@ import (
 )
 
 // Percent is the GOGC the relay runs with when the environment does not
-// set GOGC. The relay's heap is small and bounded by design (batch size ×
-// workers × payload cap), and its garbage is mostly whole batches: with
-// Go's default of 100 it collects whenever the heap has doubled, dozens
-// of times a second while a backlog drains. At 400 it collects a few
-// times less often, for a heap target of 5× the live heap instead of 2×;
-// GOMEMLIMIT, where set, still bounds it.
+// set GOGC. The relay's heap is small and bounded by design (each worker
+// holds at most two batches of its byte limit), and its garbage is
+// mostly whole batches: with Go's default of 100 it collects whenever
+// the heap has doubled, dozens of times a second while a backlog drains.
+// At 400 it collects a few times less often, for a heap target of 5× the
+// live heap instead of 2×; GOMEMLIMIT, where set, still bounds it.
 const Percent = 400
 
 // Apply sets the garbage collection target to Percent, unless GOGC is set

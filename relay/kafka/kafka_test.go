@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,6 +80,55 @@ func TestPublishDeliveryFormat(t *testing.T) {
 	audit := kafkatest.Consume(ctx, t, c.ListenAddrs(), "audit", 1)
 	if audit[0].Key != nil || audit[0].Headers[kafka.HeaderID] != "2" {
 		t.Fatalf("null-key message: key %q headers %v", audit[0].Key, audit[0].Headers)
+	}
+}
+
+// A publish sends each partition's messages in one produce request, so
+// that they succeed or fail together, whenever the writer's batch timer
+// fires: the timeout is a microsecond, shorter than adding the messages.
+func TestPublishSendsEachPartitionInOneRequest(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"a", "b"})
+	var mu sync.Mutex
+	requests := map[string]int{} // produce requests per topic partition
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range topic.Partitions {
+				requests[fmt.Sprintf("%s/%d", topic.Topic, p.Partition)]++
+			}
+		}
+		return nil, nil, false // the cluster handles it as usual
+	})
+	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), BatchSize: 2000, BatchBytes: 8 << 20, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	for round := range 5 {
+		var recs []outbox.Record
+		for i := range 1500 {
+			recs = append(recs, record(int64(round*1500+i+1), []string{"a", "b"}[i%2], fmt.Sprintf("key-%d", i%100), "x"))
+		}
+		mu.Lock()
+		clear(requests)
+		mu.Unlock()
+		for i, err := range publish(t, p, recs) {
+			if err != nil {
+				t.Fatalf("round %d, record %d: %v", round, i, err)
+			}
+		}
+		mu.Lock()
+		if len(requests) != 6 {
+			t.Errorf("round %d: produce requests for %d topic partitions, want all 6: %v", round, len(requests), requests)
+		}
+		for tp, n := range requests {
+			if n != 1 {
+				t.Errorf("round %d: %s's messages went out in %d produce requests, want 1", round, tp, n)
+			}
+		}
+		mu.Unlock()
 	}
 }
 

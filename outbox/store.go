@@ -580,11 +580,15 @@ func (f keyCheckForm) bySpan(span int64, keys []string) bool {
 	if passed <= 0 {
 		return true
 	}
-	need := int(min((passed+spanEntriesPerKey-1)/spanEntriesPerKey, int64(len(keys)+1)))
-	seen := make(map[string]struct{}, min(need, len(keys)))
+	// The distinct keys whose probes would cost more than the rows passed.
+	need := (passed + spanEntriesPerKey - 1) / spanEntriesPerKey
+	if need > int64(len(keys)) {
+		return false
+	}
+	seen := make(map[string]struct{}, need)
 	for _, k := range keys {
 		seen[k] = struct{}{}
-		if len(seen) >= need {
+		if int64(len(seen)) >= need {
 			return true
 		}
 	}

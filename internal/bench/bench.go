@@ -184,59 +184,64 @@ func (e *env) close() {
 // which takes less time than inserting into them and packs them as
 // appending does. The primary key is rebuilt too: its lower half, not
 // inserted at the right-hand end, splits pages half and half.
-func (r *runner) fill(ctx context.Context, e *env, n int, keyExpr string) error {
+func (r *runner) fill(ctx context.Context, e *env, n int, keyExpr string) (err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("fill backlog: %w", err)
+		}
+	}()
 	const sessions = 2
 	const countIndexes = `SELECT count(*) FROM pg_index WHERE indrelid = 'outbox'::regclass`
 	var before, after int
-	err := e.pool.QueryRow(ctx, countIndexes).Scan(&before)
-	var indexes []struct{ Drop, Build string }
-	if err == nil {
-		var rows pgx.Rows
-		rows, err = e.pool.Query(ctx, `SELECT format('DROP INDEX %s', i), pg_get_indexdef(i) FROM unnest($1::text[]::regclass[]) AS i`,
-			[]string{"outbox_pending_idx", "outbox_key_parked_idx", "outbox_dead_letter_idx", "outbox_sent_idx"})
-		if err == nil {
-			indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Drop, Build string }])
-		}
+	if err := e.pool.QueryRow(ctx, countIndexes).Scan(&before); err != nil {
+		return err
+	}
+	rows, err := e.pool.Query(ctx, `SELECT format('DROP INDEX %s', i), pg_get_indexdef(i) FROM unnest($1::text[]::regclass[]) AS i`,
+		[]string{"outbox_pending_idx", "outbox_key_parked_idx", "outbox_dead_letter_idx", "outbox_sent_idx"})
+	if err != nil {
+		return err
+	}
+	indexes, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Drop, Build string }])
+	if err != nil {
+		return err
 	}
 	build := []string{"REINDEX INDEX outbox_pkey"}
 	for _, index := range indexes {
-		if err == nil {
-			_, err = e.pool.Exec(ctx, index.Drop)
+		if _, err := e.pool.Exec(ctx, index.Drop); err != nil {
+			return err
 		}
 		build = append(build, index.Build)
 	}
-	if err == nil {
-		insert := fmt.Sprintf(`INSERT INTO outbox (id, topic, key, payload) OVERRIDING SYSTEM VALUE
+	insert := fmt.Sprintf(`INSERT INTO outbox (id, topic, key, payload) OVERRIDING SYSTEM VALUE
 		SELECT g, 'bench', %s, convert_to(rpad(g::text, %d, 'x'), 'UTF8') FROM generate_series($1::bigint, $2::bigint) g`,
-			keyExpr, r.cfg.PayloadBytes)
-		err = parallel(sessions, func(i int) error {
-			_, err := e.pool.Exec(ctx, insert, i*n/sessions+1, (i+1)*n/sessions)
-			return err
-		})
+		keyExpr, r.cfg.PayloadBytes)
+	if err := parallel(sessions, func(i int) error {
+		_, err := e.pool.Exec(ctx, insert, i*n/sessions+1, (i+1)*n/sessions)
+		return err
+	}); err != nil {
+		return err
 	}
-	if err == nil {
-		// Two sessions build, taking every other index.
-		err = parallel(sessions, func(i int) error {
-			for j := i; j < len(build); j += sessions {
-				if _, err := e.pool.Exec(ctx, build[j]); err != nil {
-					return err
-				}
+	// Two sessions build, taking every other index.
+	if err := parallel(sessions, func(i int) error {
+		for j := i; j < len(build); j += sessions {
+			if _, err := e.pool.Exec(ctx, build[j]); err != nil {
+				return err
 			}
-			return nil
-		})
-	}
-	if err == nil {
-		// Every index dropped is back.
-		if err = e.pool.QueryRow(ctx, countIndexes).Scan(&after); err == nil && after != before {
-			err = fmt.Errorf("the outbox has %d indexes after the fill, want %d", after, before)
 		}
+		return nil
+	}); err != nil {
+		return err
 	}
-	if err == nil {
-		// Rows inserted later are numbered after the backlog.
-		_, err = e.pool.Exec(ctx, "SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1::bigint)", max(n, 1))
+	// Every index dropped is back.
+	if err := e.pool.QueryRow(ctx, countIndexes).Scan(&after); err != nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("fill backlog: %w", err)
+	if after != before {
+		return fmt.Errorf("the outbox has %d indexes after the fill, want %d", after, before)
+	}
+	// Rows inserted later are numbered after the backlog.
+	if _, err := e.pool.Exec(ctx, "SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1::bigint)", max(n, 1)); err != nil {
+		return err
 	}
 	_, err = e.pool.Exec(ctx, "VACUUM ANALYZE outbox")
 	return err

@@ -302,7 +302,7 @@ func TestHTTPOutageWhileKafkaFlows(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	cluster := kafkatest.NewCluster(t, []string{"orders", "payments"})
-	k := newKafka(t, cluster, 2)
+	k := newKafka(t, cluster)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -240,9 +240,9 @@ func keysOf(t *testing.T, s *pgtest.Schema) map[int64]string {
 	return out
 }
 
-func newKafka(t *testing.T, c *kfake.Cluster, workers int) *kafka.Publisher {
+func newKafka(t *testing.T, c *kfake.Cluster) *kafka.Publisher {
 	t.Helper()
-	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), Writers: workers, DialTimeout: time.Second})
+	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), DialTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestDeliversBacklogToKafkaInKeyOrder(t *testing.T) {
 		       CASE WHEN g % 10 = 0 THEN NULL ELSE 'k' || (g % 20) END, g::text::bytea
 		FROM generate_series(1, 3000) g`)
 	keyOf := keysOf(t, s)
-	start(t, s, newKafka(t, c, 2), options{cfg: relay.Config{Workers: 2, BatchSize: 100}})
+	start(t, s, newKafka(t, c), options{cfg: relay.Config{Workers: 2, BatchSize: 100}})
 	waitFor(t, "the backlog to drain", func() bool { return count(t, s.Pool, "true") == 0 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -484,7 +484,7 @@ func TestBrokerMessageSizeTooLarge(t *testing.T) {
 	}
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES
 		('small', 'K', 'first'), ('small', 'K', repeat('x', 5000)::bytea), ('small', 'K', 'third'), ('small', NULL, 'fourth')`)
-	start(t, s, newKafka(t, c, 2), options{keepSent: true})
+	start(t, s, newKafka(t, c), options{keepSent: true})
 	waitFor(t, "the batch settled", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
 	if n := count(t, s.Pool, `status = 'dead_lettered' AND dead_letter_reason = 'too_large' AND retry_count = 1 AND octet_length(payload) = 5000`); n != 1 {
 		t.Fatal("the oversized row was not dead-lettered too_large on its first attempt")
@@ -503,7 +503,7 @@ func TestBrokerOutageDoesNotBurnRetries(t *testing.T) {
 	addr := c.ListenAddrs()[0]
 	_, portText, _ := net.SplitHostPort(addr)
 	port, _ := strconv.Atoi(portText)
-	pub := newKafka(t, c, 2)
+	pub := newKafka(t, c)
 	c.Close() // the broker goes down
 
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 200) g`)
@@ -738,7 +738,7 @@ func TestCrashAfterPublishBeforeAck(t *testing.T) {
 	}
 	defer relayPool.Close()
 	crashed := false
-	pub := crashAfter{inner: newKafka(t, c, 1), crash: func() {
+	pub := crashAfter{inner: newKafka(t, c), crash: func() {
 		if crashed {
 			return
 		}

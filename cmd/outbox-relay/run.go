@@ -29,10 +29,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
-// kafkaBatchSlack is what the Kafka writer's batch limit exceeds the
-// relay's max_batch_bytes by, so the writer never splits a partition's
-// messages of one relay batch across produce requests.
-const kafkaBatchSlack = 64 << 10
+// kafkaMessageSlack is what the Kafka sink's message limit exceeds the
+// relay's max_batch_bytes by: it is a guard, which no row the relay claims
+// can trip, as a row's payload is at most payload_cap.
+const kafkaMessageSlack = 64 << 10
 
 func (a *app) runCmd() *cobra.Command {
 	return &cobra.Command{
@@ -122,7 +122,7 @@ func (a *app) run(ctx context.Context) error {
 			return relayMetrics.Publisher(name, tr.Publisher(name, system, p))
 		}
 		// Each record may gain a traceparent header on the way.
-		traceSlack = cfg.Relay.BatchSize * traceHeaderBytes
+		traceSlack = traceHeaderBytes
 		a.log.Info("tracing deliveries")
 	}
 	destinations, routes, closeAll, err := buildDestinations(cfg, wrap, traceSlack)
@@ -225,8 +225,8 @@ const traceHeaderBytes = 96
 
 // buildDestinations makes a publisher for every configured destination,
 // wrapped by wrap (with the messaging system, "kafka" or ""); closeAll
-// releases them. slack is added to Kafka writers' batch limit for headers
-// the wrappers add.
+// releases them. slack is added to the Kafka sink's message limit for
+// headers the wrappers add.
 func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, slack int) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
 	settings, routes := cfg.DestinationList()
 	var closers []func()
@@ -249,7 +249,7 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 			if err != nil {
 				return nil, nil, nil, err
 			}
-			kc.BatchBytes += int64(slack)
+			kc.MaxMessageBytes += slack
 			p, err := kafka.New(kc)
 			if err != nil {
 				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
@@ -275,12 +275,10 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 
 func kafkaConfig(k config.Kafka, name string, r config.Relay) (kafka.Config, error) {
 	kc := kafka.Config{
-		Brokers:     k.Brokers,
-		ClientID:    k.ClientID,
-		Writers:     r.Workers,
-		BatchSize:   r.BatchSize,
-		BatchBytes:  int64(r.MaxBatchBytes + kafkaBatchSlack),
-		DialTimeout: k.DialTimeout,
+		Brokers:         k.Brokers,
+		ClientID:        k.ClientID,
+		MaxMessageBytes: r.MaxBatchBytes + kafkaMessageSlack,
+		DialTimeout:     k.DialTimeout,
 	}
 	if k.TLS.Enabled {
 		tc, err := k.TLS.ClientConfig()

@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
-	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -247,13 +246,8 @@ func (r *runner) fill(ctx context.Context, e *env, n int, keyExpr string) (err e
 	return err
 }
 
-func (r *runner) publisher(e *env, workers int) (*kafka.Publisher, error) {
-	return kafka.New(kafka.Config{
-		Brokers:    e.cluster.ListenAddrs(),
-		Writers:    workers,
-		BatchSize:  r.cfg.BatchSize,
-		BatchBytes: int64(r.cfg.BatchSize*(r.cfg.PayloadBytes+relay.RecordOverhead+64)) + 64<<10,
-	})
+func (r *runner) publisher(e *env) (*kafka.Publisher, error) {
+	return kafka.New(kafka.Config{Brokers: e.cluster.ListenAddrs()})
 }
 
 // drains measures backlog drain throughput of the relay and of its SQL
@@ -334,7 +328,7 @@ func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers i
 	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
 		return 0, err
 	}
-	pub, err := r.publisher(e, workers)
+	pub, err := r.publisher(e)
 	if err != nil {
 		return 0, err
 	}
@@ -464,7 +458,7 @@ func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st
 		return nil, st, err
 	}
 	defer e.close()
-	pub, err := r.publisher(e, workers)
+	pub, err := r.publisher(e)
 	if err != nil {
 		return nil, st, err
 	}
@@ -621,8 +615,8 @@ func (r *runner) producers(ctx context.Context) error {
 }
 
 // naive drains a backlog the simplest way: one row per transaction, one
-// message per write, with the relay's batch timeout, so that the ratio
-// is not the timeout's.
+// message per publish, through the relay's own Kafka sink, so that the
+// ratio is the batching's.
 func (r *runner) naive(ctx context.Context) error {
 	e, err := r.newEnv(ctx, 2)
 	if err != nil {
@@ -632,32 +626,30 @@ func (r *runner) naive(ctx context.Context) error {
 	if err := r.fill(ctx, e, r.cfg.NaiveRows, distributions[0].expr); err != nil {
 		return err
 	}
-	w := &kafkago.Writer{
-		Addr: kafkago.TCP(e.cluster.ListenAddrs()...), RequiredAcks: kafkago.RequireAll,
-		Balancer: &kafkago.Murmur2Balancer{}, BatchTimeout: kafka.DefaultBatchTimeout,
+	pub, err := r.publisher(e)
+	if err != nil {
+		return err
 	}
-	defer w.Close()
+	defer pub.Close()
 	start := time.Now()
 	deadline := start.Add(r.cfg.NaiveFor)
 	n := 0
 	for n < r.cfg.NaiveRows && time.Now().Before(deadline) {
 		err := pgx.BeginFunc(ctx, e.relayPool, func(tx pgx.Tx) error {
-			var id int64
 			var key *string
-			var payload []byte
-			err := tx.QueryRow(ctx, `SELECT id, key, payload FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
-				ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id, &key, &payload)
+			rec := outbox.Record{Topic: "bench"}
+			err := tx.QueryRow(ctx, `SELECT id, event_id, key, payload FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
+				ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&rec.ID, &rec.EventID, &key, &rec.Payload)
 			if err != nil {
 				return err
 			}
-			m := kafkago.Message{Topic: "bench", Value: payload}
 			if key != nil {
-				m.Key = []byte(*key)
+				rec.Key, rec.HasKey = *key, true
 			}
-			if err := w.WriteMessages(ctx, m); err != nil {
+			if err := pub.Publish(ctx, []outbox.Record{rec})[0]; err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1", id)
+			_, err = tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1", rec.ID)
 			return err
 		})
 		if err != nil {

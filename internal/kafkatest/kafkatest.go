@@ -36,6 +36,9 @@ type Record struct {
 	Key       []byte
 	Value     []byte
 	Headers   map[string]string
+	// HeaderKeys are the headers' names in the order they came.
+	HeaderKeys []string
+	Timestamp  time.Time
 }
 
 // ConsumeAll reads every record topic holds now, duplicates included.
@@ -68,11 +71,13 @@ func Consume(ctx context.Context, tb testing.TB, brokers []string, topic string,
 			tb.Logf("kafkatest: fetch %s/%d: %v", e.Topic, e.Partition, e.Err)
 		}
 		fetches.EachRecord(func(r *kgo.Record) {
-			h := make(map[string]string, len(r.Headers))
+			rec := Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
+				Headers: make(map[string]string, len(r.Headers)), Timestamp: r.Timestamp}
 			for _, x := range r.Headers {
-				h[x.Key] = string(x.Value)
+				rec.Headers[x.Key] = string(x.Value)
+				rec.HeaderKeys = append(rec.HeaderKeys, x.Key)
 			}
-			out = append(out, Record{r.Topic, r.Partition, r.Offset, r.Key, r.Value, h})
+			out = append(out, rec)
 		})
 	}
 	return out

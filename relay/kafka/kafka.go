@@ -4,6 +4,7 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,12 +33,15 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultWriters      = 2
-	DefaultBatchSize    = 500
-	DefaultBatchBytes   = 1 << 20
-	DefaultDialTimeout  = 5 * time.Second
-	DefaultBatchTimeout = time.Microsecond
+	DefaultMaxMessageBytes = 1 << 20
+	DefaultDialTimeout     = 5 * time.Second
 )
+
+// partitionsTTL is how long a topic's partitions are reused before they
+// are asked of the transport again, which refreshes the cluster's metadata
+// at the same period: keys spread over partitions added to a topic within
+// twice that.
+const partitionsTTL = 6 * time.Second
 
 // Config configures a Publisher.
 type Config struct {
@@ -51,26 +56,38 @@ type Config struct {
 	// Balancer picks partitions. Default murmur2 on the key, like the Java
 	// client, so Java consumers and producers agree on a key's partition.
 	Balancer kafkago.Balancer
-	// Writers bounds concurrent publishes; each has its own writer, so a
-	// call's messages for one partition always form one produce request.
-	// Set it to the relay's workers. Default 2.
-	Writers int
-	// BatchSize is the most messages per partition request; at least the
-	// relay's batch size. Default 500.
-	BatchSize int
-	// BatchBytes is the most bytes per partition request; at least the
-	// relay's max batch bytes plus per-message overhead. Default 1 MiB.
-	BatchBytes int64
+	// MaxMessageBytes is the largest message sent, key, value and headers
+	// included; a larger one is refused as too large without being sent.
+	// Default 1 MiB.
+	MaxMessageBytes int
 	// DialTimeout bounds connecting to a broker. Default 5s.
 	DialTimeout time.Duration
 }
 
-// Publisher writes records to the topics they name.
+// Publisher writes records to the topics they name. It sends each topic
+// partition's records of a publish in one produce request, acknowledged by
+// all in-sync replicas, so that they succeed or fail together; the
+// requests of a publish go out at once.
+//
+// It produces with kafka-go's Client rather than its Writer, which is
+// built for asynchronous batching: a synchronous call waits for a batch to
+// fill or its timer to fire, allocates a batch of BatchSize messages per
+// partition, and copies the cluster's metadata, all on every call. A
+// Publisher builds no messages either: the request reads the records.
 type Publisher struct {
 	sasl      bool
 	transport *kafkago.Transport
-	writers   chan *kafkago.Writer
-	all       []*kafkago.Writer
+	client    *kafkago.Client
+	balancer  kafkago.Balancer
+	maxBytes  int
+
+	mu         sync.Mutex
+	partitions map[string]topicPartitions
+}
+
+type topicPartitions struct {
+	ids []int
+	at  time.Time
 }
 
 // New returns a Publisher for cfg. It does not connect until the first
@@ -85,14 +102,8 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Balancer == nil {
 		cfg.Balancer = &kafkago.Murmur2Balancer{}
 	}
-	if cfg.Writers <= 0 {
-		cfg.Writers = DefaultWriters
-	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.BatchBytes <= 0 {
-		cfg.BatchBytes = DefaultBatchBytes
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
@@ -102,203 +113,272 @@ func New(cfg Config) (*Publisher, error) {
 		TLS:         cfg.TLS,
 		SASL:        cfg.SASL,
 		DialTimeout: cfg.DialTimeout,
+		MetadataTTL: partitionsTTL,
 	}
-	p := &Publisher{sasl: cfg.SASL != nil, transport: transport, writers: make(chan *kafkago.Writer, cfg.Writers)}
-	for range cfg.Writers {
-		w := &kafkago.Writer{
-			Addr:         kafkago.TCP(cfg.Brokers...),
-			Balancer:     cfg.Balancer,
-			Transport:    transport,
-			RequiredAcks: kafkago.RequireAll,
-			// Retries are the relay's: they are counted, backed off and
-			// bounded by the row's attempts and age.
-			MaxAttempts: 1,
-			BatchSize:   cfg.BatchSize,
-			BatchBytes:  cfg.BatchBytes,
-			// A synchronous writer flushes a partition batch when it is
-			// full or after BatchTimeout, which then only adds latency:
-			// kafka-go's 1s default would cap throughput at a few hundred
-			// messages a second, and even 1ms was most of a publish at
-			// low load. A timeout cannot split a call's messages for a
-			// partition: the writer adds them under the partition's lock,
-			// which a batch whose timer fires must take before it is sent.
-			// And no other call's messages can join them: a publish has
-			// the writer to itself, and writes each topic in one call.
-			BatchTimeout:           DefaultBatchTimeout,
-			AllowAutoTopicCreation: false,
-		}
-		p.writers <- w
-		p.all = append(p.all, w)
-	}
-	return p, nil
+	return &Publisher{
+		sasl:       cfg.SASL != nil,
+		transport:  transport,
+		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
+		balancer:   cfg.Balancer,
+		maxBytes:   cfg.MaxMessageBytes,
+		partitions: map[string]topicPartitions{},
+	}, nil
 }
 
-// Close closes the writers and their connections.
+// Close closes the connections to the brokers.
 func (p *Publisher) Close() error {
-	var errs []error
-	for _, w := range p.all {
-		errs = append(errs, w.Close())
-	}
-	// Writers do not own a shared transport: its connection pools would
-	// outlive them.
 	p.transport.CloseIdleConnections()
-	return errors.Join(errs...)
+	return nil
 }
 
-// Publish writes records and returns one classified error per record. The
-// records of each topic are written in one call; topics are written
-// concurrently, so one unusable topic fails only its own records.
+// batch is the records of one publish bound for one topic partition, in id
+// order.
+type batch struct {
+	topic     string
+	partition int
+	idx       []int // into the published records
+}
+
+// Publish writes records and returns one classified error per record. Each
+// topic partition's records go in one request, and the requests go out at
+// once, so an unusable topic or partition fails only its own records.
 func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []error {
 	errs := make([]error, len(records))
-	var w *kafkago.Writer
-	select {
-	case w = <-p.writers:
-	case <-ctx.Done():
-		for i := range errs {
-			errs[i] = retry.Transient(fmt.Errorf("kafka: no writer free: %w", ctx.Err()), 0)
-		}
-		return errs
-	}
-	defer func() { p.writers <- w }()
-
-	byTopic := map[string][]int{}
-	var topics []string
-	for i, r := range records {
-		if _, ok := byTopic[r.Topic]; !ok {
-			topics = append(topics, r.Topic)
-		}
-		byTopic[r.Topic] = append(byTopic[r.Topic], i)
-	}
 	var wg sync.WaitGroup
-	for _, topic := range topics {
-		idx := byTopic[topic]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			msgs := make([]kafkago.Message, len(idx))
-			for j, i := range idx {
-				msgs[j] = Message(records[i])
-			}
-			for j, err := range p.write(ctx, w, msgs) {
-				errs[idx[j]] = err
-			}
-		}()
+	for _, b := range p.route(ctx, records, errs) {
+		wg.Go(func() { p.send(ctx, records, b, errs) })
 	}
 	wg.Wait()
 	return errs
 }
 
-// Message is the Kafka message for r, per the delivery format: topic, key
-// (absent for a null key), payload as value, the row's headers plus the
-// event id and row id.
-func Message(r outbox.Record) kafkago.Message {
-	m := kafkago.Message{Topic: r.Topic, Value: r.Payload}
-	if r.HasKey {
-		m.Key = []byte(r.Key)
+// route sorts records into partition batches. A record of an unknown or
+// unreachable topic gets its topic's error, one above MaxMessageBytes a
+// permanent error, and the later records of its key, in any topic, are not
+// sent.
+func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []error) []*batch {
+	type topicRoute struct {
+		ids     []int
+		err     error
+		batches map[int]*batch
 	}
-	names := make([]string, 0, len(r.Headers))
-	for k := range r.Headers {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	m.Headers = make([]kafkago.Header, 0, len(names)+2)
-	for _, k := range names {
-		m.Headers = append(m.Headers, kafkago.Header{Key: k, Value: []byte(r.Headers[k])})
-	}
-	m.Headers = append(m.Headers,
-		kafkago.Header{Key: HeaderEventID, Value: []byte(r.EventID.String())},
-		kafkago.Header{Key: HeaderID, Value: []byte(strconv.FormatInt(r.ID, 10))},
+	var (
+		topics  = map[string]*topicRoute{}
+		batches []*batch
+		stopped map[string]bool // keys of records refused here
+		key     = make([]byte, 0, 64)
 	)
-	return m
-}
-
-// write writes msgs (one topic, in id order) and returns one classified
-// error per message. After a message of a key fails, the key's later
-// messages are not sent (retry.ErrNotSent), so a key is never published out
-// of order, whatever the relay then does with the failed one.
-func (p *Publisher) write(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message) []error {
-	errs := make([]error, len(msgs))
-	pending := make([]int, len(msgs))
-	for i := range pending {
-		pending[i] = i
-	}
-	for len(pending) > 0 {
-		batch := make([]kafkago.Message, len(pending))
-		for j, i := range pending {
-			batch[j] = msgs[i]
+	for i := range records {
+		r := &records[i]
+		t := topics[r.Topic]
+		if t == nil {
+			t = &topicRoute{batches: map[int]*batch{}}
+			t.ids, t.err = p.topicPartitions(ctx, r.Topic)
+			topics[r.Topic] = t
 		}
-		err := w.WriteMessages(ctx, batch...)
-		var tooLarge kafkago.MessageTooLargeError
-		var perMessage kafkago.WriteErrors
-		switch {
-		case err == nil:
-			return errs
-		case errors.As(err, &tooLarge):
-			// Checked before anything is sent: drop the culprit and its
-			// key's later messages, send the rest.
-			j := culprit(batch, tooLarge)
-			errs[pending[j]] = retry.Permanent(fmt.Errorf("kafka: message of %d bytes is above the writer's batch limit", len(batch[j].Value)), retry.ReasonTooLarge)
-			pending = stopKey(msgs, pending, j, errs)
-			continue
-		case errors.As(err, &perMessage) && len(perMessage) == len(batch):
-			var refused []int // permanent failures: maybe one culprit failing its partition batch
-			for j, e := range perMessage {
-				if e == nil {
-					continue
-				}
-				errs[pending[j]] = p.classifyCall(e)
-				if retry.Classify(errs[pending[j]]).Class == retry.ClassPermanent {
-					refused = append(refused, pending[j])
-				}
-			}
-			if len(refused) > 1 {
-				p.isolate(ctx, w, msgs, refused, errs)
-			}
-			return errs
-		default:
-			classified := p.classifyCall(err)
-			for _, i := range pending {
-				errs[i] = classified
-			}
-			return errs
-		}
-	}
-	return errs
-}
-
-// stopKey removes pending[j] and, when it has a key, the key's later
-// pending messages, which get ErrNotSent.
-func stopKey(msgs []kafkago.Message, pending []int, j int, errs []error) []int {
-	key := msgs[pending[j]].Key
-	out := append([]int(nil), pending[:j]...)
-	for _, i := range pending[j+1:] {
-		if key != nil && msgs[i].Key != nil && string(msgs[i].Key) == string(key) {
+		if r.HasKey && stopped[r.Key] {
 			errs[i] = retry.ErrNotSent
 			continue
 		}
-		out = append(out, i)
+		if t.err != nil {
+			errs[i] = p.classifyCall(t.err)
+		} else if size := messageBytes(r); size > p.maxBytes {
+			errs[i] = retry.Permanent(fmt.Errorf("kafka: message of %d bytes is above the %d-byte limit", size, p.maxBytes), retry.ReasonTooLarge)
+		}
+		if errs[i] != nil {
+			if r.HasKey {
+				if stopped == nil {
+					stopped = map[string]bool{}
+				}
+				stopped[r.Key] = true
+			}
+			continue
+		}
+		msg := kafkago.Message{}
+		if r.HasKey {
+			key = append(key[:0], r.Key...)
+			msg.Key = key // never nil: an empty key is a key
+		}
+		part := p.balancer.Balance(msg, t.ids...)
+		b := t.batches[part]
+		if b == nil {
+			b = &batch{topic: r.Topic, partition: part}
+			t.batches[part] = b
+			batches = append(batches, b)
+		}
+		b.idx = append(b.idx, i)
 	}
-	return out
+	return batches
 }
 
-// isolate handles messages the broker refused for good. The broker judges
-// a whole partition batch, so one bad message (too large, an invalid
-// record) fails its neighbours too: send each alone, in order, to tell them
-// apart. After a key's message fails, its later ones are not sent.
-func (p *Publisher) isolate(ctx context.Context, w *kafkago.Writer, msgs []kafkago.Message, idx []int, errs []error) {
+// topicPartitions returns the partition ids of topic, from the cluster's
+// metadata, kept for partitionsTTL.
+func (p *Publisher) topicPartitions(ctx context.Context, topic string) ([]int, error) {
+	p.mu.Lock()
+	cached, ok := p.partitions[topic]
+	p.mu.Unlock()
+	if ok && time.Since(cached.at) < partitionsTTL {
+		return cached.ids, nil
+	}
+	meta, err := p.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range meta.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return nil, t.Error
+		}
+		if len(t.Partitions) == 0 {
+			return nil, kafkago.LeaderNotAvailable
+		}
+		ids := make([]int, len(t.Partitions))
+		for i, part := range t.Partitions {
+			ids[i] = part.ID
+		}
+		sort.Ints(ids)
+		p.mu.Lock()
+		p.partitions[topic] = topicPartitions{ids: ids, at: time.Now()}
+		p.mu.Unlock()
+		return ids, nil
+	}
+	return nil, kafkago.UnknownTopicOrPartition
+}
+
+// send produces b's records in one request and sets their errors. When the
+// broker refuses the request for good, one bad record may have failed its
+// neighbours: they are sent again one at a time to tell them apart.
+func (p *Publisher) send(ctx context.Context, records []outbox.Record, b *batch, errs []error) {
+	err := p.produce(ctx, records, b.topic, b.partition, b.idx)
+	if err == nil {
+		return
+	}
+	err = p.classifyCall(err)
+	for _, i := range b.idx {
+		errs[i] = err
+	}
+	if len(b.idx) > 1 && retry.Classify(err).Class == retry.ClassPermanent {
+		p.isolate(ctx, records, b, errs)
+	}
+}
+
+// isolate sends each of b's records alone, in order. After a key's record
+// fails, its later ones are not sent.
+func (p *Publisher) isolate(ctx context.Context, records []outbox.Record, b *batch, errs []error) {
 	stopped := map[string]bool{}
-	for _, i := range idx {
-		key := msgs[i].Key
-		if key != nil && stopped[string(key)] {
+	for _, i := range b.idx {
+		r := &records[i]
+		if r.HasKey && stopped[r.Key] {
 			errs[i] = retry.ErrNotSent
 			continue
 		}
-		errs[i] = p.classifyCall(w.WriteMessages(ctx, msgs[i]))
-		if errs[i] != nil && key != nil {
-			stopped[string(key)] = true
+		errs[i] = p.classifyCall(p.produce(ctx, records, b.topic, b.partition, []int{i}))
+		if errs[i] != nil && r.HasKey {
+			stopped[r.Key] = true
 		}
 	}
 }
+
+// produce sends records[idx] to one topic partition in one request.
+func (p *Publisher) produce(ctx context.Context, records []outbox.Record, topic string, partition int, idx []int) error {
+	res, err := p.client.Produce(ctx, &kafkago.ProduceRequest{
+		Topic:        topic,
+		Partition:    partition,
+		RequiredAcks: kafkago.RequireAll,
+		Records:      &recordReader{records: records, idx: idx},
+	})
+	if err != nil {
+		return err
+	}
+	return res.Error
+}
+
+// messageBytes is what a record weighs against MaxMessageBytes: what its
+// message carries, and the per-record framing.
+func messageBytes(r *outbox.Record) int {
+	const framing = 64 // lengths, offsets and timestamp deltas, generously
+	n := framing + len(r.Key) + len(r.Payload) +
+		len(HeaderEventID) + 36 + len(HeaderID) + 20
+	for k, v := range r.Headers {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// recordReader hands a produce request its records one at a time, per the
+// delivery format: key (absent for a null key), payload as value, the
+// row's headers sorted by name, then the event id and row id. The request
+// encodes each record before it asks for the next, so one record and its
+// buffers serve them all.
+type recordReader struct {
+	records []outbox.Record
+	idx     []int
+	next    int
+
+	rec     kafkago.Record
+	key     stringReader
+	value   bytesReader
+	names   []string
+	headers []kafkago.Header
+	buf     []byte
+}
+
+// ReadRecord returns the next record, or io.EOF after the last.
+func (rr *recordReader) ReadRecord() (*kafkago.Record, error) {
+	if rr.next >= len(rr.idx) {
+		return nil, io.EOF
+	}
+	r := &rr.records[rr.idx[rr.next]]
+	rr.next++
+	rr.rec = kafkago.Record{} // stamped with the time it is encoded
+	if r.HasKey {
+		rr.key.Reset(r.Key)
+		rr.rec.Key = &rr.key
+	}
+	if r.Payload != nil {
+		rr.value.Reset(r.Payload)
+		rr.rec.Value = &rr.value
+	}
+	rr.names = rr.names[:0]
+	for k := range r.Headers {
+		rr.names = append(rr.names, k)
+	}
+	sort.Strings(rr.names)
+	// Header values are slices of one buffer, filled before any is taken,
+	// as appending may move it.
+	rr.buf = rr.buf[:0]
+	for _, k := range rr.names {
+		rr.buf = append(rr.buf, r.Headers[k]...)
+	}
+	rr.buf = append(rr.buf, r.EventID.String()...)
+	rr.buf = strconv.AppendInt(rr.buf, r.ID, 10)
+	rr.headers = rr.headers[:0]
+	at := 0
+	value := func(n int) []byte {
+		v := rr.buf[at : at+n : at+n]
+		at += n
+		return v
+	}
+	for _, k := range rr.names {
+		rr.headers = append(rr.headers, kafkago.Header{Key: k, Value: value(len(r.Headers[k]))})
+	}
+	rr.headers = append(rr.headers,
+		kafkago.Header{Key: HeaderEventID, Value: value(36)},
+		kafkago.Header{Key: HeaderID, Value: rr.buf[at:len(rr.buf):len(rr.buf)]},
+	)
+	rr.rec.Headers = rr.headers
+	return &rr.rec, nil
+}
+
+type stringReader struct{ strings.Reader }
+
+func (*stringReader) Close() error { return nil }
+
+type bytesReader struct{ bytes.Reader }
+
+func (*bytesReader) Close() error { return nil }
 
 // classifyCall classifies an error that failed a whole write. With SASL,
 // brokers answer a failed authentication by closing the connection, which
@@ -313,26 +393,6 @@ func (p *Publisher) classifyCall(err error) error {
 		return retry.Systemic(fmt.Errorf("kafka: the broker closed the connection; with SASL this usually means authentication failed (check kafka.sasl): %w", err))
 	}
 	return Classify(err)
-}
-
-// culprit finds the message kafka-go refused, by its event id.
-func culprit(batch []kafkago.Message, e kafkago.MessageTooLargeError) int {
-	id := eventID(e.Message)
-	for j := range batch {
-		if eventID(batch[j]) == id {
-			return j
-		}
-	}
-	return 0
-}
-
-func eventID(m kafkago.Message) string {
-	for _, h := range m.Headers {
-		if h.Key == HeaderEventID {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
 
 // Classify maps a kafka-go error to the relay's classes; nil stays nil.
@@ -351,15 +411,6 @@ func Classify(err error) error {
 	var ce *retry.Error
 	if errors.As(err, &ce) {
 		return err
-	}
-	// A write of one message reports its error as WriteErrors of one.
-	var we kafkago.WriteErrors
-	if errors.As(err, &we) {
-		for _, e := range we {
-			if e != nil {
-				return Classify(e)
-			}
-		}
 	}
 	var kerr kafkago.Error
 	if errors.As(err, &kerr) {

@@ -7,7 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -61,6 +61,10 @@ func TestPublishDeliveryFormat(t *testing.T) {
 		record(3, "orders", "order-1", `{"n":2}`),
 	}
 	recs[0].Headers = map[string]string{"traceparent": "00-abc-def-01", "content-type": "application/json"}
+	emptyKey := record(4, "audit", "", "empty key")
+	emptyKey.HasKey = true
+	recs = append(recs, emptyKey)
+	before := time.Now().Truncate(time.Millisecond)
 	for i, err := range publish(t, p, recs) {
 		if err != nil {
 			t.Fatalf("record %d: %v", i, err)
@@ -77,15 +81,30 @@ func TestPublishDeliveryFormat(t *testing.T) {
 		h[kafka.HeaderEventID] != recs[0].EventID.String() || h[kafka.HeaderID] != "1" {
 		t.Fatalf("first message key %q headers %v", orders[0].Key, h)
 	}
-	audit := kafkatest.Consume(ctx, t, c.ListenAddrs(), "audit", 1)
-	if audit[0].Key != nil || audit[0].Headers[kafka.HeaderID] != "2" {
-		t.Fatalf("null-key message: key %q headers %v", audit[0].Key, audit[0].Headers)
+	// The row's headers sorted by name, then the relay's.
+	if got := strings.Join(orders[0].HeaderKeys, ","); got != "content-type,traceparent,"+kafka.HeaderEventID+","+kafka.HeaderID {
+		t.Fatalf("header order %s", got)
+	}
+	for _, m := range orders {
+		if m.Timestamp.Before(before) || m.Timestamp.After(time.Now()) {
+			t.Fatalf("message timestamp %v, want the time of the publish (after %v)", m.Timestamp, before)
+		}
+	}
+	audit := kafkatest.Consume(ctx, t, c.ListenAddrs(), "audit", 2)
+	byID := map[string]kafkatest.Record{}
+	for _, m := range audit {
+		byID[m.Headers[kafka.HeaderID]] = m
+	}
+	if m := byID["2"]; m.Key != nil || string(m.Value) != "no key" {
+		t.Fatalf("null-key message: key %q value %q", m.Key, m.Value)
+	}
+	if m := byID["4"]; m.Key == nil || len(m.Key) != 0 {
+		t.Fatalf("empty-key message: key %q, want an empty, non-null key", m.Key)
 	}
 }
 
 // A publish sends each partition's messages in one produce request, so
-// that they succeed or fail together, whenever the writer's batch timer
-// fires: the timeout is a microsecond, shorter than adding the messages.
+// that they succeed or fail together.
 func TestPublishSendsEachPartitionInOneRequest(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"a", "b"})
@@ -101,11 +120,7 @@ func TestPublishSendsEachPartitionInOneRequest(t *testing.T) {
 		}
 		return nil, nil, false // the cluster handles it as usual
 	})
-	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), BatchSize: 2000, BatchBytes: 8 << 20, DialTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p := newPublisher(t, c)
 	for round := range 5 {
 		var recs []outbox.Record
 		for i := range 1500 {
@@ -227,6 +242,71 @@ func TestPublishIsolatesOversizedMessage(t *testing.T) {
 	}
 }
 
+// A message above MaxMessageBytes is refused without being sent; its key's
+// later message is not sent either, and the others are delivered.
+func TestPublishRefusesMessageAboveLimit(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), MaxMessageBytes: 1000, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	errs := publish(t, p, []outbox.Record{
+		record(1, "orders", "k", "a"),
+		record(2, "orders", "k", strings.Repeat("x", 1000)),
+		record(3, "orders", "k", "c"),
+		record(4, "orders", "other", "d"),
+		record(5, "orders", "", "e"),
+	})
+	if e := retry.Classify(errs[1]); errs[1] == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonTooLarge {
+		t.Fatalf("oversized record: %v, want permanent too_large", errs[1])
+	}
+	if !errors.Is(errs[2], retry.ErrNotSent) {
+		t.Fatalf("the oversized record's later key-mate: %v, want ErrNotSent", errs[2])
+	}
+	if errs[0] != nil || errs[3] != nil || errs[4] != nil {
+		t.Fatalf("records of other keys or earlier: %v", errs)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var ids []string
+	for _, r := range kafkatest.ConsumeAll(ctx, t, c, "orders") {
+		ids = append(ids, r.Headers[kafka.HeaderID])
+	}
+	slices.Sort(ids)
+	if strings.Join(ids, ",") != "1,4,5" {
+		t.Fatalf("delivered ids %v, want 1, 4 and 5", ids)
+	}
+}
+
+// A topic the cluster does not have fails its own records, as a transient
+// error (it may be being created), and holds back its keys' later records;
+// the other records go.
+func TestPublishUnknownTopic(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	p := newPublisher(t, c)
+	errs := publish(t, p, []outbox.Record{
+		record(1, "missing", "k", "a"),
+		record(2, "orders", "k", "b"),
+		record(3, "missing", "", "c"),
+		record(4, "orders", "j", "d"),
+		record(5, "orders", "", "e"),
+	})
+	for _, i := range []int{0, 2} {
+		if e := retry.Classify(errs[i]); errs[i] == nil || e.Class != retry.ClassTransient || !errors.Is(errs[i], kafkago.UnknownTopicOrPartition) {
+			t.Errorf("record %d of the missing topic: %v, want transient UnknownTopicOrPartition", i+1, errs[i])
+		}
+	}
+	if !errors.Is(errs[1], retry.ErrNotSent) {
+		t.Errorf("later record of a failed key: %v, want ErrNotSent", errs[1])
+	}
+	if errs[3] != nil || errs[4] != nil {
+		t.Fatalf("records of other keys: %v", errs)
+	}
+}
+
 func TestPublishBrokerDownIsSystemic(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -275,7 +355,6 @@ func TestClassify(t *testing.T) {
 		{context.DeadlineExceeded, retry.ClassTransient, ""},
 		{io.ErrUnexpectedEOF, retry.ClassTransient, ""},
 		{retry.Permanent(errors.New("already classified"), "no_route"), retry.ClassPermanent, "no_route"},
-		{kafkago.WriteErrors{nil, kafkago.MessageSizeTooLarge}, retry.ClassPermanent, retry.ReasonTooLarge},
 	} {
 		got := retry.Classify(kafka.Classify(tc.err))
 		if got.Class != tc.class || got.Reason != tc.reason {
@@ -284,20 +363,6 @@ func TestClassify(t *testing.T) {
 	}
 	if kafka.Classify(nil) != nil {
 		t.Error("Classify(nil) is not nil")
-	}
-}
-
-func TestMessageHeadersAreSorted(t *testing.T) {
-	t.Parallel()
-	r := record(42, "t", "k", "v")
-	r.Headers = map[string]string{"b": "2", "a": "1"}
-	m := kafka.Message(r)
-	var keys []string
-	for _, h := range m.Headers {
-		keys = append(keys, h.Key)
-	}
-	if strings.Join(keys, ",") != "a,b,"+kafka.HeaderEventID+","+kafka.HeaderID || string(m.Headers[3].Value) != strconv.Itoa(42) {
-		t.Fatalf("headers %v", m.Headers)
 	}
 }
 

@@ -30,8 +30,9 @@ import (
 )
 
 // kafkaMessageSlack is what the Kafka sink's message limit exceeds the
-// relay's max_batch_bytes by: it is a guard, which no row the relay claims
-// can trip, as a row's payload is at most payload_cap.
+// relay's max_batch_bytes by. A row's payload is at most payload_cap, so
+// only a row whose key and headers add more than the slack to it is
+// refused as too large.
 const kafkaMessageSlack = 64 << 10
 
 func (a *app) runCmd() *cobra.Command {

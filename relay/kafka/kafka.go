@@ -37,9 +37,17 @@ const (
 	DefaultDialTimeout     = 5 * time.Second
 )
 
+// requestTimeout bounds each request to the brokers, as kafka-go's Writer
+// does; a publish's own deadline, when sooner, wins. A produce request
+// gives the broker half of it to gather the in-sync replicas'
+// acknowledgements: without it kafka-go asks for them within 500 ms, and a
+// replica lagging longer would fail healthy batches (to be sent again, as
+// duplicates).
+const requestTimeout = 10 * time.Second
+
 // partitionsTTL is how long a topic's partitions are reused before they
-// are asked of the transport again, which refreshes the cluster's metadata
-// at the same period: keys spread over partitions added to a topic within
+// are asked of the transport again, which keeps the cluster's metadata for
+// at most as long: keys spread over partitions added to a topic within
 // twice that.
 const partitionsTTL = 6 * time.Second
 
@@ -72,8 +80,9 @@ type Config struct {
 // It produces with kafka-go's Client rather than its Writer, which is
 // built for asynchronous batching: a synchronous call waits for a batch to
 // fill or its timer to fire, allocates a batch of BatchSize messages per
-// partition, and copies the cluster's metadata, all on every call. A
-// Publisher builds no messages either: the request reads the records.
+// partition, and copies the cluster's metadata, all on every call. Nor
+// does a Publisher build a message to send: the request reads the
+// records.
 type Publisher struct {
 	sasl      bool
 	transport *kafkago.Transport
@@ -83,6 +92,9 @@ type Publisher struct {
 
 	mu         sync.Mutex
 	partitions map[string]topicPartitions
+
+	closing sync.RWMutex // held to read by each publish
+	closed  bool
 }
 
 type topicPartitions struct {
@@ -118,15 +130,19 @@ func New(cfg Config) (*Publisher, error) {
 	return &Publisher{
 		sasl:       cfg.SASL != nil,
 		transport:  transport,
-		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport},
+		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport, Timeout: requestTimeout},
 		balancer:   cfg.Balancer,
 		maxBytes:   cfg.MaxMessageBytes,
 		partitions: map[string]topicPartitions{},
 	}, nil
 }
 
-// Close closes the connections to the brokers.
+// Close waits for publishes under way, then closes the connections to the
+// brokers. Later publishes fail.
 func (p *Publisher) Close() error {
+	p.closing.Lock()
+	defer p.closing.Unlock()
+	p.closed = true
 	p.transport.CloseIdleConnections()
 	return nil
 }
@@ -141,9 +157,20 @@ type batch struct {
 
 // Publish writes records and returns one classified error per record. Each
 // topic partition's records go in one request, and the requests go out at
-// once, so an unusable topic or partition fails only its own records.
+// once, so an unusable topic or partition fails only its own records. The
+// records must not change afterwards: when ctx ends first, Publish returns
+// while kafka-go may still be encoding them.
 func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []error {
 	errs := make([]error, len(records))
+	p.closing.RLock()
+	defer p.closing.RUnlock()
+	if p.closed {
+		err := retry.Systemic(errors.New("kafka: the publisher is closed"))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
 	var wg sync.WaitGroup
 	for _, b := range p.route(ctx, records, errs) {
 		wg.Go(func() { p.send(ctx, records, b, errs) })

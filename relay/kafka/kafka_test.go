@@ -63,7 +63,9 @@ func TestPublishDeliveryFormat(t *testing.T) {
 	recs[0].Headers = map[string]string{"traceparent": "00-abc-def-01", "content-type": "application/json"}
 	emptyKey := record(4, "audit", "", "empty key")
 	emptyKey.HasKey = true
-	recs = append(recs, emptyKey)
+	tombstone := record(5, "audit", "gone", "")
+	tombstone.Payload = nil
+	recs = append(recs, emptyKey, tombstone)
 	before := time.Now().Truncate(time.Millisecond)
 	for i, err := range publish(t, p, recs) {
 		if err != nil {
@@ -90,7 +92,7 @@ func TestPublishDeliveryFormat(t *testing.T) {
 			t.Fatalf("message timestamp %v, want the time of the publish (after %v)", m.Timestamp, before)
 		}
 	}
-	audit := kafkatest.Consume(ctx, t, c.ListenAddrs(), "audit", 2)
+	audit := kafkatest.Consume(ctx, t, c.ListenAddrs(), "audit", 3)
 	byID := map[string]kafkatest.Record{}
 	for _, m := range audit {
 		byID[m.Headers[kafka.HeaderID]] = m
@@ -100,6 +102,48 @@ func TestPublishDeliveryFormat(t *testing.T) {
 	}
 	if m := byID["4"]; m.Key == nil || len(m.Key) != 0 {
 		t.Fatalf("empty-key message: key %q, want an empty, non-null key", m.Key)
+	}
+	if m := byID["5"]; m.Value != nil || string(m.Key) != "gone" {
+		t.Fatalf("null-payload message: key %q value %q, want a null value", m.Key, m.Value)
+	}
+}
+
+// The broker gets seconds, not kafka-go's default 500 ms, to gather the
+// in-sync replicas' acknowledgements, and no more than the publish has.
+func TestPublishGivesTheBrokerTimeToAcknowledge(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	timeouts := make(chan int32, 10)
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		timeouts <- req.(*kmsg.ProduceRequest).TimeoutMillis
+		return nil, nil, false
+	})
+	p := newPublisher(t, c)
+	for _, tc := range []struct {
+		within   time.Duration
+		min, max int32
+	}{{20 * time.Second, 4000, 5000}, {3 * time.Second, 1000, 1500}} {
+		ctx, cancel := context.WithTimeout(context.Background(), tc.within)
+		errs := p.Publish(ctx, []outbox.Record{record(1, "orders", "k", "x")})
+		cancel()
+		if errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		if got := <-timeouts; got < tc.min || got > tc.max {
+			t.Errorf("publish within %v: the broker was given %d ms to acknowledge, want %d-%d", tc.within, got, tc.min, tc.max)
+		}
+	}
+}
+
+func TestPublishAfterCloseFails(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	p := newPublisher(t, c)
+	p.Close()
+	errs := publish(t, p, []outbox.Record{record(1, "orders", "k", "x")})
+	if e := retry.Classify(errs[0]); errs[0] == nil || e.Class != retry.ClassSystemic {
+		t.Fatalf("publish after Close: %v, want a systemic error", errs[0])
 	}
 }
 

@@ -726,7 +726,10 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 		}
 		g := groups[rt.dest]
 		if g == nil {
-			g = &group{d: d, probe: a.probe, gen: a.gen, recs: make([]outbox.Record, 0, len(recs))}
+			g = &group{d: d, probe: a.probe, gen: a.gen}
+			if !a.probe { // a probe carries one row
+				g.recs = make([]outbox.Record, 0, len(recs))
+			}
 			groups[rt.dest] = g
 			order = append(order, g)
 		}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sort"
 	"strconv"
@@ -45,6 +46,9 @@ const (
 // duplicates).
 const requestTimeout = 10 * time.Second
 
+// murmur2 maps keys to partitions as the Java client does.
+var murmur2 kafkago.Murmur2Balancer
+
 // partitionsTTL is how long a topic's partitions are reused before they
 // are asked of the transport again, which keeps the cluster's metadata for
 // at most as long: keys spread over partitions added to a topic within
@@ -61,9 +65,6 @@ type Config struct {
 	TLS *tls.Config
 	// SASL authenticates when set (PLAIN, SCRAM-SHA-256/512).
 	SASL sasl.Mechanism
-	// Balancer picks partitions. Default murmur2 on the key, like the Java
-	// client, so Java consumers and producers agree on a key's partition.
-	Balancer kafkago.Balancer
 	// MaxMessageBytes is the largest message sent, key, value and headers
 	// included; a larger one is refused as too large without being sent.
 	// Default 1 MiB.
@@ -87,7 +88,6 @@ type Publisher struct {
 	sasl      bool
 	transport *kafkago.Transport
 	client    *kafkago.Client
-	balancer  kafkago.Balancer
 	maxBytes  int
 
 	mu         sync.Mutex
@@ -111,9 +111,6 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.ClientID == "" {
 		cfg.ClientID = "outbox-relay"
 	}
-	if cfg.Balancer == nil {
-		cfg.Balancer = &kafkago.Murmur2Balancer{}
-	}
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
@@ -131,7 +128,6 @@ func New(cfg Config) (*Publisher, error) {
 		sasl:       cfg.SASL != nil,
 		transport:  transport,
 		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport, Timeout: requestTimeout},
-		balancer:   cfg.Balancer,
 		maxBytes:   cfg.MaxMessageBytes,
 		partitions: map[string]topicPartitions{},
 	}, nil
@@ -179,15 +175,20 @@ func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []erro
 	return errs
 }
 
-// route sorts records into partition batches. A record of an unknown or
-// unreachable topic gets its topic's error, one above MaxMessageBytes a
-// permanent error, and the later records of its key, in any topic, are not
-// sent.
+// route sorts records into partition batches. A key's records go to the
+// partition of its murmur2 hash, as with the Java client, so that Java
+// producers and consumers agree on it. Records without a key go to one
+// partition of their topic, picked at random for each publish, as the Java
+// client's sticky partitioner does: one request instead of one per
+// partition. A record of an unknown or unreachable topic gets its topic's
+// error, one above MaxMessageBytes a permanent error, and the later records
+// of its key, in any topic, are not sent.
 func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []error) []*batch {
 	type topicRoute struct {
 		ids     []int
 		err     error
 		batches map[int]*batch
+		keyless int // the partition of records without a key, or -1
 	}
 	var (
 		topics  = map[string]*topicRoute{}
@@ -199,7 +200,7 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 		r := &records[i]
 		t := topics[r.Topic]
 		if t == nil {
-			t = &topicRoute{batches: map[int]*batch{}}
+			t = &topicRoute{batches: map[int]*batch{}, keyless: -1}
 			t.ids, t.err = p.topicPartitions(ctx, r.Topic)
 			topics[r.Topic] = t
 		}
@@ -221,12 +222,17 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 			}
 			continue
 		}
-		msg := kafkago.Message{}
-		if r.HasKey {
-			key = append(key[:0], r.Key...)
-			msg.Key = key // never nil: an empty key is a key
+		var part int
+		switch {
+		case r.HasKey:
+			key = append(key[:0], r.Key...) // never nil: an empty key is a key
+			part = murmur2.Balance(kafkago.Message{Key: key}, t.ids...)
+		case t.keyless >= 0:
+			part = t.keyless
+		default:
+			part = t.ids[rand.IntN(len(t.ids))]
+			t.keyless = part
 		}
-		part := p.balancer.Balance(msg, t.ids...)
 		b := t.batches[part]
 		if b == nil {
 			b = &batch{topic: r.Topic, partition: part}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -214,6 +215,44 @@ func TestMurmur2Partitioning(t *testing.T) {
 		if int(r.Partition) != want {
 			t.Errorf("key %s on partition %d, murmur2 says %d", r.Key, r.Partition, want)
 		}
+	}
+}
+
+// Records without a key of one publish go to one partition, in one
+// request; publishes spread them over the partitions.
+func TestKeylessRecordsStickToAPartitionPerPublish(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"events"})
+	p := newPublisher(t, c)
+	const publishes, each = 20, 10
+	for n := range publishes {
+		var recs []outbox.Record
+		for i := range each {
+			recs = append(recs, record(int64(n*each+i+1), "events", "", "x"))
+		}
+		for _, err := range publish(t, p, recs) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	partitionOf := map[int]int32{} // publish -> partition
+	for _, r := range kafkatest.Consume(ctx, t, c.ListenAddrs(), "events", publishes*each) {
+		id, _ := strconv.Atoi(r.Headers[kafka.HeaderID])
+		n := (id - 1) / each
+		if part, seen := partitionOf[n]; seen && part != r.Partition {
+			t.Fatalf("publish %d went to partitions %d and %d", n, part, r.Partition)
+		}
+		partitionOf[n] = r.Partition
+	}
+	used := map[int32]bool{}
+	for _, part := range partitionOf {
+		used[part] = true
+	}
+	if len(used) < 2 {
+		t.Fatalf("%d publishes all went to partition %v", publishes, used)
 	}
 }
 

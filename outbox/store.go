@@ -401,24 +401,31 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	}
 	var (
 		recs    = make([]Record, 0, p.Limit)
+		topic   internedText
 		key     pgtype.Text
-		headers string
+		payload payloadSlab
+		headers headersText
 		lastUS  pgtype.Int8
 		eventID pgtype.UUID // binary; uuid.UUID would go through its text form
 	)
 	for rows.Next() {
-		var r Record
-		if err := rows.Scan(&r.ID, &eventID, &r.Topic, &key, &r.Payload, &r.PayloadSize,
+		// Scanned in place: a Record of its own would escape to the heap,
+		// once a row.
+		recs = append(recs, Record{})
+		r := &recs[len(recs)-1]
+		if err := rows.Scan(&r.ID, &eventID, &topic, &key, &payload, &r.PayloadSize,
 			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &c.Now, &c.minPending); err != nil {
 			rows.Close()
 			return fmt.Errorf("claim outbox rows: scan: %w", err)
 		}
 		r.EventID = eventID.Bytes
+		r.Topic = topic.last
 		r.Key, r.HasKey = key.String, key.Valid
+		r.Payload = payload.last
 		if lastUS.Valid {
 			r.LastDelay = time.Duration(lastUS.Int64) * time.Microsecond
 		}
-		r.Headers, r.Undeliverable = decodeHeaders(headers)
+		r.Headers, r.Undeliverable = headers.decoded, headers.problem
 		if r.Undeliverable != "" {
 			r.UndeliverableReason = ReasonInvalidMessage
 		}
@@ -426,7 +433,6 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 			r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, p.PayloadCap)
 			r.UndeliverableReason = ReasonTooLarge
 		}
-		recs = append(recs, r)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("claim outbox rows: %w", err)
@@ -437,6 +443,77 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		return nil
 	}
 	return c.keepKeyOrder(ctx, p)
+}
+
+// internedText scans a text column, reusing the previous row's string
+// when the value repeats, as a claim's topics mostly do.
+type internedText struct{ last string }
+
+// ScanBytes implements pgtype.BytesScanner; v is valid only during the call.
+func (t *internedText) ScanBytes(v []byte) error {
+	if v == nil {
+		return errors.New("unexpected NULL")
+	}
+	if string(v) != t.last { // compared without a copy
+		t.last = string(v)
+	}
+	return nil
+}
+
+// payloadChunk is the size of the buffers a claim's payloads are copied
+// into; a larger payload gets a buffer of its own.
+const payloadChunk = 64 << 10
+
+// payloadSlab scans a bytea column into shared buffers, so a claim of a
+// thousand small payloads makes a few allocations rather than a thousand.
+// A buffer is never written again where a payload was handed out, and
+// each payload's capacity ends with it, so appending to one cannot touch
+// its neighbour.
+type payloadSlab struct {
+	buf  []byte
+	last []byte // nil for NULL
+}
+
+// ScanBytes implements pgtype.BytesScanner; v is valid only during the call.
+func (s *payloadSlab) ScanBytes(v []byte) error {
+	switch {
+	case v == nil:
+		s.last = nil
+		return nil
+	case len(v) == 0:
+		s.last = []byte{}
+		return nil
+	case len(v) > payloadChunk/4:
+		s.last = append(make([]byte, 0, len(v)), v...)
+		return nil
+	}
+	if cap(s.buf)-len(s.buf) < len(v) {
+		s.buf = make([]byte, 0, payloadChunk)
+	}
+	start := len(s.buf)
+	s.buf = append(s.buf, v...)
+	s.last = s.buf[start:len(s.buf):len(s.buf)]
+	return nil
+}
+
+// headersText scans the headers column, as text, and decodes it; the
+// common empty object costs nothing.
+type headersText struct {
+	decoded map[string]string
+	problem string
+}
+
+// ScanBytes implements pgtype.BytesScanner; v is valid only during the call.
+func (h *headersText) ScanBytes(v []byte) error {
+	if v == nil {
+		return errors.New("unexpected NULL")
+	}
+	if string(v) == "{}" {
+		h.decoded, h.problem = nil, ""
+		return nil
+	}
+	h.decoded, h.problem = decodeHeaders(string(v))
+	return nil
 }
 
 // keepKeyOrder drops the claimed rows that an earlier row of their key,

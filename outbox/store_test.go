@@ -98,6 +98,54 @@ func TestClaimReadsRows(t *testing.T) {
 	}
 }
 
+// A claim's payloads share buffers: each comes back whole, empty ones
+// stay empty rather than null, and one cannot grow into the next.
+func TestClaimReadsPayloadsOfEverySize(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	// Sizes around the shared buffers' limits, enough to fill several.
+	sizes := []int{0, 1, 200, 16 << 10, 16<<10 + 1, 40 << 10, 0, 63 << 10, 64 << 10, 64<<10 + 1, 7, 100 << 10}
+	for i, n := range sizes {
+		topic := "t"
+		if i%4 == 3 {
+			topic = fmt.Sprintf("t%d", i)
+		}
+		s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ($1, convert_to(rpad($2::int::text, $3, chr(97 + $2::int % 26)), 'UTF8'))`,
+			topic, i, n)
+	}
+	c, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: 100, PayloadCap: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(context.Background())
+	if len(c.Records) != len(sizes) {
+		t.Fatalf("claimed %d rows, want %d", len(c.Records), len(sizes))
+	}
+	want := func(i int) []byte {
+		b := []byte(strings.Repeat(string(rune('a'+i%26)), sizes[i]))
+		copy(b, strconv.Itoa(i))
+		return b[:sizes[i]]
+	}
+	for i, r := range c.Records {
+		if r.Payload == nil || !reflect.DeepEqual(r.Payload, want(i)) || r.PayloadSize != sizes[i] {
+			t.Errorf("row %d: payload of %d bytes (nil %v), size %d; want %d bytes as written",
+				i, len(r.Payload), r.Payload == nil, r.PayloadSize, sizes[i])
+		}
+		if wantTopic := map[bool]string{true: fmt.Sprintf("t%d", i), false: "t"}[i%4 == 3]; r.Topic != wantTopic {
+			t.Errorf("row %d: topic %q, want %q", i, r.Topic, wantTopic)
+		}
+	}
+	for i := range c.Records {
+		c.Records[i].Payload = append(c.Records[i].Payload, "!!!!"...)
+	}
+	for i, r := range c.Records {
+		if !reflect.DeepEqual(r.Payload[:sizes[i]], want(i)) {
+			t.Errorf("row %d: payload changed when the rows were appended to", i)
+		}
+	}
+}
+
 // Two open claims never share a row, and a key's later rows wait for the
 // earlier ones in flight.
 func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {

@@ -34,6 +34,7 @@ func main() {
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
 	only := flag.String("only", "", "run only these scenario groups: drain, latency, producer, baseline, claim (comma-separated)")
+	match := flag.String("match", "", "run only the drain scenarios whose name contains this, such as \"10k keys, 2 worker\"")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -50,13 +51,13 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(ctx, *rows, *batch, *payload, *only, *out); err != nil {
+	if err := run(ctx, *rows, *batch, *payload, *only, *match, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, rows, batch, payload int, only, out string) error {
+func run(ctx context.Context, rows, batch, payload int, only, match, out string) error {
 	url := os.Getenv("OUTBOX_BENCH_DATABASE_URL")
 	if url == "" {
 		srv, err := pgserver.Start(ctx, pgserver.Options{Durable: true, Settings: map[string]string{
@@ -88,7 +89,7 @@ func run(ctx context.Context, rows, batch, payload int, only, out string) error 
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 8 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
-		Only: only,
+		Only: only, Match: match,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})
 	if err != nil {

@@ -13,13 +13,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -82,8 +81,8 @@ type Config struct {
 // built for asynchronous batching: a synchronous call waits for a batch to
 // fill or its timer to fire, allocates a batch of BatchSize messages per
 // partition, and copies the cluster's metadata, all on every call. Nor
-// does a Publisher build a message to send: the request reads the
-// records.
+// does a Publisher build a message to send: it encodes the records
+// straight into the request's record batch (see batchEncoder).
 type Publisher struct {
 	sasl      bool
 	transport *kafkago.Transport
@@ -92,6 +91,7 @@ type Publisher struct {
 
 	mu         sync.Mutex
 	partitions map[string]topicPartitions
+	buffers    sync.Pool // of *encodeBuffer
 
 	closing sync.RWMutex // held to read by each publish
 	closed  bool
@@ -130,6 +130,7 @@ func New(cfg Config) (*Publisher, error) {
 		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport, Timeout: requestTimeout},
 		maxBytes:   cfg.MaxMessageBytes,
 		partitions: map[string]topicPartitions{},
+		buffers:    sync.Pool{New: func() any { return new(encodeBuffer) }},
 	}, nil
 }
 
@@ -153,9 +154,7 @@ type batch struct {
 
 // Publish writes records and returns one classified error per record. Each
 // topic partition's records go in one request, and the requests go out at
-// once, so an unusable topic or partition fails only its own records. The
-// records must not change afterwards: when ctx ends first, Publish returns
-// while kafka-go may still be encoding them.
+// once, so an unusable topic or partition fails only its own records.
 func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []error {
 	errs := make([]error, len(records))
 	p.closing.RLock()
@@ -316,16 +315,32 @@ func (p *Publisher) isolate(ctx context.Context, records []outbox.Record, b *bat
 
 // produce sends records[idx] to one topic partition in one request.
 func (p *Publisher) produce(ctx context.Context, records []outbox.Record, topic string, partition int, idx []int) error {
-	res, err := p.client.Produce(ctx, &kafkago.ProduceRequest{
+	buf := p.buffers.Get().(*encodeBuffer)
+	buf.data = buf.enc.encode(buf.data[:0], records, idx, time.Now())
+	buf.reader.Reset(buf.data)
+	res, err := p.client.RawProduce(ctx, &kafkago.RawProduceRequest{
 		Topic:        topic,
 		Partition:    partition,
 		RequiredAcks: kafkago.RequireAll,
-		Records:      &recordReader{records: records, idx: idx},
+		RawRecords:   protocol.RawRecordSet{Reader: &buf.reader},
 	})
+	// A call that ended with its context may have left kafka-go still
+	// writing the request: its buffer is not reused.
+	if ctx.Err() == nil {
+		p.buffers.Put(buf)
+	}
 	if err != nil {
 		return err
 	}
 	return res.Error
+}
+
+// encodeBuffer is a produce request's encoded records, kept for the next
+// request once the broker has read them.
+type encodeBuffer struct {
+	enc    batchEncoder
+	data   []byte
+	reader bytes.Reader
 }
 
 // messageBytes is what a record weighs against MaxMessageBytes: what its
@@ -339,79 +354,6 @@ func messageBytes(r *outbox.Record) int {
 	}
 	return n
 }
-
-// recordReader hands a produce request its records one at a time, per the
-// delivery format: key (absent for a null key), payload as value, the
-// row's headers sorted by name, then the event id and row id. The request
-// encodes each record before it asks for the next, so one record and its
-// buffers serve them all.
-type recordReader struct {
-	records []outbox.Record
-	idx     []int
-	next    int
-
-	rec     kafkago.Record
-	key     stringReader
-	value   bytesReader
-	names   []string
-	headers []kafkago.Header
-	buf     []byte
-}
-
-// ReadRecord returns the next record, or io.EOF after the last.
-func (rr *recordReader) ReadRecord() (*kafkago.Record, error) {
-	if rr.next >= len(rr.idx) {
-		return nil, io.EOF
-	}
-	r := &rr.records[rr.idx[rr.next]]
-	rr.next++
-	rr.rec = kafkago.Record{} // stamped with the time it is encoded
-	if r.HasKey {
-		rr.key.Reset(r.Key)
-		rr.rec.Key = &rr.key
-	}
-	if r.Payload != nil {
-		rr.value.Reset(r.Payload)
-		rr.rec.Value = &rr.value
-	}
-	rr.names = rr.names[:0]
-	for k := range r.Headers {
-		rr.names = append(rr.names, k)
-	}
-	sort.Strings(rr.names)
-	// Header values are slices of one buffer, filled before any is taken,
-	// as appending may move it.
-	rr.buf = rr.buf[:0]
-	for _, k := range rr.names {
-		rr.buf = append(rr.buf, r.Headers[k]...)
-	}
-	rr.buf = append(rr.buf, r.EventID.String()...)
-	rr.buf = strconv.AppendInt(rr.buf, r.ID, 10)
-	rr.headers = rr.headers[:0]
-	at := 0
-	value := func(n int) []byte {
-		v := rr.buf[at : at+n : at+n]
-		at += n
-		return v
-	}
-	for _, k := range rr.names {
-		rr.headers = append(rr.headers, kafkago.Header{Key: k, Value: value(len(r.Headers[k]))})
-	}
-	rr.headers = append(rr.headers,
-		kafkago.Header{Key: HeaderEventID, Value: value(36)},
-		kafkago.Header{Key: HeaderID, Value: rr.buf[at:len(rr.buf):len(rr.buf)]},
-	)
-	rr.rec.Headers = rr.headers
-	return &rr.rec, nil
-}
-
-type stringReader struct{ strings.Reader }
-
-func (*stringReader) Close() error { return nil }
-
-type bytesReader struct{ bytes.Reader }
-
-func (*bytesReader) Close() error { return nil }
 
 // classifyCall classifies an error that failed a whole write. With SASL,
 // brokers answer a failed authentication by closing the connection, which

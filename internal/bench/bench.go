@@ -57,6 +57,13 @@ type Config struct {
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: drain, latency, producer, baseline, claim).
 	Only string
+	// BrokerStores has the in-process broker keep the records it
+	// acknowledges. By default it checks each produced batch (framing,
+	// CRC, offsets) and acknowledges it, but discards its records: a broker
+	// on machines of its own costs the relay's nothing to store them, and
+	// this one stores them in memory segments that grow by copying, on the
+	// cores the relay and PostgreSQL share.
+	BrokerStores bool
 	// Match, when set, runs just the drain scenarios whose name (such as
 	// "delete-on-send, 10k keys, 2 worker(s)") contains it.
 	Match string
@@ -160,7 +167,11 @@ func (r *runner) newEnv(ctx context.Context, conns int32) (*env, error) {
 	// checkpoint landing mid-measurement would be charged to it. Needs a
 	// superuser; elsewhere the scenario just runs without it.
 	_, _ = pool.Exec(ctx, "CHECKPOINT")
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "bench"))
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(6, "bench")}
+	if !r.cfg.BrokerStores {
+		opts = append(opts, kfake.BlackholeProduce())
+	}
+	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		pool.Close()
 		relayPool.Close()

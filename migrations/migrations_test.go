@@ -432,3 +432,73 @@ func TestWakeupOneNotifierAtATime(t *testing.T) {
 		t.Fatalf("%d notifications, want 2: one for the two overlapping transactions, one for the third", got)
 	}
 }
+
+// The wake-up trigger tries its lock in its WHEN condition. Moving it
+// there keeps a trigger an operator dropped dropped, and one disabled
+// disabled, and reverting puts the lock back in the function.
+func TestWakeupLockMovesToWhen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m, err := migrations.New(db, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// state is the trigger's state ("" when dropped) and definition.
+	state := func() (string, string) {
+		t.Helper()
+		var enabled, def string
+		err := db.QueryRow(`SELECT tgenabled::text, pg_get_triggerdef(oid) FROM pg_trigger
+WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&enabled, &def)
+		if err == sql.ErrNoRows {
+			return "", ""
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return enabled, def
+	}
+	const when = "WHEN (pg_try_advisory_xact_lock(1869903970, hashtext('shop.outbox'::text)))"
+	if enabled, def := state(); enabled != "O" || !strings.Contains(def, when) {
+		t.Fatalf("after up: trigger enabled %q, %s; want enabled, %s", enabled, def, when)
+	}
+	down := func() {
+		t.Helper()
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	down()
+	if enabled, def := state(); enabled != "O" || strings.Contains(def, "WHEN") {
+		t.Fatalf("after down: trigger enabled %q, %s; want enabled, without WHEN", enabled, def)
+	}
+	var fn string
+	if err := db.QueryRow(`SELECT prosrc FROM pg_proc WHERE oid = 'shop.outbox_notify'::regproc`).Scan(&fn); err != nil ||
+		!strings.Contains(fn, "pg_try_advisory_xact_lock") {
+		t.Fatalf("after down: notify function %q (%v), want the lock back in it", fn, err)
+	}
+
+	if _, err := db.Exec(`ALTER TABLE shop.outbox DISABLE TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if enabled, def := state(); enabled != "D" || !strings.Contains(def, when) {
+		t.Fatalf("up with the trigger disabled: enabled %q, %s; want disabled, %s", enabled, def, when)
+	}
+
+	down()
+	if _, err := db.Exec(`DROP TRIGGER outbox_notify ON shop.outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if enabled, def := state(); enabled != "" {
+		t.Fatalf("up with the trigger dropped: it is back (%q, %s)", enabled, def)
+	}
+}

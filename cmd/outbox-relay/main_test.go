@@ -86,7 +86,7 @@ func TestMigrateUpStatusDown(t *testing.T) {
 		t.Fatalf("migrate status --schema other: code %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
 	r = runBinary(t, env, "migrate", "down")
-	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00004_validate_dead_letter_time.sql") {
+	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00005_wakeup_lock_in_when.sql") {
 		t.Fatalf("migrate down: code %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
 }

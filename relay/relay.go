@@ -284,7 +284,7 @@ func New(cfg Config) (*Relay, error) {
 		cfg.Destinations = []Destination{{Name: "default", Publisher: cfg.Publisher}}
 		cfg.Routes = []Route{{Topics: []string{"*"}, Destination: "default"}}
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, obs: cfg.Observer, inflight: inflightKeys{owner: map[string]int{}}}
+	r := &Relay{cfg: cfg, log: cfg.Logger, obs: cfg.Observer}
 	index := map[string]int{}
 	for i, d := range cfg.Destinations {
 		index[d.Name] = i
@@ -444,12 +444,13 @@ type worker struct {
 
 // taken is a claimed batch not yet delivered.
 type taken struct {
-	claim *outbox.Claim
-	owner int // its keys' owner in the in-flight registry
-	limit int
-	start time.Time // when the claim began
-	ahead bool      // claimed while the batch before it was delivered
-	err   error
+	claim    *outbox.Claim
+	owner    int        // its keys' owner in the in-flight registry
+	inflight inflightID // its entry there
+	limit    int
+	start    time.Time // when the claim began
+	ahead    bool      // claimed while the batch before it was delivered
+	err      error
 }
 
 // claimAhead reports whether the worker should claim its next batch while
@@ -502,8 +503,8 @@ func (r *Relay) take(ctx context.Context, w *worker, owner int, ahead bool) take
 		w.avgRowBytes = total / n
 	}
 	w.avoid.add(claim.SkippedKeys, start)
-	r.inflight.add(owner, claim.Records)
-	return taken{claim: claim, owner: owner, limit: limit, start: start, ahead: ahead}
+	id := r.inflight.add(owner, claim.Records)
+	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: ahead}
 }
 
 // drop gives a batch back undelivered: its rows stay as they were.
@@ -511,7 +512,7 @@ func (r *Relay) drop(ctx context.Context, t taken) {
 	if t.err != nil {
 		return
 	}
-	r.inflight.remove(t.owner, t.claim.Records)
+	r.inflight.remove(t.inflight)
 	writeCtx, cancel := writeBackContext(ctx)
 	defer cancel()
 	if err := t.claim.Release(writeCtx); err != nil {
@@ -524,7 +525,7 @@ func (r *Relay) drop(ctx context.Context, t taken) {
 // before sleeping.
 func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err error) {
 	claim, start, limit := t.claim, t.start, t.limit
-	defer r.inflight.remove(t.owner, claim.Records)
+	defer r.inflight.remove(t.inflight)
 	if len(claim.Records) == 0 {
 		writeCtx, cancel := writeBackContext(ctx)
 		defer cancel()
@@ -586,7 +587,7 @@ func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err 
 		return false, err
 	}
 	for _, g := range leased {
-		r.inflight.add(leasedOwner, g.recs) // taken over from the worker
+		g.inflight = r.inflight.add(leasedOwner, g.recs) // taken over from the worker
 		r.leased.Add(1)
 		go r.deliverLeased(inflight, g, claim.LeaseExpiry)
 	}
@@ -624,6 +625,8 @@ type group struct {
 	probe bool      // the breaker's half-open probe
 	gen   int       // the breaker state the group was admitted in
 	token uuid.UUID // the lease, for a destination with a visibility timeout
+	// inflight is a leased group's entry in the in-flight registry.
+	inflight inflightID
 
 	claimed time.Time // the database clock at the claim
 	start   time.Time // the local clock when the claim began
@@ -1030,42 +1033,73 @@ func (a avoidKeys) keys(now time.Time) []string {
 	return out
 }
 
-// inflightKeys records which worker has each key in flight.
+// inflightKeys records the batches in flight and who delivers each, so a
+// worker can tell which of the few keys it avoids another one holds. A
+// batch is registered whole rather than key by key: a map entry per key,
+// made and removed for every row, cost more than the rare look-ups that
+// scan the batches.
 type inflightKeys struct {
-	mu    sync.Mutex
-	owner map[string]int
+	mu      sync.Mutex
+	next    inflightID
+	batches map[inflightID]inflightBatch
 }
 
-func (f *inflightKeys) add(worker int, recs []outbox.Record) {
+// inflightID names a batch registered in flight.
+type inflightID int64
+
+type inflightBatch struct {
+	owner int
+	recs  []outbox.Record
+}
+
+// add registers recs in flight under owner until remove is called with
+// the id it returns.
+func (f *inflightKeys) add(owner int, recs []outbox.Record) inflightID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, r := range recs {
-		if r.HasKey {
-			f.owner[r.Key] = worker
+	f.next++
+	if len(recs) > 0 {
+		if f.batches == nil {
+			f.batches = map[inflightID]inflightBatch{}
 		}
+		f.batches[f.next] = inflightBatch{owner: owner, recs: recs}
 	}
+	return f.next
 }
 
-func (f *inflightKeys) remove(worker int, recs []outbox.Record) {
+func (f *inflightKeys) remove(id inflightID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, r := range recs {
-		if r.HasKey && f.owner[r.Key] == worker {
-			delete(f.owner, r.Key)
-		}
-	}
+	delete(f.batches, id)
 }
 
-// elsewhere returns those of keys that another worker has in flight.
+// elsewhere returns those of keys that another owner than worker has in
+// flight, in their order.
 func (f *inflightKeys) elsewhere(worker int, keys []string) []string {
 	if len(keys) == 0 {
 		return nil
 	}
+	found := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		found[k] = false
+	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	for _, b := range f.batches {
+		if b.owner == worker {
+			continue
+		}
+		for i := range b.recs {
+			if r := &b.recs[i]; r.HasKey {
+				if seen, ok := found[r.Key]; ok && !seen {
+					found[r.Key] = true
+				}
+			}
+		}
+	}
+	f.mu.Unlock()
 	out := keys[:0]
 	for _, k := range keys {
-		if w, ok := f.owner[k]; ok && w != worker {
+		if found[k] {
 			out = append(out, k)
 		}
 	}
@@ -1234,7 +1268,7 @@ func (r *Relay) deliverLeased(inflight context.Context, g *group, expiry map[int
 	}
 	// Other workers may claim these keys again: their rows stay behind the
 	// leased ones until the write-back below, which then makes them ready.
-	r.inflight.remove(leasedOwner, g.recs)
+	r.inflight.remove(g.inflight)
 	ctx, cancel := writeBackContext(inflight)
 	defer cancel()
 	if err := r.cfg.Store.CompleteLeased(ctx, outcomes, unsent, keys); err != nil {

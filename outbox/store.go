@@ -461,7 +461,8 @@ func (t *internedText) ScanBytes(v []byte) error {
 }
 
 // payloadChunk is the size of the buffers a claim's payloads are copied
-// into; a larger payload gets a buffer of its own.
+// into. A payload above a quarter of it gets a buffer of its own, so that
+// at most that much of a buffer is left unused when the next one starts.
 const payloadChunk = 64 << 10
 
 // payloadSlab scans a bytea column into shared buffers, so a claim of a

@@ -26,7 +26,9 @@ import (
 // classified with the retry package; unclassified errors are transient.
 // Records sharing a key are given in id order and must be delivered in that
 // order: after a record fails, a Publisher must not send the later records
-// of its key, and reports them with retry.ErrNotSent.
+// of its key, and reports them with retry.ErrNotSent. The records are the
+// relay's, read by other workers while they are in flight: a Publisher
+// reads them and never changes them.
 type Publisher interface {
 	Publish(ctx context.Context, records []outbox.Record) []error
 }

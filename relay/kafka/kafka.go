@@ -324,9 +324,10 @@ func (p *Publisher) produce(ctx context.Context, records []outbox.Record, topic 
 		RequiredAcks: kafkago.RequireAll,
 		RawRecords:   protocol.RawRecordSet{Reader: &buf.reader},
 	})
-	// A call that ended with its context may have left kafka-go still
-	// writing the request: its buffer is not reused.
-	if ctx.Err() == nil {
+	// A call that failed may have ended with its context, or with the
+	// client's own timeout, while kafka-go was still writing the request:
+	// only a buffer whose request got an answer is reused.
+	if err == nil {
 		p.buffers.Put(buf)
 	}
 	if err != nil {

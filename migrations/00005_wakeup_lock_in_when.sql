@@ -5,7 +5,8 @@
 -- throughput to the trigger; they lose about half that now.
 --
 -- A trigger that an operator dropped (for producers using two-phase
--- commit) stays dropped, and one that was disabled stays disabled.
+-- commit) stays dropped, and one that was disabled, or set to fire always
+-- or only on replicas, keeps that state.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -34,9 +35,12 @@ BEGIN
         FOR EACH STATEMENT
         WHEN (pg_try_advisory_xact_lock(1869903970, hashtext('{{.SchemaText}}.outbox')))
         EXECUTE FUNCTION {{.Schema}}.outbox_notify();
-    IF enabled = 'D' THEN
-        ALTER TABLE {{.Schema}}.outbox DISABLE TRIGGER outbox_notify;
-    END IF;
+    CASE enabled
+        WHEN 'D' THEN ALTER TABLE {{.Schema}}.outbox DISABLE TRIGGER outbox_notify;
+        WHEN 'A' THEN ALTER TABLE {{.Schema}}.outbox ENABLE ALWAYS TRIGGER outbox_notify;
+        WHEN 'R' THEN ALTER TABLE {{.Schema}}.outbox ENABLE REPLICA TRIGGER outbox_notify;
+        ELSE NULL;
+    END CASE;
 END
 $$;
 -- +goose StatementEnd
@@ -68,9 +72,12 @@ BEGIN
     CREATE TRIGGER outbox_notify
         AFTER INSERT ON {{.Schema}}.outbox
         FOR EACH STATEMENT EXECUTE FUNCTION {{.Schema}}.outbox_notify();
-    IF enabled = 'D' THEN
-        ALTER TABLE {{.Schema}}.outbox DISABLE TRIGGER outbox_notify;
-    END IF;
+    CASE enabled
+        WHEN 'D' THEN ALTER TABLE {{.Schema}}.outbox DISABLE TRIGGER outbox_notify;
+        WHEN 'A' THEN ALTER TABLE {{.Schema}}.outbox ENABLE ALWAYS TRIGGER outbox_notify;
+        WHEN 'R' THEN ALTER TABLE {{.Schema}}.outbox ENABLE REPLICA TRIGGER outbox_notify;
+        ELSE NULL;
+    END CASE;
 END
 $$;
 -- +goose StatementEnd

@@ -434,8 +434,9 @@ func TestWakeupOneNotifierAtATime(t *testing.T) {
 }
 
 // The wake-up trigger tries its lock in its WHEN condition. Moving it
-// there keeps a trigger an operator dropped dropped, and one disabled
-// disabled, and reverting puts the lock back in the function.
+// there keeps a trigger an operator dropped dropped, and one disabled or
+// set to fire always keeps that state, both ways; reverting puts the lock
+// back in the function.
 func TestWakeupLockMovesToWhen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -489,6 +490,20 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 	}
 	if enabled, def := state(); enabled != "D" || !strings.Contains(def, when) {
 		t.Fatalf("up with the trigger disabled: enabled %q, %s; want disabled, %s", enabled, def, when)
+	}
+
+	down()
+	if enabled, _ := state(); enabled != "D" {
+		t.Fatalf("down with the trigger disabled: enabled %q, want disabled", enabled)
+	}
+	if _, err := db.Exec(`ALTER TABLE shop.outbox ENABLE ALWAYS TRIGGER outbox_notify`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if enabled, def := state(); enabled != "A" || !strings.Contains(def, when) {
+		t.Fatalf("up with the trigger firing always (logical replication): enabled %q, %s; want it still always, %s", enabled, def, when)
 	}
 
 	down()

@@ -472,6 +472,12 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 			t.Fatal(err)
 		}
 	}
+	up := func() {
+		t.Helper()
+		if _, err := m.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	down()
 	if enabled, def := state(); enabled != "O" || strings.Contains(def, "WHEN") {
 		t.Fatalf("after down: trigger enabled %q, %s; want enabled, without WHEN", enabled, def)
@@ -485,9 +491,7 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 	if _, err := db.Exec(`ALTER TABLE shop.outbox DISABLE TRIGGER outbox_notify`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	up()
 	if enabled, def := state(); enabled != "D" || !strings.Contains(def, when) {
 		t.Fatalf("up with the trigger disabled: enabled %q, %s; want disabled, %s", enabled, def, when)
 	}
@@ -499,9 +503,7 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 	if _, err := db.Exec(`ALTER TABLE shop.outbox ENABLE ALWAYS TRIGGER outbox_notify`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	up()
 	if enabled, def := state(); enabled != "A" || !strings.Contains(def, when) {
 		t.Fatalf("up with the trigger firing always (logical replication): enabled %q, %s; want it still always, %s", enabled, def, when)
 	}
@@ -510,9 +512,7 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 	if _, err := db.Exec(`DROP TRIGGER outbox_notify ON shop.outbox`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	up()
 	if enabled, def := state(); enabled != "" {
 		t.Fatalf("up with the trigger dropped: it is back (%q, %s)", enabled, def)
 	}

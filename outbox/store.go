@@ -497,8 +497,7 @@ func (s *payloadSlab) ScanBytes(v []byte) error {
 	return nil
 }
 
-// headersText scans the headers column, as text, and decodes it; the
-// common empty object costs nothing.
+// headersText scans the headers column, as text, and decodes it.
 type headersText struct {
 	decoded map[string]string
 	problem string
@@ -509,11 +508,7 @@ func (h *headersText) ScanBytes(v []byte) error {
 	if v == nil {
 		return errors.New("unexpected NULL")
 	}
-	if string(v) == "{}" {
-		h.decoded, h.problem = nil, ""
-		return nil
-	}
-	h.decoded, h.problem = decodeHeaders(string(v))
+	h.decoded, h.problem = decodeHeaders(v)
 	return nil
 }
 
@@ -1022,13 +1017,14 @@ func (s *Store) maintain(ctx context.Context, what, sql string, retention time.D
 
 // decodeHeaders parses a headers column. Producers writing plain SQL can
 // store any JSON object; a value that is not a string makes the row
-// undeliverable, and problem says which.
-func decodeHeaders(text string) (map[string]string, string) {
-	if text == "{}" {
+// undeliverable, and problem says which. The common empty object costs
+// nothing; text is not kept.
+func decodeHeaders(text []byte) (map[string]string, string) {
+	if string(text) == "{}" {
 		return nil, ""
 	}
 	var raw map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(text), &raw); err != nil {
+	if err := json.Unmarshal(text, &raw); err != nil {
 		return nil, fmt.Sprintf("headers are not a JSON object: %v", err)
 	}
 	h := make(map[string]string, len(raw))

@@ -1092,7 +1092,7 @@ func (f *inflightKeys) elsewhere(worker int, keys []string) []string {
 		}
 		for i := range b.recs {
 			if r := &b.recs[i]; r.HasKey {
-				if seen, ok := found[r.Key]; ok && !seen {
+				if _, asked := found[r.Key]; asked {
 					found[r.Key] = true
 				}
 			}

@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -289,23 +291,21 @@ func (r *runner) drains(ctx context.Context) error {
 					continue
 				}
 				ceilings, drained := make([]float64, 0, pairs+1), make([]float64, 0, pairs)
-				var drainCPU, ceilingCPU time.Duration
+				var drainUse, ceilingUse usage
 				for i := 0; i <= pairs; i++ {
 					if i > 0 {
-						cpu := processCPU()
-						got, err := r.drain(ctx, keep, dist.expr, workers)
+						got, use, err := r.drain(ctx, keep, dist.expr, workers)
 						if err != nil {
 							return fmt.Errorf("%s: %w", name, err)
 						}
-						drainCPU += processCPU() - cpu
+						drainUse = drainUse.add(use)
 						drained = append(drained, got)
 					}
-					cpu := processCPU()
-					c, err := r.sqlCeiling(ctx, keep, dist.expr, workers)
+					c, use, err := r.sqlCeiling(ctx, keep, dist.expr, workers)
 					if err != nil {
 						return fmt.Errorf("%s: SQL ceiling: %w", name, err)
 					}
-					ceilingCPU += processCPU() - cpu
+					ceilingUse = ceilingUse.add(use)
 					ceilings = append(ceilings, c)
 				}
 				// The ceiling of each drain is the mean of the two beside
@@ -316,8 +316,8 @@ func (r *runner) drains(ctx context.Context) error {
 					got += d / float64(pairs)
 				}
 				ceilingNote := fmt.Sprintf("mean of %.0f before and %.0f after the drain", ceilings[0], ceilings[1])
-				drainNote := fmt.Sprintf("%.0f%% of the SQL ceiling; this process's CPU %.1f µs a row against the ceiling's %.1f",
-					100*got/ceiling, perRow(drainCPU, pairs*r.cfg.Rows), perRow(ceilingCPU, (pairs+1)*r.cfg.Rows))
+				drainNote := fmt.Sprintf("%.0f%% of the SQL ceiling; %s",
+					100*got/ceiling, drainUse.against(ceilingUse, pairs*r.cfg.Rows, (pairs+1)*r.cfg.Rows))
 				if pairs > 1 {
 					ceilingNote = fmt.Sprintf("%s before, between and after %d drains; the mean, over the drains, of the two beside each",
 						list(ceilings), pairs)
@@ -331,16 +331,71 @@ func (r *runner) drains(ctx context.Context) error {
 	return nil
 }
 
-// processCPU is the CPU time this process (relay, Kafka client and
-// in-process broker, or the SQL ceiling's loop) has used so far, in user
-// and system mode. Backlog fills are counted too: their share is small and
-// the same for a drain and a ceiling.
-func processCPU() time.Duration {
+// usage is the CPU time spent over the timed part of drains or ceilings
+// (not their backlog fills): this process's (relay, Kafka client and
+// in-process broker, or the SQL ceiling's loop), in user and system mode,
+// and, where the kernel reports them (Linux), the whole machine's busy
+// and idle time, summed over its CPUs. What the machine spent beside this
+// process is PostgreSQL's, and the kernel's for work it does outside any
+// process's time, such as delivering loopback traffic.
+type usage struct {
+	process, busy, idle time.Duration
+}
+
+// usageNow reads the CPU time used so far.
+func usageNow() usage {
+	var u usage
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		u.process = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	u.busy, u.idle = machineCPU()
+	return u
+}
+
+// machineCPU reads the busy and idle time of every CPU since boot from
+// /proc/stat; zero where there is none. Its figures are in USER_HZ ticks,
+// a hundredth of a second on every Linux architecture. Time stolen by a
+// hypervisor counts as neither.
+func machineCPU() (busy, idle time.Duration) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, 0
+	}
+	var t [7]int64 // user, nice, system, idle, iowait, irq, softirq
+	for i := range t {
+		if t[i], err = strconv.ParseInt(f[i+1], 10, 64); err != nil {
+			return 0, 0
+		}
+	}
+	const tick = 10 * time.Millisecond
+	return time.Duration(t[0]+t[1]+t[2]+t[5]+t[6]) * tick, time.Duration(t[3]+t[4]) * tick
+}
+
+func (u usage) add(v usage) usage {
+	return usage{process: u.process + v.process, busy: u.busy + v.busy, idle: u.idle + v.idle}
+}
+
+func (u usage) since(start usage) usage {
+	return usage{process: u.process - start.process, busy: u.busy - start.busy, idle: u.idle - start.idle}
+}
+
+// against describes u, over n rows drained, beside the ceilings' c, over
+// m rows: CPU a row, this process's and the rest of the machine's, and
+// the machine's idle share.
+func (u usage) against(c usage, n, m int) string {
+	s := fmt.Sprintf("this process's CPU %.1f µs a row against the ceiling's %.1f", perRow(u.process, n), perRow(c.process, m))
+	if u.busy > 0 && c.busy > 0 {
+		s += fmt.Sprintf(", the rest of the machine's %.1f against %.1f, the machine idle %.0f%% of the time against %.0f%%",
+			perRow(u.busy-u.process, n), perRow(c.busy-c.process, m),
+			100*float64(u.idle)/float64(u.busy+u.idle), 100*float64(c.idle)/float64(c.busy+c.idle))
+	}
+	return s
 }
 
 // perRow is d a row over n rows, in microseconds.
@@ -360,23 +415,23 @@ func list(v []float64) string {
 	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
-func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers int) (float64, error) {
+func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers int) (float64, usage, error) {
 	e, err := r.newEnv(ctx, int32(workers+4))
 	if err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	defer e.close()
 	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	pub, err := r.publisher(e)
 	if err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	defer pub.Close()
 	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
 	if err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	cfg := relay.Config{
 		Store: store, Publisher: pub, Workers: workers, BatchSize: r.cfg.BatchSize,
@@ -388,41 +443,41 @@ func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers i
 	}
 	rel, err := relay.New(cfg)
 	if err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	start := time.Now()
+	start, startUse := time.Now(), usageNow()
 	go func() { done <- rel.Run(runCtx) }()
 	err = waitUntil(ctx, 10*time.Minute, func() bool { return rel.Stats().Delivered >= int64(r.cfg.Rows) })
-	elapsed := time.Since(start)
+	elapsed, use := time.Since(start), usageNow().since(startUse)
 	stop()
 	if runErr := <-done; runErr != nil {
-		return 0, runErr
+		return 0, usage{}, runErr
 	}
 	if err != nil {
-		return 0, fmt.Errorf("drain: %w (delivered %d of %d)", err, rel.Stats().Delivered, r.cfg.Rows)
+		return 0, usage{}, fmt.Errorf("drain: %w (delivered %d of %d)", err, rel.Stats().Delivered, r.cfg.Rows)
 	}
-	return float64(r.cfg.Rows) / elapsed.Seconds(), nil
+	return float64(r.cfg.Rows) / elapsed.Seconds(), use, nil
 }
 
 // sqlCeiling drains a backlog with the relay's own claim and write-back
 // statements and nothing else: no publish.
-func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, workers int) (float64, error) {
+func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, workers int) (float64, usage, error) {
 	e, err := r.newEnv(ctx, int32(workers+2))
 	if err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	defer e.close()
 	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
 	if err != nil {
-		return 0, err
+		return 0, usage{}, err
 	}
 	var done atomic.Int64
-	start := time.Now()
+	start, startUse := time.Now(), usageNow()
 	err = parallel(workers, func(int) error {
 		for done.Load() < int64(r.cfg.Rows) {
 			if _, err := claimAndAck(ctx, store, r.cfg.BatchSize, &done); err != nil {
@@ -431,7 +486,7 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 		}
 		return nil
 	})
-	return float64(r.cfg.Rows) / time.Since(start).Seconds(), err
+	return float64(r.cfg.Rows) / time.Since(start).Seconds(), usageNow().since(startUse), err
 }
 
 func claimAndAck(ctx context.Context, store *outbox.Store, limit int, done *atomic.Int64) (time.Duration, error) {
@@ -593,7 +648,7 @@ func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st
 // during the run weighs on both alike, and the trigger's cost is the
 // median of the rounds' own.
 func (r *runner) producers(ctx context.Context) error {
-	const producers, rounds = 8, 8
+	const producers, rounds = 8, 16
 	e, err := r.newEnv(ctx, producers+1)
 	if err != nil {
 		return err

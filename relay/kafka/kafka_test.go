@@ -35,7 +35,7 @@ func record(id int64, topic, key, payload string) outbox.Record {
 		Payload: []byte(payload), PayloadSize: len(payload)}
 }
 
-func newPublisher(t *testing.T, c *kfake.Cluster) *kafka.Publisher {
+func newPublisher(t testing.TB, c *kfake.Cluster) *kafka.Publisher {
 	t.Helper()
 	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), DialTimeout: time.Second})
 	if err != nil {

@@ -336,8 +336,9 @@ func (r *runner) drains(ctx context.Context) error {
 // in-process broker, or the SQL ceiling's loop), in user and system mode,
 // and, where the kernel reports them (Linux), the whole machine's busy
 // and idle time, summed over its CPUs. What the machine spent beside this
-// process is PostgreSQL's, and the kernel's for work it does outside any
-// process's time, such as delivering loopback traffic.
+// process is every other process's, mostly PostgreSQL's on a quiet
+// machine, and the kernel's for work it does outside any process's time,
+// such as delivering loopback traffic.
 type usage struct {
 	process, busy, idle time.Duration
 }
@@ -355,8 +356,11 @@ func usageNow() usage {
 
 // machineCPU reads the busy and idle time of every CPU since boot from
 // /proc/stat; zero where there is none. Its figures are in USER_HZ ticks,
-// a hundredth of a second on every Linux architecture. Time stolen by a
-// hypervisor counts as neither.
+// a hundredth of a second on every architecture Go supports. Time spent
+// waiting for I/O counts as idle (with fsync on, PostgreSQL's WAL flushes
+// among it); time stolen by a hypervisor counts as neither. The machine's
+// figures are sampled at each tick, so over a short stretch they are
+// coarse beside the process's own.
 func machineCPU() (busy, idle time.Duration) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -392,7 +396,7 @@ func (u usage) against(c usage, n, m int) string {
 	s := fmt.Sprintf("this process's CPU %.1f µs a row against the ceiling's %.1f", perRow(u.process, n), perRow(c.process, m))
 	if u.busy > 0 && c.busy > 0 {
 		s += fmt.Sprintf(", the rest of the machine's %.1f against %.1f, the machine idle %.0f%% of the time against %.0f%%",
-			perRow(u.busy-u.process, n), perRow(c.busy-c.process, m),
+			perRow(max(u.busy-u.process, 0), n), perRow(max(c.busy-c.process, 0), m),
 			100*float64(u.idle)/float64(u.busy+u.idle), 100*float64(c.idle)/float64(c.busy+c.idle))
 	}
 	return s

@@ -10,9 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/procfs"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -355,30 +354,23 @@ func usageNow() usage {
 }
 
 // machineCPU reads the busy and idle time of every CPU since boot from
-// /proc/stat; zero where there is none. Its figures are in USER_HZ ticks,
-// a hundredth of a second on every architecture Go supports. Time spent
-// waiting for I/O counts as idle (with fsync on, PostgreSQL's WAL flushes
-// among it); time stolen by a hypervisor counts as neither. The machine's
-// figures are sampled at each tick, so over a short stretch they are
-// coarse beside the process's own.
+// the kernel's /proc/stat; zero where there is none. Time spent waiting
+// for I/O counts as idle (with fsync on, PostgreSQL's WAL flushes among
+// it); time stolen by a hypervisor counts as neither. The kernel counts
+// in ticks of a hundredth of a second, so over a short stretch these
+// figures are coarse beside the process's own.
 func machineCPU() (busy, idle time.Duration) {
-	b, err := os.ReadFile("/proc/stat")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0, 0
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
+	st, err := fs.Stat()
+	if err != nil {
 		return 0, 0
 	}
-	var t [7]int64 // user, nice, system, idle, iowait, irq, softirq
-	for i := range t {
-		if t[i], err = strconv.ParseInt(f[i+1], 10, 64); err != nil {
-			return 0, 0
-		}
-	}
-	const tick = 10 * time.Millisecond
-	return time.Duration(t[0]+t[1]+t[2]+t[5]+t[6]) * tick, time.Duration(t[3]+t[4]) * tick
+	t := st.CPUTotal
+	seconds := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	return seconds(t.User + t.Nice + t.System + t.IRQ + t.SoftIRQ), seconds(t.Idle + t.Iowait)
 }
 
 func (u usage) add(v usage) usage {

@@ -324,15 +324,13 @@ func (p *Publisher) produce(ctx context.Context, records []outbox.Record, topic 
 		RequiredAcks: kafkago.RequireAll,
 		RawRecords:   protocol.RawRecordSet{Reader: &buf.reader},
 	})
-	// A call that failed may have ended with its context, or with the
-	// client's own timeout, while kafka-go was still writing the request:
-	// only a buffer whose request got an answer is reused.
-	if err == nil {
-		p.buffers.Put(buf)
-	}
 	if err != nil {
+		// The call may have ended with its context, or with the client's
+		// own timeout, while kafka-go was still writing the request: only
+		// a buffer whose request got an answer is reused.
 		return err
 	}
+	p.buffers.Put(buf)
 	return res.Error
 }
 

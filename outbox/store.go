@@ -95,7 +95,7 @@ type Store struct {
 		defer_, deferParked, sent               string
 		fail, cleanup, expireDead               string
 		lease, leasedSent, unlease, pullForward string
-		backlog                                 string
+		leasedFail, backlog                     string
 	}
 }
 
@@ -251,6 +251,9 @@ FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::t
             $7::text[], $8::bool[], $9::bool[], $11::uuid[], $12::text[])
      AS f(id, status, inc, delay_us, err, class, reason, park, attempted, token, dest)
 WHERE o.id = f.id AND (f.token IS NULL OR o.lease_token = f.token)`
+	// A leased write-back learns which rows still held its lease.
+	s.sql.leasedFail = s.sql.fail + `
+RETURNING o.id`
 
 	// A lease counts the attempt when it is taken, so a row that crashes
 	// the relay every time still runs out of attempts.
@@ -265,10 +268,12 @@ RETURNING o.id, o.next_attempt_at`
 		s.sql.leasedSent = `UPDATE ` + t + ` AS o SET status = 'sent', sent_at = statement_timestamp(), lease_token = NULL,
     retry_count = o.retry_count - 1
 FROM unnest($1::bigint[], $2::uuid[]) AS l(id, token)
-WHERE o.id = l.id AND o.lease_token = l.token`
+WHERE o.id = l.id AND o.lease_token = l.token
+RETURNING o.id`
 	} else {
 		s.sql.leasedSent = `DELETE FROM ` + t + ` AS o USING unnest($1::bigint[], $2::uuid[]) AS l(id, token)
-WHERE o.id = l.id AND o.lease_token = l.token`
+WHERE o.id = l.id AND o.lease_token = l.token
+RETURNING o.id`
 	}
 	// A leased row that was never sent gives its attempt back.
 	s.sql.unlease = `UPDATE ` + t + ` AS o SET next_attempt_at = statement_timestamp(), lease_token = NULL,
@@ -861,10 +866,12 @@ func (f *failures) add(o Outcome, inc int32, attempted bool, token pgtype.UUID) 
 	f.dests = append(f.dests, pgtype.Text{String: o.Destination, Valid: o.Destination != ""})
 }
 
-func (f *failures) queue(b *pgx.Batch, sql string, history int) {
-	if len(f.ids) > 0 {
-		b.Queue(sql, f.ids, f.statuses, f.incs, f.delays, f.errs, f.classes, f.reasons, f.parks, f.attempted, history, f.tokens, f.dests)
+// queue adds the fail statement to b, if any row failed, and returns it.
+func (f *failures) queue(b *pgx.Batch, sql string, history int) *pgx.QueuedQuery {
+	if len(f.ids) == 0 {
+		return nil
 	}
+	return b.Queue(sql, f.ids, f.statuses, f.incs, f.delays, f.errs, f.classes, f.reasons, f.parks, f.attempted, history, f.tokens, f.dests)
 }
 
 // LeasedWork is where a leased key's rows sat when they were leased: rows
@@ -882,8 +889,9 @@ type LeasedWork struct {
 // when the rows were leased, so Retried and DeadLettered outcomes count
 // none; Deferred outcomes (a systemic failure) and rows in unsent (never
 // handed to the destination) give theirs back. Rows deferred behind the
-// leased keys are then made ready.
-func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent []Outcome, keys []LeasedWork) error {
+// leased keys are then made ready. It returns the outcomes written back,
+// in their order: those of rows that still held the lease.
+func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent []Outcome, keys []LeasedWork) ([]Outcome, error) {
 	var sentIDs, unsentIDs []int64
 	var sentTokens, unsentTokens []uuid.UUID
 	var fails failures
@@ -908,10 +916,21 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 		unsentTokens = append(unsentTokens, o.Token)
 	}
 	b := &pgx.Batch{}
-	if len(sentIDs) > 0 {
-		b.Queue(s.sql.leasedSent, sentIDs, sentTokens)
+	applied := map[int64]bool{}
+	collect := func(rows pgx.Rows) error {
+		var id int64
+		_, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+			applied[id] = true
+			return nil
+		})
+		return err
 	}
-	fails.queue(b, s.sql.fail, s.errorHistory)
+	if len(sentIDs) > 0 {
+		b.Queue(s.sql.leasedSent, sentIDs, sentTokens).Query(collect)
+	}
+	if q := fails.queue(b, s.sql.leasedFail, s.errorHistory); q != nil {
+		q.Query(collect)
+	}
 	if len(unsentIDs) > 0 {
 		b.Queue(s.sql.unlease, unsentIDs, unsentTokens)
 	}
@@ -925,13 +944,19 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 		b.Queue(s.sql.pullForward, k, first, until)
 	}
 	if b.Len() == 0 {
-		return nil
+		return nil, nil
 	}
 	// One implicit transaction: all or nothing.
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("write back %d leased outcomes: %w", len(outcomes)+len(unsent), err)
+		return nil, fmt.Errorf("write back %d leased outcomes: %w", len(outcomes)+len(unsent), err)
 	}
-	return nil
+	var done []Outcome
+	for _, o := range outcomes {
+		if applied[o.ID] {
+			done = append(done, o)
+		}
+	}
+	return done, nil
 }
 
 // Release ends the claim without writing anything: every row stays as it

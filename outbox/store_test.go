@@ -448,7 +448,7 @@ func TestRowsDeferredBehindALeaseWrittenBackMeanwhile(t *testing.T) {
 	behind, token, until := leaseAndDeferBehind(t, s, st)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := st.CompleteLeased(wctx, []outbox.Outcome{{ID: 1, Kind: outbox.Sent, Token: token}}, nil,
+	if _, err := st.CompleteLeased(wctx, []outbox.Outcome{{ID: 1, Kind: outbox.Sent, Token: token}}, nil,
 		[]outbox.LeasedWork{{Key: "K", FirstID: 1, Until: until}}); err != nil {
 		t.Fatalf("lease write-back while a claim defers behind it: %v", err)
 	}
@@ -456,6 +456,52 @@ func TestRowsDeferredBehindALeaseWrittenBackMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkReady(t, s, 2)
+}
+
+// A leased write-back writes, and returns, only the outcomes of rows that
+// still hold its lease. A row whose lease ran out and was taken by another
+// delivery is left to that one, whatever the outcome.
+func TestLeasedWriteBackReturnsWhatItWrote(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, true)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 4) g`)
+	c := claim(t, st, 10)
+	token := uuid.New()
+	var leases []outbox.Outcome
+	for _, r := range c.Records {
+		leases = append(leases, outbox.Outcome{ID: r.ID, Kind: outbox.Leased, Token: token, Delay: time.Hour})
+	}
+	if err := c.Complete(ctx, leases); err != nil {
+		t.Fatal(err)
+	}
+	// Rows 2 and 4 were leased again by another delivery.
+	s.Exec(t, `UPDATE outbox SET lease_token = gen_random_uuid(), retry_count = 2 WHERE id IN (2, 4)`)
+
+	outcomes := []outbox.Outcome{
+		{ID: 1, Kind: outbox.Sent, Token: token},
+		{ID: 2, Kind: outbox.Sent, Token: token},
+		{ID: 3, Kind: outbox.Retried, Token: token, Error: "503", Delay: time.Minute},
+		{ID: 4, Kind: outbox.DeadLettered, Token: token, Error: "400", Reason: "rejected"},
+	}
+	done, err := st.CompleteLeased(ctx, outcomes, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []outbox.Outcome{outcomes[0], outcomes[2]}; !reflect.DeepEqual(done, want) {
+		t.Errorf("CompleteLeased wrote %+v, want the outcomes of rows 1 and 3, those still leased by it", done)
+	}
+	var got string
+	if err := s.Pool.QueryRow(ctx, `SELECT string_agg(format('%s:%s:%s:%s', id, status, lease_token = $1, retry_count), ' ' ORDER BY id) FROM outbox`,
+		token).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	// Row 3's lease counted its attempt; the other delivery's rows are
+	// untouched.
+	if want := "1:sent::0 2:pending:f:2 3:pending::1 4:pending:f:2"; got != want {
+		t.Errorf("rows (id:status:held by this lease:retries) = %s, want %s", got, want)
+	}
 }
 
 // A claim that commits while a lease's write-back is under way waits for

@@ -71,6 +71,29 @@ func TestLeasedDeliveryOutsideTheClaim(t *testing.T) {
 	}
 }
 
+// A row whose lease ran out during its delivery, and was leased again by
+// another delivery, is that one's to write back and to count: the late
+// write-back leaves it as it is, and counts only the rows it wrote.
+func TestLeasedDeliveryCountsOnlyRowsItStillHeld(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	p := &heldPublisher{release: make(chan struct{}), held: make(chan struct{})}
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'a', 'x'), ('t', 'b', 'x')`)
+	h := start(t, s, nil, options{keepSent: true, cfg: leasedConfig(p, time.Hour)})
+	<-p.held
+	// Row 2's lease ran out and another replica leased it again.
+	s.Exec(t, `UPDATE outbox SET lease_token = gen_random_uuid() WHERE id = 2 AND lease_token IS NOT NULL`)
+	close(p.release)
+	waitFor(t, "the leased write-back", func() bool { return count(t, s.Pool, "status = 'sent'") == 1 })
+	h.stop() // waits for the leased delivery to end
+	if st := h.relay.Stats(); st.Delivered != 1 {
+		t.Errorf("delivered %d, want 1: row 2 belongs to the delivery that holds its lease now", st.Delivered)
+	}
+	if n := count(t, s.Pool, "id = 2 AND status = 'pending' AND lease_token IS NOT NULL"); n != 1 {
+		t.Error("the late write-back changed the row another delivery holds")
+	}
+}
+
 func TestLeasedDeliveryAbandonedOnStopGivesRowsBack(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)

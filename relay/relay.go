@@ -1273,13 +1273,20 @@ func (r *Relay) deliverLeased(inflight context.Context, g *group, expiry map[int
 	r.inflight.remove(g.inflight)
 	ctx, cancel := writeBackContext(inflight)
 	defer cancel()
-	if err := r.cfg.Store.CompleteLeased(ctx, outcomes, unsent, keys); err != nil {
+	// Only outcomes written back count: a row whose lease ran out and was
+	// taken by another delivery is counted by that one.
+	done, err := r.cfg.Store.CompleteLeased(ctx, outcomes, unsent, keys)
+	if err != nil {
 		// The leases run out and the rows are delivered again.
 		r.log.Error("leased write-back failed; the rows are delivered again when their lease ends",
 			slog.String("destination", g.d.Name), slog.Int("rows", len(g.recs)), slog.Any("error", err))
 		return
 	}
-	r.count(outcomes, 0)
-	r.observe(outcomes, []*group{g}, 0)
+	if lost := len(outcomes) - len(done); lost > 0 {
+		r.log.Warn("leases ran out before their write-back and another delivery took the rows; keep visibility_timeout well above the destination's timeout",
+			slog.String("destination", g.d.Name), slog.Int("rows", lost))
+	}
+	r.count(done, 0)
+	r.observe(done, []*group{g}, 0)
 	r.wakeAll()
 }

@@ -463,44 +463,53 @@ func TestRowsDeferredBehindALeaseWrittenBackMeanwhile(t *testing.T) {
 // delivery is left to that one, whatever the outcome.
 func TestLeasedWriteBackReturnsWhatItWrote(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	s := pgtest.NewSchema(t)
-	st := newStore(t, s, true)
-	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 4) g`)
-	c := claim(t, st, 10)
-	token := uuid.New()
-	var leases []outbox.Outcome
-	for _, r := range c.Records {
-		leases = append(leases, outbox.Outcome{ID: r.ID, Kind: outbox.Leased, Token: token, Delay: time.Hour})
-	}
-	if err := c.Complete(ctx, leases); err != nil {
-		t.Fatal(err)
-	}
-	// Rows 2 and 4 were leased again by another delivery.
-	s.Exec(t, `UPDATE outbox SET lease_token = gen_random_uuid(), retry_count = 2 WHERE id IN (2, 4)`)
+	for _, keepSent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep sent %v", keepSent), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := pgtest.NewSchema(t)
+			st := newStore(t, s, keepSent)
+			s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 4) g`)
+			c := claim(t, st, 10)
+			token := uuid.New()
+			var leases []outbox.Outcome
+			for _, r := range c.Records {
+				leases = append(leases, outbox.Outcome{ID: r.ID, Kind: outbox.Leased, Token: token, Delay: time.Hour})
+			}
+			if err := c.Complete(ctx, leases); err != nil {
+				t.Fatal(err)
+			}
+			// Rows 2 and 4 were leased again by another delivery.
+			s.Exec(t, `UPDATE outbox SET lease_token = gen_random_uuid(), retry_count = 2 WHERE id IN (2, 4)`)
 
-	outcomes := []outbox.Outcome{
-		{ID: 1, Kind: outbox.Sent, Token: token},
-		{ID: 2, Kind: outbox.Sent, Token: token},
-		{ID: 3, Kind: outbox.Retried, Token: token, Error: "503", Delay: time.Minute},
-		{ID: 4, Kind: outbox.DeadLettered, Token: token, Error: "400", Reason: "rejected"},
-	}
-	done, err := st.CompleteLeased(ctx, outcomes, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := []outbox.Outcome{outcomes[0], outcomes[2]}; !reflect.DeepEqual(done, want) {
-		t.Errorf("CompleteLeased wrote %+v, want the outcomes of rows 1 and 3, those still leased by it", done)
-	}
-	var got string
-	if err := s.Pool.QueryRow(ctx, `SELECT string_agg(format('%s:%s:%s:%s', id, status, lease_token = $1, retry_count), ' ' ORDER BY id) FROM outbox`,
-		token).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
-	// Row 3's lease counted its attempt; the other delivery's rows are
-	// untouched.
-	if want := "1:sent::0 2:pending:f:2 3:pending::1 4:pending:f:2"; got != want {
-		t.Errorf("rows (id:status:held by this lease:retries) = %s, want %s", got, want)
+			outcomes := []outbox.Outcome{
+				{ID: 1, Kind: outbox.Sent, Token: token},
+				{ID: 2, Kind: outbox.Sent, Token: token},
+				{ID: 3, Kind: outbox.Retried, Token: token, Error: "503", Delay: time.Minute},
+				{ID: 4, Kind: outbox.DeadLettered, Token: token, Error: "400", Reason: "rejected"},
+			}
+			done, err := st.CompleteLeased(ctx, outcomes, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []outbox.Outcome{outcomes[0], outcomes[2]}; !reflect.DeepEqual(done, want) {
+				t.Errorf("CompleteLeased wrote %+v, want the outcomes of rows 1 and 3, those still leased by it", done)
+			}
+			var got string
+			if err := s.Pool.QueryRow(ctx, `SELECT string_agg(format('%s:%s:%s:%s', id, status, lease_token = $1, retry_count), ' ' ORDER BY id) FROM outbox`,
+				token).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			// Row 1 is sent (or deleted), row 3's lease counted its
+			// attempt; the other delivery's rows are untouched.
+			want := "2:pending:f:2 3:pending::1 4:pending:f:2"
+			if keepSent {
+				want = "1:sent::0 " + want
+			}
+			if got != want {
+				t.Errorf("rows (id:status:held by this lease:retries) = %s, want %s", got, want)
+			}
+		})
 	}
 }
 

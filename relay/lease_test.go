@@ -79,10 +79,15 @@ func TestLeasedDeliveryCountsOnlyRowsItStillHeld(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	p := &heldPublisher{release: make(chan struct{}), held: make(chan struct{})}
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'a', 'x'), ('t', 'b', 'x')`)
-	h := start(t, s, nil, options{keepSent: true, cfg: leasedConfig(p, time.Hour)})
+	cfg := leasedConfig(p, time.Hour)
+	cfg.Workers = 1 // one delivery holds both rows
+	h := start(t, s, nil, options{keepSent: true, cfg: cfg})
 	<-p.held
 	// Row 2's lease ran out and another replica leased it again.
-	s.Exec(t, `UPDATE outbox SET lease_token = gen_random_uuid() WHERE id = 2 AND lease_token IS NOT NULL`)
+	tag, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET lease_token = gen_random_uuid() WHERE id = 2 AND lease_token IS NOT NULL`)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("row 2 is not leased while its delivery is held: %v, %d rows", err, tag.RowsAffected())
+	}
 	close(p.release)
 	waitFor(t, "the leased write-back", func() bool { return count(t, s.Pool, "status = 'sent'") == 1 })
 	h.stop() // waits for the leased delivery to end

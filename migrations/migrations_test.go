@@ -445,9 +445,19 @@ func TestWakeupLockMovesToWhen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
+	up := func() {
+		t.Helper()
+		if _, err := m.Up(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
+	down := func() {
+		t.Helper()
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up()
 	// state is the trigger's state ("" when dropped) and definition.
 	state := func() (string, string) {
 		t.Helper()
@@ -465,18 +475,6 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 	const when = "WHEN (pg_try_advisory_xact_lock(1869903970, hashtext('shop.outbox'::text)))"
 	if enabled, def := state(); enabled != "O" || !strings.Contains(def, when) {
 		t.Fatalf("after up: trigger enabled %q, %s; want enabled, %s", enabled, def, when)
-	}
-	down := func() {
-		t.Helper()
-		if _, err := m.Down(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	up := func() {
-		t.Helper()
-		if _, err := m.Up(ctx); err != nil {
-			t.Fatal(err)
-		}
 	}
 	down()
 	if enabled, def := state(); enabled != "O" || strings.Contains(def, "WHEN") {

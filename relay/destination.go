@@ -29,6 +29,10 @@ type Destination struct {
 	MaxInFlight int
 	// RetryBudget limits retries while they keep failing.
 	RetryBudget RetryBudgetConfig
+	// Partitioner tells the partition of a row, so that a paused
+	// partition holds only its own rows. Default the Publisher, when it
+	// is one.
+	Partitioner Partitioner
 	// VisibilityTimeout, when set, delivers the destination's rows on a
 	// lease instead of inside the claim's transaction: the claim hides
 	// them for this long under a fresh lease token and counts the
@@ -56,6 +60,8 @@ type Route struct {
 const (
 	DefaultBreakerFailures     = 5
 	DefaultBreakerSuccesses    = 2
+	DefaultBreakerFailingRows  = 10
+	DefaultBreakerFailingFor   = 2 * time.Second
 	DefaultRetryBudgetRatio    = 0.2
 	DefaultRetryBudgetMinRate  = 10.0
 	DefaultRetryBudgetDuration = 10 * time.Second
@@ -63,19 +69,31 @@ const (
 	budgetDeferral = time.Second
 )
 
-// BreakerConfig configures a circuit breaker: closed → open after Failures
-// consecutive transient failures, or at once on a systemic one → half-open
-// after a cool-down, which doubles from the relay's PauseBase up to
-// PauseMax while probes keep failing → closed after Successes successful
-// probes. While it is open, the destination's rows are not claimed and no
-// attempts are consumed.
+// BreakerConfig configures a destination's circuit breaker. It opens only
+// on evidence about the destination as a whole: at once on a systemic
+// failure of the destination (refused connection, DNS, TLS, cluster
+// authorization); after Failures consecutive transient failures of the
+// destination (no answer: timeouts, reset connections); or when, for
+// FailingFor and across at least FailingRows distinct rows, every row it
+// was given failed on its own (an endpoint failing every row). Rows that
+// fail beside successes, and failures of a topic or a partition, never
+// open it. After a cool-down, which doubles from the relay's PauseBase up
+// to PauseMax while probes keep failing, a probe of a few rows of
+// different keys and topics goes; Successes successful probes close it.
+// While it is open, the destination's rows are not claimed and no attempts
+// are consumed.
 type BreakerConfig struct {
-	// Failures is the run of consecutive transient failures that opens the
-	// breaker. Default 5.
+	// Failures is the run of consecutive transient failures of the
+	// destination that opens the breaker. Default 5.
 	Failures int
 	// Successes is the number of successful probes that close it.
 	// Default 2.
 	Successes int
+	// FailingRows and FailingFor open the breaker when every row given to
+	// the destination failed, across at least FailingRows distinct rows
+	// and for at least FailingFor. Defaults 10 and 2s.
+	FailingRows int
+	FailingFor  time.Duration
 }
 
 // RetryBudgetConfig limits retries to a fraction of recent first attempts:
@@ -112,7 +130,7 @@ func (d *Destination) Validate() error {
 	if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
 		errs = append(errs, fmt.Errorf("relay: destination %s: visibility_timeout %s must be 0 (inline delivery) or at least 1s", name, d.VisibilityTimeout))
 	}
-	if d.Breaker.Failures < 0 || d.Breaker.Successes < 0 || d.MaxInFlight < 0 {
+	if d.Breaker.Failures < 0 || d.Breaker.Successes < 0 || d.Breaker.FailingRows < 0 || d.Breaker.FailingFor < 0 || d.MaxInFlight < 0 {
 		errs = append(errs, fmt.Errorf("relay: destination %s: breaker thresholds and max_in_flight must not be negative", name))
 	}
 	if d.RetryBudget.Ratio < 0 || d.RetryBudget.MinPerSecond < 0 || math.IsNaN(d.RetryBudget.Ratio) || math.IsNaN(d.RetryBudget.MinPerSecond) {
@@ -201,16 +219,13 @@ func (rt *router) route(topic string) routing {
 	return got
 }
 
-// topicsOf returns the known topics routed to any of dests.
-func (rt *router) topicsOf(dests map[int]bool) []string {
-	if len(dests) == 0 {
-		return nil
-	}
+// topicsOf returns the known topics whose routing matches.
+func (rt *router) topicsOf(match func(routing) bool) []string {
 	rt.mu.RLock()
 	defer rt.mu.RUnlock()
 	var out []string
 	for topic, r := range rt.cache {
-		if dests[r.dest] {
+		if match(r) {
 			out = append(out, topic)
 		}
 	}
@@ -259,9 +274,12 @@ func (s BreakerState) String() string {
 	return fmt.Sprintf("BreakerState(%d)", int(s))
 }
 
-// breaker is a destination's circuit breaker. See BreakerConfig.
+// breaker is a circuit breaker: a destination's (see BreakerConfig), or
+// a paused topic's or partition's (see pauseSet).
 type breaker struct {
 	failures, successes int           // thresholds
+	failingRows         int           // distinct rows failing on their own that open it, with failingFor
+	failingFor          time.Duration // 0: rows failing on their own never open it
 	base, max           time.Duration // cool-down bounds
 
 	mu       sync.Mutex
@@ -269,17 +287,43 @@ type breaker struct {
 	until    time.Time // open: when a probe may go
 	streak   int       // consecutive openings, for the doubling cool-down
 	failed   int       // consecutive transient failures while closed
-	probed   int       // successful probes while half-open
-	probing  bool      // a probe is in flight
-	gen      int       // bumped at every state change: results of older admissions are stale
+	window   failWindow
+	probed   int  // successful probes while half-open
+	probing  bool // a probe is in flight
+	gen      int  // bumped at every state change: results of older admissions are stale
 	lastErr  string
 	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string)
+}
+
+// failWindow gathers the rows that failed on their own since the
+// destination last delivered one.
+type failWindow struct {
+	start time.Time // the first failure
+	ids   map[int64]struct{}
+}
+
+// add records ids failed at now and reports whether the window holds at
+// least rows distinct rows (it keeps no more).
+func (w *failWindow) add(now time.Time, ids []int64, rows int) bool {
+	if len(ids) == 0 {
+		return false
+	}
+	if w.ids == nil {
+		w.start, w.ids = now, make(map[int64]struct{}, rows)
+	}
+	for _, id := range ids {
+		if len(w.ids) >= rows {
+			break
+		}
+		w.ids[id] = struct{}{}
+	}
+	return len(w.ids) >= rows
 }
 
 // admission is what the breaker lets through now.
 type admission struct {
 	ok    bool      // rows may be published
-	probe bool      // only one row, as the half-open probe
+	probe bool      // a few rows only, as the half-open probe
 	until time.Time // when not ok: when to look again
 	gen   int       // the breaker state it was given in
 }
@@ -323,26 +367,28 @@ func (b *breaker) blocked(now time.Time) (bool, time.Time) {
 	return false, time.Time{}
 }
 
-// delivery is the outcome of one published row, for the breaker.
-type delivery struct {
-	sent  bool
-	class retry.Class
-	err   string
+// evidence is what one publish says about a breaker's subject.
+type evidence struct {
+	sent      int     // rows delivered
+	systemic  int     // systemic failures of the subject as a whole
+	transient int     // transient failures of the subject as a whole
+	rowFailed []int64 // rows that failed on their own
+	lastErr   string
 }
 
-// result feeds one publish's outcomes, in order, to the breaker, and
-// returns how long the breaker stays open from now (0 when it is not open):
-// how long rows deferred by this publish should wait. Results of a publish
-// admitted before the breaker last changed state are ignored: they say
-// nothing about the destination since.
-func (b *breaker) result(now time.Time, gen int, results []delivery, probe bool) time.Duration {
+// result feeds one publish's evidence to the breaker, and returns how long
+// the breaker stays open from now (0 when it is not open): how long rows
+// deferred by this publish should wait. Evidence of a publish admitted
+// before the breaker last changed state is ignored: it says nothing about
+// the subject since.
+func (b *breaker) result(now time.Time, gen int, ev evidence, probe bool) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if gen == b.gen {
 		if probe {
 			b.probing = false
 		}
-		b.feed(now, results)
+		b.feed(now, ev)
 	}
 	if b.state == BreakerOpen && now.Before(b.until) {
 		return b.until.Sub(now)
@@ -350,28 +396,42 @@ func (b *breaker) result(now time.Time, gen int, results []delivery, probe bool)
 	return 0
 }
 
-// feed applies results until the breaker opens.
-func (b *breaker) feed(now time.Time, results []delivery) {
-	for _, res := range results {
-		if res.sent {
-			switch b.state {
-			case BreakerClosed:
-				b.failed = 0
-			case BreakerHalfOpen:
-				b.probed++
-				if b.probed >= b.successes {
-					b.streak = 0
-					b.set(BreakerClosed, 0)
-				}
+// feed applies one publish's evidence. A publish that delivered a row
+// shows the destination answering; one that failed only rows failing on
+// their own adds them to the window, which opens the breaker once it has
+// held at least failingRows distinct rows for failingFor. In half-open,
+// the same holds for probes: a probe of rows that fail on their own is
+// inconclusive (they go into their own backoff, and the next probe takes
+// other rows) until the window fills.
+func (b *breaker) feed(now time.Time, ev evidence) {
+	if ev.lastErr != "" {
+		b.lastErr = ev.lastErr
+	}
+	switch {
+	case ev.systemic > 0:
+		b.open(now)
+		return
+	case ev.sent > 0:
+		if b.state == BreakerHalfOpen {
+			b.probed++
+			if b.probed >= b.successes {
+				b.streak = 0
+				b.set(BreakerClosed, 0)
 			}
-			continue
-		}
-		b.lastErr = res.err
-		b.failed++
-		if res.class == retry.ClassSystemic || (res.class == retry.ClassTransient && (b.state == BreakerHalfOpen || b.failed >= b.failures)) {
-			b.open(now)
 			return
 		}
+		// The destination answers: its failures in this publish were not
+		// the destination's.
+		b.failed, b.window = 0, failWindow{}
+		return
+	}
+	b.failed += ev.transient
+	if b.failed >= b.failures || (b.state == BreakerHalfOpen && ev.transient > 0) {
+		b.open(now)
+		return
+	}
+	if b.failingFor > 0 && b.window.add(now, ev.rowFailed, b.failingRows) && now.Sub(b.window.start) >= b.failingFor {
+		b.open(now)
 	}
 }
 
@@ -396,6 +456,7 @@ func (b *breaker) open(now time.Time) {
 func (b *breaker) set(to BreakerState, cooldown time.Duration) {
 	from := b.state
 	b.state, b.failed, b.probed, b.probing = to, 0, 0, false
+	b.window = failWindow{}
 	b.gen++
 	if from != to && b.onChange != nil {
 		b.onChange(from, to, cooldown, b.lastErr)

@@ -220,6 +220,12 @@ const (
 	// DeferDestinationFailing: the attempt failed in a way that says the
 	// destination as a whole cannot be used (a systemic failure).
 	DeferDestinationFailing = "destination_failing"
+	// DeferTopicPaused: the row's topic is paused, or its attempt failed
+	// in a way that says the topic cannot be used now (a systemic failure
+	// of the topic, such as its authorization).
+	DeferTopicPaused = "topic_paused"
+	// DeferPartitionPaused: likewise for the row's partition (no leader).
+	DeferPartitionPaused = "partition_paused"
 )
 
 // Stats counts what the relay did. Read it with Relay.Stats.
@@ -565,9 +571,7 @@ func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err 
 		if !handedOff {
 			for _, g := range leased {
 				g.d.bulk.give(len(g.recs))
-				if g.probe {
-					g.d.breaker.abandoned(g.gen)
-				}
+				g.abandonProbes()
 			}
 		}
 	}()
@@ -627,6 +631,12 @@ type group struct {
 	probe bool      // the breaker's half-open probe
 	gen   int       // the breaker state the group was admitted in
 	token uuid.UUID // the lease, for a destination with a visibility timeout
+	// pauses are the paused topics and partitions whose probe the group
+	// carries; parts, by index into recs, the partition of each row
+	// admitted as a partition's probe.
+	pauses map[subject]admission
+	parts  map[int]int
+	mix    *probeMix // what a destination probe holds so far
 	// inflight is a leased group's entry in the in-flight registry.
 	inflight inflightID
 
@@ -637,6 +647,19 @@ type group struct {
 
 // acked is when the group's publish returned, by the database clock.
 func (g *group) acked() time.Time { return g.claimed.Add(g.done.Sub(g.start)) }
+
+// abandonProbes gives back the probe slots of a group whose publish never
+// finished, or never started.
+func (g *group) abandonProbes() {
+	if g.probe {
+		g.d.breaker.abandoned(g.gen)
+	}
+	for s, a := range g.pauses {
+		if a.probe {
+			g.d.pauses.abandoned(s, a.gen)
+		}
+	}
+}
 
 // plan routes the claimed rows and picks those to publish now, per
 // destination, in id order. Undeliverable and unroutable rows get their
@@ -659,6 +682,7 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 	groups := map[int]*group{}
 	var order []*group
 	admitted := map[int]admission{}
+	var pauses planPauses
 	var outcomes []outbox.Outcome
 	bytes := 0
 	full := false
@@ -729,17 +753,34 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			stop()
 			continue
 		}
+		// A paused topic or partition holds its rows; its probe takes all
+		// of them in the batch, so that rows failing there still run out
+		// of attempts in time.
+		var paused []subject
+		if !d.pauses.empty() {
+			var held string
+			var until time.Time
+			paused, held, until = pauses.admit(rt.dest, d, rec, rt.topic, now)
+			if held != "" {
+				outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: max(until.Sub(now), time.Millisecond),
+					Reason: held, Destination: d.Name})
+				stop()
+				continue
+			}
+		}
 		g := groups[rt.dest]
 		if g == nil {
 			g = &group{d: d, probe: a.probe, gen: a.gen}
-			if !a.probe { // a probe carries one row
+			if a.probe {
+				g.mix = &probeMix{keys: map[string]bool{}, topics: map[string]int{}}
+			} else {
 				g.recs = make([]outbox.Record, 0, len(recs))
 			}
 			groups[rt.dest] = g
 			order = append(order, g)
 		}
 		size := recordSize(rec)
-		if (a.probe && len(g.recs) > 0) || full || (bytes > 0 && bytes+size > r.cfg.MaxBatchBytes) {
+		if (a.probe && !g.mix.fits(rec, rt.topic, len(g.recs))) || full || (bytes > 0 && bytes+size > r.cfg.MaxBatchBytes) {
 			full = full || !a.probe
 			stop()
 			continue
@@ -756,6 +797,21 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			continue
 		}
 		bytes += size
+		if a.probe {
+			g.mix.add(rec, rt.topic)
+		}
+		for _, sj := range paused {
+			if g.pauses == nil {
+				g.pauses = map[subject]admission{}
+			}
+			g.pauses[sj] = pauses.admitted[pauseKey{rt.dest, sj}]
+			if sj.partition != wholeTopic {
+				if g.parts == nil {
+					g.parts = map[int]int{}
+				}
+				g.parts[len(g.recs)] = sj.partition
+			}
+		}
 		rec.Topic = rt.topic
 		g.recs = append(g.recs, rec)
 	}
@@ -765,6 +821,17 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 			out = append(out, g)
 		} else if g.probe {
 			g.d.breaker.abandoned(g.gen)
+		}
+	}
+	// Probes of pauses whose rows all stayed behind go another time.
+	for k, a := range pauses.admitted {
+		if !a.probe {
+			continue
+		}
+		if g := groups[k.dest]; g == nil || len(g.recs) == 0 {
+			r.dests[k.dest].pauses.abandoned(k.s, a.gen)
+		} else if _, carried := g.pauses[k.s]; !carried {
+			r.dests[k.dest].pauses.abandoned(k.s, a.gen)
 		}
 	}
 	return out, outcomes
@@ -820,17 +887,31 @@ func (r *Relay) claimLimit(avgRowBytes int) int {
 	return min(r.cfg.BatchSize, max(1, r.cfg.MaxBatchBytes/avgRowBytes*5/4))
 }
 
-// decide turns a group's publish results into outcomes and feeds them to
-// its destination's breaker and retry budget. After a failure, the later
+// decide turns a group's publish results into outcomes and feeds them, as
+// evidence by scope, to its destination's breaker, the pauses of its
+// topics and partitions, and its retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's.
 func (r *Relay) decide(g *group, abandoned bool) []outbox.Outcome {
 	d := g.d
 	elapsed := g.done.Sub(g.start)
 	outcomes := make([]outbox.Outcome, 0, len(g.recs))
-	results := make([]delivery, 0, len(g.recs))
 	failedKeys := map[string]bool{}
 	firsts, retriesSent, refunds := 0, 0, 0
+	var dev evidence              // about the destination
+	var sev map[subject]*evidence // about its topics and partitions
+	var pausedBy map[int]subject  // deferred outcomes, by index, waiting on a pause
+	about := func(s subject) *evidence {
+		if sev == nil {
+			sev = map[subject]*evidence{}
+		}
+		e := sev[s]
+		if e == nil {
+			e = &evidence{}
+			sev[s] = e
+		}
+		return e
+	}
 	for i, rec := range g.recs {
 		if rec.HasKey && failedKeys[rec.Key] {
 			continue
@@ -838,7 +919,15 @@ func (r *Relay) decide(g *group, abandoned bool) []outbox.Outcome {
 		err := g.errs[i]
 		if err == nil {
 			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Sent, Destination: d.Name})
-			results = append(results, delivery{sent: true})
+			dev.sent++
+			if len(g.pauses) > 0 {
+				if _, ok := g.pauses[subject{rec.Topic, wholeTopic}]; ok {
+					about(subject{rec.Topic, wholeTopic}).sent++
+				}
+				if part, ok := g.parts[i]; ok {
+					about(subject{rec.Topic, part}).sent++
+				}
+			}
 			if rec.RetryCount > 0 {
 				retriesSent++
 			} else {
@@ -861,22 +950,53 @@ func (r *Relay) decide(g *group, abandoned bool) []outbox.Outcome {
 		if rec.RetryCount == 0 {
 			firsts++
 		}
-		class := retry.Classify(err).Class
-		// A permanent failure is the message's fault: the destination
-		// answered, which is all its breaker cares about.
-		results = append(results, delivery{sent: class == retry.ClassPermanent, class: class, err: err.Error()})
+		ce := retry.Classify(err)
+		ev, paused, scoped := &dev, subject{}, false
+		if ce.Class != retry.ClassPermanent {
+			switch ce.Scope {
+			case retry.ScopeTopic:
+				paused, scoped = subject{rec.Topic, wholeTopic}, true
+			case retry.ScopePartition:
+				paused, scoped = subject{rec.Topic, ce.Partition}, true
+				if ce.Partition < 0 { // the sink did not say which: the topic
+					paused.partition = wholeTopic
+				}
+			}
+		}
+		if scoped {
+			ev = about(paused)
+		}
+		switch {
+		case ce.Class == retry.ClassPermanent || ce.Scope == retry.ScopeRecord:
+			ev.rowFailed = append(ev.rowFailed, rec.ID)
+		case ce.Class == retry.ClassSystemic:
+			ev.systemic++
+		default:
+			ev.transient++
+		}
+		ev.lastErr = err.Error()
 		dec := r.cfg.Policy.Decide(retry.Failure{
 			Err:       err,
 			Attempt:   rec.RetryCount,
 			Age:       g.claimed.Sub(rec.CreatedAt) + elapsed,
 			PrevDelay: rec.LastDelay,
 		})
-		o := outbox.Outcome{ID: rec.ID, Error: err.Error(), Class: class.String(), Attempted: true, Destination: d.Name}
+		o := outbox.Outcome{ID: rec.ID, Error: ev.lastErr, Class: ce.Class.String(), Attempted: true, Destination: d.Name}
 		switch dec.Action {
 		case retry.Retry:
 			o.Kind, o.Delay = outbox.Retried, dec.Delay
 		case retry.Defer:
 			o.Kind, o.Reason = outbox.Deferred, DeferDestinationFailing
+			if scoped {
+				o.Reason = DeferTopicPaused
+				if paused.partition != wholeTopic {
+					o.Reason = DeferPartitionPaused
+				}
+				if pausedBy == nil {
+					pausedBy = map[int]subject{}
+				}
+				pausedBy[len(outcomes)] = paused
+			}
 		case retry.DeadLetter:
 			o.Kind, o.Reason = outbox.DeadLettered, dec.Reason
 			o.ParkKey = d.block && rec.HasKey
@@ -892,20 +1012,39 @@ func (r *Relay) decide(g *group, abandoned bool) []outbox.Outcome {
 	now := time.Now()
 	if abandoned {
 		d.budget.earn(now, 0, refunds)
-		if g.probe {
-			d.breaker.abandoned(g.gen)
-		}
+		g.abandonProbes()
 		return outcomes
 	}
 	d.budget.earn(now, firsts, retriesSent+refunds)
-	cooldown := d.breaker.result(now, g.gen, results, g.probe)
-	if cooldown == 0 {
-		cooldown = r.cfg.PauseBase // a stale systemic failure: look again soon
+	cooldown := d.breaker.result(now, g.gen, dev, g.probe)
+	// A pause's probe whose rows were all held behind their keys says
+	// nothing: another goes.
+	for s, a := range g.pauses {
+		if _, seen := sev[s]; !seen && a.probe {
+			d.pauses.abandoned(s, a.gen)
+		}
+	}
+	var pausedFor map[subject]time.Duration
+	for s, ev := range sev {
+		a, tracked := g.pauses[s]
+		left := d.pauses.result(now, s, tracked, a.gen, a.probe, *ev)
+		if pausedFor == nil {
+			pausedFor = map[subject]time.Duration{}
+		}
+		pausedFor[s] = left
 	}
 	for i := range outcomes {
-		if outcomes[i].Kind == outbox.Deferred {
-			outcomes[i].Delay = cooldown
+		if outcomes[i].Kind != outbox.Deferred {
+			continue
 		}
+		wait := cooldown
+		if s, ok := pausedBy[i]; ok {
+			wait = pausedFor[s]
+		}
+		if wait == 0 {
+			wait = r.cfg.PauseBase // a stale systemic failure: look again soon
+		}
+		outcomes[i].Delay = wait
 	}
 	return outcomes
 }
@@ -1123,11 +1262,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// dest is a destination with its breaker, bulkhead and retry budget.
+// dest is a destination with its breaker, paused topics and partitions,
+// bulkhead and retry budget.
 type dest struct {
 	Destination
 	block   bool
 	breaker *breaker
+	pauses  *pauseSet
+	parts   Partitioner // nil: partitions are not known
 	bulk    bulkhead
 	budget  *retryBudget
 }
@@ -1141,6 +1283,15 @@ func (r *Relay) newDest(d Destination) *dest {
 	}
 	if d.Breaker.Successes == 0 {
 		d.Breaker.Successes = DefaultBreakerSuccesses
+	}
+	if d.Breaker.FailingRows == 0 {
+		d.Breaker.FailingRows = DefaultBreakerFailingRows
+	}
+	if d.Breaker.FailingFor == 0 {
+		d.Breaker.FailingFor = DefaultBreakerFailingFor
+	}
+	if d.Partitioner == nil {
+		d.Partitioner, _ = d.Publisher.(Partitioner)
 	}
 	if d.VisibilityTimeout > 0 {
 		// Leased deliveries outlive their batch: bound them as the
@@ -1156,7 +1307,10 @@ func (r *Relay) newDest(d Destination) *dest {
 		budget:      newRetryBudget(d.RetryBudget),
 	}
 	log := r.log.With(slog.String("destination", d.Name))
-	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes, base: r.cfg.PauseBase, max: r.cfg.PauseMax,
+	x.parts = d.Partitioner
+	x.pauses = newPauseSet(d.Name, r.cfg.PauseBase, r.cfg.PauseMax, log)
+	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
+		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: r.cfg.PauseBase, max: r.cfg.PauseMax,
 		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string) {
 			switch to {
 			case BreakerOpen:
@@ -1171,29 +1325,48 @@ func (r *Relay) newDest(d Destination) *dest {
 	return x
 }
 
-// closedTopics returns the known topics of destinations taking no rows
-// now (breaker open or probing, bulkhead full), and how long the earliest
-// of them stays so.
+// closedTopics returns the known topics whose rows no destination takes
+// now (its breaker open or probing, its bulkhead full, or the topic
+// paused), and how long the earliest of them stays so.
 func (r *Relay) closedTopics(now time.Time) ([]string, time.Duration) {
 	var closed map[int]bool
+	var paused map[int]map[string]bool
 	var soonest time.Duration
+	shut := func(left time.Duration) {
+		if soonest == 0 || left < soonest {
+			soonest = left
+		}
+	}
 	for i, d := range r.dests {
 		blocked, until := d.breaker.blocked(now)
 		if !blocked && d.bulk.full() {
 			blocked, until = true, now.Add(bulkheadRecheck)
 		}
-		if !blocked {
+		if blocked {
+			if closed == nil {
+				closed = map[int]bool{}
+			}
+			closed[i] = true
+			shut(until.Sub(now))
 			continue
 		}
-		if closed == nil {
-			closed = map[int]bool{}
+		topics, left := d.pauses.blockedTopics(now)
+		if len(topics) == 0 {
+			continue
 		}
-		closed[i] = true
-		if left := until.Sub(now); soonest == 0 || left < soonest {
-			soonest = left
+		if paused == nil {
+			paused = map[int]map[string]bool{}
 		}
+		paused[i] = map[string]bool{}
+		for _, t := range topics {
+			paused[i][t] = true
+		}
+		shut(left)
 	}
-	return r.router.topicsOf(closed), soonest
+	if closed == nil && paused == nil {
+		return nil, 0
+	}
+	return r.router.topicsOf(func(rt routing) bool { return closed[rt.dest] || paused[rt.dest][rt.topic] }), soonest
 }
 
 // bulkheadRecheck is how long rows behind a row of a destination with a
@@ -1218,6 +1391,8 @@ type DestinationStatus struct {
 	Breaker BreakerState
 	// OpenUntil is when an open breaker lets a probe through.
 	OpenUntil time.Time
+	// Paused are the destination's paused topics and partitions.
+	Paused []PauseStatus
 }
 
 // Destinations reports the state of every destination.
@@ -1225,7 +1400,7 @@ func (r *Relay) Destinations() []DestinationStatus {
 	out := make([]DestinationStatus, 0, len(r.dests))
 	for _, d := range r.dests {
 		state, until := d.breaker.snapshot()
-		st := DestinationStatus{Name: d.Name, Breaker: state}
+		st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status()}
 		if state == BreakerOpen {
 			st.OpenUntil = until
 		}

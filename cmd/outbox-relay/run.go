@@ -257,6 +257,7 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 			}
 			closers = append(closers, func() { p.Close() })
 			d.Publisher = wrap(s.Name, "kafka", p)
+			d.Partitioner = p // the wrappers hide it
 		case s.HTTP != nil:
 			wc, err := s.HTTP.Webhook(s.Name)
 			if err != nil {

@@ -91,7 +91,8 @@ type Publisher struct {
 
 	mu         sync.Mutex
 	partitions map[string]topicPartitions
-	buffers    sync.Pool // of *encodeBuffer
+	failing    map[string]map[int]time.Time // partitions that failed lately, until when
+	buffers    sync.Pool                    // of *encodeBuffer
 
 	closing sync.RWMutex // held to read by each publish
 	closed  bool
@@ -130,6 +131,7 @@ func New(cfg Config) (*Publisher, error) {
 		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport, Timeout: requestTimeout},
 		maxBytes:   cfg.MaxMessageBytes,
 		partitions: map[string]topicPartitions{},
+		failing:    map[string]map[int]time.Time{},
 		buffers:    sync.Pool{New: func() any { return new(encodeBuffer) }},
 	}, nil
 }
@@ -200,7 +202,12 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 		t := topics[r.Topic]
 		if t == nil {
 			t = &topicRoute{batches: map[int]*batch{}, keyless: -1}
-			t.ids, t.err = p.topicPartitions(ctx, r.Topic)
+			if err := ValidateTopic(r.Topic); err != nil {
+				// Never sent: a broker would refuse it, or worse, create it.
+				t.err = retry.Permanent(err, retry.ReasonInvalidMessage)
+			} else if t.ids, err = p.topicPartitions(ctx, r.Topic); err != nil {
+				t.err = topicError(p.classifyCall(err))
+			}
 			topics[r.Topic] = t
 		}
 		if r.HasKey && stopped[r.Key] {
@@ -208,7 +215,7 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 			continue
 		}
 		if t.err != nil {
-			errs[i] = p.classifyCall(t.err)
+			errs[i] = t.err
 		} else if size := messageBytes(r); size > p.maxBytes {
 			errs[i] = retry.Permanent(fmt.Errorf("kafka: message of %d bytes is above the %d-byte limit", size, p.maxBytes), retry.ReasonTooLarge)
 		}
@@ -229,7 +236,7 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 		case t.keyless >= 0:
 			part = t.keyless
 		default:
-			part = t.ids[rand.IntN(len(t.ids))]
+			part = p.keylessPartition(r.Topic, t.ids)
 			t.keyless = part
 		}
 		b := t.batches[part]
@@ -241,6 +248,13 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 		b.idx = append(b.idx, i)
 	}
 	return batches
+}
+
+// hasFailing reports whether a partition of topic failed lately.
+func (p *Publisher) hasFailing(topic string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.failing[topic]) > 0
 }
 
 // topicPartitions returns the partition ids of topic, from the cluster's
@@ -279,15 +293,98 @@ func (p *Publisher) topicPartitions(ctx context.Context, topic string) ([]int, e
 	return nil, kafkago.UnknownTopicOrPartition
 }
 
+// topicError turns the classified failure of a topic's metadata into a
+// failure of the topic: a topic whose partitions have no leader yet is
+// being created, or is down as a whole.
+func topicError(err error) error {
+	if ce := retry.Classify(err); ce.Scope == retry.ScopePartition {
+		return retry.TopicFailure(ce.Class, ce.Err)
+	}
+	return err
+}
+
+// keylessPartition picks the partition of a publish's records without a
+// key in topic: at random, as the Java client's sticky partitioner does,
+// among the partitions that have not failed lately, so that they go on
+// flowing while one partition has no leader.
+func (p *Publisher) keylessPartition(topic string, ids []int) int {
+	p.mu.Lock()
+	failing := p.failing[topic]
+	p.mu.Unlock()
+	if len(failing) > 0 {
+		now := time.Now()
+		healthy := make([]int, 0, len(ids))
+		for _, id := range ids {
+			if until, ok := failing[id]; !ok || now.After(until) {
+				healthy = append(healthy, id)
+			}
+		}
+		if len(healthy) > 0 {
+			return healthy[rand.IntN(len(healthy))]
+		}
+	}
+	return ids[rand.IntN(len(ids))]
+}
+
+// failingFor is how long records without a key keep away from a partition
+// after it failed: about as long as the cluster takes to elect a leader.
+// A success on the partition ends it sooner.
+const failingFor = partitionsTTL
+
+// markPartition records whether a request to a topic partition failed as
+// a partition, for keylessPartition.
+func (p *Publisher) markPartition(topic string, partition int, failed bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	failing := p.failing[topic]
+	if !failed {
+		if _, ok := failing[partition]; ok {
+			delete(failing, partition)
+			if len(failing) == 0 {
+				delete(p.failing, topic)
+			}
+		}
+		return
+	}
+	if failing == nil {
+		failing = map[int]time.Time{}
+		p.failing[topic] = failing
+	}
+	failing[partition] = time.Now().Add(failingFor)
+}
+
+// Partition returns the partition rec goes to, from the partitions last
+// read of its topic's metadata, without asking the cluster; false when
+// rec has no key (its partition is picked per publish) or the topic's
+// partitions are not known.
+func (p *Publisher) Partition(rec outbox.Record) (int, bool) {
+	if !rec.HasKey {
+		return 0, false
+	}
+	p.mu.Lock()
+	cached, ok := p.partitions[rec.Topic]
+	p.mu.Unlock()
+	if !ok || len(cached.ids) == 0 {
+		return 0, false
+	}
+	return murmur2.Balance(kafkago.Message{Key: []byte(rec.Key)}, cached.ids...), true
+}
+
 // send produces b's records in one request and sets their errors. When the
 // broker refuses the request for good, one bad record may have failed its
 // neighbours: they are sent again one at a time to tell them apart.
 func (p *Publisher) send(ctx context.Context, records []outbox.Record, b *batch, errs []error) {
 	err := p.produce(ctx, records, b.topic, b.partition, b.idx)
 	if err == nil {
+		if p.hasFailing(b.topic) {
+			p.markPartition(b.topic, b.partition, false)
+		}
 		return
 	}
-	err = p.classifyCall(err)
+	err = partitionError(p.classifyCall(err), b.partition)
+	if ce := retry.Classify(err); ce.Scope == retry.ScopePartition {
+		p.markPartition(b.topic, b.partition, true)
+	}
 	for _, i := range b.idx {
 		errs[i] = err
 	}
@@ -306,7 +403,7 @@ func (p *Publisher) isolate(ctx context.Context, records []outbox.Record, b *bat
 			errs[i] = retry.ErrNotSent
 			continue
 		}
-		errs[i] = p.classifyCall(p.produce(ctx, records, b.topic, b.partition, []int{i}))
+		errs[i] = partitionError(p.classifyCall(p.produce(ctx, records, b.topic, b.partition, []int{i})), b.partition)
 		if errs[i] != nil && r.HasKey {
 			stopped[r.Key] = true
 		}
@@ -369,15 +466,24 @@ func (p *Publisher) classifyCall(err error) error {
 	return Classify(err)
 }
 
-// Classify maps a kafka-go error to the relay's classes; nil stays nil.
+// Classify maps a kafka-go error to the relay's classes and scopes; nil
+// stays nil. The mapping is documented in docs/failures.md.
 //
 //   - permanent: the message itself is refused (too large, invalid topic or
 //     record); retrying cannot help.
-//   - systemic: the cluster as a whole is unusable (unreachable, DNS, TLS,
-//     authentication or authorization): pause and defer, count nothing.
+//   - systemic: a part of the cluster cannot be used, whatever the message:
+//     the whole cluster (unreachable, DNS, TLS, authentication, cluster
+//     authorization), a topic (topic authorization) or a partition (no
+//     leader, too few in-sync replicas). That part pauses and its rows
+//     wait without counting attempts.
 //   - transient: everything else, including kafka-go's Temporary() errors
 //     and timeouts, whose outcome is unknown: retried, so a duplicate is
-//     possible and a loss is not.
+//     possible and a loss is not. An unknown topic is transient and
+//     pauses its topic: it may be being created, and a typo still ends as
+//     a dead letter when attempts or time run out.
+//
+// Partition-scoped errors name no partition here: the caller that knows
+// it sets it (see partitionError).
 func Classify(err error) error {
 	if err == nil {
 		return nil
@@ -388,17 +494,31 @@ func Classify(err error) error {
 	}
 	var kerr kafkago.Error
 	if errors.As(err, &kerr) {
+		wrapped := fmt.Errorf("kafka: %w", err)
 		switch kerr {
 		case kafkago.MessageSizeTooLarge, kafkago.RecordListTooLarge:
-			return retry.Permanent(fmt.Errorf("kafka: %w", err), retry.ReasonTooLarge)
-		case kafkago.InvalidTopic, kafkago.InvalidRecord, kafkago.UnsupportedForMessageFormat:
-			return retry.Permanent(fmt.Errorf("kafka: %w", err), retry.ReasonPermanent)
-		case kafkago.TopicAuthorizationFailed, kafkago.ClusterAuthorizationFailed,
-			kafkago.SASLAuthenticationFailed, kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
+			return retry.Permanent(wrapped, retry.ReasonTooLarge)
+		case kafkago.InvalidRecord, kafkago.UnsupportedForMessageFormat:
+			return retry.Permanent(wrapped, retry.ReasonPermanent)
+		case kafkago.InvalidTopic:
+			return retry.Permanent(wrapped, retry.ReasonInvalidMessage)
+		case kafkago.UnknownTopicOrPartition:
+			return retry.TopicFailure(retry.ClassTransient, wrapped)
+		case kafkago.TopicAuthorizationFailed:
+			return retry.TopicFailure(retry.ClassSystemic, wrapped)
+		case kafkago.NotLeaderForPartition, kafkago.LeaderNotAvailable, kafkago.ReplicaNotAvailable,
+			kafkago.NotEnoughReplicas, kafkago.NotEnoughReplicasAfterAppend, kafkago.KafkaStorageError,
+			kafkago.FencedLeaderEpoch, kafkago.UnknownLeaderEpoch:
+			return retry.PartitionFailure(retry.ClassSystemic, -1, wrapped)
+		case kafkago.RequestTimedOut:
+			// The leader did not hear from enough replicas in time.
+			return retry.PartitionFailure(retry.ClassTransient, -1, wrapped)
+		case kafkago.ClusterAuthorizationFailed, kafkago.SASLAuthenticationFailed,
+			kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
 			kafkago.BrokerNotAvailable, kafkago.TransactionalIDAuthorizationFailed:
-			return retry.Systemic(fmt.Errorf("kafka: %w", err))
+			return retry.Systemic(wrapped)
 		}
-		return retry.Transient(fmt.Errorf("kafka: %w", err), 0)
+		return retry.Transient(wrapped, 0)
 	}
 	var dnsErr *net.DNSError
 	var certErr *tls.CertificateVerificationError
@@ -411,5 +531,41 @@ func Classify(err error) error {
 		errors.As(err, &certErr), errors.As(err, &recordErr):
 		return retry.Systemic(fmt.Errorf("kafka: %w", err))
 	}
-	return retry.Transient(fmt.Errorf("kafka: %w", err), 0)
+	// No answer: a reset connection, a timeout, an EOF.
+	return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("kafka: %w", err))
+}
+
+// partitionError sets the partition of a partition-scoped failure of a
+// request to that partition.
+func partitionError(err error, partition int) error {
+	var ce *retry.Error
+	if errors.As(err, &ce) && ce.Scope == retry.ScopePartition {
+		c := *ce
+		c.Partition = partition
+		return &c
+	}
+	return err
+}
+
+// maxTopicLen is the longest topic name Kafka accepts.
+const maxTopicLen = 249
+
+// ValidateTopic reports whether name is a legal Kafka topic name: 1 to 249
+// ASCII letters, digits, '.', '_' and '-', and neither "." nor "..".
+func ValidateTopic(name string) error {
+	switch {
+	case name == "":
+		return errors.New("kafka: the topic name is empty")
+	case len(name) > maxTopicLen:
+		return fmt.Errorf("kafka: topic name %.40q... is %d characters long; Kafka allows at most %d", name, len(name), maxTopicLen)
+	case name == "." || name == "..":
+		return fmt.Errorf("kafka: %q is not a legal topic name", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("kafka: topic name %q has an illegal character at byte %d; Kafka allows only ASCII letters, digits, '.', '_' and '-'", name, i)
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -282,8 +284,9 @@ func TestPublishIsolatesTopics(t *testing.T) {
 	if errs[0] != nil || errs[2] != nil {
 		t.Fatalf("good topic failed: %v", errs)
 	}
-	if e := retry.Classify(errs[1]); errs[1] == nil || e.Class != retry.ClassTransient {
-		t.Fatalf("bad topic: %v, want a transient error", errs[1])
+	part, known := p.Partition(record(2, "bad", "b", "2"))
+	if e := retry.Classify(errs[1]); errs[1] == nil || !known || e.Class != retry.ClassSystemic || e.Scope != retry.ScopePartition || e.Partition != part {
+		t.Fatalf("bad topic: %v, want a systemic failure of partition %d (known: %v)", errs[1], part, known)
 	}
 }
 
@@ -411,41 +414,154 @@ func TestPublishBrokerDownIsSystemic(t *testing.T) {
 	}
 }
 
+// The mapping of docs/failures.md: class, scope and dead-letter reason of
+// every error a publish can meet.
 func TestClassify(t *testing.T) {
 	t.Parallel()
+	const (
+		record      = retry.ScopeRecord
+		topic       = retry.ScopeTopic
+		partition   = retry.ScopePartition
+		destination = retry.ScopeDestination
+	)
 	for _, tc := range []struct {
 		err    error
 		class  retry.Class
+		scope  retry.Scope
 		reason string
 	}{
-		{kafkago.MessageSizeTooLarge, retry.ClassPermanent, retry.ReasonTooLarge},
-		{fmt.Errorf("write: %w", kafkago.MessageSizeTooLarge), retry.ClassPermanent, retry.ReasonTooLarge},
-		{kafkago.InvalidTopic, retry.ClassPermanent, retry.ReasonPermanent},
-		{kafkago.InvalidRecord, retry.ClassPermanent, retry.ReasonPermanent},
-		{kafkago.TopicAuthorizationFailed, retry.ClassSystemic, ""},
-		{kafkago.ClusterAuthorizationFailed, retry.ClassSystemic, ""},
-		{kafkago.SASLAuthenticationFailed, retry.ClassSystemic, ""},
-		{kafkago.BrokerNotAvailable, retry.ClassSystemic, ""},
-		{kafkago.NotLeaderForPartition, retry.ClassTransient, ""},
-		{kafkago.LeaderNotAvailable, retry.ClassTransient, ""},
-		{kafkago.RequestTimedOut, retry.ClassTransient, ""},
-		{kafkago.NotEnoughReplicas, retry.ClassTransient, ""},
-		{kafkago.UnknownTopicOrPartition, retry.ClassTransient, ""},
-		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, retry.ClassSystemic, ""},
-		{&net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, retry.ClassSystemic, ""},
-		{&net.DNSError{Err: "no such host", Name: "kafka"}, retry.ClassSystemic, ""},
-		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, retry.ClassTransient, ""},
-		{context.DeadlineExceeded, retry.ClassTransient, ""},
-		{io.ErrUnexpectedEOF, retry.ClassTransient, ""},
-		{retry.Permanent(errors.New("already classified"), "no_route"), retry.ClassPermanent, "no_route"},
+		{kafkago.MessageSizeTooLarge, retry.ClassPermanent, record, retry.ReasonTooLarge},
+		{fmt.Errorf("write: %w", kafkago.MessageSizeTooLarge), retry.ClassPermanent, record, retry.ReasonTooLarge},
+		{kafkago.RecordListTooLarge, retry.ClassPermanent, record, retry.ReasonTooLarge},
+		{kafkago.InvalidRecord, retry.ClassPermanent, record, retry.ReasonPermanent},
+		{kafkago.UnsupportedForMessageFormat, retry.ClassPermanent, record, retry.ReasonPermanent},
+		{kafkago.InvalidTopic, retry.ClassPermanent, record, retry.ReasonInvalidMessage},
+		{kafkago.InvalidMessage, retry.ClassTransient, record, ""}, // a corrupt message: Kafka retries it
+		{kafkago.UnknownTopicOrPartition, retry.ClassTransient, topic, ""},
+		{kafkago.TopicAuthorizationFailed, retry.ClassSystemic, topic, ""},
+		{kafkago.NotLeaderForPartition, retry.ClassSystemic, partition, ""},
+		{kafkago.LeaderNotAvailable, retry.ClassSystemic, partition, ""},
+		{kafkago.ReplicaNotAvailable, retry.ClassSystemic, partition, ""},
+		{kafkago.NotEnoughReplicas, retry.ClassSystemic, partition, ""},
+		{kafkago.NotEnoughReplicasAfterAppend, retry.ClassSystemic, partition, ""},
+		{kafkago.KafkaStorageError, retry.ClassSystemic, partition, ""},
+		{kafkago.FencedLeaderEpoch, retry.ClassSystemic, partition, ""},
+		{kafkago.UnknownLeaderEpoch, retry.ClassSystemic, partition, ""},
+		{kafkago.RequestTimedOut, retry.ClassTransient, partition, ""},
+		{kafkago.ClusterAuthorizationFailed, retry.ClassSystemic, destination, ""},
+		{kafkago.SASLAuthenticationFailed, retry.ClassSystemic, destination, ""},
+		{kafkago.UnsupportedSASLMechanism, retry.ClassSystemic, destination, ""},
+		{kafkago.IllegalSASLState, retry.ClassSystemic, destination, ""},
+		{kafkago.BrokerNotAvailable, retry.ClassSystemic, destination, ""},
+		{kafkago.TransactionalIDAuthorizationFailed, retry.ClassSystemic, destination, ""},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, retry.ClassSystemic, destination, ""},
+		{&net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, retry.ClassSystemic, destination, ""},
+		{&net.DNSError{Err: "no such host", Name: "kafka"}, retry.ClassSystemic, destination, ""},
+		{&tls.CertificateVerificationError{Err: errors.New("unknown authority")}, retry.ClassSystemic, destination, ""},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, retry.ClassTransient, destination, ""},
+		{context.DeadlineExceeded, retry.ClassTransient, destination, ""},
+		{io.ErrUnexpectedEOF, retry.ClassTransient, destination, ""},
+		{retry.Permanent(errors.New("already classified"), "no_route"), retry.ClassPermanent, record, "no_route"},
 	} {
 		got := retry.Classify(kafka.Classify(tc.err))
-		if got.Class != tc.class || got.Reason != tc.reason {
-			t.Errorf("Classify(%v) = %v/%q, want %v/%q", tc.err, got.Class, got.Reason, tc.class, tc.reason)
+		if got.Class != tc.class || got.Scope != tc.scope || got.Reason != tc.reason {
+			t.Errorf("Classify(%v) = %v/%v/%q, want %v/%v/%q", tc.err, got.Class, got.Scope, got.Reason, tc.class, tc.scope, tc.reason)
 		}
 	}
 	if kafka.Classify(nil) != nil {
 		t.Error("Classify(nil) is not nil")
+	}
+}
+
+func TestValidateTopic(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"orders", "a", "Orders.v2_placed-eu", strings.Repeat("x", 249)} {
+		if err := kafka.ValidateTopic(ok); err != nil {
+			t.Errorf("ValidateTopic(%q): %v", ok, err)
+		}
+	}
+	for name, want := range map[string]string{
+		"":                       "empty",
+		".":                      "not a legal topic name",
+		"..":                     "not a legal topic name",
+		strings.Repeat("x", 250): "250 characters long; Kafka allows at most 249",
+		"orders placed":          `illegal character at byte 6`,
+		"orders/placed":          `illegal character at byte 6`,
+		"ordërs":                 `illegal character at byte 3`,
+	} {
+		if err := kafka.ValidateTopic(name); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateTopic(%.20q) = %v, want an error saying %q", name, err, want)
+		}
+	}
+}
+
+// A record whose topic Kafka would refuse is dead-lettered invalid_message
+// without a request to the cluster; the other records go.
+func TestPublishRefusesIllegalTopicLocally(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	var asked atomic.Int32
+	c.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, t := range req.(*kmsg.MetadataRequest).Topics {
+			if t.Topic != nil && *t.Topic != "orders" {
+				asked.Add(1)
+			}
+		}
+		return nil, nil, false
+	})
+	p := newPublisher(t, c)
+	errs := publish(t, p, []outbox.Record{
+		record(1, "orders placed", "k", "a"),
+		record(2, "orders", "k", "b"),
+		record(3, "orders", "j", "c"),
+	})
+	e := retry.Classify(errs[0])
+	if errs[0] == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonInvalidMessage ||
+		!strings.Contains(errs[0].Error(), `topic name "orders placed" has an illegal character`) {
+		t.Fatalf("illegal topic: %v, want permanent invalid_message naming the topic", errs[0])
+	}
+	if !errors.Is(errs[1], retry.ErrNotSent) || errs[2] != nil {
+		t.Fatalf("the key's later record and another key's: %v, want ErrNotSent and delivered", errs[1:])
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("the cluster was asked about an illegal topic %d times", n)
+	}
+}
+
+// Records without a key keep away from a partition that has just failed,
+// so that they go on flowing while it has no leader.
+func TestKeylessRecordsAvoidAFailingPartition(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, []string{"events"}, kfake.DefaultNumPartitions(2))
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "events", Partitions: []int32{1}, Err: kerr.NotLeaderForPartition, Count: -1})
+	p := newPublisher(t, c)
+	// Until partition 1 is picked once, nothing is known against it. Its
+	// other partitions work.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		errs := publish(t, p, []outbox.Record{record(1, "events", "", "x")})
+		if errs[0] != nil {
+			e := retry.Classify(errs[0])
+			if e.Scope != retry.ScopePartition || e.Partition != 1 {
+				t.Fatalf("failure %v: scope %v partition %d, want partition 1", errs[0], e.Scope, e.Partition)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("partition 1 was never picked")
+		}
+	}
+	for i := range 20 {
+		if errs := publish(t, p, []outbox.Record{record(int64(i+2), "events", "", "x")}); errs[0] != nil {
+			t.Fatalf("publish %d after partition 1 failed: %v; records without a key should go to partition 0", i+1, errs[0])
+		}
+	}
+	if _, ok := p.Partition(record(1, "events", "k", "x")); !ok {
+		t.Fatal("Partition of a keyed record is not known")
+	}
+	if _, ok := p.Partition(record(1, "events", "", "x")); ok {
+		t.Fatal("Partition of a record without a key is known; it is picked per publish")
 	}
 }
 

@@ -47,6 +47,48 @@ func (c Class) String() string {
 	return fmt.Sprintf("Class(%d)", int(c))
 }
 
+// Scope is what a failure speaks for: the part of the destination that it
+// shows to be failing. The class decides attempts and dead-lettering; the
+// scope decides what pauses, so that a failing record, topic or partition
+// never holds up the healthy rest of its destination.
+type Scope int
+
+const (
+	// ScopeUnset takes the class's default scope: the destination for a
+	// systemic failure, the record for the others.
+	ScopeUnset Scope = iota
+	// ScopeRecord failures concern the record alone (refused payload,
+	// 4xx, too large, invalid): it follows the retry policy, and nothing
+	// pauses.
+	ScopeRecord
+	// ScopeTopic failures concern every record of the record's topic
+	// (unknown topic, topic authorization): the topic pauses.
+	ScopeTopic
+	// ScopePartition failures concern the records of one partition of
+	// the topic (no leader): that partition pauses.
+	ScopePartition
+	// ScopeDestination failures concern the whole destination
+	// (connection refused, DNS, TLS, cluster authorization, no answer):
+	// its circuit breaker counts them.
+	ScopeDestination
+)
+
+func (s Scope) String() string {
+	switch s {
+	case ScopeUnset:
+		return "unset"
+	case ScopeRecord:
+		return "record"
+	case ScopeTopic:
+		return "topic"
+	case ScopePartition:
+		return "partition"
+	case ScopeDestination:
+		return "destination"
+	}
+	return fmt.Sprintf("Scope(%d)", int(s))
+}
+
 // Dead-letter reasons, as the outbox table defines them.
 const (
 	ReasonPermanent        = outbox.ReasonPermanent
@@ -66,6 +108,11 @@ var ErrNotSent = errors.New("not sent: an earlier message with the same key fail
 // Error is a classified delivery failure.
 type Error struct {
 	Class Class
+	// Scope is what the failure speaks for; ScopeUnset takes the class's
+	// default (Classify fills it in).
+	Scope Scope
+	// Partition is the failing partition of a ScopePartition failure.
+	Partition int
 	// Reason is the dead-letter reason of a permanent failure; empty means
 	// ReasonPermanent.
 	Reason string
@@ -91,13 +138,47 @@ func Transient(err error, retryAfter time.Duration) error {
 // Systemic classifies err as a failure of the destination as a whole.
 func Systemic(err error) error { return &Error{Class: ClassSystemic, Err: err} }
 
-// Classify returns err's classification; unclassified errors are transient.
+// Classify returns err's classification, its scope filled in;
+// unclassified errors are transient failures of the record.
 func Classify(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
+		if e.Scope == ScopeUnset {
+			c := *e
+			c.Scope = defaultScope(c.Class)
+			return &c
+		}
 		return e
 	}
-	return &Error{Class: ClassTransient, Err: err}
+	return &Error{Class: ClassTransient, Scope: ScopeRecord, Err: err}
+}
+
+// defaultScope is the scope of a failure its sink did not scope: a
+// systemic failure is the destination's, by definition; any other is the
+// record's, which pauses nothing.
+func defaultScope(c Class) Scope {
+	if c == ClassSystemic {
+		return ScopeDestination
+	}
+	return ScopeRecord
+}
+
+// DestinationFailure classifies err as a failure of the destination as a
+// whole: a transient one (no answer, a reset connection) counts towards
+// its breaker; a systemic one opens it.
+func DestinationFailure(class Class, err error) error {
+	return &Error{Class: class, Scope: ScopeDestination, Err: err}
+}
+
+// TopicFailure classifies err as a failure of every record of its topic.
+func TopicFailure(class Class, err error) error {
+	return &Error{Class: class, Scope: ScopeTopic, Err: err}
+}
+
+// PartitionFailure classifies err as a failure of every record bound for
+// partition of its topic.
+func PartitionFailure(class Class, partition int, err error) error {
+	return &Error{Class: class, Scope: ScopePartition, Partition: partition, Err: err}
 }
 
 // Strategy names a backoff jitter strategy.

@@ -18,7 +18,8 @@ import (
 )
 
 // StatusClass is the default class of a response status that is not a
-// success.
+// success. A systemic status speaks for the whole endpoint; the others
+// for the row they answer.
 func StatusClass(code int) retry.Class {
 	switch code {
 	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusConflict,
@@ -127,14 +128,15 @@ func (p *Publisher) classifyTransport(ctx, parent context.Context, err error) er
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		switch {
 		case parent.Err() != nil:
-			return retry.Transient(fmt.Errorf("%w (the delivery's deadline passed mid-request)", err), 0)
+			err = fmt.Errorf("%w (the delivery's deadline passed mid-request)", err)
 		case ctx.Err() != nil:
-			return retry.Transient(fmt.Errorf("%w (timed out after %s)", err, p.cfg.Timeout), 0)
+			err = fmt.Errorf("%w (timed out after %s)", err, p.cfg.Timeout)
 		}
-		return retry.Transient(err, 0)
 	}
-	// Resets, EOFs, protocol errors: the next attempt may do better.
-	return retry.Transient(err, 0)
+	// No answer (timeouts, resets, EOFs, protocol errors): the next
+	// attempt may do better, and the endpoint, not the row, failed. Its
+	// breaker counts them when nothing else gets through.
+	return retry.DestinationFailure(retry.ClassTransient, err)
 }
 
 // unwrapURLError drops net/http's *url.Error wrapper, whose text repeats

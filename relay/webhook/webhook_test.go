@@ -265,17 +265,19 @@ func TestStatuses(t *testing.T) {
 	for _, tc := range []struct {
 		path      string
 		class     retry.Class
+		scope     retry.Scope
 		hint      time.Duration
 		inError   string
 		overrides map[int]retry.Class
 	}{
-		{"/503", retry.ClassTransient, 7 * time.Second, `503 Service Unavailable: "maintenance"`, nil},
-		{"/429", retry.ClassTransient, 0, "429 Too Many Requests", nil},
-		{"/500", retry.ClassTransient, 0, "(truncated)", nil},
-		{"/422", retry.ClassPermanent, 0, `422 Unprocessable Entity: "{\"error\":\"amount missing\"}"`, nil},
-		{"/401", retry.ClassSystemic, 0, "401 Unauthorized", nil},
-		{"/409", retry.ClassPermanent, 0, "409 Conflict", nil},
-		{"/409", retry.ClassTransient, 0, "409 Conflict", map[int]retry.Class{409: retry.ClassTransient}},
+		{"/503", retry.ClassTransient, retry.ScopeRecord, 7 * time.Second, `503 Service Unavailable: "maintenance"`, nil},
+		{"/429", retry.ClassTransient, retry.ScopeRecord, 0, "429 Too Many Requests", nil},
+		{"/500", retry.ClassTransient, retry.ScopeRecord, 0, "(truncated)", nil},
+		{"/422", retry.ClassPermanent, retry.ScopeRecord, 0, `422 Unprocessable Entity: "{\"error\":\"amount missing\"}"`, nil},
+		{"/401", retry.ClassSystemic, retry.ScopeDestination, 0, "401 Unauthorized", nil},
+		{"/409", retry.ClassPermanent, retry.ScopeRecord, 0, "409 Conflict", nil},
+		{"/409", retry.ClassTransient, retry.ScopeRecord, 0, "409 Conflict", map[int]retry.Class{409: retry.ClassTransient}},
+		{"/409", retry.ClassSystemic, retry.ScopeDestination, 0, "409 Conflict", map[int]retry.Class{409: retry.ClassSystemic}},
 	} {
 		p := newPublisher(t, webhook.Config{URL: srv.URL + tc.path + "?token=secret", StatusClasses: tc.overrides})
 		err := p.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]
@@ -283,8 +285,8 @@ func TestStatuses(t *testing.T) {
 			t.Fatalf("%s: no error", tc.path)
 		}
 		e := retry.Classify(err)
-		if e.Class != tc.class || e.RetryAfter != tc.hint {
-			t.Errorf("%s: class %s, hint %s; want %s, %s", tc.path, e.Class, e.RetryAfter, tc.class, tc.hint)
+		if e.Class != tc.class || e.Scope != tc.scope || e.RetryAfter != tc.hint {
+			t.Errorf("%s: class %s, scope %s, hint %s; want %s, %s, %s", tc.path, e.Class, e.Scope, e.RetryAfter, tc.class, tc.scope, tc.hint)
 		}
 		if !strings.Contains(err.Error(), tc.inError) {
 			t.Errorf("%s: error %q lacks %q", tc.path, err, tc.inError)
@@ -341,8 +343,9 @@ func TestNoResponseHeadersTimesOut(t *testing.T) {
 	errs := p.Publish(context.Background(), recs)
 	for i, err := range errs {
 		var ne net.Error
-		if err == nil || retry.Classify(err).Class != retry.ClassTransient || !errors.As(err, &ne) || !ne.Timeout() {
-			t.Errorf("record %d: %v (want a transient timeout)", i, err)
+		e := retry.Classify(err)
+		if err == nil || e.Class != retry.ClassTransient || e.Scope != retry.ScopeDestination || !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("record %d: %v (want a transient timeout of the endpoint)", i, err)
 		}
 	}
 	_ = p.Close()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
@@ -40,15 +41,22 @@ type Destination struct {
 	VisibilityTimeout time.Duration `koanf:"visibility_timeout"`
 }
 
-// Breaker configures a destination's circuit breaker. The cool-down is
-// retry.pause_base, doubling up to retry.pause_max.
+// Breaker configures a destination's circuit breaker, which opens only on
+// failures of the destination as a whole (see relay.BreakerConfig). The
+// cool-down is retry.pause_base, doubling up to retry.pause_max.
 type Breaker struct {
-	// Failures is the run of consecutive transient failures that opens
-	// it (a systemic failure opens it at once). Default 5.
+	// Failures is the run of consecutive transient failures of the
+	// destination (no answer) that opens it; a systemic failure opens it
+	// at once. Default 5.
 	Failures int `koanf:"failures"`
 	// Successes is the number of successful probes that close it.
 	// Default 2.
 	Successes int `koanf:"successes"`
+	// FailingRows and FailingFor open it when every row given to the
+	// destination failed, across at least FailingRows distinct rows for at
+	// least FailingFor. Defaults 10 and 2s.
+	FailingRows int           `koanf:"failing_rows"`
+	FailingFor  time.Duration `koanf:"failing_for"`
 }
 
 // RetryBudget limits failing retries. See relay.RetryBudgetConfig.
@@ -233,8 +241,8 @@ func (c *Config) destinationProblems(need Need) []string {
 		if d.OnDeadLetter != "" && d.OnDeadLetter != relay.OnDeadLetterRelease && d.OnDeadLetter != relay.OnDeadLetterBlock {
 			p = append(p, fmt.Sprintf("%s.on_dead_letter is %q; use release or block", at, d.OnDeadLetter))
 		}
-		if d.MaxInFlight < 0 || d.Breaker.Failures < 0 || d.Breaker.Successes < 0 {
-			p = append(p, at+": max_in_flight, breaker.failures and breaker.successes must not be negative")
+		if d.MaxInFlight < 0 || d.Breaker.Failures < 0 || d.Breaker.Successes < 0 || d.Breaker.FailingRows < 0 || d.Breaker.FailingFor < 0 {
+			p = append(p, at+": max_in_flight and the breaker's failures, successes, failing_rows and failing_for must not be negative")
 		}
 		if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
 			p = append(p, fmt.Sprintf("%s.visibility_timeout is %s; use 0 (deliver inside the claim) or at least 1s", at, d.VisibilityTimeout))
@@ -256,8 +264,17 @@ func (c *Config) destinationProblems(need Need) []string {
 		}
 	}
 	for i, r := range c.Routes {
-		if d, ok := c.Destinations[r.Destination]; r.Topic != "" && ok && d.Kafka == nil {
+		if r.Topic == "" {
+			continue
+		}
+		d, named := c.Destinations[r.Destination]
+		switch {
+		case named && d.Kafka == nil:
 			p = append(p, fmt.Sprintf("routes: route %d: topic is only for Kafka destinations", i+1))
+		case named || r.Destination == DefaultKafkaDestination:
+			if err := kafka.ValidateTopic(r.Topic); err != nil {
+				p = append(p, fmt.Sprintf("routes: route %d: %v", i+1, err))
+			}
 		}
 	}
 	sort.Strings(p)
@@ -303,8 +320,9 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 			VisibilityTimeout: d.VisibilityTimeout,
 			OnDeadLetter:      d.OnDeadLetter,
 			MaxInFlight:       d.MaxInFlight,
-			Breaker:           relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes},
-			RetryBudget:       relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
+			Breaker: relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes,
+				FailingRows: d.Breaker.FailingRows, FailingFor: d.Breaker.FailingFor},
+			RetryBudget: relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
 		}})
 	}
 	routes := c.relayRoutes()

@@ -122,6 +122,12 @@ routes:
     destination: Bad_Name
   - topics: ["c"]
     destination: both
+  - topics: ["d"]
+    destination: kafka
+    topic: "orders placed"
+  - topics: ["e"]
+    destination: both
+    topic: ".."
 `)
 	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://db/app", "HOOK_SECRETS=not-a-secret"},
 		config.NeedDatabase|config.NeedDestinations)
@@ -146,6 +152,8 @@ routes:
 		`routes: route 1: topic pattern "[x" is not a valid glob`,
 		`routes: route 1: destination "nowhere" is not defined`,
 		"routes: route 2: topic is only for Kafka destinations",
+		`routes: route 5: kafka: topic name "orders placed" has an illegal character at byte 6`,
+		`routes: route 6: kafka: ".." is not a legal topic name`, // a named Kafka destination
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not mention %q:\n%s", want, msg)

@@ -66,7 +66,10 @@ func exposed(t *testing.T) series {
 	}
 	reg.MustRegister(
 		metrics.NewDestinations(func() []relay.DestinationStatus {
-			return []relay.DestinationStatus{{Name: "kafka", Breaker: relay.BreakerOpen}, {Name: "hooks", Breaker: relay.BreakerClosed}}
+			return []relay.DestinationStatus{{Name: "kafka", Breaker: relay.BreakerOpen, Paused: []relay.PauseStatus{
+				{Topic: "orders-typo", Partition: -1, State: relay.BreakerOpen},
+				{Topic: "orders", Partition: 3, State: relay.BreakerOpen},
+			}}, {Name: "hooks", Breaker: relay.BreakerClosed}}
 		}),
 		metrics.NewBacklog(metrics.BacklogConfig{Backlog: fakeBacklog{}, DeadLetters: fakeDeadLetters{}, MaxAge: -1}),
 		metrics.NewBuildInfo("v1.2.3", "0123abc"),

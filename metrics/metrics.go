@@ -110,7 +110,7 @@ func (m *Relay) Destination(name string) {
 	m.retried.WithLabelValues(name)
 	m.lag.WithLabelValues(name)
 	m.publish.WithLabelValues(name)
-	for _, r := range []string{relay.DeferCircuitOpen, relay.DeferRetryBudget, relay.DeferDestinationFailing} {
+	for _, r := range []string{relay.DeferCircuitOpen, relay.DeferRetryBudget, relay.DeferDestinationFailing, relay.DeferTopicPaused, relay.DeferPartitionPaused} {
 		m.deferred.WithLabelValues(name, r)
 	}
 	for _, r := range deadLetterReasons {
@@ -170,10 +170,12 @@ func stateLabel(s relay.BreakerState) string {
 	return s.String()
 }
 
-// destinations reports the circuit of every destination at each scrape.
+// destinations reports the circuit of every destination, and its paused
+// topics and partitions, at each scrape.
 type destinations struct {
-	status        func() []relay.DestinationStatus
-	state, paused *prometheus.Desc
+	status                   func() []relay.DestinationStatus
+	state, paused            *prometheus.Desc
+	topicPaused, partsPaused *prometheus.Desc
 }
 
 // NewDestinations returns a collector of the circuit state of the
@@ -187,12 +189,20 @@ func NewDestinations(status func() []relay.DestinationStatus) prometheus.Collect
 		paused: prometheus.NewDesc(Namespace+"_destination_paused",
 			"1 while the destination's circuit is open: its rows wait without counting attempts.",
 			[]string{"destination"}, nil),
+		topicPaused: prometheus.NewDesc(Namespace+"_topic_paused",
+			"Present while a topic of the destination is paused on its own (unknown topic, topic authorization): 1 while it waits, 0 while its next rows probe it. The rest of the destination flows.",
+			[]string{"destination", "topic"}, nil),
+		partsPaused: prometheus.NewDesc(Namespace+"_partitions_paused",
+			"Present while partitions of a topic are paused on their own (no leader): how many wait. The other partitions flow.",
+			[]string{"destination", "topic"}, nil),
 	}
 }
 
 func (d *destinations) Describe(ch chan<- *prometheus.Desc) {
 	ch <- d.state
 	ch <- d.paused
+	ch <- d.topicPaused
+	ch <- d.partsPaused
 }
 
 func (d *destinations) Collect(ch chan<- prometheus.Metric) {
@@ -201,6 +211,21 @@ func (d *destinations) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(d.state, prometheus.GaugeValue, boolValue(st.Breaker == s), st.Name, stateLabel(s))
 		}
 		ch <- prometheus.MustNewConstMetric(d.paused, prometheus.GaugeValue, boolValue(st.Breaker == relay.BreakerOpen), st.Name)
+		parts := map[string]int{}
+		var topics []string
+		for _, p := range st.Paused {
+			if p.Partition < 0 {
+				ch <- prometheus.MustNewConstMetric(d.topicPaused, prometheus.GaugeValue, boolValue(p.State == relay.BreakerOpen), st.Name, p.Topic)
+				continue
+			}
+			if _, seen := parts[p.Topic]; !seen {
+				topics = append(topics, p.Topic)
+			}
+			parts[p.Topic] += int(boolValue(p.State == relay.BreakerOpen))
+		}
+		for _, t := range topics {
+			ch <- prometheus.MustNewConstMetric(d.partsPaused, prometheus.GaugeValue, float64(parts[t]), st.Name, t)
+		}
 	}
 }
 

@@ -116,7 +116,8 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 
 // readyz answers 200 while the relay can deliver: the database answers,
 // no destination's circuit is open, and the relay is not stopping.
-// Otherwise 503, with a line per problem. A half-open circuit (cool-down
+// Otherwise 503, with a line per problem. Paused topics and partitions
+// are listed either way, a line each. A half-open circuit (cool-down
 // over, probes allowed) is ready: it stays half-open until traffic
 // confirms, which an idle destination may never send.
 func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
@@ -131,19 +132,37 @@ func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := ad.pool.Ping(ctx); err != nil {
 		problems = append(problems, "database: not reachable")
 	}
+	var notes []string
 	for _, d := range ad.relay.Destinations() {
 		if d.Breaker == relay.BreakerOpen {
 			problems = append(problems, fmt.Sprintf("destination %s: failing; circuit open, its rows wait", d.Name))
+		}
+		for _, p := range d.Paused {
+			what := "topic " + p.Topic
+			if p.Partition >= 0 {
+				what = fmt.Sprintf("partition %d of topic %s", p.Partition, p.Topic)
+			}
+			state := "paused, its rows wait"
+			if p.State != relay.BreakerOpen {
+				state = "paused, its next rows probe it"
+			}
+			notes = append(notes, fmt.Sprintf("destination %s: %s failing; %s: %s", d.Name, what, state, p.LastError))
 		}
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if len(problems) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		for _, p := range problems {
+		for _, p := range append(problems, notes...) {
 			fmt.Fprintln(w, p)
 		}
 		return
 	}
+	// A paused topic or partition is a fault of its rows' producers or of
+	// the cluster's set-up, not of this replica: it stays ready, and says
+	// so.
 	fmt.Fprintln(w, "ok")
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
 }

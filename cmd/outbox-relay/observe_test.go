@@ -447,3 +447,40 @@ routes:
 		}
 	}
 }
+
+// A topic the cluster lacks pauses alone, as users see it: a log line, the
+// topic's gauge, a line in /readyz while the relay stays ready, and the
+// rest of the cluster delivered.
+func TestPausedTopicIsReported(t *testing.T) {
+	t.Parallel()
+	dsn, pool := migrated(t)
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (topic, key, payload)
+SELECT CASE WHEN g % 10 = 0 THEN 'orders-typo' ELSE 'orders' END, 'k' || (g % 7), 'x' FROM generate_series(1, 200) g`); err != nil {
+		t.Fatal(err)
+	}
+	// A long cool-down keeps the topic paused while the test looks.
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_RETRY_PAUSE_BASE=1m", "OUTBOX_RETRY_PAUSE_MAX=1m"))
+	addr := adminAddr(t, p)
+	waitFor(t, 60*time.Second, "the other keys' rows delivered and the topic paused", func() bool {
+		v, ok := scrapeMetrics(t, addr).value("outbox_topic_paused", "destination", "kafka", "topic", "orders-typo")
+		return ok && v == 1 && countRows(t, pool, "topic = 'orders' AND status = 'pending'") < 180
+	})
+	m := scrapeMetrics(t, addr)
+	if v, _ := m.value("outbox_destination_paused", "destination", "kafka"); v != 0 {
+		t.Errorf("outbox_destination_paused{kafka} = %v; a missing topic must not pause its cluster", v)
+	}
+	code, body := get(t, addr, "/readyz")
+	if code != http.StatusOK || !strings.HasPrefix(body, "ok\n") ||
+		!strings.Contains(body, "destination kafka: topic orders-typo failing; paused, its rows wait: kafka: [3] Unknown Topic Or Partition") {
+		t.Errorf("/readyz = %d:\n%s\nwant 200, ok and a line for the paused topic", code, body)
+	}
+	if !strings.Contains(p.output.String(), `msg="topic failing; paused, its rows wait while the rest of the destination flows" destination=kafka topic=orders-typo`) {
+		t.Errorf("no log line for the paused topic:\n%s", p.output)
+	}
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d; output:\n%s", code, p.output)
+	}
+}

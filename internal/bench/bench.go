@@ -527,9 +527,13 @@ func (a *ackTimes) Publish(ctx context.Context, recs []outbox.Record) []error {
 
 // latencies measures commit-to-ack latency under offered load from
 // concurrent producers, with LISTEN/NOTIFY wake-ups.
+//
+// Then, at the lowest rate, one row in twenty goes to a topic the cluster
+// does not have: the healthy rows' latency beside failing rows on the same
+// destination, which must pause only the failing topic.
 func (r *runner) latencies(ctx context.Context) error {
 	for _, rate := range r.cfg.Rates {
-		lat, st, err := r.latency(ctx, rate)
+		lat, st, err := r.latency(ctx, rate, 0)
 		if err != nil {
 			return fmt.Errorf("latency at %d rows/s: %w", rate, err)
 		}
@@ -540,10 +544,28 @@ func (r *runner) latencies(ctx context.Context) error {
 					len(lat), achieved, st.Batches, st.Retried, st.Deferred)})
 		}
 	}
+	if len(r.cfg.Rates) == 0 {
+		return nil
+	}
+	const failEvery = 20
+	rate := slices.Min(r.cfg.Rates)
+	lat, st, err := r.latency(ctx, rate, failEvery)
+	if err != nil {
+		return fmt.Errorf("latency at %d rows/s with failing rows: %w", rate, err)
+	}
+	for _, q := range []float64{50, 99} {
+		r.add(Result{Group: "latency", Name: fmt.Sprintf("p%.0f commit→ack of healthy rows at %d rows/s offered, %d%% failing", q, rate, 100/failEvery),
+			Value: ms(percentile(lat, q)), Unit: "ms", Detail: fmt.Sprintf("%d healthy rows; the failing rows go to a topic the cluster lacks; %d batches, %d retried, %d deferred",
+				len(lat), st.Batches, st.Retried, st.Deferred)})
+	}
 	return nil
 }
 
-func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st relay.Stats, err error) {
+// latency offers rate rows/s for LatencyFor and returns the commit-to-ack
+// latency of each row. With failEvery > 0, one row in failEvery goes to a
+// topic the cluster lacks, without a key, and only the others are
+// measured.
+func (r *runner) latency(ctx context.Context, rate, failEvery int) (lat []time.Duration, st relay.Stats, err error) {
 	const producers, workers = 8, 2
 	e, err := r.newEnv(ctx, workers+4+producers)
 	if err != nil {
@@ -594,10 +616,14 @@ func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st
 		tick := time.NewTicker(interval)
 		defer tick.Stop()
 		msgs := make([]outbox.Message, perTx)
+		n := 0
 		for time.Now().Before(deadline) {
 			<-tick.C
 			for i := range msgs {
 				msgs[i] = outbox.Message{Topic: "bench", Key: "key-" + uuid.NewString()[:4], Payload: payload}
+				if n++; failEvery > 0 && n%failEvery == 0 {
+					msgs[i] = outbox.Message{Topic: "bench-missing", Payload: payload}
+				}
 			}
 			var ids []uuid.UUID
 			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
@@ -610,8 +636,10 @@ func (r *runner) latency(ctx context.Context, rate int) (lat []time.Duration, st
 			}
 			now := time.Now()
 			mu.Lock()
-			for _, id := range ids {
-				committed[id] = now
+			for i, id := range ids {
+				if msgs[i].Topic == "bench" {
+					committed[id] = now
+				}
 			}
 			mu.Unlock()
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -40,7 +41,13 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s / %s: %q, want the machine's CPU time a row beside this process's", r.Group, r.Name, r.Detail)
 		}
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 3, "producer": 3, "baseline": 2, "claim": 2} {
+	retried := regexp.MustCompile(`, ([1-9][0-9]*) retried`)
+	for _, r := range results {
+		if strings.Contains(r.Name, "healthy rows") && (r.Value <= 0 || !retried.MatchString(r.Detail)) {
+			t.Errorf("%s / %s = %v: %q, want a latency and the failing rows retried", r.Group, r.Name, r.Value, r.Detail)
+		}
+	}
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 5, "producer": 3, "baseline": 2, "claim": 2} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

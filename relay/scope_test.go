@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -23,6 +24,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
@@ -494,5 +496,33 @@ func TestPartitionWithoutLeaderPausesAlone(t *testing.T) {
 	}
 	if want := count(t, s.Pool, "true"); len(recs) < want {
 		t.Fatalf("kafka holds %d messages, want %d", len(recs), want)
+	}
+}
+
+// Failed authentication is an outage of the whole cluster: the breaker
+// opens and the rows wait without counting attempts, while a failing topic
+// or row would not open it.
+func TestSASLFailureOpensTheBreaker(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	c := kafkatest.NewCluster(t, []string{"orders"}, kfake.EnableSASL(), kfake.Superuser("PLAIN", "relay", "s3cret"))
+	k, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), DialTimeout: time.Second,
+		SASL: plain.Mechanism{Username: "relay", Password: "wrong"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 100) g`)
+	h := start(t, s, nil, options{policy: retry.PolicyConfig{MaxAttempts: 2}, cfg: relay.Config{
+		Destinations: []relay.Destination{{Name: "kafka", Publisher: k}},
+		Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}},
+	}})
+	waitFor(t, "the breaker open", func() bool { return h.breaker("kafka") == relay.BreakerOpen })
+	waitFor(t, "the failure recorded", func() bool {
+		return count(t, s.Pool, "last_error LIKE '%authentication failed%'") > 0
+	})
+	h.stop()
+	if n := count(t, s.Pool, "retry_count > 0 OR status <> 'pending'"); n != 0 {
+		t.Fatalf("%d rows counted attempts or left pending while the relay could not authenticate", n)
 	}
 }

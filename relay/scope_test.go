@@ -68,6 +68,22 @@ func (o *settled) p99(destination string) (time.Duration, int) {
 	return lags[(len(lags)*99+99)/100-1], len(lags)
 }
 
+// checkHealthy checks that destination delivered rows with a p99 commit
+// to ack under a second, and that its breaker deferred none, and returns
+// how many it delivered.
+func (o *settled) checkHealthy(t *testing.T, destination string) int {
+	t.Helper()
+	p99, n := o.p99(destination)
+	if n == 0 || p99 >= time.Second {
+		t.Errorf("healthy rows: p99 commit to ack %s over %d rows, want under 1s", p99, n)
+	}
+	t.Logf("healthy rows: p99 commit to ack %s over %d rows", p99, n)
+	if d := o.deferrals(relay.DeferCircuitOpen) + o.deferrals(relay.DeferDestinationFailing); d != 0 {
+		t.Errorf("%d rows deferred by the breaker of %s; failures of a topic or of rows must not pause it", d, destination)
+	}
+	return n
+}
+
 func (o *settled) deferrals(reason string) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -150,14 +166,7 @@ AND retry_count = 4 AND last_error LIKE '%Unknown Topic Or Partition%'`); n != t
 	if n := count(t, s.Pool, "topic <> 'orders-typo'"); n != 0 {
 		t.Errorf("%d healthy rows left in the table, want all delivered and deleted", n)
 	}
-	p99, n := obs.p99("kafka")
-	if n == 0 || p99 >= time.Second {
-		t.Errorf("healthy rows: p99 commit to ack %s over %d rows, want under 1s", p99, n)
-	}
-	t.Logf("healthy rows: p99 commit to ack %s over %d rows; %d missing-topic rows", p99, n, typos)
-	if d := obs.deferrals(relay.DeferCircuitOpen) + obs.deferrals(relay.DeferDestinationFailing); d != 0 {
-		t.Errorf("%d rows deferred by the destination's breaker; a missing topic must not pause its cluster", d)
-	}
+	n := obs.checkHealthy(t, "kafka")
 	if !sawPause.Load() {
 		t.Error("the missing topic was never reported paused")
 	}
@@ -226,14 +235,7 @@ AND retry_count = 4 AND last_error LIKE '%500 Internal Server Error%refunds are 
 	if n := count(t, s.Pool, `payload <> '{"type":"refund"}'`); n != 0 {
 		t.Errorf("%d healthy rows left in the table", n)
 	}
-	p99, n := obs.p99("hooks")
-	if n == 0 || p99 >= time.Second {
-		t.Errorf("healthy rows: p99 commit to ack %s over %d rows, want under 1s", p99, n)
-	}
-	t.Logf("healthy rows: p99 commit to ack %s over %d rows; %d refunds", p99, n, refunds)
-	if d := obs.deferrals(relay.DeferCircuitOpen) + obs.deferrals(relay.DeferDestinationFailing); d != 0 {
-		t.Errorf("%d rows deferred by the endpoint's breaker; rows failing on their own must not pause it", d)
-	}
+	obs.checkHealthy(t, "hooks")
 }
 
 // An endpoint that fails every row it is given is failing as a whole: once

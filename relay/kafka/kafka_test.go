@@ -111,6 +111,44 @@ func TestPublishDeliveryFormat(t *testing.T) {
 	}
 }
 
+// Every produce request, batched or isolating one record, asks for the
+// acknowledgement of all in-sync replicas (acks=-1): with fewer, a broker
+// that fails after its ack loses rows the relay has already deleted.
+func TestPublishRequiresAllReplicasToAcknowledge(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.NewCluster(t, nil)
+	if err := c.CreateTopic("small", 1, map[string]string{"max.message.bytes": "2000"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateTopic("orders", 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	acks := map[int16]int{}
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		acks[req.(*kmsg.ProduceRequest).Acks]++
+		mu.Unlock()
+		return nil, nil, false
+	})
+	p := newPublisher(t, c)
+	// Several partitions at once, and a refused batch sent again one record
+	// at a time.
+	errs := publish(t, p, []outbox.Record{
+		record(1, "orders", "a", "1"), record(2, "orders", "b", "2"), record(3, "orders", "c", "3"),
+		record(4, "small", "k", "x"), record(5, "small", "j", strings.Repeat("x", 3000)),
+	})
+	if errs[0] != nil || errs[1] != nil || errs[2] != nil || errs[3] != nil || errs[4] == nil {
+		t.Fatalf("publish: %v, want all but the oversized record delivered", errs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if acks[-1] < 4 || len(acks) != 1 {
+		t.Fatalf("produce requests by acks: %v, want every one with acks=-1 (all in-sync replicas), at least 4", acks)
+	}
+}
+
 // The broker gets seconds, not kafka-go's default 500 ms, to gather the
 // in-sync replicas' acknowledgements, and no more than the publish has.
 func TestPublishGivesTheBrokerTimeToAcknowledge(t *testing.T) {

@@ -309,9 +309,8 @@ func topicError(err error) error {
 // flowing while one partition has no leader.
 func (p *Publisher) keylessPartition(topic string, ids []int) int {
 	p.mu.Lock()
-	failing := p.failing[topic]
-	p.mu.Unlock()
-	if len(failing) > 0 {
+	defer p.mu.Unlock()
+	if failing := p.failing[topic]; len(failing) > 0 {
 		now := time.Now()
 		healthy := make([]int, 0, len(ids))
 		for _, id := range ids {

@@ -1,14 +1,7 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,56 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/internal/tlstest"
 )
-
-// testCA is a throwaway certificate authority.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// serverConfig is a TLS server configuration with a certificate for host,
-// signed by ca.
-func (ca *testCA) serverConfig(t *testing.T, host string) *tls.Config {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-}
 
 // writeFile writes b to a file of the test's and returns its path.
 func writeFile(t *testing.T, name string, b []byte) string {
@@ -87,17 +32,18 @@ func writeFile(t *testing.T, name string, b []byte) string {
 func TestRunOverTLS(t *testing.T) {
 	t.Parallel()
 	const host = "kafka.outbox.test"
-	ca := newTestCA(t, "outbox test CA")
-	c := kafkatest.NewCluster(t, []string{"orders"}, kfake.TLS(ca.serverConfig(t, host)))
+	ca := tlstest.NewCA(t, "outbox test CA")
+	c := kafkatest.NewCluster(t, []string{"orders"}, kfake.TLS(&tls.Config{MinVersion: tls.VersionTLS12,
+		Certificates: []tls.Certificate{ca.Server(t, host)}}))
 	dsn, pool := migrated(t)
 	if _, err := pool.Exec(t.Context(), `INSERT INTO outbox (topic, key, payload)
 SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != nil {
 		t.Fatal(err)
 	}
 
-	stranger := newTestCA(t, "someone else's CA")
+	stranger := tlstest.NewCA(t, "someone else's CA")
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
-		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "stranger.pem", stranger.pem)))
+		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "stranger.pem", stranger.PEM())))
 	waitFor(t, 30*time.Second, "the breaker opened on the unverifiable certificate", func() bool {
 		out := p.output.String()
 		return strings.Contains(out, "circuit opened") && strings.Contains(out, "certificate signed by unknown authority")
@@ -111,7 +57,7 @@ SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != ni
 	}
 
 	p = startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
-		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "ca.pem", ca.pem)))
+		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "ca.pem", ca.PEM())))
 	waitFor(t, 30*time.Second, "every row delivered over TLS", func() bool { return countRows(t, pool, "true") == 0 })
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {

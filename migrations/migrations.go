@@ -19,8 +19,10 @@ import (
 	"regexp"
 	"testing/fstest"
 	"text/template"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
@@ -121,11 +123,38 @@ func (m *Migrator) Up(ctx context.Context) ([]*Result, error) {
 	if err := m.ensureSchema(ctx); err != nil {
 		return nil, err
 	}
-	res, err := m.provider.Up(ctx)
-	if err != nil {
-		return res, fmt.Errorf("migrate %s up: %w", m.schema, err)
+	var all []*Result
+	for attempt := 1; ; attempt++ {
+		res, err := m.provider.Up(ctx)
+		all = append(all, res...)
+		if err == nil {
+			return all, nil
+		}
+		if !lockTimedOut(err) || attempt == lockAttempts {
+			return all, fmt.Errorf("migrate %s up: %w", m.schema, err)
+		}
+		// A migration that changes the table gave up waiting for
+		// transactions writing to it rather than hold producers
+		// queued behind it; the migrations before it are applied.
+		select {
+		case <-ctx.Done():
+			return all, fmt.Errorf("migrate %s up: %w", m.schema, err)
+		case <-time.After(lockRetryDelay):
+		}
 	}
-	return res, nil
+}
+
+// lockAttempts is how often Up tries a migration that gives up waiting for
+// its lock (lock_timeout), lockRetryDelay apart.
+const (
+	lockAttempts   = 30
+	lockRetryDelay = time.Second
+)
+
+// lockTimedOut reports whether err is a statement's lock_timeout.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
 // Down reverts the most recently applied migration. Reverting the table's

@@ -451,10 +451,18 @@ func TestWakeupLockMovesToWhen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// down reverts the migrations down to and including the one that
+	// moved the lock.
 	down := func() {
 		t.Helper()
-		if _, err := m.Down(ctx); err != nil {
-			t.Fatal(err)
+		for {
+			res, err := m.Down(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Source.Version == 5 {
+				return
+			}
 		}
 	}
 	up()
@@ -513,5 +521,127 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 	up()
 	if enabled, def := state(); enabled != "" {
 		t.Fatalf("up with the trigger dropped: it is back (%q, %s)", enabled, def)
+	}
+}
+
+// An INSERT into the outbox has its transaction id before it builds its
+// first row (and takes its id): strict order depends on it.
+func TestInsertTakesItsTransactionIDFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m, err := migrations.New(db, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A row trigger runs once the row, id included, is built: it records
+	// whether the transaction had an id by then.
+	for _, stmt := range []string{
+		`CREATE FUNCTION record_xid() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.headers := jsonb_build_object('xid', pg_current_xact_id_if_assigned()::text);
+    RETURN NEW;
+END $$`,
+		`CREATE TRIGGER record_xid BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION record_xid()`,
+	} {
+		if _, err := db.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	xidAtRow := func() string {
+		t.Helper()
+		var xid sql.NullString
+		if err := db.QueryRow(`INSERT INTO outbox (topic, payload) VALUES ('t', 'x') RETURNING headers->>'xid'`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		return xid.String
+	}
+	if xid := xidAtRow(); xid == "" {
+		t.Fatal("the row was built before its transaction had an id")
+	}
+	if _, err := db.Exec(`ALTER TABLE outbox DISABLE TRIGGER outbox_xid_first`); err != nil {
+		t.Fatal(err)
+	}
+	if xid := xidAtRow(); xid != "" {
+		t.Fatalf("without the trigger the transaction already had id %s: the test proves nothing", xid)
+	}
+}
+
+// The trigger's migration does not queue producers behind a transaction
+// writing to the table: it gives up its lock wait within seconds, and
+// 'migrate up' tries again until it gets through.
+func TestXidTriggerMigrationDoesNotStallProducers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	db := openDB(t, dsn)
+	m, err := migrations.New(db, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := m.Down(ctx); err != nil || res.Source.Version != 6 {
+		t.Fatalf("down: %v, %v", res, err)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	if _, err := writer.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := m.Up(ctx)
+		migrated <- err
+	}()
+	// Wait until the migration is queued for its lock.
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE 'CREATE TRIGGER outbox_xid_first%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-migrated:
+			t.Fatalf("the migration ended while the writer runs: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// Another producer gets through while the writer still runs.
+	insertCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(insertCtx, `INSERT INTO outbox (topic, payload) VALUES ('t', 'y')`); err != nil {
+		t.Fatalf("a producer was held behind the migration: %v", err)
+	}
+	select {
+	case err := <-migrated:
+		t.Fatalf("the migration ended while the writer runs: %v", err)
+	default:
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-migrated; err != nil {
+		t.Fatalf("migrate up after the writer ended: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_xid_first'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("trigger count %d (%v), want 1", n, err)
 	}
 }

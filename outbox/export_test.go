@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Hooks for the package's external tests.
@@ -56,4 +58,16 @@ func Deferrals(ctx context.Context, c *Claim, offsets ...time.Duration) (map[int
 		out[b.id] += fmt.Sprintf(" behind lease %d", b.lease)
 	}
 	return out, rows.Err()
+}
+
+// NextXid reads an observation's transaction ids in a transaction of its
+// own: the snapshot's xmin and the next transaction id.
+func NextXid(ctx context.Context, s *Store) (xmin, next int64, err error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	err = tx.QueryRow(ctx, observeXidsSQL).Scan(&xmin, &next)
+	return xmin, next, err
 }

@@ -110,6 +110,13 @@ type Relay struct {
 	// Listen enables LISTEN/NOTIFY wake-ups. Default true; polling covers
 	// for it either way.
 	Listen bool `koanf:"listen"`
+	// StrictOrder delivers a key's rows in id order even when producers
+	// write the key from concurrent transactions: a row waits until every
+	// transaction that could still commit a smaller id has ended, so a
+	// long write transaction anywhere in the database cluster delays
+	// delivery. Default false (per-key order then assumes producers
+	// serialise a key's writes).
+	StrictOrder bool `koanf:"strict_order"`
 }
 
 // Retry configures the retry policy.

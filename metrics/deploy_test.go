@@ -76,6 +76,9 @@ func exposed(t *testing.T) series {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if _, err := metrics.NewOrderHoldWatch(reg, nil, nil); err != nil {
+		t.Fatalf("NewOrderHoldWatch: %v", err)
+	}
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("Gather: %v", err)

@@ -96,6 +96,7 @@ type Store struct {
 	lockID       int64
 	keyCheck     keyCheckForm // tests force a form; zero picks per claim
 	table        string       // the outbox table, quoted
+	tableName    string       // and as people write it
 	strictOrder  bool
 	strict       watermark
 	sql          struct {
@@ -121,7 +122,7 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
 	}
 	t := pgx.Identifier{cfg.Schema, "outbox"}.Sanitize()
 	s := &Store{pool: pool, keepSent: cfg.KeepSent, errorHistory: cfg.ErrorHistory, lockID: migrations.LockID(cfg.Schema) + 1,
-		table: t, strictOrder: cfg.StrictOrder}
+		table: t, tableName: cfg.Schema + ".outbox", strictOrder: cfg.StrictOrder}
 
 	s.sql.backlog = `SELECT topic, count(*), (extract(epoch FROM now() - min(created_at)) * 1e6)::bigint
 FROM ` + t + `

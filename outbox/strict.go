@@ -140,20 +140,20 @@ func (s *Store) CheckStrictOrder(ctx context.Context) error {
 	switch enabled {
 	case "O", "A":
 	case "":
-		problems = append(problems, fmt.Sprintf("trigger %s is missing on %s: run 'outbox-relay migrate up'", xidTrigger, s.table))
+		problems = append(problems, fmt.Sprintf("trigger %s is missing: run 'outbox-relay migrate up'", xidTrigger))
 	default:
-		problems = append(problems, fmt.Sprintf("trigger %s on %s is disabled: enable it (ALTER TABLE %s ENABLE TRIGGER %s)", xidTrigger, s.table, s.table, xidTrigger))
+		problems = append(problems, fmt.Sprintf("trigger %s is disabled: enable it (ALTER TABLE %s ENABLE TRIGGER %s)", xidTrigger, s.table, xidTrigger))
 	}
 	switch {
 	case seq == nil:
-		problems = append(problems, fmt.Sprintf("%s.id takes its values from no sequence", s.table))
+		problems = append(problems, "its id column takes its values from no sequence")
 	case readable == nil || !*readable:
 		problems = append(problems, fmt.Sprintf("the relay's role may not read sequence %s: grant it SELECT on it", *seq))
 	case cache != nil && *cache != 1:
 		problems = append(problems, fmt.Sprintf("sequence %s caches %d values per session, so ids do not follow the order in which they are taken: set it to 1 (ALTER TABLE %s ALTER COLUMN id SET CACHE 1)", *seq, *cache, s.table))
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("strict order cannot work on %s: %s", s.table, joinProblems(problems))
+		return fmt.Errorf("strict order cannot work on %s: %s", s.tableName, joinProblems(problems))
 	}
 	s.strict.mu.Lock()
 	s.strict.seq = *seq

@@ -431,6 +431,12 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 		if until := r.nextReopen(); !until.IsZero() {
 			wait = max(min(wait, time.Until(until)), time.Millisecond)
 		}
+		if since := t.claim.HeldSince; !since.IsZero() {
+			// Rows wait for older transactions to end (strict order),
+			// which no notification announces: look again soon, less
+			// often the longer they wait.
+			wait = min(wait, max(time.Since(since)/4, heldRecheck))
+		}
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -440,6 +446,10 @@ func (r *Relay) work(ctx, inflight context.Context, id int) error {
 		}
 	}
 }
+
+// heldRecheck is the shortest wait before a worker claims again while
+// rows wait for older transactions (strict order).
+const heldRecheck = 2 * time.Millisecond
 
 // worker is what one worker keeps between batches. Its claims run one at a
 // time, so they share it without a lock.

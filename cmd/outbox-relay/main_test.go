@@ -86,7 +86,7 @@ func TestMigrateUpStatusDown(t *testing.T) {
 		t.Fatalf("migrate status --schema other: code %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
 	r = runBinary(t, env, "migrate", "down")
-	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00005_wakeup_lock_in_when.sql") {
+	if r.code != 0 || !strings.Contains(r.stdout, "reverted 00006_xid_before_id.sql") {
 		t.Fatalf("migrate down: code %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
 }
@@ -118,19 +118,20 @@ func TestMigrateUpConcurrentProcesses(t *testing.T) {
 	if strings.Count(r.stdout, " applied ") != applied || strings.Contains(r.stdout, "pending") {
 		t.Fatalf("processes applied %d migrations in all; status:\n%s", applied, r.stdout)
 	}
-	// One correct schema: the table works and its trigger exists once.
+	// One correct schema: the table works and each trigger exists once.
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	var triggers int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'public.outbox'::regclass AND NOT tgisinternal`).Scan(&triggers); err != nil {
+	var triggers string
+	if err := conn.QueryRow(ctx, `SELECT string_agg(tgname, ',' ORDER BY tgname) FROM pg_trigger
+WHERE tgrelid = 'public.outbox'::regclass AND NOT tgisinternal`).Scan(&triggers); err != nil {
 		t.Fatal(err)
 	}
-	if triggers != 1 {
-		t.Fatalf("%d triggers on public.outbox, want 1", triggers)
+	if triggers != "outbox_notify,outbox_xid_first" {
+		t.Fatalf("triggers on public.outbox: %s, want outbox_notify,outbox_xid_first", triggers)
 	}
 	if _, err := conn.Exec(ctx, `INSERT INTO public.outbox (topic, payload) VALUES ('t', 'x')`); err != nil {
 		t.Fatal(err)

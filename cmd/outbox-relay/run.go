@@ -76,9 +76,16 @@ func (a *app) run(ctx context.Context) error {
 	if err := checkSchema(ctx, pool, cfg.Database.Schema); err != nil {
 		return err
 	}
-	store, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: cfg.Database.Schema, KeepSent: cfg.Relay.SentRetention > 0})
+	store, err := outbox.NewStore(pool, outbox.StoreConfig{
+		Schema: cfg.Database.Schema, KeepSent: cfg.Relay.SentRetention > 0, StrictOrder: cfg.Relay.StrictOrder,
+	})
 	if err != nil {
 		return err
+	}
+	if cfg.Relay.StrictOrder {
+		if err := store.CheckStrictOrder(ctx); err != nil {
+			return err
+		}
 	}
 	policy, err := retry.NewPolicy(retry.PolicyConfig{
 		MaxAttempts:   cfg.Retry.MaxAttempts,
@@ -188,7 +195,18 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	defer stopAdmin()
-	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names))
+	if cfg.Relay.StrictOrder {
+		watch, err := metrics.NewOrderHoldWatch(reg, store, a.log)
+		if err != nil {
+			return err
+		}
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() { defer close(watched); watch.Run(watchCtx) }()
+		defer func() { stopWatch(); <-watched }()
+	}
+	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names),
+		slog.Bool("strict_order", cfg.Relay.StrictOrder))
 	return r.Run(ctx)
 }
 

@@ -188,6 +188,20 @@ func TestRunWithoutMigratedSchema(t *testing.T) {
 	}
 }
 
+func TestRunStrictOrderChecksTheTable(t *testing.T) {
+	t.Parallel()
+	dsn, pool := migrated(t)
+	if _, err := pool.Exec(context.Background(), `DROP TRIGGER outbox_xid_first ON outbox`); err != nil {
+		t.Fatal(err)
+	}
+	c := kafkatest.NewCluster(t, nil)
+	r := runBinary(t, relayEnv(dsn, c, "OUTBOX_RELAY_STRICT_ORDER=true"), "run")
+	if r.code != 1 || !strings.Contains(r.stderr, "strict order cannot work on public.outbox: trigger outbox_xid_first is missing") ||
+		!strings.Contains(r.stderr, "run 'outbox-relay migrate up'") {
+		t.Fatalf("code %d, stderr: %s", r.code, r.stderr)
+	}
+}
+
 func TestRunReportsEveryConfigurationProblem(t *testing.T) {
 	t.Parallel()
 	r := runBinary(t, []string{
@@ -212,8 +226,23 @@ func TestRunReportsEveryConfigurationProblem(t *testing.T) {
 // broker failing produce requests now and then. Afterwards every committed
 // row was delivered, no rolled-back row was, first deliveries of each key
 // follow id order, and nothing is left pending.
+//
+// By default per-key order needs producers to serialise a key's writes,
+// and they lock each key they write, as an application locking the
+// aggregate it changes does.
 func TestKillRestartChecker(t *testing.T) {
 	t.Parallel()
+	checkKillRestart(t, false)
+}
+
+// With strict order, producers write keys from concurrent transactions
+// without locking them, and the check is the same.
+func TestKillRestartCheckerStrictOrder(t *testing.T) {
+	t.Parallel()
+	checkKillRestart(t, true)
+}
+
+func checkKillRestart(t *testing.T, strict bool) {
 	const (
 		rows      = 20_000
 		keys      = 200
@@ -238,11 +267,11 @@ func TestKillRestartChecker(t *testing.T) {
 		"OUTBOX_RETRY_PAUSE_BASE=20ms",
 		"OUTBOX_RETRY_PAUSE_MAX=200ms",
 		"OUTBOX_LOG_LEVEL=warn",
+		"OUTBOX_RELAY_STRICT_ORDER="+strconv.FormatBool(strict),
 	)
 
 	// Producers: transactions of 1-20 rows over random keys, 10% rolled
-	// back. Like an application locking the aggregate it changes, a
-	// producer locks each key it writes, so a key's ids follow commit order.
+	// back.
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -277,6 +306,9 @@ func TestKillRestartChecker(t *testing.T) {
 				rollback := rng.IntN(10) == 0
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					for _, k := range sorted {
+						if strict {
+							break
+						}
 						if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", k); err != nil {
 							return err
 						}

@@ -530,10 +530,11 @@ func (a *ackTimes) Publish(ctx context.Context, recs []outbox.Record) []error {
 //
 // Then, at the lowest rate, one row in twenty goes to a topic the cluster
 // does not have: the healthy rows' latency beside failing rows on the same
-// destination, which must pause only the failing topic.
+// destination, which must pause only the failing topic. And the same
+// load in strict order, whose producers do not serialise their keys.
 func (r *runner) latencies(ctx context.Context) error {
 	for _, rate := range r.cfg.Rates {
-		lat, st, err := r.latency(ctx, rate, 0)
+		lat, st, err := r.latency(ctx, rate, 0, false)
 		if err != nil {
 			return fmt.Errorf("latency at %d rows/s: %w", rate, err)
 		}
@@ -549,7 +550,7 @@ func (r *runner) latencies(ctx context.Context) error {
 	}
 	const failEvery = 20
 	rate := slices.Min(r.cfg.Rates)
-	lat, st, err := r.latency(ctx, rate, failEvery)
+	lat, st, err := r.latency(ctx, rate, failEvery, false)
 	if err != nil {
 		return fmt.Errorf("latency at %d rows/s with failing rows: %w", rate, err)
 	}
@@ -558,14 +559,23 @@ func (r *runner) latencies(ctx context.Context) error {
 			Value: ms(percentile(lat, q)), Unit: "ms", Detail: fmt.Sprintf("%d healthy rows; the failing rows go to a topic the cluster lacks; %d batches, %d retried, %d deferred",
 				len(lat), st.Batches, st.Retried, st.Deferred)})
 	}
+	lat, st, err = r.latency(ctx, rate, 0, true)
+	if err != nil {
+		return fmt.Errorf("latency at %d rows/s in strict order: %w", rate, err)
+	}
+	for _, q := range []float64{50, 99} {
+		r.add(Result{Group: "latency", Name: fmt.Sprintf("p%.0f commit→ack at %d rows/s offered, strict order", q, rate),
+			Value: ms(percentile(lat, q)), Unit: "ms", Detail: fmt.Sprintf("%d rows; each waits for the transactions that could still commit a smaller id; %d batches, %d claims",
+				len(lat), st.Batches, st.Claims)})
+	}
 	return nil
 }
 
 // latency offers rate rows/s for LatencyFor and returns the commit-to-ack
 // latency of each row. With failEvery > 0, one row in failEvery goes to a
 // topic the cluster lacks, without a key, and only the others are
-// measured.
-func (r *runner) latency(ctx context.Context, rate, failEvery int) (lat []time.Duration, st relay.Stats, err error) {
+// measured. strict claims in strict order.
+func (r *runner) latency(ctx context.Context, rate, failEvery int, strict bool) (lat []time.Duration, st relay.Stats, err error) {
 	const producers, workers = 8, 2
 	e, err := r.newEnv(ctx, workers+4+producers)
 	if err != nil {
@@ -578,7 +588,7 @@ func (r *runner) latency(ctx context.Context, rate, failEvery int) (lat []time.D
 	}
 	defer pub.Close()
 	acks := &ackTimes{inner: pub, at: map[uuid.UUID]time.Time{}}
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, StrictOrder: strict})
 	if err != nil {
 		return nil, st, err
 	}
@@ -666,12 +676,27 @@ func (r *runner) latency(ctx context.Context, rate, failEvery int) (lat []time.D
 	return lat, rel.Stats(), nil
 }
 
-// producers measures producer throughput, single-row transactions from 8
-// connections, with and without the wake-up trigger. The two alternate in
-// short rounds on one table (ABBA order), so a change in the disk's speed
-// during the run weighs on both alike, and the trigger's cost is the
-// median of the rounds' own.
+// producers measures what each of the table's triggers costs producers:
+// the wake-up trigger, and the one that gives an inserting transaction
+// its id first (strict order), which every producer pays, strict or not.
 func (r *runner) producers(ctx context.Context) error {
+	for _, t := range []struct{ trigger, what string }{
+		{"outbox_notify", "the wake-up trigger"},
+		{"outbox_xid_first", "the strict-order trigger"},
+	} {
+		if err := r.triggerCost(ctx, t.trigger, t.what); err != nil {
+			return fmt.Errorf("cost of %s: %w", t.what, err)
+		}
+	}
+	return nil
+}
+
+// triggerCost measures producer throughput, single-row transactions from
+// 8 connections, with and without one trigger. The two alternate in short
+// rounds on one table (ABBA order), so a change in the disk's speed during
+// the run weighs on both alike, and the trigger's cost is the median of
+// the rounds' own.
+func (r *runner) triggerCost(ctx context.Context, trigger, what string) error {
 	const producers, rounds = 8, 16
 	e, err := r.newEnv(ctx, producers+1)
 	if err != nil {
@@ -698,12 +723,12 @@ func (r *runner) producers(ctx context.Context) error {
 		if i%2 == 1 {
 			order = []int{0, 1}
 		}
-		for _, trigger := range order {
+		for _, on := range order {
 			state := "DISABLE"
-			if trigger == 1 {
+			if on == 1 {
 				state = "ENABLE"
 			}
-			if _, err := e.pool.Exec(ctx, "ALTER TABLE outbox "+state+" TRIGGER outbox_notify"); err != nil {
+			if _, err := e.pool.Exec(ctx, "ALTER TABLE outbox "+state+" TRIGGER "+trigger); err != nil {
 				return err
 			}
 			start := time.Now()
@@ -712,9 +737,9 @@ func (r *runner) producers(ctx context.Context) error {
 				return err
 			}
 			elapsed := time.Since(start)
-			rows[trigger] += n
-			took[trigger] += elapsed
-			rate[trigger] = float64(n) / elapsed.Seconds()
+			rows[on] += n
+			took[on] += elapsed
+			rate[on] = float64(n) / elapsed.Seconds()
 		}
 		costs = append(costs, 1-rate[1]/rate[0])
 	}
@@ -726,9 +751,9 @@ func (r *runner) producers(ctx context.Context) error {
 	median := (costs[(rounds-1)/2] + costs[rounds/2]) / 2
 	each := (r.cfg.ProducersFor / rounds).Round(time.Millisecond)
 	detail := fmt.Sprintf("%d rounds, each %s with the trigger and %s without, in alternating order", rounds, each, each)
-	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, with trigger", Value: with, Unit: "rows/s", Detail: detail})
-	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, without trigger", Value: without, Unit: "rows/s", Detail: detail})
-	r.add(Result{Group: "producer", Name: "cost of the wake-up trigger", Value: 100 * median, Unit: "%",
+	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, with " + what, Value: with, Unit: "rows/s", Detail: detail})
+	r.add(Result{Group: "producer", Name: "insert, 1 row per transaction, without " + what, Value: without, Unit: "rows/s", Detail: detail})
+	r.add(Result{Group: "producer", Name: "cost of " + what, Value: 100 * median, Unit: "%",
 		Detail: fmt.Sprintf("median of the %d rounds' costs (%.1f%% to %.1f%%); %.1f%% from the totals above",
 			rounds, 100*costs[0], 100*costs[rounds-1], 100*(1-with/without))})
 	return nil

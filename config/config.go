@@ -48,6 +48,7 @@ const (
 	DefaultSchema         = migrations.DefaultSchema
 	DefaultMaxConns       = 10
 	DefaultConnectTimeout = 10 * time.Second
+	DefaultQueryTimeout   = 30 * time.Second
 	DefaultLogLevel       = "info"
 	DefaultLogFormat      = "text"
 )
@@ -217,6 +218,12 @@ type Database struct {
 	// ConnectTimeout bounds each connection attempt, unless the URL sets
 	// connect_timeout itself. Default 10s.
 	ConnectTimeout time.Duration `koanf:"connect_timeout"`
+	// QueryTimeout bounds each claim, write-back and cleanup batch of the
+	// relay: a database that does not answer in time (a crash, a network
+	// black hole) is given up on and the connection dropped; the batch's
+	// rows stay pending until the server ends its transaction. Default
+	// 30s.
+	QueryTimeout time.Duration `koanf:"query_timeout"`
 }
 
 // Admin configures the admin HTTP listener and its dead-letter API.
@@ -251,6 +258,7 @@ func defaults() Config {
 			Schema:         DefaultSchema,
 			MaxConns:       DefaultMaxConns,
 			ConnectTimeout: DefaultConnectTimeout,
+			QueryTimeout:   DefaultQueryTimeout,
 		},
 		Log:   Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
 		Admin: Admin{Listen: DefaultAdminListen},
@@ -451,6 +459,9 @@ func (c *Config) Validate(need Need) error {
 	}
 	if c.Database.ConnectTimeout <= 0 {
 		p = append(p, fmt.Sprintf("database.connect_timeout is %s; it must be positive", c.Database.ConnectTimeout))
+	}
+	if c.Database.QueryTimeout <= 0 {
+		p = append(p, fmt.Sprintf("database.query_timeout is %s; it must be positive", c.Database.QueryTimeout))
 	}
 	if _, err := ParseLevel(c.Log.Level); err != nil {
 		p = append(p, "log.level: "+err.Error())

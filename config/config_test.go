@@ -28,7 +28,7 @@ func TestLoadDefaultsAndEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := config.Database{URL: "postgres://u:p@db/app", Schema: "public", MaxConns: 10, ConnectTimeout: 10 * time.Second}
+	want := config.Database{URL: "postgres://u:p@db/app", Schema: "public", MaxConns: 10, ConnectTimeout: 10 * time.Second, QueryTimeout: 30 * time.Second}
 	if cfg.Database != want {
 		t.Fatalf("database = %+v, want %+v", cfg.Database, want)
 	}

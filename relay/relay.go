@@ -54,7 +54,7 @@ const (
 	DefaultPollInterval    = time.Second
 	DefaultPublishTimeout  = 15 * time.Second
 	DefaultDrainTimeout    = 30 * time.Second
-	DefaultWriteTimeout    = 30 * time.Second
+	DefaultQueryTimeout    = 30 * time.Second
 	DefaultCleanupInterval = time.Minute
 	DefaultCleanupBatch    = 5000
 	// DefaultDeadLetterRetention is how long dead-lettered and discarded
@@ -119,6 +119,11 @@ type Config struct {
 	// context ends before they are abandoned (their rows stay pending).
 	// Default 30s.
 	DrainTimeout time.Duration
+	// QueryTimeout bounds each claim, write-back and cleanup batch: a
+	// database that does not answer in time (a crash, a network black
+	// hole) is given up on, the connection dropped, and the batch's rows
+	// stay pending until the server ends its transaction. Default 30s.
+	QueryTimeout time.Duration
 	// OnDeadLetter is release (default) or block, for destinations that do
 	// not set their own.
 	OnDeadLetter string
@@ -181,7 +186,7 @@ func (c *Config) Validate() error {
 	}
 	for name, v := range map[string]time.Duration{"poll_interval": c.PollInterval, "publish_timeout": c.PublishTimeout,
 		"drain_timeout": c.DrainTimeout, "sent_retention": c.SentRetention, "cleanup_interval": c.CleanupInterval,
-		"pause_base": c.PauseBase, "pause_max": c.PauseMax} {
+		"pause_base": c.PauseBase, "pause_max": c.PauseMax, "query_timeout": c.QueryTimeout} {
 		if v < 0 {
 			errs = append(errs, fmt.Errorf("relay: %s is %s; it must not be negative", name, v))
 		}
@@ -271,6 +276,7 @@ func New(cfg Config) (*Relay, error) {
 	defDur(&cfg.PollInterval, DefaultPollInterval)
 	defDur(&cfg.PublishTimeout, DefaultPublishTimeout)
 	defDur(&cfg.DrainTimeout, DefaultDrainTimeout)
+	defDur(&cfg.QueryTimeout, DefaultQueryTimeout)
 	defDur(&cfg.CleanupInterval, DefaultCleanupInterval)
 	defDur(&cfg.DeadLetterRetention, DefaultDeadLetterRetention)
 	defDur(&cfg.PauseBase, DefaultPauseBase)
@@ -496,10 +502,12 @@ func (r *Relay) take(ctx context.Context, w *worker, owner int, ahead bool) take
 	limit := r.claimLimit(w.avgRowBytes)
 	closed, closedFor := r.closedTopics(start)
 	r.sqlBusy.Add(1)
-	claim, err := r.cfg.Store.Claim(ctx, outbox.ClaimParams{
+	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	claim, err := r.cfg.Store.Claim(claimCtx, outbox.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(owner, w.avoid.keys(start)),
 		ExcludeTopics: closed, ExcludeFor: closedFor,
 	})
+	cancel()
 	r.sqlBusy.Add(-1)
 	if err != nil {
 		return taken{err: err}
@@ -531,7 +539,7 @@ func (r *Relay) drop(ctx context.Context, t taken) {
 		return
 	}
 	r.inflight.remove(t.inflight)
-	writeCtx, cancel := writeBackContext(ctx)
+	writeCtx, cancel := r.writeBackContext(ctx)
 	defer cancel()
 	if err := t.claim.Release(writeCtx); err != nil {
 		r.log.Warn("releasing a claim failed; its rows are unlocked when the connection closes", slog.Any("error", err))
@@ -545,7 +553,7 @@ func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err 
 	claim, start, limit := t.claim, t.start, t.limit
 	defer r.inflight.remove(t.inflight)
 	if len(claim.Records) == 0 {
-		writeCtx, cancel := writeBackContext(ctx)
+		writeCtx, cancel := r.writeBackContext(ctx)
 		defer cancel()
 		if claim.Deferred > 0 {
 			// The claim's rows were rescheduled: look again at once.
@@ -594,7 +602,7 @@ func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err 
 	for _, g := range groups {
 		outcomes = append(outcomes, r.decide(g, abandoned)...)
 	}
-	writeCtx, cancel := writeBackContext(ctx)
+	writeCtx, cancel := r.writeBackContext(ctx)
 	defer cancel()
 	r.sqlBusy.Add(1)
 	err = claim.Complete(writeCtx, outcomes)
@@ -628,8 +636,8 @@ func (r *Relay) deliver(ctx, inflight context.Context, t taken) (more bool, err 
 // writeBackContext bounds a write-back, detached from ctx: a publish that
 // happened is acknowledged even while the relay stops. It starts after the
 // publish, so a long publish timeout cannot eat into it.
-func writeBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), DefaultWriteTimeout)
+func (r *Relay) writeBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
 }
 
 // group is a batch's rows for one destination, in id order, and what its
@@ -1131,7 +1139,9 @@ func (r *Relay) cleanup(ctx context.Context) error {
 		for _, tk := range tasks {
 			total := int64(0)
 			for ctx.Err() == nil {
-				n, busy, err := tk.delete(ctx, tk.retention, DefaultCleanupBatch)
+				batchCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+				n, busy, err := tk.delete(batchCtx, tk.retention, DefaultCleanupBatch)
+				cancel()
 				if err != nil {
 					if ctx.Err() == nil {
 						r.log.Error("cleanup failed", slog.String("rows", tk.what), slog.Any("error", err))
@@ -1456,7 +1466,7 @@ func (r *Relay) deliverLeased(inflight context.Context, g *group, expiry map[int
 	// Other workers may claim these keys again: their rows stay behind the
 	// leased ones until the write-back below, which then makes them ready.
 	r.inflight.remove(g.inflight)
-	ctx, cancel := writeBackContext(inflight)
+	ctx, cancel := r.writeBackContext(inflight)
 	defer cancel()
 	// Only outcomes written back count: a row whose lease ran out and was
 	// taken by another delivery is counted by that one.

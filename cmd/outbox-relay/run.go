@@ -161,6 +161,7 @@ func (a *app) run(ctx context.Context) error {
 		PollInterval:        cfg.Relay.PollInterval,
 		PublishTimeout:      cfg.Relay.PublishTimeout,
 		DrainTimeout:        cfg.Relay.DrainTimeout,
+		QueryTimeout:        cfg.Database.QueryTimeout,
 		OnDeadLetter:        cfg.Relay.OnDeadLetter,
 		SentRetention:       cfg.Relay.SentRetention,
 		DeadLetterRetention: forever(cfg.Relay.DeadLetterRetention),

@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
-	"github.com/outbox-relay/outbox-relay/internal/pgserver"
 )
 
 var adminLine = regexp.MustCompile(`msg="admin listener started" address=(\S+)`)
@@ -302,17 +301,8 @@ func (g *gateHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // token, at debug level, through the outage.
 func TestHealthEndpointsAndSecretFreeLogs(t *testing.T) {
 	t.Parallel()
-	if _, err := pgserver.FindBinaries(); err != nil {
-		t.Skip("no local PostgreSQL binaries to start and stop a dedicated server:", err)
-	}
 	ctx := context.Background()
-	// Durable: the server is crashed while the relay runs, and must not
-	// lose what was committed before.
-	pg, err := pgserver.Start(ctx, pgserver.Options{Durable: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Stop()
+	pg := crashableServer(t)
 	// The server trusts local connections: any password is accepted, and
 	// none may be logged.
 	const password = "Pa55-w0rd-never-logged"

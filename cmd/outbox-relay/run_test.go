@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
@@ -277,12 +278,10 @@ func checkKillRestart(t *testing.T, strict bool) {
 		t.Fatal(err)
 	}
 	var (
-		mu         sync.Mutex
-		committed  = map[uuid.UUID]bool{}
-		rolledBack = map[uuid.UUID]bool{}
-		written    atomic.Int64
-		prodWG     sync.WaitGroup
+		written atomic.Int64
+		prodWG  sync.WaitGroup
 	)
+	book := newLedger()
 	for w := range producers {
 		prodWG.Add(1)
 		go func() {
@@ -304,7 +303,7 @@ func checkKillRestart(t *testing.T, strict bool) {
 				}
 				sort.Strings(sorted)
 				rollback := rng.IntN(10) == 0
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				err := book.write(ctx, pool, producer, msgs, rollback, func(tx pgx.Tx) error {
 					for _, k := range sorted {
 						if strict {
 							break
@@ -313,25 +312,9 @@ func checkKillRestart(t *testing.T, strict bool) {
 							return err
 						}
 					}
-					ids, err := producer.Write(ctx, tx, msgs...)
-					if err != nil {
-						return err
-					}
-					mu.Lock()
-					for _, id := range ids {
-						if rollback {
-							rolledBack[id] = true
-						} else {
-							committed[id] = true
-						}
-					}
-					mu.Unlock()
-					if rollback {
-						return errRollback
-					}
 					return nil
 				})
-				if err != nil && err != errRollback {
+				if err != nil {
 					t.Errorf("producer: %v", err)
 					return
 				}
@@ -435,28 +418,18 @@ func checkKillRestart(t *testing.T, strict bool) {
 		}
 		lastFirst[k] = rowID
 	}
-	missing, phantom, duplicates := 0, 0, 0
-	for id := range committed {
-		if delivered[id] == 0 {
-			missing++
-		}
-	}
-	for id, n := range delivered {
-		if rolledBack[id] {
-			phantom++
-		}
+	book.check(t, delivered)
+	duplicates := 0
+	for _, n := range delivered {
 		duplicates += n - 1
-	}
-	if missing > 0 || phantom > 0 {
-		t.Errorf("%d committed rows never delivered, %d rolled-back rows delivered", missing, phantom)
 	}
 	if n := countRows(t, pool, "true"); n != 0 {
 		t.Errorf("%d rows left in the outbox", n)
 	}
 	t.Logf("%d committed rows, %d rolled back, %d messages, %d duplicates (%.2f%%), kills per relay %v, produce requests %d (every 13th failed)",
-		len(committed), len(rolledBack), len(recs), duplicates, 100*float64(duplicates)/float64(len(committed)), kills, produceRequests.Load())
-	if len(committed) < rows {
-		t.Errorf("only %d committed rows, want at least %d", len(committed), rows)
+		len(book.committed), len(book.rolledBack), len(recs), duplicates, 100*float64(duplicates)/float64(len(book.committed)), kills, produceRequests.Load())
+	if len(book.committed) < rows {
+		t.Errorf("only %d committed rows, want at least %d", len(book.committed), rows)
 	}
 	for i, k := range kills {
 		if k < minKills {
@@ -466,3 +439,74 @@ func checkKillRestart(t *testing.T, strict bool) {
 }
 
 var errRollback = fmt.Errorf("rolled back on purpose")
+
+// ledger records what producers wrote: the rows of transactions that
+// committed, and of those rolled back on purpose (errRollback). A
+// transaction that failed otherwise, such as a commit cut by a crash, has
+// an unknown outcome: its rows are left out.
+type ledger struct {
+	mu                    sync.Mutex
+	committed, rolledBack map[uuid.UUID]bool
+}
+
+func newLedger() *ledger {
+	return &ledger{committed: map[uuid.UUID]bool{}, rolledBack: map[uuid.UUID]bool{}}
+}
+
+// write writes msgs in one transaction, after first (if not nil), and
+// commits it or rolls it back; it records the rows by how the transaction
+// ended and returns its error, nil when it was rolled back on purpose.
+func (l *ledger) write(ctx context.Context, pool *pgxpool.Pool, p *outbox.Producer, msgs []outbox.Message, rollback bool, first func(pgx.Tx) error) error {
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if first != nil {
+			if err := first(tx); err != nil {
+				return err
+			}
+		}
+		var err error
+		if ids, err = p.Write(ctx, tx, msgs...); err != nil {
+			return err
+		}
+		if rollback {
+			return errRollback
+		}
+		return nil
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		switch {
+		case err == nil:
+			l.committed[id] = true
+		case errors.Is(err, errRollback):
+			l.rolledBack[id] = true
+		}
+	}
+	if errors.Is(err, errRollback) {
+		return nil
+	}
+	return err
+}
+
+// check fails the test for committed rows never delivered and for
+// rolled-back rows delivered, given how often each event was delivered.
+func (l *ledger) check(t *testing.T, delivered map[uuid.UUID]int) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	missing, phantom := 0, 0
+	for id := range l.committed {
+		if delivered[id] == 0 {
+			missing++
+		}
+	}
+	for id := range l.rolledBack {
+		if delivered[id] > 0 {
+			phantom++
+		}
+	}
+	if missing > 0 || phantom > 0 {
+		t.Errorf("%d committed rows never delivered, %d rolled-back rows delivered", missing, phantom)
+	}
+}

@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 // Limits.
@@ -65,9 +65,9 @@ type Store struct {
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.Schema == "" {
-		cfg.Schema = migrations.DefaultSchema
+		cfg.Schema = schema.Default
 	}
-	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+	if err := schema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("dead-letter store: %w", err)
 	}
 	return &Store{

@@ -14,9 +14,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
-	"regexp"
 	"testing/fstest"
 	"text/template"
 	"time"
@@ -26,38 +24,24 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 //go:embed *.sql
 var files embed.FS
 
 // DefaultSchema is the schema used when none is configured.
-const DefaultSchema = "public"
+const DefaultSchema = schema.Default
 
 // VersionTable is the table, inside the configured schema, that records the
 // applied migrations. It is not goose's default name so that an application
 // that manages its own schema with goose keeps its own history.
 const VersionTable = "outbox_relay_migrations"
 
-// maxSchemaLen keeps the wake-up channel "<schema>.outbox" within
-// PostgreSQL's 63-byte identifier limit.
-const maxSchemaLen = 56
-
-var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
 // ValidateSchema reports whether name can be used as the outbox schema: a
 // plain identifier (letters, digits, underscores) of at most 56 bytes.
-func ValidateSchema(name string) error {
-	switch {
-	case name == "":
-		return errors.New("schema name is empty")
-	case len(name) > maxSchemaLen:
-		return fmt.Errorf("schema name %q is longer than %d bytes", name, maxSchemaLen)
-	case !schemaPattern.MatchString(name):
-		return fmt.Errorf("schema name %q must start with a letter or underscore and contain only letters, digits and underscores", name)
-	}
-	return nil
-}
+func ValidateSchema(name string) error { return schema.Validate(name) }
 
 // Migrator applies and reverts the outbox migrations in one schema.
 type Migrator struct {
@@ -112,11 +96,7 @@ func New(db *sql.DB, schema string) (*Migrator, error) {
 
 // LockID is the advisory lock key that serialises migrations of schema.
 // Each schema has its own, so independent outboxes migrate independently.
-func LockID(schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("outbox-relay migrations " + schema))
-	return int64(h.Sum64())
-}
+func LockID(name string) int64 { return schema.LockID(name) }
 
 // Up applies every pending migration, creating the schema if needed.
 func (m *Migrator) Up(ctx context.Context) ([]*Result, error) {

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 // ListenerConfig configures a Listener.
@@ -44,9 +44,9 @@ type Listener struct {
 // NewListener returns a Listener on pool.
 func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
 	if cfg.Schema == "" {
-		cfg.Schema = migrations.DefaultSchema
+		cfg.Schema = schema.Default
 	}
-	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+	if err := schema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("outbox listener: %w", err)
 	}
 	if cfg.ProbeInterval <= 0 {

@@ -20,7 +20,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 // Message is one message to enqueue.
@@ -90,9 +90,9 @@ type Producer struct {
 // NewProducer returns a Producer for cfg.
 func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.Schema == "" {
-		cfg.Schema = migrations.DefaultSchema
+		cfg.Schema = schema.Default
 	}
-	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+	if err := schema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("outbox producer: %w", err)
 	}
 	if cfg.CopyThreshold <= 0 {

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
 // Record is a claimed outbox row, ready to publish.
@@ -112,16 +112,16 @@ type Store struct {
 // NewStore returns a Store on pool for cfg.
 func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
 	if cfg.Schema == "" {
-		cfg.Schema = migrations.DefaultSchema
+		cfg.Schema = schema.Default
 	}
-	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+	if err := schema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("outbox store: %w", err)
 	}
 	if cfg.ErrorHistory <= 0 {
 		cfg.ErrorHistory = DefaultErrorHistory
 	}
 	t := pgx.Identifier{cfg.Schema, "outbox"}.Sanitize()
-	s := &Store{pool: pool, keepSent: cfg.KeepSent, errorHistory: cfg.ErrorHistory, lockID: migrations.LockID(cfg.Schema) + 1,
+	s := &Store{pool: pool, keepSent: cfg.KeepSent, errorHistory: cfg.ErrorHistory, lockID: schema.LockID(cfg.Schema) + 1,
 		table: t, tableName: cfg.Schema + ".outbox", strictOrder: cfg.StrictOrder}
 
 	s.sql.backlog = `SELECT topic, count(*), (extract(epoch FROM now() - min(created_at)) * 1e6)::bigint

@@ -11,10 +11,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"sort"
 	"sync"
-	"syscall"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -519,19 +517,8 @@ func Classify(err error) error {
 		}
 		return retry.Transient(wrapped, 0)
 	}
-	var dnsErr *net.DNSError
-	var certErr *tls.CertificateVerificationError
-	var recordErr tls.RecordHeaderError
-	var opErr *net.OpError
-	switch {
-	case errors.As(err, &opErr) && opErr.Op == "dial",
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
-		errors.Is(err, syscall.ENETUNREACH), errors.As(err, &dnsErr),
-		errors.As(err, &certErr), errors.As(err, &recordErr):
-		return retry.Systemic(fmt.Errorf("kafka: %w", err))
-	}
-	// No answer: a reset connection, a timeout, an EOF.
-	return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("kafka: %w", err))
+	// No answer: the network's classification, shared with every sink.
+	return retry.NetworkFailure(fmt.Errorf("kafka: %w", err))
 }
 
 // partitionError sets the partition of a partition-scoped failure of a

@@ -2,8 +2,6 @@ package webhook
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -11,7 +9,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -104,28 +101,11 @@ func isDigits(s string) bool {
 // classifyTransport classifies a request that got no response.
 func (p *Publisher) classifyTransport(ctx, parent context.Context, err error) error {
 	err = fmt.Errorf("POST %s: %w", p.url, unwrapURLError(err))
-	var (
-		dnsErr  *net.DNSError
-		unknown x509.UnknownAuthorityError
-		invalid x509.CertificateInvalidError
-		host    x509.HostnameError
-		verify  *tls.CertificateVerificationError
-		alert   tls.AlertError
-		record  tls.RecordHeaderError
-		netErr  net.Error
-	)
-	switch {
-	case errors.Is(err, errGuard):
+	if errors.Is(err, errGuard) {
 		return retry.Systemic(err)
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
-		return retry.Systemic(err)
-	case errors.As(err, &dnsErr):
-		return retry.Systemic(err)
-	case errors.As(err, &unknown), errors.As(err, &invalid), errors.As(err, &host), errors.As(err, &verify),
-		errors.As(err, &alert), errors.As(err, &record):
-		// Certificates and TLS set-up are the same for every row.
-		return retry.Systemic(err)
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+	}
+	var netErr net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout() {
 		switch {
 		case parent.Err() != nil:
 			err = fmt.Errorf("%w (the delivery's deadline passed mid-request)", err)
@@ -133,10 +113,8 @@ func (p *Publisher) classifyTransport(ctx, parent context.Context, err error) er
 			err = fmt.Errorf("%w (timed out after %s)", err, p.cfg.Timeout)
 		}
 	}
-	// No answer (timeouts, resets, EOFs, protocol errors): the next
-	// attempt may do better, and the endpoint, not the row, failed. Its
-	// breaker counts them when nothing else gets through.
-	return retry.DestinationFailure(retry.ClassTransient, err)
+	// The network's classification, shared with every sink.
+	return retry.NetworkFailure(err)
 }
 
 // unwrapURLError drops net/http's *url.Error wrapper, whose text repeats

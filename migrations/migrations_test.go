@@ -29,6 +29,19 @@ func openDB(t *testing.T, dsn string) *sql.DB {
 	return db
 }
 
+// migrateUp applies every migration to the default schema of db.
+func migrateUp(t *testing.T, db *sql.DB) *migrations.Migrator {
+	t.Helper()
+	m, err := migrations.New(db, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func tableExists(t *testing.T, db *sql.DB, schema, table string) bool {
 	t.Helper()
 	var ok bool
@@ -528,15 +541,8 @@ WHERE tgrelid = 'shop.outbox'::regclass AND tgname = 'outbox_notify'`).Scan(&ena
 // first row (and takes its id): strict order depends on it.
 func TestInsertTakesItsTransactionIDFirst(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := openDB(t, pgtest.NewDatabase(t))
-	m, err := migrations.New(db, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	migrateUp(t, db)
 	// A row trigger runs once the row, id included, is built: it records
 	// whether the transaction had an id by then.
 	for _, stmt := range []string{
@@ -577,14 +583,7 @@ func TestXidTriggerMigrationDoesNotStallProducers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
-	db := openDB(t, dsn)
-	m, err := migrations.New(db, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := migrateUp(t, openDB(t, dsn))
 	if res, err := m.Down(ctx); err != nil || res.Source.Version != 6 {
 		t.Fatalf("down: %v, %v", res, err)
 	}

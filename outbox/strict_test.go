@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -51,25 +52,42 @@ func commit(t *testing.T, tx pgx.Tx) {
 	}
 }
 
-// claimUntil claims (and releases) until a claim returns want. Other
-// tests' transactions on the server hold the watermark for a moment too.
-func claimUntil(t *testing.T, st *outbox.Store, want []int64) {
+// eventually polls cond until it holds, for the watermark: other tests'
+// transactions on the server hold it for a moment too, and no event says
+// when they end. cond describes what it last saw.
+func eventually(t *testing.T, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c := claim(t, st, 10)
-		got := ids(c.Records)
-		if err := c.Release(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if slices.Equal(got, want) {
+		ok, saw := cond()
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("claim got %v, want %v", got, want)
+			t.Fatal(saw)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// claimOnce claims and releases, returning the ids claimed.
+func claimOnce(t *testing.T, st *outbox.Store) []int64 {
+	t.Helper()
+	c := claim(t, st, 10)
+	got := ids(c.Records)
+	if err := c.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// claimUntil claims (and releases) until a claim returns want.
+func claimUntil(t *testing.T, st *outbox.Store, want []int64) {
+	t.Helper()
+	eventually(t, func() (bool, string) {
+		got := claimOnce(t, st)
+		return slices.Equal(got, want), fmt.Sprintf("claim got %v, want %v", got, want)
+	})
 }
 
 // Two transactions write one key; the one with the larger id commits
@@ -88,15 +106,11 @@ func TestStrictOrderWaitsForSmallerIds(t *testing.T) {
 			second := insertIn(t, b, "k", "second")
 			commit(t, b)
 
-			c := claim(t, loose, 10)
-			if got := ids(c.Records); !slices.Equal(got, []int64{second}) {
+			if got := claimOnce(t, loose); !slices.Equal(got, []int64{second}) {
 				t.Fatalf("default mode claimed %v, want the later id %d alone (the documented limit)", got, second)
 			}
-			if err := c.Release(context.Background()); err != nil {
-				t.Fatal(err)
-			}
 
-			c = claim(t, strict, 10)
+			c := claim(t, strict, 10)
 			if len(c.Records) != 0 || c.HeldSince.IsZero() {
 				t.Fatalf("strict mode claimed %v (held since %v) while id %d may still commit", ids(c.Records), c.HeldSince, first)
 			}
@@ -132,14 +146,9 @@ func TestStrictOrderReportsTheHoldingTransaction(t *testing.T) {
 	}
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
 
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c := claim(t, st, 10)
-		if len(c.Records) != 0 {
-			t.Fatalf("claimed %v while an older transaction runs", ids(c.Records))
-		}
-		if err := c.Release(ctx); err != nil {
-			t.Fatal(err)
+	eventually(t, func() (bool, string) {
+		if got := claimOnce(t, st); len(got) != 0 {
+			t.Fatalf("claimed %v while an older transaction runs", got)
 		}
 		h, err := st.OrderHold(ctx)
 		if err != nil {
@@ -149,30 +158,15 @@ func TestStrictOrderReportsTheHoldingTransaction(t *testing.T) {
 			if h.Holder.Age <= 0 || h.Holder.State != "idle in transaction" {
 				t.Fatalf("holder %+v: want its age and state", *h.Holder)
 			}
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("hold %+v, holder %+v: want backend %d", h, h.Holder, pid)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("hold %+v, holder %+v: want backend %d", h, h.Holder, pid)
+	})
 
 	commit(t, long)
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		c := claim(t, st, 10)
-		n := len(c.Records)
-		if err := c.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the row was not claimed after the holder ended")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually(t, func() (bool, string) {
+		return len(claimOnce(t, st)) == 1, "the row was not claimed after the holder ended"
+	})
 	if h, err := st.OrderHold(ctx); err != nil || h.Held != 0 {
 		t.Fatalf("after delivery resumed: hold %+v, %v; want none", h, err)
 	}

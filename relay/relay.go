@@ -843,12 +843,11 @@ func (r *Relay) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Ou
 	}
 	// Probes of pauses whose rows all stayed behind go another time.
 	for k, a := range pauses.admitted {
-		if !a.probe {
-			continue
+		carried := false
+		if g := groups[k.dest]; g != nil {
+			_, carried = g.pauses[k.s]
 		}
-		if g := groups[k.dest]; g == nil || len(g.recs) == 0 {
-			r.dests[k.dest].pauses.abandoned(k.s, a.gen)
-		} else if _, carried := g.pauses[k.s]; !carried {
+		if a.probe && !carried {
 			r.dests[k.dest].pauses.abandoned(k.s, a.gen)
 		}
 	}

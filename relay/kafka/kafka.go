@@ -248,13 +248,6 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 	return batches
 }
 
-// hasFailing reports whether a partition of topic failed lately.
-func (p *Publisher) hasFailing(topic string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.failing[topic]) > 0
-}
-
 // topicPartitions returns the partition ids of topic, from the cluster's
 // metadata, kept for partitionsTTL.
 func (p *Publisher) topicPartitions(ctx context.Context, topic string) ([]int, error) {
@@ -373,9 +366,7 @@ func (p *Publisher) Partition(rec outbox.Record) (int, bool) {
 func (p *Publisher) send(ctx context.Context, records []outbox.Record, b *batch, errs []error) {
 	err := p.produce(ctx, records, b.topic, b.partition, b.idx)
 	if err == nil {
-		if p.hasFailing(b.topic) {
-			p.markPartition(b.topic, b.partition, false)
-		}
+		p.markPartition(b.topic, b.partition, false)
 		return
 	}
 	err = partitionError(p.classifyCall(err), b.partition)

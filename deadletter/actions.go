@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/time/rate"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
 // Audit actions.
@@ -158,11 +158,7 @@ func (s *Store) Replay(ctx context.Context, p ReplayParams) (*Result, error) {
 		details["ready_at"] = at
 	}
 	return s.bulk(ctx, ActionReplay, p.BulkParams, details, func(ctx context.Context, tx pgx.Tx, ids []int64) error {
-		_, err := tx.Exec(ctx, `UPDATE `+s.outbox+` SET status = 'pending', retry_count = 0,
-    next_attempt_at = coalesce($2, now()), dead_letter_reason = NULL, dead_lettered_at = NULL,
-    key_parked = false, lease_token = NULL, last_attempt_at = NULL
-WHERE id = ANY($1) AND status = 'dead_lettered'`, ids, at)
-		return err
+		return s.q.Replay(ctx, tx, ids, at)
 	})
 }
 
@@ -173,17 +169,8 @@ func (s *Store) Discard(ctx context.Context, p BulkParams) (*Result, error) {
 		return nil, &InputError{Problems: []string{"discarding needs a reason, for the audit trail"}}
 	}
 	return s.bulk(ctx, ActionDiscard, p, map[string]any{}, func(ctx context.Context, tx pgx.Tx, ids []int64) error {
-		_, err := tx.Exec(ctx, `UPDATE `+s.outbox+` SET status = 'discarded', key_parked = false
-WHERE id = ANY($1) AND status = 'dead_lettered'`, ids)
-		return err
+		return s.q.Discard(ctx, tx, ids)
 	})
-}
-
-type target struct {
-	id     int64
-	key    *string
-	parked bool
-	at     time.Time
 }
 
 // bulk selects the rows of p in batches and applies change to each batch,
@@ -222,7 +209,7 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 			}
 			if p.DryRun || len(targets) == 0 {
 				for _, t := range targets {
-					res.add(t.id)
+					res.add(t.ID)
 				}
 				return errDryRun
 			}
@@ -246,7 +233,7 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 	} else {
 		details["filter"] = p.Filter
 	}
-	var last *target
+	var last *outboxdb.Position
 	for {
 		if p.Limiter != nil && !p.DryRun {
 			// Outside the transaction: no locks are held while waiting.
@@ -258,7 +245,7 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 				return nil, fmt.Errorf("%s: %w", action, err)
 			}
 		}
-		var targets []target
+		var targets []outboxdb.Target
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			var err error
 			targets, err = s.lockBatch(ctx, tx, p, cutoff, last, batch)
@@ -279,13 +266,14 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 		}
 		if p.DryRun {
 			for _, t := range targets {
-				res.add(t.id)
+				res.add(t.ID)
 			}
 		}
 		if len(targets) < batch {
 			return res, nil
 		}
-		last = &targets[len(targets)-1]
+		t := targets[len(targets)-1]
+		last = &outboxdb.Position{At: t.At, ID: t.ID}
 	}
 }
 
@@ -295,7 +283,7 @@ var errDryRun = errors.New("dry run")
 // lockRefs locks the rows refs name and returns the dead-lettered ones;
 // the others go to res.Unchanged. A reference that matches no row fails
 // the whole action.
-func (s *Store) lockRefs(ctx context.Context, tx pgx.Tx, refs []Ref, res *Result) ([]target, error) {
+func (s *Store) lockRefs(ctx context.Context, tx pgx.Tx, refs []Ref, res *Result) ([]outboxdb.Target, error) {
 	var ids []int64
 	var events []uuid.UUID
 	for _, r := range refs {
@@ -305,28 +293,20 @@ func (s *Store) lockRefs(ctx context.Context, tx pgx.Tx, refs []Ref, res *Result
 			events = append(events, r.EventID)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT id, event_id, status, key, key_parked, coalesce(dead_lettered_at, now())
-FROM `+s.outbox+` WHERE id = ANY($1) OR event_id = ANY($2) ORDER BY id FOR UPDATE`, ids, events)
+	locked, err := s.q.LockRefs(ctx, tx, ids, events)
 	if err != nil {
 		return nil, fmt.Errorf("select rows: %w", err)
 	}
 	foundID := map[int64]bool{}
 	foundEvent := map[uuid.UUID]bool{}
-	var targets []target
-	var t target
-	var ev uuid.UUID
-	var status string
-	_, err = pgx.ForEachRow(rows, []any{&t.id, &ev, &status, &t.key, &t.parked, &t.at}, func() error {
-		foundID[t.id], foundEvent[ev] = true, true
-		if status == StatusDeadLettered {
-			targets = append(targets, t)
+	var targets []outboxdb.Target
+	for _, r := range locked {
+		foundID[r.ID], foundEvent[r.EventID] = true, true
+		if r.Status == StatusDeadLettered {
+			targets = append(targets, r.Target)
 		} else {
-			res.Unchanged = append(res.Unchanged, Unchanged{ID: t.id, Status: status})
+			res.Unchanged = append(res.Unchanged, Unchanged{ID: r.ID, Status: r.Status})
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("select rows: %w", err)
 	}
 	var missing []Ref
 	var missingIDs []int64
@@ -343,12 +323,7 @@ FROM `+s.outbox+` WHERE id = ANY($1) OR event_id = ANY($2) ORDER BY id FOR UPDAT
 	}
 	// A row an operator acted on before may since have been delivered and
 	// deleted, or expired: that is not a mistake in the input.
-	rows, err = tx.Query(ctx, `SELECT DISTINCT r FROM `+s.audit+` AS a, unnest(a.row_ids) AS r
-WHERE a.row_ids && $1::bigint[] AND r = ANY($1)`, missingIDs)
-	if err != nil {
-		return nil, fmt.Errorf("look for rows in the audit trail: %w", err)
-	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	gone, err := s.q.AuditedRows(ctx, tx, missingIDs)
 	if err != nil {
 		return nil, fmt.Errorf("look for rows in the audit trail: %w", err)
 	}
@@ -368,31 +343,9 @@ WHERE a.row_ids && $1::bigint[] AND r = ANY($1)`, missingIDs)
 
 // lockBatch selects the next batch of dead letters matching p, dead-lettered
 // by cutoff, after last, in the order of the dead-letter index.
-func (s *Store) lockBatch(ctx context.Context, tx pgx.Tx, p BulkParams, cutoff time.Time, last *target, n int) ([]target, error) {
-	var w where
-	w.add("status = 'dead_lettered'")
-	w.add("dead_lettered_at <= ?", cutoff)
-	w.filter(p.Filter)
-	if last != nil {
-		w.add("(dead_lettered_at, id) > (?, ?)", last.at, last.id)
-	}
-	lock := " FOR UPDATE"
-	if p.DryRun {
-		lock = ""
-	}
-	w.args = append(w.args, n)
-	rows, err := tx.Query(ctx, `SELECT id, key, key_parked, dead_lettered_at FROM `+s.outbox+`
-WHERE `+w.sql()+`
-ORDER BY dead_lettered_at, id LIMIT $`+strconv.Itoa(len(w.args))+lock, w.args...)
-	if err != nil {
-		return nil, fmt.Errorf("select dead letters: %w", err)
-	}
-	var targets []target
-	var t target
-	_, err = pgx.ForEachRow(rows, []any{&t.id, &t.key, &t.parked, &t.at}, func() error {
-		targets = append(targets, t)
-		return nil
-	})
+func (s *Store) lockBatch(ctx context.Context, tx pgx.Tx, p BulkParams, cutoff time.Time, last *outboxdb.Position, n int) ([]outboxdb.Target, error) {
+	targets, err := s.q.LockDeadLetters(ctx, tx, outboxdb.LockArgs{Filter: p.Filter.rows(), Cutoff: cutoff,
+		After: last, Limit: n, Lock: !p.DryRun})
 	if err != nil {
 		return nil, fmt.Errorf("select dead letters: %w", err)
 	}
@@ -401,13 +354,13 @@ ORDER BY dead_lettered_at, id LIMIT $`+strconv.Itoa(len(w.args))+lock, w.args...
 
 // apply changes one batch, lets go of the keys it parked, and records it.
 func (s *Store) apply(ctx context.Context, tx pgx.Tx, action string, p BulkParams, details map[string]any,
-	targets []target, res *Result, change func(context.Context, pgx.Tx, []int64) error) error {
+	targets []outboxdb.Target, res *Result, change func(context.Context, pgx.Tx, []int64) error) error {
 	ids := make([]int64, len(targets))
 	var keys []string
 	for i, t := range targets {
-		ids[i] = t.id
-		if t.parked && t.key != nil && !slices.Contains(keys, *t.key) {
-			keys = append(keys, *t.key)
+		ids[i] = t.ID
+		if t.Parked && t.Key != nil && !slices.Contains(keys, *t.Key) {
+			keys = append(keys, *t.Key)
 		}
 	}
 	if err := change(ctx, tx, ids); err != nil {
@@ -429,22 +382,12 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, action string, p BulkParam
 	return nil
 }
 
-// unpark makes the rows deferred behind the parked keys ready at once and
-// gives them back their own last error.
+// unpark makes the rows deferred behind the parked keys ready at once.
 func (s *Store) unpark(ctx context.Context, tx pgx.Tx, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	// First wait for claims that hold the keys' rows: one that saw the key
-	// parked may be deferring them behind it right now, and its note must
-	// be visible to the update below, or they would wait minutes more.
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+s.outbox+` WHERE key = ANY($1) AND status = 'pending' ORDER BY id FOR UPDATE`, keys); err != nil {
-		return fmt.Errorf("lock the rows behind parked keys: %w", err)
-	}
-	_, err := tx.Exec(ctx, `UPDATE `+s.outbox+` SET next_attempt_at = now(),
-    last_error = error_history -> -1 ->> 'error'
-WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL AND starts_with(last_error, $2)`, keys, outbox.ParkedNote)
-	if err != nil {
+	if err := s.q.Unpark(ctx, tx, keys); err != nil {
 		return fmt.Errorf("let go of the rows behind parked keys: %w", err)
 	}
 	return nil
@@ -455,8 +398,8 @@ func (s *Store) record(ctx context.Context, tx pgx.Tx, a Actor, action, reason s
 	if r := strings.TrimSpace(reason); r != "" {
 		why = &r
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+s.audit+` (actor, source, action, reason, row_ids, details)
-VALUES ($1, $2, $3, $4, $5, $6)`, a.Name, a.Source, action, why, ids, details)
+	err := s.q.InsertAudit(ctx, tx, outboxdb.AuditEntry{Actor: a.Name, Source: a.Source, Action: action,
+		Reason: why, RowIDs: ids, Details: details})
 	if err != nil {
 		return fmt.Errorf("write the audit record: %w", err)
 	}
@@ -529,22 +472,17 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 
 	res := &Result{Action: ActionEdit}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var before rowImage
-		var status string
-		var key *string
-		var parked bool
-		var id int64
-		cond, arg := p.Ref.match()
-		err := tx.QueryRow(ctx, `SELECT id, status, topic, headers, payload, key, key_parked FROM `+s.outbox+`
-WHERE `+cond+` FOR UPDATE`, arg).Scan(&id, &status, &before.Topic, &before.Headers, &before.Payload, &key, &parked)
+		row, err := s.q.LockForEdit(ctx, tx, p.Ref.row())
 		if errors.Is(err, pgx.ErrNoRows) {
 			return &NotFoundError{Refs: []Ref{p.Ref}}
 		}
 		if err != nil {
 			return fmt.Errorf("edit row %s: %w", p.Ref, err)
 		}
-		if status != StatusDeadLettered {
-			return fmt.Errorf("row %d is %s: %w; only dead letters can be edited", id, status, ErrNotDeadLettered)
+		id, key := row.ID, row.Key
+		before := rowImage{Topic: row.Topic, Headers: row.Headers, Payload: row.Payload}
+		if row.Status != StatusDeadLettered {
+			return fmt.Errorf("row %d is %s: %w; only dead letters can be edited", id, row.Status, ErrNotDeadLettered)
 		}
 		if p.Payload != nil && !p.AllowNonJSON && json.Valid(before.Payload) && !json.Valid(p.Payload) {
 			return &InputError{Problems: []string{fmt.Sprintf("row %d's payload is JSON and the new one is not; allow a payload that is not JSON to replace it anyway", id)}}
@@ -558,15 +496,11 @@ WHERE `+cond+` FOR UPDATE`, arg).Scan(&id, &status, &before.Topic, &before.Heade
 			at = &p.At
 		}
 		var newKey []string
-		if parked && key != nil {
+		if row.Parked && key != nil {
 			newKey = []string{*key}
 		}
-		if _, err := tx.Exec(ctx, `UPDATE `+s.outbox+` SET
-    topic = coalesce($2, topic), headers = coalesce($3::jsonb, headers), payload = coalesce($4, payload),
-    status = 'pending', retry_count = 0, next_attempt_at = coalesce($5, now()),
-    dead_letter_reason = NULL, dead_lettered_at = NULL, key_parked = false, lease_token = NULL,
-    last_attempt_at = NULL
-WHERE id = $1`, id, nullIfEmpty(p.Topic), nullIfNil(after.Headers), p.Payload, at); err != nil {
+		if err := s.q.Edit(ctx, tx, outboxdb.EditArgs{ID: id, Topic: nullIfEmpty(p.Topic), Headers: nullIfNil(after.Headers),
+			Payload: p.Payload, At: at}); err != nil {
 			return fmt.Errorf("edit row %d: %w", id, err)
 		}
 		if err := s.unpark(ctx, tx, newKey); err != nil {
@@ -671,16 +605,7 @@ func (s *Store) Release(ctx context.Context, p ReleaseParams) (*Result, error) {
 	}
 	res := &Result{Action: ActionRelease}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		status := "dead_lettered"
-		if p.Discard {
-			status = "discarded"
-		}
-		rows, err := tx.Query(ctx, `UPDATE `+s.outbox+` SET key_parked = false, status = $2
-WHERE key = $1 AND key_parked RETURNING id`, p.Key, status)
-		if err != nil {
-			return fmt.Errorf("release key %q: %w", p.Key, err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		ids, err := s.q.ReleaseKey(ctx, tx, p.Key, p.Discard)
 		if err != nil {
 			return fmt.Errorf("release key %q: %w", p.Key, err)
 		}
@@ -705,16 +630,7 @@ WHERE key = $1 AND key_parked RETURNING id`, p.Key, status)
 }
 
 // AuditRecord is one operator action.
-type AuditRecord struct {
-	ID      int64           `json:"id"`
-	At      time.Time       `json:"at"`
-	Actor   string          `json:"actor"`
-	Source  string          `json:"source"`
-	Action  string          `json:"action"`
-	Reason  string          `json:"reason,omitempty"`
-	RowIDs  []int64         `json:"row_ids"`
-	Details json.RawMessage `json:"details"`
-}
+type AuditRecord = outboxdb.AuditRecord
 
 // AuditParams select audit records, newest first.
 type AuditParams struct {
@@ -746,45 +662,19 @@ func (s *Store) Audit(ctx context.Context, p AuditParams) (*AuditPage, error) {
 	if err != nil {
 		problems = append(problems, err.Error())
 	}
-	var w where
+	args := outboxdb.AuditArgs{Action: p.Action, Actor: p.Actor, Row: p.Row,
+		Since: outboxdb.Bound(p.Since), Until: outboxdb.Bound(p.Until), Limit: limit + 1}
 	if p.Cursor != "" {
 		id, err := strconv.ParseInt(p.Cursor, 10, 64)
 		if err != nil || id < 1 {
 			problems = append(problems, fmt.Sprintf("cursor %q is not one this command returned", p.Cursor))
 		}
-		w.add("id < ?", id)
+		args.BeforeID = id
 	}
 	if len(problems) > 0 {
 		return nil, &InputError{Problems: problems}
 	}
-	if p.Action != "" {
-		w.add("action = ?", p.Action)
-	}
-	if p.Actor != "" {
-		w.add("actor = ?", p.Actor)
-	}
-	if p.Row > 0 {
-		w.add("? = ANY(row_ids)", p.Row)
-	}
-	if !p.Since.IsZero() {
-		w.bound("at", ">=", p.Since)
-	}
-	if !p.Until.IsZero() {
-		w.bound("at", "<", p.Until)
-	}
-	w.args = append(w.args, limit+1)
-	rows, err := s.pool.Query(ctx, `SELECT id, at, actor, source, action, coalesce(reason, ''), row_ids, details
-FROM `+s.audit+` WHERE `+w.sql()+` ORDER BY id DESC LIMIT $`+strconv.Itoa(len(w.args)), w.args...)
-	if err != nil {
-		return nil, fmt.Errorf("list audit records: %w", err)
-	}
-	recs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditRecord, error) {
-		var a AuditRecord
-		var details []byte
-		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Source, &a.Action, &a.Reason, &a.RowIDs, &details)
-		a.Details = details
-		return a, err
-	})
+	recs, err := s.q.ListAudit(ctx, s.pool, args)
 	if err != nil {
 		return nil, fmt.Errorf("list audit records: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -159,89 +160,10 @@ func formatAgo(d time.Duration) string {
 	return d.String()
 }
 
-// where builds the SQL conditions of f, numbering parameters after those
-// already in args.
-type where struct {
-	conds []string
-	args  []any
-}
-
-func (w *where) add(cond string, args ...any) {
-	// Each ? becomes the next parameter number.
-	var b strings.Builder
-	for _, r := range cond {
-		if r == '?' {
-			w.args = append(w.args, args[0])
-			args = args[1:]
-			b.WriteString("$" + strconv.Itoa(len(w.args)))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	w.conds = append(w.conds, b.String())
-}
-
-func (w *where) sql() string {
-	if len(w.conds) == 0 {
-		return "true"
-	}
-	return strings.Join(w.conds, " AND ")
-}
-
-// bound is the SQL for a time bound.
-func (w *where) bound(column, op string, b TimeBound) {
-	if b.Ago > 0 {
-		w.add(column+" "+op+" now() - ? * interval '1 microsecond'", b.Ago.Microseconds())
-	} else {
-		w.add(column+" "+op+" ?", b.At)
-	}
-}
-
-func (w *where) filter(f Filter) {
-	if f.Topic != "" {
-		if strings.ContainsAny(f.Topic, "*?") {
-			w.add("topic LIKE ?", globToLike(f.Topic))
-		} else {
-			w.add("topic = ?", f.Topic)
-		}
-	}
-	if f.Destination != "" {
-		w.add("destination = ?", f.Destination)
-	}
-	if f.Reason != "" {
-		w.add("dead_letter_reason = ?", f.Reason)
-	}
-	if f.Key != "" {
-		w.add("key = ?", f.Key)
-	}
-	if !f.Since.IsZero() {
-		w.bound("dead_lettered_at", ">=", f.Since)
-	}
-	if !f.Until.IsZero() {
-		w.bound("dead_lettered_at", "<", f.Until)
-	}
-	if f.ErrorContains != "" {
-		w.add("strpos(lower(last_error), lower(?)) > 0", f.ErrorContains)
-	}
-}
-
-// globToLike turns a glob into a LIKE pattern with \ as the escape.
-func globToLike(glob string) string {
-	var b strings.Builder
-	for _, r := range glob {
-		switch r {
-		case '*':
-			b.WriteByte('%')
-		case '?':
-			b.WriteByte('_')
-		case '%', '_', '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
+// rows is f as the outbox table's statements take it.
+func (f Filter) rows() outboxdb.LetterFilter {
+	return outboxdb.LetterFilter{Topic: f.Topic, Destination: f.Destination, Reason: f.Reason, Key: f.Key,
+		Since: outboxdb.Bound(f.Since), Until: outboxdb.Bound(f.Until), ErrorContains: f.ErrorContains}
 }
 
 // InputError is input that cannot be used: a malformed filter, time,

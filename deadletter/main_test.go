@@ -145,12 +145,11 @@ type parked struct {
 	// Park is the dead letter that parks the key.
 	Park int64
 	// Noted waits behind the key and failed before: releasing the key
-	// gives it back the last error of its history.
+	// keeps its last error.
 	Noted int64
-	// NotedNew waits behind the key and never failed: releasing it
-	// clears its last error.
+	// NotedNew waits behind the key and never failed.
 	NotedNew int64
-	// Own is delayed by its producer, without the parked note.
+	// Own is delayed by its producer, not parked behind the key.
 	Own      int64
 	OwnReady time.Time
 }
@@ -161,14 +160,21 @@ func addParked(t *testing.T, s *pgtest.Schema, key string, at time.Time) parked 
 	t.Helper()
 	p := parked{Key: key}
 	p.Park, _ = addDead(t, s, dead{Key: key, At: at, Parked: true, Dest: "webhook"})
-	note := outbox.ParkedNote + strconv.FormatInt(p.Park, 10)
-	p.Noted = addPending(t, s, key, outbox.ParkedRecheck, note,
+	p.Noted = addPending(t, s, key, outbox.ParkedRecheck, "HTTP 503",
 		`[{"at":"2026-11-20T09:00:00Z","attempt":1,"class":"transient","error":"HTTP 500"},
 		  {"at":"2026-11-20T09:01:00Z","attempt":2,"class":"transient","error":"HTTP 503"}]`)
-	p.NotedNew = addPending(t, s, key, outbox.ParkedRecheck, note, "")
+	p.NotedNew = addPending(t, s, key, outbox.ParkedRecheck, "", "")
+	parkBehind(t, s, p.Park, p.Noted, p.NotedNew)
 	p.Own = addPending(t, s, key, time.Hour, "", "")
 	query(t, s, `SELECT next_attempt_at FROM outbox WHERE id = $1`, []any{p.Own}, &p.OwnReady)
 	return p
+}
+
+// parkBehind marks rows as deferred behind the dead letter park, as the
+// claim does.
+func parkBehind(t *testing.T, s *pgtest.Schema, park int64, ids ...int64) {
+	t.Helper()
+	s.Exec(t, `UPDATE outbox SET parked_behind = $1 WHERE id = ANY($2)`, park, ids)
 }
 
 // checkReleased asserts that p's key no longer holds its rows back.
@@ -181,12 +187,13 @@ func checkReleased(t *testing.T, s *pgtest.Schema, p parked) {
 		id        int64
 		lastError *string
 	}{{p.Noted, nullable("HTTP 503")}, {p.NotedNew, nil}} {
-		var ready bool
+		var ready, behind bool
 		var lastError *string
-		query(t, s, `SELECT next_attempt_at <= now(), last_error FROM outbox WHERE id = $1`, []any{c.id}, &ready, &lastError)
-		if !ready || !equalPtr(lastError, c.lastError) {
-			t.Errorf("row %d behind released key %s: ready %v, last_error %v; want ready with last_error %v",
-				c.id, p.Key, ready, str(lastError), str(c.lastError))
+		query(t, s, `SELECT next_attempt_at <= now(), parked_behind IS NOT NULL, last_error FROM outbox WHERE id = $1`,
+			[]any{c.id}, &ready, &behind, &lastError)
+		if !ready || behind || !equalPtr(lastError, c.lastError) {
+			t.Errorf("row %d behind released key %s: ready %v, still parked behind it %v, last_error %v; want ready, not parked, with last_error %v",
+				c.id, p.Key, ready, behind, str(lastError), str(c.lastError))
 		}
 	}
 	checkOwnDelay(t, s, p)
@@ -198,9 +205,8 @@ func checkParked(t *testing.T, s *pgtest.Schema, p parked) {
 	if n := count(t, s, "outbox", "id = $1 AND key_parked AND status = 'dead_lettered'", p.Park); n != 1 {
 		t.Errorf("key %s: row %d no longer parks it", p.Key, p.Park)
 	}
-	note := outbox.ParkedNote + strconv.FormatInt(p.Park, 10)
-	if n := count(t, s, "outbox", "id = ANY($1) AND next_attempt_at > now() AND last_error = $2",
-		[]int64{p.Noted, p.NotedNew}, note); n != 2 {
+	if n := count(t, s, "outbox", "id = ANY($1) AND next_attempt_at > now() AND parked_behind = $2",
+		[]int64{p.Noted, p.NotedNew}, p.Park); n != 2 {
 		t.Errorf("key %s: %d of its 2 waiting rows still wait, want both", p.Key, n)
 	}
 	checkOwnDelay(t, s, p)

@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
 // Limits.
@@ -58,50 +58,21 @@ type Config struct {
 
 // Store queries and changes dead letters in one schema.
 type Store struct {
-	pool          *pgxpool.Pool
-	outbox, audit string
+	pool *pgxpool.Pool
+	q    *outboxdb.Queries
 }
 
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
-	if cfg.Schema == "" {
-		cfg.Schema = schema.Default
-	}
-	if err := schema.Validate(cfg.Schema); err != nil {
+	q, err := outboxdb.New(cfg.Schema, outboxdb.Options{})
+	if err != nil {
 		return nil, fmt.Errorf("dead-letter store: %w", err)
 	}
-	return &Store{
-		pool:   pool,
-		outbox: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(),
-		audit:  pgx.Identifier{cfg.Schema, "outbox_audit"}.Sanitize(),
-	}, nil
+	return &Store{pool: pool, q: q}, nil
 }
 
 // Letter is a dead letter, or any outbox row when looked up by Get.
-type Letter struct {
-	ID      int64     `json:"id"`
-	EventID uuid.UUID `json:"event_id"`
-	Topic   string    `json:"topic"`
-	// Key is nil for a row without a key.
-	Key *string `json:"key"`
-	// Destination is where the row last failed; empty when it never
-	// reached one.
-	Destination string `json:"destination,omitempty"`
-	Status      string `json:"status"`
-	Reason      string `json:"reason,omitempty"`
-	// ParksKey is true while the row holds back its key's later rows.
-	ParksKey       bool       `json:"parks_key"`
-	Attempts       int        `json:"attempts"`
-	LastError      string     `json:"last_error,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	NextAttemptAt  time.Time  `json:"next_attempt_at"`
-	LastAttemptAt  *time.Time `json:"last_attempt_at,omitempty"`
-	DeadLetteredAt *time.Time `json:"dead_lettered_at,omitempty"`
-	PayloadBytes   int        `json:"payload_bytes"`
-	// Headers are the row's headers as stored: a JSON object, though a
-	// row dead-lettered invalid_message may hold anything.
-	Headers json.RawMessage `json:"headers"`
-}
+type Letter = outboxdb.Letter
 
 // Detail is a row with its payload and error history, for Get.
 type Detail struct {
@@ -163,23 +134,6 @@ func (d Detail) MarshalJSON() ([]byte, error) {
 	}{plain(d), enc, payload})
 }
 
-const letterColumns = `id, event_id, topic, key, coalesce(destination, ''), status,
-    coalesce(dead_letter_reason, ''), key_parked, retry_count, coalesce(last_error, ''),
-    created_at, next_attempt_at, last_attempt_at, dead_lettered_at, octet_length(payload), headers`
-
-func scanLetter(row pgx.Row, extra ...any) (Letter, error) {
-	var l Letter
-	var headers []byte
-	dest := append([]any{&l.ID, &l.EventID, &l.Topic, &l.Key, &l.Destination, &l.Status,
-		&l.Reason, &l.ParksKey, &l.Attempts, &l.LastError,
-		&l.CreatedAt, &l.NextAttemptAt, &l.LastAttemptAt, &l.DeadLetteredAt, &l.PayloadBytes, &headers}, extra...)
-	if err := row.Scan(dest...); err != nil {
-		return l, err
-	}
-	l.Headers = json.RawMessage(headers)
-	return l, nil
-}
-
 // Ref names a row by id or event id.
 type Ref struct {
 	ID      int64
@@ -198,15 +152,7 @@ func ParseRef(s string) (Ref, error) {
 	return Ref{}, &InputError{Problems: []string{fmt.Sprintf("%q is neither a row id (a positive integer) nor an event id (a UUID)", s)}}
 }
 
-// match is the condition that selects the row r names, and its argument:
-// only the column r names, so that a row with a zero event id never
-// matches a lookup by id.
-func (r Ref) match() (string, any) {
-	if r.ID > 0 {
-		return "id = $1", r.ID
-	}
-	return "event_id = $1", r.EventID
-}
+func (r Ref) row() outboxdb.Ref { return outboxdb.Ref{ID: r.ID, EventID: r.EventID} }
 
 // MarshalText writes the id or event id.
 func (r Ref) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
@@ -252,19 +198,15 @@ func (e *NotFoundError) Unwrap() error { return ErrNotFound }
 // Get returns the row ref names, whatever its status, with its payload and
 // error history.
 func (s *Store) Get(ctx context.Context, ref Ref) (*Detail, error) {
-	cond, arg := ref.match()
-	row := s.pool.QueryRow(ctx, `SELECT `+letterColumns+`, payload, error_history
-FROM `+s.outbox+` WHERE `+cond, arg)
 	var d Detail
-	var history []byte
-	l, err := scanLetter(row, &d.Payload, &history)
+	l, payload, history, err := s.q.GetRow(ctx, s.pool, ref.row())
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, &NotFoundError{Refs: []Ref{ref}}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get outbox row %s: %w", ref, err)
 	}
-	d.Letter = l
+	d.Letter, d.Payload = l, payload
 	if err := json.Unmarshal(history, &d.ErrorHistory); err != nil {
 		return nil, fmt.Errorf("get outbox row %s: error history: %w", ref, err)
 	}
@@ -294,14 +236,14 @@ type Page struct {
 
 // List returns a page of dead letters matching p, newest first.
 func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
-	var w where
+	var statuses []string
 	switch p.Status {
 	case "", StatusDeadLettered:
-		w.add("status = 'dead_lettered'")
+		statuses = []string{StatusDeadLettered}
 	case StatusDiscarded:
-		w.add("status = 'discarded'")
+		statuses = []string{StatusDiscarded}
 	case "all":
-		w.add("status IN ('dead_lettered', 'discarded')")
+		statuses = []string{StatusDeadLettered, StatusDiscarded}
 	default:
 		return nil, &InputError{Problems: []string{fmt.Sprintf("status %q: use dead_lettered, discarded or all", p.Status)}}
 	}
@@ -312,13 +254,14 @@ func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
 	if err != nil {
 		return nil, err
 	}
+	args := outboxdb.ListArgs{Statuses: statuses, Limit: limit + 1}
 	var anchor time.Time
 	if p.Cursor != "" {
 		at, id, a, err := parseCursor(p.Cursor)
 		if err != nil {
 			return nil, err
 		}
-		w.add("(dead_lettered_at, id) < (?, ?)", at, id)
+		args.Before = &outboxdb.Position{At: at, ID: id}
 		anchor = a
 	}
 	if p.Filter.Since.Ago > 0 || p.Filter.Until.Ago > 0 {
@@ -331,16 +274,8 @@ func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
 		}
 		p.Filter.Since, p.Filter.Until = p.Filter.Since.at(anchor), p.Filter.Until.at(anchor)
 	}
-	w.filter(p.Filter)
-	w.args = append(w.args, limit+1)
-	rows, err := s.pool.Query(ctx, `SELECT `+letterColumns+` FROM `+s.outbox+`
-WHERE `+w.sql()+`
-ORDER BY dead_lettered_at DESC, id DESC
-LIMIT $`+strconv.Itoa(len(w.args)), w.args...)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	letters, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Letter, error) { return scanLetter(r) })
+	args.Filter = p.Filter.rows()
+	letters, err := s.q.ListDeadLetters(ctx, s.pool, args)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
@@ -412,26 +347,16 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]ParkedKey, error) {
 	if limit <= 0 || limit > MaxListLimit {
 		limit = MaxListLimit
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+letterColumns+`,
-    (SELECT count(*) FROM `+s.outbox+` AS w WHERE w.key = o.key AND w.status = 'pending' AND w.id > o.id)
-FROM `+s.outbox+` AS o
-WHERE key_parked
-ORDER BY dead_lettered_at, id
-LIMIT $1`, limit)
+	parked, err := s.q.ParkedKeys(ctx, s.pool, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list parked keys: %w", err)
 	}
-	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedKey, error) {
-		var k ParkedKey
-		l, err := scanLetter(r, &k.Waiting)
-		k.Row = l
-		if l.Key != nil {
-			k.Key = *l.Key
+	keys := make([]ParkedKey, len(parked))
+	for i, p := range parked {
+		keys[i] = ParkedKey{Row: p.Letter, Waiting: p.Waiting}
+		if p.Key != nil {
+			keys[i].Key = *p.Key
 		}
-		return k, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list parked keys: %w", err)
 	}
 	if keys == nil {
 		keys = []ParkedKey{}
@@ -459,42 +384,31 @@ type Stats struct {
 
 // Stats counts dead letters by topic, destination and reason.
 func (s *Store) Stats(ctx context.Context) (*Stats, error) {
-	rows, err := s.pool.Query(ctx, `SELECT status, topic, coalesce(destination, ''), coalesce(dead_letter_reason, ''),
-    count(*), min(dead_lettered_at), max(dead_lettered_at)
-FROM `+s.outbox+`
-WHERE status IN ('dead_lettered', 'discarded')
-GROUP BY 1, 2, 3, 4`)
+	counts, err := s.q.CountDeadLetters(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("count dead letters: %w", err)
 	}
 	st := &Stats{ByTopic: map[string]int{}, ByDestination: map[string]int{}, ByReason: map[string]int{}}
-	var status, topic, dest, reason string
-	var n int
-	var oldest, newest *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&status, &topic, &dest, &reason, &n, &oldest, &newest}, func() error {
-		if status == StatusDiscarded {
-			st.Discarded += n
-			return nil
+	for _, c := range counts {
+		if c.Status == StatusDiscarded {
+			st.Discarded += c.N
+			continue
 		}
-		st.DeadLettered += n
-		st.ByTopic[topic] += n
-		st.ByDestination[dest] += n
-		st.ByReason[reason] += n
-		if oldest != nil && (st.Oldest == nil || oldest.Before(*st.Oldest)) {
-			t := *oldest
+		st.DeadLettered += c.N
+		st.ByTopic[c.Topic] += c.N
+		st.ByDestination[c.Destination] += c.N
+		st.ByReason[c.Reason] += c.N
+		if c.Oldest != nil && (st.Oldest == nil || c.Oldest.Before(*st.Oldest)) {
+			t := *c.Oldest
 			st.Oldest = &t
 		}
-		if newest != nil && (st.Newest == nil || newest.After(*st.Newest)) {
-			t := *newest
+		if c.Newest != nil && (st.Newest == nil || c.Newest.After(*st.Newest)) {
+			t := *c.Newest
 			st.Newest = &t
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("count dead letters: %w", err)
 	}
 	// A key is parked by one row as a rule; count keys all the same.
-	if err := s.pool.QueryRow(ctx, `SELECT count(DISTINCT key) FROM `+s.outbox+` WHERE key_parked`).Scan(&st.ParkedKeys); err != nil {
+	if st.ParkedKeys, err = s.q.CountParkedKeys(ctx, s.pool); err != nil {
 		return nil, fmt.Errorf("count parked keys: %w", err)
 	}
 	return st, nil

@@ -455,7 +455,7 @@ func TestKeys(t *testing.T) {
 
 	later := addParked(t, s, "later", base.Add(time.Hour))
 	earlier, _ := addDead(t, s, dead{Key: "earlier", At: base, Parked: true})
-	addPending(t, s, "earlier", outbox.ParkedRecheck, outbox.ParkedNote+fmt.Sprint(earlier), "")
+	parkBehind(t, s, earlier, addPending(t, s, "earlier", outbox.ParkedRecheck, "", ""))
 	// Rows of the key that are not pending do not wait.
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload, status, sent_at) VALUES ('orders', 'later', '{}', 'sent', now())`)
 	addDead(t, s, dead{Key: "later", At: base.Add(2 * time.Hour), Status: deadletter.StatusDiscarded})

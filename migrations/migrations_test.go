@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -576,16 +577,41 @@ END $$`,
 	}
 }
 
-// The trigger's migration does not queue producers behind a transaction
-// writing to the table: it gives up its lock wait within seconds, and
-// 'migrate up' tries again until it gets through.
-func TestXidTriggerMigrationDoesNotStallProducers(t *testing.T) {
+// Migrations that change the table while producers write to it do not
+// queue producers behind a transaction writing to the table: they give up
+// their lock wait within seconds, and 'migrate up' tries again until it
+// gets through.
+func TestTableMigrationsDoNotStallProducers(t *testing.T) {
 	t.Parallel()
+	for _, c := range []struct {
+		version int64
+		// statement starts the migration's statement that waits;
+		// applied checks that it is applied.
+		statement, applied string
+	}{
+		{6, "CREATE TRIGGER outbox_xid_first", `SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_xid_first'`},
+		{7, "ALTER TABLE \"public\".outbox ADD COLUMN parked_behind", `SELECT count(*) FROM information_schema.columns
+WHERE table_name = 'outbox' AND column_name = 'parked_behind'`},
+	} {
+		t.Run(fmt.Sprint(c.version), func(t *testing.T) {
+			t.Parallel()
+			testMigrationDoesNotStallProducers(t, c.version, c.statement, c.applied)
+		})
+	}
+}
+
+func testMigrationDoesNotStallProducers(t *testing.T, version int64, statement, applied string) {
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	m := migrateUp(t, openDB(t, dsn))
-	if res, err := m.Down(ctx); err != nil || res.Source.Version != 6 {
-		t.Fatalf("down: %v, %v", res, err)
+	for {
+		res, err := m.Down(ctx)
+		if err != nil {
+			t.Fatalf("down: %v", err)
+		}
+		if res.Source.Version == version {
+			break
+		}
 	}
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -610,7 +636,7 @@ func TestXidTriggerMigrationDoesNotStallProducers(t *testing.T) {
 	for {
 		var waiting bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query LIKE 'CREATE TRIGGER outbox_xid_first%')`).Scan(&waiting); err != nil {
+WHERE wait_event_type = 'Lock' AND starts_with(query, $1))`, statement).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting {
@@ -640,7 +666,58 @@ WHERE wait_event_type = 'Lock' AND query LIKE 'CREATE TRIGGER outbox_xid_first%'
 		t.Fatalf("migrate up after the writer ended: %v", err)
 	}
 	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_xid_first'`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("trigger count %d (%v), want 1", n, err)
+	if err := pool.QueryRow(ctx, applied).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("migration %d applied %d times (%v), want 1", version, n, err)
+	}
+}
+
+// Rows deferred behind a parked key by a relay from before the
+// parked_behind column carry a note in last_error: the migrations move it
+// to the column and give the rows back their own last error.
+func TestParkedNoteBecomesColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	db := openDB(t, dsn)
+	m := migrateUp(t, db)
+	for {
+		res, err := m.Down(ctx)
+		if err != nil {
+			t.Fatalf("down: %v", err)
+		}
+		if res.Source.Version == 7 {
+			break
+		}
+	}
+	if _, err := db.Exec(`INSERT INTO outbox (topic, key, payload, status, dead_letter_reason, dead_lettered_at, key_parked)
+VALUES ('t', 'K', 'x', 'dead_lettered', 'permanent', now(), true)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO outbox (topic, key, payload, last_error, error_history) VALUES
+    ('t', 'K', 'x', 'waiting: key parked by dead-lettered row 1', '[{"error": "HTTP 503"}]'),
+    ('t', 'K', 'x', 'waiting: key parked by dead-lettered row 1', '[]'),
+    ('t', 'L', 'x', 'HTTP 500', '[{"error": "HTTP 500"}]')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(`SELECT id, coalesce(parked_behind::text, '-'), coalesce(last_error, '-') FROM outbox WHERE status = 'pending' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var id int64
+		var behind, lastError string
+		if err := rows.Scan(&id, &behind, &lastError); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d behind %s: %s", id, behind, lastError))
+	}
+	want := []string{"2 behind 1: HTTP 503", "3 behind 1: -", "4 behind -: HTTP 500"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after migrating:\n got %q\nwant %q", got, want)
 	}
 }

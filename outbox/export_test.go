@@ -13,9 +13,17 @@ import (
 
 const ClaimBegin = claimBegin
 
-func ClaimSQL(s *Store) string         { return s.sql.claim }
-func HoldingBySpanSQL(s *Store) string { return s.sql.holdingBySpan }
-func HoldingByKeySQL(s *Store) string  { return s.sql.holdingByKey }
+func ClaimSQL(s *Store) string         { return statement(s, "claim") }
+func HoldingBySpanSQL(s *Store) string { return statement(s, "holding_by_span") }
+func HoldingByKeySQL(s *Store) string  { return statement(s, "holding_by_key") }
+
+func statement(s *Store, name string) string {
+	sql, err := s.q.Statement(name)
+	if err != nil {
+		panic(err)
+	}
+	return sql
+}
 
 // Key check forms, to force one in tests.
 type KeyCheckForm = keyCheckForm
@@ -30,12 +38,12 @@ func CleanupLockID(s *Store) int64         { return s.lockID }
 
 // Deferrals describes what an open claim did to the rows it held back:
 // each pending row's next attempt, as the claim's own transaction sees
-// it, with its note, and the lease each row deferred behind one waits
+// it, with the dead letter it is parked behind, and the lease each row deferred behind one waits
 // for. Times the claim computed from its clock, its Now plus one of
 // offsets, are given as such ("now+5m0s"), others as they are, so that
 // two claims of the same rows can be compared.
 func Deferrals(ctx context.Context, c *Claim, offsets ...time.Duration) (map[int64]string, error) {
-	rows, err := c.tx.Query(ctx, `SELECT id, next_attempt_at, coalesce(last_error, '') FROM outbox WHERE status = 'pending'`)
+	rows, err := c.tx.Query(ctx, `SELECT id, next_attempt_at, coalesce('parked behind ' || parked_behind, '') FROM outbox WHERE status = 'pending'`)
 	if err != nil {
 		return nil, err
 	}

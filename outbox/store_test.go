@@ -254,6 +254,7 @@ func TestLowestBlockerDecides(t *testing.T) {
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','K','3')`)
 		s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
 		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes' WHERE id = 2`)
+		s.Exec(t, `UPDATE outbox SET last_error = 'its own error' WHERE id = 3`)
 		c := claim(t, st, 10)
 		if len(c.Records) != 0 || c.Deferred != 1 {
 			t.Fatalf("claim = %v deferred %d, want nothing with row 3 deferred", ids(c.Records), c.Deferred)
@@ -261,13 +262,15 @@ func TestLowestBlockerDecides(t *testing.T) {
 		if err := c.Complete(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
-		var note string
+		var lastErr string
+		var behind *int64
 		var wait time.Duration
-		if err := s.Pool.QueryRow(ctx, `SELECT coalesce(last_error, ''), next_attempt_at - now() FROM outbox WHERE id = 3`).Scan(&note, &wait); err != nil {
+		if err := s.Pool.QueryRow(ctx, `SELECT last_error, parked_behind, next_attempt_at - now() FROM outbox WHERE id = 3`).Scan(&lastErr, &behind, &wait); err != nil {
 			t.Fatal(err)
 		}
-		if note != outbox.ParkedNote+"1" || wait < outbox.ParkedRecheck-time.Minute || wait > outbox.ParkedRecheck {
-			t.Fatalf("row 3 waits %v with note %q, want about %v behind parked row 1", wait, note, outbox.ParkedRecheck)
+		if behind == nil || *behind != 1 || lastErr != "its own error" || wait < outbox.ParkedRecheck-time.Minute || wait > outbox.ParkedRecheck {
+			t.Fatalf("row 3 waits %v parked behind %v with last error %q, want about %v behind parked row 1, its error kept",
+				wait, behind, lastErr, outbox.ParkedRecheck)
 		}
 	})
 }

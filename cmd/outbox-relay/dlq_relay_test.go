@@ -129,7 +129,7 @@ RETURNING id`, key, []byte(r.body)).Scan(&id); err != nil {
 
 	waitFor(t, 30*time.Second, "both keys parked and order 20 dead-lettered", func() bool {
 		return countRows(t, pool, "key_parked") == 2 && countRows(t, pool, "status = 'dead_lettered' AND key IS NULL") == 1 &&
-			countRows(t, pool, "status = 'pending' AND last_error LIKE 'waiting: key parked%'") == 4
+			countRows(t, pool, "status = 'pending' AND parked_behind IS NOT NULL") == 4
 	})
 
 	var keys struct {

@@ -1,0 +1,166 @@
+// Package outboxdb owns the SQL of the outbox table and its audit table:
+// every statement that reads or changes a row's delivery state (claim,
+// key check, write-back, lease, retention, and the operators' replay,
+// edit, discard and release) lives in the embedded sql/*.sql files, one
+// template per statement, and is run through a typed method here. The
+// relay (package outbox) and the dead-letter operations (package
+// deadletter) both go through it, so a rule about a row's state is written
+// once.
+//
+// The statements are written by hand rather than generated (sqlc): most
+// are fixed at start for the configured schema, but a few take conditions
+// built from a dead-letter filter at run time, and the claim scans into
+// buffers of its own. Method parameters and results are typed; each
+// method names the statement it runs.
+package outboxdb
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// templates holds every statement; parsed once.
+var templates = template.Must(template.New("").Option("missingkey=error").ParseFS(files, "sql/*.sql"))
+
+// DB runs statements: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Options configure Queries.
+type Options struct {
+	// KeepSent marks delivered rows sent instead of deleting them.
+	KeepSent bool
+}
+
+// Queries are the statements on one schema's outbox table, rendered.
+type Queries struct {
+	names names
+	// Fixed statements, rendered once.
+	claim, holdingBySpan, holdingByKey      string
+	deferRows, deferParked                  string
+	stillLeased, leaseOver                  string
+	sent, fail, leasedFail, lease           string
+	leasedSent, unlease, pullForward        string
+	tryLock, deleteSent, deleteExpired      string
+	backlog                                 string
+	getRow, parkedKeys, counts, parkedCount string
+	lockRefs, replay, discard               string
+	lockForEdit, edit, releaseKey           string
+	lockBehindKeys, unpark                  string
+	insertAudit, auditedRows                string
+}
+
+// names are the quoted tables a statement is rendered with.
+type names struct {
+	Outbox, Audit string
+}
+
+// New renders the statements for the outbox in schema (default "public").
+func New(schemaName string, opts Options) (*Queries, error) {
+	if schemaName == "" {
+		schemaName = schema.Default
+	}
+	if err := schema.Validate(schemaName); err != nil {
+		return nil, err
+	}
+	q := &Queries{names: names{
+		Outbox: pgx.Identifier{schemaName, "outbox"}.Sanitize(),
+		Audit:  pgx.Identifier{schemaName, "outbox_audit"}.Sanitize(),
+	}}
+	sent, leasedSent := "sent_delete", "leased_sent_delete"
+	if opts.KeepSent {
+		sent, leasedSent = "sent_mark", "leased_sent_mark"
+	}
+	for name, dst := range map[string]*string{
+		"claim": &q.claim, "holding_by_span": &q.holdingBySpan, "holding_by_key": &q.holdingByKey,
+		"defer": &q.deferRows, "defer_parked": &q.deferParked,
+		"still_leased": &q.stillLeased, "lease_over": &q.leaseOver,
+		sent: &q.sent, "fail": &q.fail, "leased_fail": &q.leasedFail, "lease": &q.lease,
+		leasedSent: &q.leasedSent, "unlease": &q.unlease, "pull_forward": &q.pullForward,
+		"try_maintenance_lock": &q.tryLock, "delete_sent": &q.deleteSent, "delete_expired_dead": &q.deleteExpired,
+		"backlog": &q.backlog,
+		"get_row": &q.getRow, "parked_keys": &q.parkedKeys, "dead_letter_counts": &q.counts,
+		"parked_key_count": &q.parkedCount,
+		"lock_refs":        &q.lockRefs, "replay": &q.replay, "discard": &q.discard,
+		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
+		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
+		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,
+	} {
+		s, err := render(name, q.names)
+		if err != nil {
+			return nil, err
+		}
+		*dst = s
+	}
+	return q, nil
+}
+
+// render executes the named statement's template with data.
+func render(name string, data any) (string, error) {
+	var b bytes.Buffer
+	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
+		return "", fmt.Errorf("render statement %s: %w", name, err)
+	}
+	return strings.TrimSpace(b.String()), nil
+}
+
+// dynamic renders a statement whose conditions are built per call: w's
+// conditions, then LIMIT as the next parameter, whose value is appended
+// to w's arguments.
+func (q *Queries) dynamic(name string, w *Where, limit int, lock string) (string, []any, error) {
+	args := append(w.args[:len(w.args):len(w.args)], limit)
+	s, err := render(name, struct {
+		names
+		Where, Limit, Lock string
+	}{q.names, w.sql(), "$" + strconv.Itoa(len(args)), lock})
+	return s, args, err
+}
+
+// Where is a conjunction of conditions with numbered parameters, built
+// from typed filters by this package's methods.
+type Where struct {
+	conds []string
+	args  []any
+}
+
+// add appends cond, where each ? stands for the next of args.
+func (w *Where) add(cond string, args ...any) {
+	var b strings.Builder
+	for _, r := range cond {
+		if r == '?' {
+			w.args = append(w.args, args[0])
+			args = args[1:]
+			b.WriteString("$" + strconv.Itoa(len(w.args)))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	w.conds = append(w.conds, b.String())
+}
+
+func (w *Where) sql() string {
+	if len(w.conds) == 0 {
+		return "true"
+	}
+	return strings.Join(w.conds, " AND ")
+}
+
+// Statement renders a fixed statement by name, for tests that look at
+// its plan.
+func (q *Queries) Statement(name string) (string, error) { return render(name, q.names) }

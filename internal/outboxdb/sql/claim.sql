@@ -1,0 +1,134 @@
+{{/*
+The claim and its key check: the relay's hot path. Each define is one
+statement; {{.Outbox}} is the quoted outbox table.
+*/}}
+
+{{define "claim"}}
+-- The plain form on the partial index keeps its plan after ANALYZE;
+-- IN (SELECT ... LIMIT) and CTE forms flip to generic plans that scan the
+-- whole table.
+SELECT id, event_id, topic, key,
+       CASE WHEN octet_length(payload) <= $2 THEN payload END,
+       octet_length(payload), headers::text, created_at, retry_count,
+       CASE WHEN last_attempt_at IS NOT NULL
+            THEN (extract(epoch FROM next_attempt_at - last_attempt_at) * 1e6)::bigint END,
+       now(),
+       (SELECT min(id) FROM {{.Outbox}} WHERE status = 'pending')
+FROM {{.Outbox}}
+WHERE status = 'pending' AND next_attempt_at <= now()
+  AND (key IS NULL OR NOT key = ANY($3::text[]))
+  AND NOT topic = ANY($4::text[])
+  AND id <= $5
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED
+{{end}}
+
+{{/*
+Rows outside a claim that hold its keys: pending rows from the lowest
+pending id ($3) up, or parked dead letters, below the key's last claimed
+row. Most claims have none, and only they come back: the claimed rows are
+dropped here against a hash of the claim's ids. Starting at the lowest
+pending id skips the index entries of delivered rows, dead until vacuum.
+Two forms find the same blockers (the caller picks one). The span's may
+also return rows of a key above its last claimed row, below the claim's
+last: they hold back none of the key's claimed rows, all below them.
+
+holding_by_span reads the claim's own id span once, on an id index (the
+pending index, or the primary key if stale statistics say so, bounded by
+the span either way), and keeps the rows whose key is claimed. On the
+pending index that is one entry per row in the span: the claim's rows and
+those it passed over (locked, waiting, or of an excluded topic). The key
+set is a hashed NOT IN under a NOT: as IN, the planner would make it a
+join, free to probe the pending rows once per key. ORDER BY id, with sorts
+priced out (see the claim's BEGIN), keeps the scan on an id index whatever
+the statistics.
+
+holding_by_key probes each key on the key index instead, for a claim that
+passed over many rows, or holds few keys. Per key, in id order, as many
+rows as the claim holds of the key: if a blocker exists it is among them,
+and the last claimed row ends the scan. The bounds are row comparisons on
+(key, id), and nothing else: the probe wants (key, id) order, which only
+the key index gives without a sort. With key = beside them the planner
+would drop the key from that order, and the scan would start at the key's
+first entry. The index stops early on a row comparison's first column
+only, so the upper bound is inclusive: LIMIT, reached at the last claimed
+row, ends the scan. The LATERAL probe keeps the work bounded for a
+dominant key too, where a plain join flips to hashing the whole pending
+index.
+
+Both return key, id, parked, next_attempt_at, waiting, topic, leased,
+unsorted.
+*/}}
+
+{{define "claimed_keys"}}(SELECT c.key, max(c.id) AS max_id, count(*) AS n
+      FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c{{end}}
+
+{{define "parked_holders"}}
+UNION ALL
+SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
+FROM {{template "claimed_keys" .}}
+JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
+{{end}}
+
+{{define "holding_by_span"}}
+(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic, p.lease_token IS NOT NULL
+FROM {{.Outbox}} AS p
+WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
+  AND NOT p.key NOT IN (SELECT unnest($1::text[]))
+  AND p.id NOT IN (SELECT unnest($2::bigint[]))
+ORDER BY p.id)
+{{- template "parked_holders" .}}
+{{end}}
+
+{{define "holding_by_key"}}
+SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > now(), h.topic, h.lease_token IS NOT NULL
+FROM {{template "claimed_keys" .}}
+CROSS JOIN LATERAL (
+    SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
+    WHERE p.status = 'pending' AND p.key IS NOT NULL
+      AND (p.key, p.id) >= (c.key, $3) AND (p.key, p.id) <= (c.key, c.max_id)
+    ORDER BY p.key, p.id LIMIT c.n) AS h
+WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
+{{- template "parked_holders" .}}
+{{end}}
+
+{{define "defer"}}
+-- Rows held back behind a waiting row of their key, without counting an
+-- attempt.
+UPDATE {{.Outbox}} AS o SET next_attempt_at = d.at, parked_behind = NULL
+FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, at)
+WHERE o.id = d.id
+{{end}}
+
+{{define "defer_parked"}}
+-- Rows held back behind a parked key remember the dead letter that parks
+-- it: releasing the key makes them ready.
+UPDATE {{.Outbox}} AS o SET next_attempt_at = d.at, parked_behind = d.parker
+FROM unnest($1::bigint[], $2::timestamptz[], $3::bigint[]) AS d(id, at, parker)
+WHERE o.id = d.id
+{{end}}
+
+{{define "still_leased"}}
+-- After a claim that deferred rows behind a leased row commits: is the row
+-- still leased as the key check saw it? A write-back under way is waited
+-- for (a short statement batch, never a publish), then seen as it ends.
+-- One row per statement, so no lock is held while waiting for another:
+-- write-backs lock their rows in an order of their own. A lease already
+-- past its end is over without a look, so a claim that took its row again
+-- is never waited for.
+SELECT count(*) FROM (
+    SELECT 1 FROM {{.Outbox}}
+    WHERE id = $1 AND $2 > now()
+      AND status = 'pending' AND lease_token IS NOT NULL AND next_attempt_at = $2
+    FOR SHARE) AS o
+{{end}}
+
+{{define "lease_over"}}
+-- Rows deferred to the end of a lease that is over: ready now. Rows whose
+-- deferral has passed are ready already, and may be locked by a claim:
+-- they are left alone.
+UPDATE {{.Outbox}} AS o SET next_attempt_at = statement_timestamp()
+FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, until)
+WHERE o.id = d.id AND d.until > now() AND o.status = 'pending' AND o.next_attempt_at = d.until
+{{end}}

@@ -1,0 +1,122 @@
+{{/*
+Dead letters: looked up, listed and counted, and every operator action on
+them. Statements marked "dynamic" are rendered per call with .Where (the
+conditions of a filter, numbered from $1) and .Limit (the next parameter).
+*/}}
+
+{{define "letter_columns"}}id, event_id, topic, key, coalesce(destination, ''), status,
+    coalesce(dead_letter_reason, ''), key_parked, parked_behind, retry_count, coalesce(last_error, ''),
+    created_at, next_attempt_at, last_attempt_at, dead_lettered_at, octet_length(payload), headers{{end}}
+
+{{/* A row by id ($1) or event id ($2); the other is 0 or NULL and matches nothing. */}}
+{{define "ref_match"}}(id = $1 OR event_id = $2){{end}}
+
+{{define "get_row"}}
+SELECT {{template "letter_columns"}}, payload, error_history
+FROM {{.Outbox}} WHERE {{template "ref_match"}}
+{{end}}
+
+{{define "list_dead_letters"}}
+-- dynamic
+SELECT {{template "letter_columns"}} FROM {{.Outbox}}
+WHERE {{.Where}}
+ORDER BY dead_lettered_at DESC, id DESC
+LIMIT {{.Limit}}
+{{end}}
+
+{{define "parked_keys"}}
+SELECT {{template "letter_columns"}},
+    (SELECT count(*) FROM {{.Outbox}} AS w WHERE w.key = o.key AND w.status = 'pending' AND w.id > o.id)
+FROM {{.Outbox}} AS o
+WHERE key_parked
+ORDER BY dead_lettered_at, id
+LIMIT $1
+{{end}}
+
+{{define "dead_letter_counts"}}
+SELECT status, topic, coalesce(destination, ''), coalesce(dead_letter_reason, ''),
+    count(*), min(dead_lettered_at), max(dead_lettered_at)
+FROM {{.Outbox}}
+WHERE status IN ('dead_lettered', 'discarded')
+GROUP BY 1, 2, 3, 4
+{{end}}
+
+{{define "parked_key_count"}}SELECT count(DISTINCT key) FROM {{.Outbox}} WHERE key_parked{{end}}
+
+{{define "lock_refs"}}
+SELECT id, event_id, status, key, key_parked, coalesce(dead_lettered_at, now())
+FROM {{.Outbox}} WHERE id = ANY($1) OR event_id = ANY($2) ORDER BY id FOR UPDATE
+{{end}}
+
+{{define "lock_dead_letters"}}
+-- dynamic; .Lock is FOR UPDATE, or empty to only look
+SELECT id, key, key_parked, dead_lettered_at FROM {{.Outbox}}
+WHERE {{.Where}}
+ORDER BY dead_lettered_at, id LIMIT {{.Limit}}{{.Lock}}
+{{end}}
+
+{{/*
+The columns a row gets back when it becomes pending again, as if new apart
+from its error history: after a replay, and after an edit.
+*/}}
+{{define "reset_to_pending"}}status = 'pending', retry_count = 0,
+    next_attempt_at = coalesce($2, now()), dead_letter_reason = NULL, dead_lettered_at = NULL,
+    key_parked = false, parked_behind = NULL, lease_token = NULL, last_attempt_at = NULL{{end}}
+
+{{define "replay"}}
+UPDATE {{.Outbox}} SET {{template "reset_to_pending"}}
+WHERE id = ANY($1) AND status = 'dead_lettered'
+{{end}}
+
+{{define "discard"}}
+UPDATE {{.Outbox}} SET status = 'discarded', key_parked = false
+WHERE id = ANY($1) AND status = 'dead_lettered'
+{{end}}
+
+{{define "lock_for_edit"}}
+SELECT id, status, topic, headers, payload, key, key_parked FROM {{.Outbox}}
+WHERE {{template "ref_match"}} FOR UPDATE
+{{end}}
+
+{{define "edit"}}
+UPDATE {{.Outbox}} SET
+    topic = coalesce($3, topic), headers = coalesce($4::jsonb, headers), payload = coalesce($5, payload),
+    {{template "reset_to_pending"}}
+WHERE id = $1
+{{end}}
+
+{{define "release_key"}}
+-- $2 is dead_lettered, to keep the row, or discarded.
+UPDATE {{.Outbox}} SET key_parked = false, status = $2
+WHERE key = $1 AND key_parked RETURNING id
+{{end}}
+
+{{define "lock_behind_keys"}}
+-- Waits for claims that hold the keys' rows: one that saw a key parked may
+-- be deferring them behind it right now, and the unpark that follows must
+-- see that.
+SELECT 1 FROM {{.Outbox}} WHERE key = ANY($1) AND status = 'pending' ORDER BY id FOR UPDATE
+{{end}}
+
+{{define "unpark"}}
+-- Rows deferred behind the keys' parked rows are ready at once.
+UPDATE {{.Outbox}} SET next_attempt_at = now(), parked_behind = NULL
+WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL AND parked_behind IS NOT NULL
+{{end}}
+
+{{define "insert_audit"}}
+INSERT INTO {{.Audit}} (actor, source, action, reason, row_ids, details)
+VALUES ($1, $2, $3, $4, $5, $6)
+{{end}}
+
+{{define "audited_rows"}}
+-- Which of these rows an operator acted on before.
+SELECT DISTINCT r FROM {{.Audit}} AS a, unnest(a.row_ids) AS r
+WHERE a.row_ids && $1::bigint[] AND r = ANY($1)
+{{end}}
+
+{{define "list_audit"}}
+-- dynamic
+SELECT id, at, actor, source, action, coalesce(reason, ''), row_ids, details
+FROM {{.Audit}} WHERE {{.Where}} ORDER BY id DESC LIMIT {{.Limit}}
+{{end}}

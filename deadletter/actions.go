@@ -21,13 +21,54 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
-// Audit actions.
+// Operator actions, by the name the audit trail records.
 const (
 	ActionReplay  = "replay"
 	ActionEdit    = "edit"
 	ActionDiscard = "discard"
 	ActionRelease = "release"
 )
+
+// ActionInfo describes an operator action on dead letters.
+type ActionInfo struct {
+	// Name is what the audit trail records (its CHECK constraint allows
+	// exactly these names), the API's and the CLI's name for it.
+	Name string
+	// Past says what was done, as results report it.
+	Past string
+	// Route is the API endpoint, under APIPrefix.
+	Route string
+}
+
+// Actions are every operator action. Adding one takes a row here, its
+// method on Store, its handler in the API and command in the CLI, and a
+// migration that widens the audit table's outbox_audit_action_check (a
+// test compares the two).
+var Actions = []ActionInfo{
+	{Name: ActionReplay, Past: "replayed", Route: "POST /dead-letters/replay"},
+	{Name: ActionEdit, Past: "edited and replayed", Route: "POST /dead-letters/{ref}/edit"},
+	{Name: ActionDiscard, Past: "discarded", Route: "POST /dead-letters/discard"},
+	{Name: ActionRelease, Past: "released", Route: "POST /parked-keys/release"},
+}
+
+// ActionNames lists the actions' names.
+func ActionNames() []string {
+	names := make([]string, len(Actions))
+	for i, a := range Actions {
+		names[i] = a.Name
+	}
+	return names
+}
+
+// LookupAction returns the action named name.
+func LookupAction(name string) (ActionInfo, bool) {
+	for _, a := range Actions {
+		if a.Name == name {
+			return a, true
+		}
+	}
+	return ActionInfo{}, false
+}
 
 // Actor is who performs an action, for the audit trail.
 type Actor struct {
@@ -634,7 +675,7 @@ type AuditRecord = outboxdb.AuditRecord
 
 // AuditParams select audit records, newest first.
 type AuditParams struct {
-	// Action is replay, edit, discard or release.
+	// Action is one of Actions.
 	Action string
 	// Actor is who acted, exactly.
 	Actor string
@@ -654,9 +695,8 @@ type AuditPage struct {
 // Audit lists operator actions, newest first.
 func (s *Store) Audit(ctx context.Context, p AuditParams) (*AuditPage, error) {
 	var problems []string
-	actions := []string{ActionReplay, ActionEdit, ActionDiscard, ActionRelease}
-	if p.Action != "" && !slices.Contains(actions, p.Action) {
-		problems = append(problems, fmt.Sprintf("action %q: use one of %s", p.Action, strings.Join(actions, ", ")))
+	if _, ok := LookupAction(p.Action); p.Action != "" && !ok {
+		problems = append(problems, fmt.Sprintf("action %q: use one of %s", p.Action, strings.Join(ActionNames(), ", ")))
 	}
 	limit, err := pageLimit(p.Limit)
 	if err != nil {

@@ -54,11 +54,18 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	p := strings.TrimSuffix(APIPrefix, "/")
 	mux.HandleFunc("GET "+p+"/dead-letters", h.list)
 	mux.HandleFunc("GET "+p+"/dead-letters/{ref}", h.show)
-	mux.HandleFunc("POST "+p+"/dead-letters/replay", h.replay)
-	mux.HandleFunc("POST "+p+"/dead-letters/discard", h.discard)
-	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/edit", h.edit)
 	mux.HandleFunc("GET "+p+"/parked-keys", h.keys)
-	mux.HandleFunc("POST "+p+"/parked-keys/release", h.release)
+	actions := map[string]http.HandlerFunc{
+		ActionReplay: h.replay, ActionEdit: h.edit, ActionDiscard: h.discard, ActionRelease: h.release,
+	}
+	for _, a := range Actions {
+		method, path, _ := strings.Cut(a.Route, " ")
+		handler, ok := actions[a.Name]
+		if !ok {
+			return nil, fmt.Errorf("dead-letter API: no handler for action %s", a.Name)
+		}
+		mux.HandleFunc(method+" "+p+path, handler)
+	}
 	mux.HandleFunc("GET "+p+"/audit", h.audit)
 	mux.HandleFunc("GET "+p+"/stats", h.stats)
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {

@@ -54,7 +54,13 @@ Exit codes: 0 done, 1 failed or bad input (nothing changed), 2 bad usage.`,
 			if len(args) > 0 {
 				return usageError{fmt.Errorf("unknown command %q for %s", args[0], cmd.CommandPath())}
 			}
-			return usageError{fmt.Errorf("%s needs a subcommand: list, show, replay, edit, discard, keys, release, audit or stats", cmd.CommandPath())}
+			var names []string
+			for _, c := range cmd.Commands() {
+				if c.IsAvailableCommand() && c.Name() != "help" {
+					names = append(names, c.Name())
+				}
+			}
+			return usageError{fmt.Errorf("%s needs a subcommand: %s", cmd.CommandPath(), strings.Join(names, ", "))}
 		},
 		RunE: func(*cobra.Command, []string) error { return nil },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -370,7 +376,7 @@ dead-lettered is left as it is and reported. An unknown id changes nothing.`,
 				rp.At = t
 			}
 			res, err := d.store.Replay(cmd.Context(), rp)
-			d.printResult(res, "replay")
+			d.printResult(res, deadletter.ActionReplay)
 			return err
 		},
 	}
@@ -399,7 +405,7 @@ Discarding the row that parks a key releases the key. --reason is required.`,
 				return err
 			}
 			res, err := d.store.Discard(cmd.Context(), p)
-			d.printResult(res, "discard")
+			d.printResult(res, deadletter.ActionDiscard)
 			return err
 		},
 	}
@@ -459,7 +465,7 @@ configured. Invalid input changes nothing.`,
 				return &deadletter.InputError{Problems: problems}
 			}
 			res, err := d.store.Edit(cmd.Context(), p)
-			d.printResult(res, "edit")
+			d.printResult(res, deadletter.ActionEdit)
 			return err
 		},
 	}
@@ -527,7 +533,7 @@ or, with --discard, is discarded; --discard needs --reason.`,
 				return usageError{errors.New("release --discard needs --reason: say why, for the audit trail")}
 			}
 			res, err := d.store.Release(cmd.Context(), deadletter.ReleaseParams{Key: args[0], Discard: discard, Actor: d.who(), Reason: reason})
-			d.printResult(res, "release")
+			d.printResult(res, deadletter.ActionRelease)
 			return err
 		},
 	}
@@ -573,7 +579,7 @@ func (d *dlq) auditCmd() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&action, "action", "", "replay, edit, discard or release")
+	fs.StringVar(&action, "action", "", strings.Join(deadletter.ActionNames(), ", "))
 	fs.StringVar(&actor, "by", "", "actor, exactly")
 	fs.Int64Var(&row, "row", 0, "records that touched this row id")
 	fs.StringVar(&since, "since", "", "at or after: RFC 3339 time, date, or duration ago")
@@ -640,7 +646,7 @@ func (d *dlq) printResult(res *deadletter.Result, verb string) {
 		return
 	}
 	w := d.stdout
-	past := map[string]string{"replay": "replayed", "edit": "edited and replayed", "discard": "discarded", "release": "released"}[verb]
+	action, _ := deadletter.LookupAction(verb)
 	for _, u := range res.Unchanged {
 		if u.Status == deadletter.StatusGone {
 			fmt.Fprintf(w, "row %d is gone (delivered or deleted since an earlier action): nothing to do\n", u.ID)
@@ -651,10 +657,10 @@ func (d *dlq) printResult(res *deadletter.Result, verb string) {
 	switch {
 	case res.DryRun:
 		fmt.Fprintf(w, "dry run: would %s %s: %s\n", verb, rowCount(res.Count), idList(res.Changed, res.Count))
-	case verb == "release":
+	case verb == deadletter.ActionRelease:
 		fmt.Fprintf(w, "released key %s (parked by row %s)\n", strings.Join(res.ReleasedKeys, ", "), idList(res.Changed, res.Count))
 	default:
-		fmt.Fprintf(w, "%s %s: %s\n", past, rowCount(res.Count), idList(res.Changed, res.Count))
+		fmt.Fprintf(w, "%s %s: %s\n", action.Past, rowCount(res.Count), idList(res.Changed, res.Count))
 		if len(res.ReleasedKeys) > 0 {
 			fmt.Fprintf(w, "released parked keys: %s\n", strings.Join(res.ReleasedKeys, ", "))
 		}

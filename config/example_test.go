@@ -16,11 +16,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
-// The example configuration and the README document every setting; these
-// tests keep them in step with Config.
+// The example configuration and the configuration reference document
+// every setting; these tests keep them in step with Config.
 const (
-	examplePath = "../deploy/relay.example.yaml"
-	readmePath  = "../README.md"
+	examplePath   = "../deploy/relay.example.yaml"
+	referencePath = "../docs/configuration.md"
 )
 
 // exampleSecrets are the settings the example shows only commented out:
@@ -296,36 +296,40 @@ func TestExampleLoads(t *testing.T) {
 	}
 }
 
-// TestReadmeDocumentsEverySetting checks the README's configuration
-// reference: a row per setting with its variable, and every flag.
-func TestReadmeDocumentsEverySetting(t *testing.T) {
+// TestReferenceDocumentsEverySetting checks the configuration reference:
+// a row per setting with its variable, every flag, and no variable that
+// names no setting.
+func TestReferenceDocumentsEverySetting(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile(readmePath)
+	b, err := os.ReadFile(referencePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(b), "\n## Configuration\n")
-	if !ok {
-		t.Fatal("README.md has no Configuration section")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	lines := strings.Split(section, "\n")
+	doc := string(b)
+	lines := strings.Split(doc, "\n")
+	known := map[string]bool{"OUTBOX_CONFIG": true}
 	for _, path := range leafPaths(reflect.TypeOf(Config{}), "") {
 		setting, env := "`"+path+"`", "`"+EnvName(path)+"`"
+		known[EnvName(path)] = true
 		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, setting) && strings.Contains(l, env) }) {
-			t.Errorf("README's Configuration section has no line with %s and %s", setting, env)
+			t.Errorf("%s has no line with %s and %s", referencePath, setting, env)
+		}
+	}
+	for _, v := range regexp.MustCompile("`(OUTBOX_[A-Z0-9_]+)`").FindAllStringSubmatch(doc, -1) {
+		if !known[v[1]] {
+			t.Errorf("%s documents %s, which sets nothing", referencePath, v[1])
 		}
 	}
 	fs := pflag.NewFlagSet("outbox-relay", pflag.ContinueOnError)
 	Bind(fs)
 	fs.VisitAll(func(f *pflag.Flag) {
-		if !strings.Contains(section, "`--"+f.Name) {
-			t.Errorf("README's Configuration section does not mention the flag --%s", f.Name)
+		if !strings.Contains(doc, "`--"+f.Name) {
+			t.Errorf("%s does not mention the flag --%s", referencePath, f.Name)
 		}
 	})
 	for _, want := range []string{"`OUTBOX_CONFIG`", "deploy/relay.example.yaml", "Destinations and routing"} {
-		if !strings.Contains(section, want) {
-			t.Errorf("README's Configuration section does not mention %s", want)
+		if !strings.Contains(doc, want) {
+			t.Errorf("%s does not mention %s", referencePath, want)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
@@ -633,21 +634,19 @@ func testMigrationDoesNotStallProducers(t *testing.T, version int64, statement, 
 		migrated <- err
 	}()
 	// Wait until the migration is queued for its lock.
-	for {
+	testwait.For(t, "the migration to wait for its lock", func() bool {
+		select {
+		case err := <-migrated:
+			t.Fatalf("the migration ended while the writer runs: %v", err)
+		default:
+		}
 		var waiting bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 WHERE wait_event_type = 'Lock' AND starts_with(query, $1))`, statement).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
-			break
-		}
-		select {
-		case err := <-migrated:
-			t.Fatalf("the migration ended while the writer runs: %v", err)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+		return waiting
+	})
 	// Another producer gets through while the writer still runs.
 	insertCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()

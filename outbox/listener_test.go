@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -25,13 +26,7 @@ func TestListenerWakesOnInsert(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx, func() { wakes <- struct{}{} }) }()
 
-	deadline := time.Now().Add(30 * time.Second)
-	for !l.Healthy() {
-		if time.Now().After(deadline) {
-			t.Fatal("listener never saw its own probe")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, "the listener to see its own probe", l.Healthy)
 	// One wake-up, right after LISTEN (rows may have arrived unheard);
 	// the probe, answered by now, added none.
 	if n := len(wakes); n != 1 {

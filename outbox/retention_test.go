@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -155,20 +156,13 @@ func TestDeleteExpiredDeadLettersSparesRowReplayedMeanwhile(t *testing.T) {
 		done <- result{n, err}
 	}()
 	// Wait until the delete waits for the replay's lock, then commit it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Within(t, 10*time.Second, "the delete to wait for the replay", func() bool {
 		var waiting int
 		if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the delete never waited for the replay")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return waiting > 0
+	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

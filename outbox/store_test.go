@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -426,17 +427,14 @@ func beginTx(t *testing.T, s *pgtest.Schema) pgx.Tx {
 // row lock, failing with msg after ten seconds.
 func awaitLockWait(t *testing.T, s *pgtest.Schema, msg string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for waiting := 0; waiting == 0; {
+	testwait.State(t, 10*time.Second, func() (bool, string) {
+		var waiting int
 		if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return waiting > 0, msg
+	})
 }
 
 // A lease's write-back that runs while a claim is deferring rows behind

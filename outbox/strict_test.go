@@ -6,12 +6,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -57,17 +57,7 @@ func commit(t *testing.T, tx pgx.Tx) {
 // when they end. cond describes what it last saw.
 func eventually(t *testing.T, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, saw := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(saw)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.State(t, testwait.DefaultTimeout, cond)
 }
 
 // claimOnce claims and releases, returning the ids claimed.

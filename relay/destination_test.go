@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -88,7 +89,7 @@ FROM generate_series(1, 400) g`)
 			{Topics: []string{"audit.?ogin"}, Destination: "kafka", Topic: "audit"},
 		},
 	}})
-	waitFor(t, "every row delivered or dead-lettered", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	testwait.For(t, "every row delivered or dead-lettered", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
 	h.stop()
 	if got := orders.topicsSeen(); len(got) != 2 || got["orders.placed"] != 100 || got["audit"] != 100 {
 		t.Errorf("kafka destination got %v; want 100 orders.placed and 100 audit (renamed)", got)
@@ -146,10 +147,10 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 	// Keys mix both destinations: a key's events rows behind a waiting
 	// hooks row wait too. Unkeyed traffic shows the healthy side flowing.
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 'events', 'y' FROM generate_series(1, 300)`)
-	waitFor(t, "the healthy destination's unkeyed rows delivered", func() bool {
+	testwait.For(t, "the healthy destination's unkeyed rows delivered", func() bool {
 		return count(t, s.Pool, "topic = 'events' AND key IS NULL AND status = 'pending'") == 0
 	})
-	waitFor(t, "the failing destination's breaker open", func() bool {
+	testwait.For(t, "the failing destination's breaker open", func() bool {
 		return h.breaker("hooks") == relay.BreakerOpen
 	})
 	if n := count(t, s.Pool, "retry_count > 0 OR status = 'dead_lettered'"); n != 0 {
@@ -169,7 +170,7 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 	case <-time.After(30 * time.Second):
 		t.Fatal("no probe after the destination came back")
 	}
-	waitFor(t, "the backlog drained", func() bool { return count(t, s.Pool, "status <> 'sent'") == 0 })
+	testwait.For(t, "the backlog drained", func() bool { return count(t, s.Pool, "status <> 'sent'") == 0 })
 	h.stop()
 	keys := keysOf(t, s)
 	checkKeyOrder(t, failing.published(), keys)
@@ -200,9 +201,9 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 			Workers: 1,
 		},
 	})
-	waitFor(t, "the breaker open", func() bool { return h.breaker("hooks") == relay.BreakerOpen })
+	testwait.For(t, "the breaker open", func() bool { return h.breaker("hooks") == relay.BreakerOpen })
 	claims := h.relay.Stats().Claims
-	waitFor(t, "more claims while the breaker is open", func() bool { return h.relay.Stats().Claims > claims+5 })
+	testwait.For(t, "more claims while the breaker is open", func() bool { return h.relay.Stats().Claims > claims+5 })
 	h.stop()
 	if n := count(t, s.Pool, "true"); n != 50 {
 		t.Fatalf("%d rows left, want all 50", n)
@@ -230,7 +231,7 @@ func TestRetryBudgetLimitsFailingRetries(t *testing.T) {
 			RetryBudget: relay.RetryBudgetConfig{Ratio: 0.001, MinPerSecond: 1}}},
 		Routes: []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
 	})
-	waitFor(t, "retries over budget deferred", func() bool { return h.relay.Stats().Deferred >= 30 })
+	testwait.For(t, "retries over budget deferred", func() bool { return h.relay.Stats().Deferred >= 30 })
 	h.stop()
 	var attempts int
 	if err := s.Pool.QueryRow(context.Background(), "SELECT sum(retry_count) FROM outbox").Scan(&attempts); err != nil {
@@ -286,12 +287,12 @@ func TestBulkheadBoundsASlowDestination(t *testing.T) {
 		Destinations: []relay.Destination{{Name: "slow", Publisher: slow, MaxInFlight: 2}, {Name: "fast", Publisher: fast}},
 		Routes:       []relay.Route{{Topics: []string{"slow"}, Destination: "slow"}, {Topics: []string{"*"}, Destination: "fast"}},
 	}})
-	waitFor(t, "the slow destination's bulkhead full", func() bool { return slow.inFlight.Load() == 2 })
+	testwait.For(t, "the slow destination's bulkhead full", func() bool { return slow.inFlight.Load() == 2 })
 	// With the bulkhead full, other destinations' rows still flow.
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 'fast', 'y' FROM generate_series(1, 100)`)
-	waitFor(t, "the fast destination's rows delivered", func() bool { return count(t, s.Pool, "topic = 'fast'") == 0 })
+	testwait.For(t, "the fast destination's rows delivered", func() bool { return count(t, s.Pool, "topic = 'fast'") == 0 })
 	close(slow.release)
-	waitFor(t, "the slow rows delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "the slow rows delivered", func() bool { return count(t, s.Pool, "true") == 0 })
 	h.stop()
 	if p := slow.peak.Load(); p > 2 {
 		t.Fatalf("%d rows of the slow destination in flight at once; the bulkhead allows 2", p)
@@ -329,7 +330,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 		PauseBase:    20 * time.Millisecond, PauseMax: 100 * time.Millisecond,
 	}})
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 'orders', 'u' FROM generate_series(1, 2000)`)
-	waitFor(t, "unkeyed Kafka rows delivered during the HTTP outage", func() bool {
+	testwait.For(t, "unkeyed Kafka rows delivered during the HTTP outage", func() bool {
 		return count(t, s.Pool, "key IS NULL") == 0
 	})
 	if n := count(t, s.Pool, "retry_count > 0 OR status = 'dead_lettered'"); n != 0 {
@@ -338,7 +339,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	if n := count(t, s.Pool, "topic = 'hooks.order' AND last_error LIKE '%connection refused%'"); n == 0 {
 		t.Fatal("no HTTP row records the refused connection")
 	}
-	waitFor(t, "the endpoint's breaker open", func() bool {
+	testwait.For(t, "the endpoint's breaker open", func() bool {
 		return h.breaker("hooks") == relay.BreakerOpen
 	})
 
@@ -355,7 +356,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	}
 	go srv.Serve(ln) //nolint:errcheck // ends with Close
 	defer srv.Close()
-	waitFor(t, "the HTTP backlog drained", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "the HTTP backlog drained", func() bool { return count(t, s.Pool, "true") == 0 })
 	h.stop()
 	mu.Lock()
 	defer mu.Unlock()
@@ -384,8 +385,8 @@ func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 			PauseBase:    20 * time.Millisecond, PauseMax: 20 * time.Millisecond,
 		},
 	})
-	waitFor(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
-	waitFor(t, "the breaker half-open after its cool-down", func() bool {
+	testwait.For(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
+	testwait.For(t, "the breaker half-open after its cool-down", func() bool {
 		return h.breaker("hooks") == relay.BreakerHalfOpen
 	})
 	h.stop()

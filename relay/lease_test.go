@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -61,9 +62,9 @@ func TestLeasedDeliveryOutsideTheClaim(t *testing.T) {
 		t.Fatal("no row is leased while its delivery runs")
 	}
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 5), 'b' FROM generate_series(1, 50) g`)
-	waitFor(t, "later rows deferred behind the leased ones", func() bool { return h.relay.Stats().Deferred > 0 })
+	testwait.For(t, "later rows deferred behind the leased ones", func() bool { return h.relay.Stats().Deferred > 0 })
 	close(p.release)
-	waitFor(t, "every row delivered", func() bool { return count(t, s.Pool, "status = 'sent'") == 100 })
+	testwait.For(t, "every row delivered", func() bool { return count(t, s.Pool, "status = 'sent'") == 100 })
 	h.stop()
 	checkKeyOrder(t, p.published(), keysOf(t, s))
 	if n := count(t, s.Pool, "retry_count <> 0 OR lease_token IS NOT NULL"); n != 0 {
@@ -89,7 +90,7 @@ func TestLeasedDeliveryCountsOnlyRowsItStillHeld(t *testing.T) {
 		t.Fatalf("row 2 is not leased while its delivery is held: %v, %d rows", err, tag.RowsAffected())
 	}
 	close(p.release)
-	waitFor(t, "the leased write-back", func() bool { return count(t, s.Pool, "status = 'sent'") == 1 })
+	testwait.For(t, "the leased write-back", func() bool { return count(t, s.Pool, "status = 'sent'") == 1 })
 	h.stop() // waits for the leased delivery to end
 	if st := h.relay.Stats(); st.Delivered != 1 {
 		t.Errorf("delivered %d, want 1: row 2 belongs to the delivery that holds its lease now", st.Delivered)
@@ -122,7 +123,7 @@ func TestLeasedRowsThatNeverFinishRunOutOfAttempts(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, payload, retry_count) VALUES ('t', 'x', 3)`)
 	p := &fakePublisher{}
 	h := start(t, s, nil, options{policy: retry.PolicyConfig{MaxAttempts: 3}, cfg: leasedConfig(p, time.Minute)})
-	waitFor(t, "the row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 1 })
+	testwait.For(t, "the row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 1 })
 	h.stop()
 	if n := count(t, s.Pool, `dead_letter_reason = 'retries_exhausted' AND retry_count = 3 AND last_error LIKE '%leases ended without an outcome%'`); n != 1 {
 		t.Fatal("not dead-lettered retries_exhausted with the reason")
@@ -153,7 +154,7 @@ func TestLeasedFailuresRetryAndDeferLikeInline(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'a', 'transient'), ('t', 'a', 'after'),
         ('t', 'b', 'systemic'), ('t', 'c', 'permanent')`)
 	h := start(t, s, nil, options{keepSent: true, cfg: leasedConfig(p, time.Hour)})
-	waitFor(t, "all rows done", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	testwait.For(t, "all rows done", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
 	h.stop()
 	for payload, want := range map[string]string{
 		"transient": "status = 'sent' AND retry_count = 1",
@@ -180,13 +181,13 @@ func TestLeasedDeliveriesAreBounded(t *testing.T) {
 	cfg := leasedConfig(g, time.Hour)
 	cfg.Workers, cfg.BatchSize = 2, 10
 	h := start(t, s, nil, options{cfg: cfg})
-	waitFor(t, "leased deliveries in flight", func() bool { return g.inFlight.Load() == 20 })
+	testwait.For(t, "leased deliveries in flight", func() bool { return g.inFlight.Load() == 20 })
 	claims := h.relay.Stats().Claims
-	waitFor(t, "more claims", func() bool { return h.relay.Stats().Claims > claims+3 })
+	testwait.For(t, "more claims", func() bool { return h.relay.Stats().Claims > claims+3 })
 	if n := g.inFlight.Load(); n != 20 {
 		t.Fatalf("%d rows in leased deliveries; without max_in_flight they are bounded by workers × batch size (20)", n)
 	}
 	close(g.release)
-	waitFor(t, "every row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "every row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
 	h.stop()
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
@@ -177,18 +178,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func count(t *testing.T, pool *pgxpool.Pool, where string, args ...any) int {
 	t.Helper()
 	var n int
@@ -260,7 +249,7 @@ func TestDeliversBacklogToKafkaInKeyOrder(t *testing.T) {
 		FROM generate_series(1, 3000) g`)
 	keyOf := keysOf(t, s)
 	start(t, s, newKafka(t, c), options{cfg: relay.Config{Workers: 2, BatchSize: 100}})
-	waitFor(t, "the backlog to drain", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "the backlog to drain", func() bool { return count(t, s.Pool, "true") == 0 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -303,8 +292,8 @@ func TestPartialBatchFailure(t *testing.T) {
 	}}
 	// A long backoff keeps "a" waiting so the state can be looked at.
 	h := start(t, s, pub, options{policy: retry.PolicyConfig{BaseDelay: time.Hour, MaxDelay: time.Hour, Strategy: retry.StrategyNone}})
-	waitFor(t, "c and d to be delivered", func() bool { return count(t, s.Pool, "payload IN ('c', 'd')") == 0 })
-	waitFor(t, "K's later rows to be deferred", func() bool {
+	testwait.For(t, "c and d to be delivered", func() bool { return count(t, s.Pool, "payload IN ('c', 'd')") == 0 })
+	testwait.For(t, "K's later rows to be deferred", func() bool {
 		return count(t, s.Pool, `key = 'K' AND next_attempt_at = (SELECT next_attempt_at FROM outbox WHERE payload = 'a')`) == 3
 	})
 	if n := count(t, s.Pool, `payload = 'a' AND retry_count = 1 AND last_error = 'leader moved'`); n != 1 {
@@ -318,7 +307,7 @@ func TestPartialBatchFailure(t *testing.T) {
 	// Time passes: the retry succeeds and K drains in order.
 	insert(t, s, `UPDATE outbox SET next_attempt_at = now()`)
 	start(t, s, pub, options{})
-	waitFor(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
 	var order []string
 	for _, id := range pub.published() {
 		order = append(order, strconv.FormatInt(id, 10))
@@ -346,7 +335,7 @@ func TestHeadInBackoffHoldsOnlyItsKey(t *testing.T) {
 		policy: retry.PolicyConfig{BaseDelay: time.Hour, MaxDelay: time.Hour},
 		cfg:    relay.Config{Workers: 2, BatchSize: 50},
 	})
-	waitFor(t, "other keys to drain", func() bool { return count(t, s.Pool, "key <> 'stuck'") == 0 })
+	testwait.For(t, "other keys to drain", func() bool { return count(t, s.Pool, "key <> 'stuck'") == 0 })
 	if n := count(t, s.Pool, "key = 'stuck' AND retry_count = 0 AND status = 'pending'"); n != 100 {
 		t.Fatalf("%d of the stuck key's later rows wait untouched, want 100", n)
 	}
@@ -377,7 +366,7 @@ func TestHotKeyRunInOneBatch(t *testing.T) {
 	pub := &fakePublisher{}
 	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 500}})
 	// The relay counts a batch once its write-back has committed.
-	waitFor(t, "the hot key to drain", func() bool { return h.relay.Stats().Delivered >= 300 })
+	testwait.For(t, "the hot key to drain", func() bool { return h.relay.Stats().Delivered >= 300 })
 	if n := count(t, s.Pool, "true"); n != 0 {
 		t.Fatalf("%d rows left after 300 were delivered", n)
 	}
@@ -403,7 +392,7 @@ func TestExhaustedAttemptsAndMaxAge(t *testing.T) {
 		return retry.Transient(errors.New("HTTP 503 Service Unavailable"), 0)
 	}}
 	start(t, s, pub, options{policy: retry.PolicyConfig{MaxAttempts: 3, MaxAge: time.Hour, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
-	waitFor(t, "both dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 2 })
+	testwait.For(t, "both dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 2 })
 	if n := count(t, s.Pool, `payload = 'young' AND dead_letter_reason = 'retries_exhausted' AND retry_count = 3
 		AND last_error = 'HTTP 503 Service Unavailable' AND jsonb_array_length(error_history) = 3 AND dead_lettered_at IS NOT NULL`); n != 1 {
 		t.Fatal("the young row was not dead-lettered retries_exhausted after 3 attempts")
@@ -427,18 +416,18 @@ func TestOnDeadLetterReleaseAndBlock(t *testing.T) {
 				return nil
 			}}
 			start(t, s, pub, options{cfg: relay.Config{OnDeadLetter: mode}})
-			waitFor(t, "the other key delivered", func() bool { return count(t, s.Pool, "payload = 'other'") == 0 })
-			waitFor(t, "the poison row dead-lettered", func() bool {
+			testwait.For(t, "the other key delivered", func() bool { return count(t, s.Pool, "payload = 'other'") == 0 })
+			testwait.For(t, "the poison row dead-lettered", func() bool {
 				return count(t, s.Pool, "payload = 'poison' AND status = 'dead_lettered' AND dead_letter_reason = 'permanent' AND retry_count = 1") == 1
 			})
 			if mode == relay.OnDeadLetterRelease {
-				waitFor(t, "K's next row delivered", func() bool { return count(t, s.Pool, "payload = 'next'") == 0 })
+				testwait.For(t, "K's next row delivered", func() bool { return count(t, s.Pool, "payload = 'next'") == 0 })
 				if count(t, s.Pool, "key_parked") != 0 {
 					t.Fatal("release mode parked the key")
 				}
 				return
 			}
-			waitFor(t, "K's next row deferred behind the parked key", func() bool {
+			testwait.For(t, "K's next row deferred behind the parked key", func() bool {
 				return count(t, s.Pool, "payload = 'next' AND next_attempt_at > now() + interval '1 minute'") == 1
 			})
 			if count(t, s.Pool, "payload = 'poison' AND key_parked") != 1 || count(t, s.Pool, "payload = 'next' AND retry_count = 0") != 1 {
@@ -457,7 +446,7 @@ func TestUndeliverableRowsDeadLetteredWithoutAttempt(t *testing.T) {
 		('t', NULL, 'bad headers', '{"retries": 3}')`)
 	pub := &fakePublisher{}
 	start(t, s, pub, options{cfg: relay.Config{PayloadCap: 1000, MaxBatchBytes: 1000}})
-	waitFor(t, "the fine row delivered", func() bool { return count(t, s.Pool, "payload = 'fine'") == 0 })
+	testwait.For(t, "the fine row delivered", func() bool { return count(t, s.Pool, "payload = 'fine'") == 0 })
 	if n := count(t, s.Pool, `dead_letter_reason = 'too_large' AND retry_count = 0 AND last_error LIKE '%2000 bytes%'`); n != 1 {
 		t.Fatal("oversized row not dead-lettered too_large without an attempt")
 	}
@@ -485,7 +474,7 @@ func TestBrokerMessageSizeTooLarge(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES
 		('small', 'K', 'first'), ('small', 'K', repeat('x', 5000)::bytea), ('small', 'K', 'third'), ('small', NULL, 'fourth')`)
 	start(t, s, newKafka(t, c), options{keepSent: true})
-	waitFor(t, "the batch settled", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	testwait.For(t, "the batch settled", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
 	if n := count(t, s.Pool, `status = 'dead_lettered' AND dead_letter_reason = 'too_large' AND retry_count = 1 AND octet_length(payload) = 5000`); n != 1 {
 		t.Fatal("the oversized row was not dead-lettered too_large on its first attempt")
 	}
@@ -508,14 +497,14 @@ func TestBrokerOutageDoesNotBurnRetries(t *testing.T) {
 
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 200) g`)
 	h := start(t, s, pub, options{keepSent: true, policy: retry.PolicyConfig{MaxAttempts: 2}})
-	waitFor(t, "deliveries deferred during the outage", func() bool { return h.relay.Stats().Deferred >= 10 })
+	testwait.For(t, "deliveries deferred during the outage", func() bool { return h.relay.Stats().Deferred >= 10 })
 	if n := count(t, s.Pool, "retry_count > 0"); n != 0 {
 		t.Fatalf("%d rows counted an attempt while the broker was unreachable", n)
 	}
 
 	// The broker comes back on the same address.
 	kafkatest.NewCluster(t, []string{"orders"}, kfake.Ports(port))
-	waitFor(t, "the backlog to drain", func() bool { return count(t, s.Pool, "status = 'sent'") == 200 })
+	testwait.For(t, "the backlog to drain", func() bool { return count(t, s.Pool, "status = 'sent'") == 200 })
 	if n := count(t, s.Pool, "retry_count > 0 OR status = 'dead_lettered'"); n != 0 {
 		t.Fatalf("%d rows burned attempts or were dead-lettered during the outage", n)
 	}
@@ -604,13 +593,11 @@ func (p *stepPublisher) published() []int64 {
 // awaitClaims waits, from a publish, until the relay has made n claims,
 // and marks the test failed if that takes over ten seconds.
 func awaitClaims(t *testing.T, rel *atomic.Pointer[relay.Relay], n int64) {
-	deadline := time.Now().Add(10 * time.Second)
-	for r := rel.Load(); r == nil || r.Stats().Claims < n; r = rel.Load() {
-		if time.Now().After(deadline) {
-			t.Errorf("no claim %d while a batch was publishing", n)
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if ok, saw := testwait.Poll(10*time.Second, func() (bool, string) {
+		r := rel.Load()
+		return r != nil && r.Stats().Claims >= n, fmt.Sprintf("no claim %d while a batch was publishing", n)
+	}); !ok {
+		t.Error(saw)
 	}
 }
 
@@ -634,8 +621,8 @@ func TestClaimsNextBatchWhilePublishing(t *testing.T) {
 	// takes one (no cleanup, no polling) until the first publish is over.
 	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DeadLetterRetention: -1}})
 	rel.Store(h.relay)
-	waitFor(t, "every row published", func() bool { return len(pub.published()) >= 30 })
-	waitFor(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "every row published", func() bool { return len(pub.published()) >= 30 })
+	testwait.For(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
 	got := pub.published()
 	if len(got) != 30 {
 		t.Fatalf("published %d rows, want 30 once each", len(got))
@@ -691,9 +678,9 @@ func TestWakeupOnInsert(t *testing.T) {
 	pub := &fakePublisher{}
 	start(t, s, pub, options{listener: true, cfg: relay.Config{PollInterval: time.Hour}})
 	// The first poll happens at start; wait for the listener to be up.
-	waitFor(t, "the listener", func() bool { return listenerUp(t, s) })
+	testwait.For(t, "the listener", func() bool { return listenerUp(t, s) })
 	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'wake up')`)
-	waitFor(t, "the row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "the row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
 }
 
 func listenerUp(t *testing.T, s *pgtest.Schema) bool {
@@ -749,7 +736,7 @@ func TestCrashAfterPublishBeforeAck(t *testing.T) {
 	}}
 	relaySchema := &pgtest.Schema{Name: s.Name, URL: s.URL, Pool: relayPool}
 	start(t, relaySchema, pub, options{cfg: relay.Config{Workers: 1}})
-	waitFor(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -789,7 +776,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	}
 	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('orders', 'x')`)
 	h := start(t, s, p, options{listener: true})
-	waitFor(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
 	h.stop()
 	p.Close()
 	c.Close()
@@ -802,8 +789,8 @@ func TestSentRowsCleanedUpAfterRetention(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 30)`)
 	start(t, s, &fakePublisher{}, options{keepSent: true, cfg: relay.Config{SentRetention: 200 * time.Millisecond, CleanupInterval: 20 * time.Millisecond}})
-	waitFor(t, "rows kept as sent", func() bool { return count(t, s.Pool, "status = 'sent'") == 30 })
-	waitFor(t, "sent rows deleted after their retention", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "rows kept as sent", func() bool { return count(t, s.Pool, "status = 'sent'") == 30 })
+	testwait.For(t, "sent rows deleted after their retention", func() bool { return count(t, s.Pool, "true") == 0 })
 }
 
 // Dead letters past their retention are deleted by the maintenance loop,
@@ -820,7 +807,7 @@ SELECT 't', 'k' || g, 'x', now() + interval '1 hour',
 FROM generate_series(1, 30) g`)
 	start(t, s, &fakePublisher{}, options{cfg: relay.Config{DeadLetterRetention: time.Hour, CleanupInterval: 10 * time.Millisecond}})
 	// 20 of the 25 dead rows are two hours old; one of those parks its key.
-	waitFor(t, "old dead letters deleted", func() bool { return count(t, s.Pool, "status IN ('dead_lettered', 'discarded')") == 6 })
+	testwait.For(t, "old dead letters deleted", func() bool { return count(t, s.Pool, "status IN ('dead_lettered', 'discarded')") == 6 })
 	if n := count(t, s.Pool, "key_parked AND key = 'k1'"); n != 1 {
 		t.Fatal("the row that parks its key was deleted")
 	}
@@ -842,7 +829,7 @@ func TestBatchByteBudget(t *testing.T) {
 	pub := &fakePublisher{}
 	const budget = 1 << 20
 	start(t, s, pub, options{cfg: relay.Config{Workers: 1, MaxBatchBytes: budget, PayloadCap: 400000}})
-	waitFor(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "everything delivered", func() bool { return count(t, s.Pool, "true") == 0 })
 	for _, call := range pub.calls {
 		size := 0
 		for _, r := range call {
@@ -867,7 +854,7 @@ func TestUndeliverableBacklogDoesNotCrawl(t *testing.T) {
 	pub := &fakePublisher{}
 	// An hour between polls: only back-to-back claims can finish this.
 	start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, PayloadCap: 1000, MaxBatchBytes: 4000, PollInterval: time.Hour}})
-	waitFor(t, "every row settled", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	testwait.For(t, "every row settled", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
 	if n := count(t, s.Pool, "dead_letter_reason = 'too_large'"); n != 50 {
 		t.Fatalf("%d rows dead-lettered too_large, want 50", n)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
@@ -66,7 +67,7 @@ func TestHTTPRetryAfterSetsTheNextAttempt(t *testing.T) {
         ('hooks', 'c', '{"X-Status": "429", "X-Retry-After": "`+time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)+`"}')`)
 	h := hookRelay(t, s, retry.PolicyConfig{BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, MaxRetryAfter: 10 * time.Second},
 		hookDestination(t, "hooks", srv.URL))
-	waitFor(t, "three failed attempts", func() bool { return count(t, s.Pool, "retry_count = 1") == 3 })
+	testwait.For(t, "three failed attempts", func() bool { return count(t, s.Pool, "retry_count = 1") == 3 })
 	h.stop()
 	// By the database clock: the hint, above the tiny backoff, capped.
 	if n := count(t, s.Pool, `payload = 'a' AND next_attempt_at >= last_attempt_at + interval '7 s'
@@ -100,7 +101,7 @@ func TestHTTPRepeated429BacksOffThenDeadLetters(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, key, payload, headers) VALUES ('hooks', 'k', 'x', '{"X-Status": "429"}')`)
 	h := hookRelay(t, s, retry.PolicyConfig{MaxAttempts: 5, Strategy: retry.StrategyEqual, BaseDelay: 20 * time.Millisecond, MaxDelay: time.Second},
 		hookDestination(t, "hooks", srv.URL))
-	waitFor(t, "the row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 1 })
+	testwait.For(t, "the row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 1 })
 	h.stop()
 	if n := count(t, s.Pool, `dead_letter_reason = 'retries_exhausted' AND retry_count = 5 AND last_error LIKE '%429 Too Many Requests%'
         AND jsonb_array_length(error_history) = 5`); n != 1 {
@@ -140,7 +141,7 @@ func TestHTTPPermanentStatusesDeadLetterAtOnce(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, key, payload, headers)
 SELECT 'hooks', 'k' || c, 'x', jsonb_build_object('X-Status', c::text) FROM unnest(ARRAY[400, 404, 410, 413, 422]) c`)
 	h := hookRelay(t, s, retry.PolicyConfig{}, hookDestination(t, "hooks", srv.URL))
-	waitFor(t, "every row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 5 })
+	testwait.For(t, "every row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 5 })
 	h.stop()
 	for _, code := range []string{"400", "404", "410", "413", "422"} {
 		if n := count(t, s.Pool, `headers->>'X-Status' = $1 AND dead_letter_reason = 'permanent' AND retry_count = 1
@@ -159,10 +160,10 @@ SELECT (ARRAY['unauthorized', 'forbidden'])[1 + g % 2], 'x', jsonb_build_object(
 FROM generate_series(1, 20) g`)
 	h := hookRelay(t, s, retry.PolicyConfig{MaxAttempts: 2},
 		hookDestination(t, "unauthorized", srv.URL), hookDestination(t, "forbidden", srv.URL))
-	waitFor(t, "both breakers open", func() bool {
+	testwait.For(t, "both breakers open", func() bool {
 		return h.breaker("unauthorized") == relay.BreakerOpen && h.breaker("forbidden") == relay.BreakerOpen
 	})
-	waitFor(t, "a row of each deferred with its error", func() bool {
+	testwait.For(t, "a row of each deferred with its error", func() bool {
 		return count(t, s.Pool, `last_error LIKE '%401 Unauthorized%'`) > 0 && count(t, s.Pool, `last_error LIKE '%403 Forbidden%'`) > 0
 	})
 	h.stop()
@@ -185,7 +186,7 @@ func TestHTTPEndpointWithoutHeadersIsRetried(t *testing.T) {
 	defer close(release)
 	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('hooks', 'x')`)
 	h := hookRelay(t, s, retry.PolicyConfig{BaseDelay: time.Hour}, hookDestination(t, "hooks", srv.URL))
-	waitFor(t, "the attempt timed out", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
+	testwait.For(t, "the attempt timed out", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
 	h.stop()
 	if n := count(t, s.Pool, `status = 'pending' AND last_error LIKE '%timeout awaiting response headers%'`); n != 1 {
 		t.Fatal("the timed-out attempt is not recorded as a pending retry")

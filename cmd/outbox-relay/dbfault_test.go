@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgserver"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 )
@@ -109,7 +110,7 @@ func TestDatabaseCrashAndBlackHole(t *testing.T) {
 		// Kept as sent, to check their attempts afterwards.
 		"OUTBOX_RELAY_SENT_RETENTION=1h",
 	))
-	waitFor(t, 30*time.Second, "the relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
+	testwait.Within(t, 30*time.Second, "the relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
 
 	// Producers write directly, not through the proxy, in small
 	// transactions, one in ten rolled back. A commit that fails in the
@@ -163,7 +164,7 @@ func TestDatabaseCrashAndBlackHole(t *testing.T) {
 	}
 	failures := func() int { return strings.Count(p.output.String(), `msg="batch failed"`) }
 	start := time.Now()
-	waitFor(t, 30*time.Second, "deliveries", func() bool { return sentSince(start) >= 200 })
+	testwait.Within(t, 30*time.Second, "deliveries", func() bool { return sentSince(start) >= 200 })
 
 	// A crash: the server stops at once, and starts again on its own.
 	crashed := time.Now()
@@ -171,7 +172,7 @@ func TestDatabaseCrashAndBlackHole(t *testing.T) {
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "deliveries after the crash", func() bool { return sentSince(time.Now().Add(-time.Second)) >= 50 && sentSince(crashed) >= 200 })
+	testwait.Within(t, 60*time.Second, "deliveries after the crash", func() bool { return sentSince(time.Now().Add(-time.Second)) >= 50 && sentSince(crashed) >= 200 })
 	if failures() == before {
 		t.Errorf("no batch failed in the crash: nothing was in flight, the test proves nothing\n%s", p.output)
 	}
@@ -185,18 +186,18 @@ func TestDatabaseCrashAndBlackHole(t *testing.T) {
 	before = failures()
 	proxy.blackHole(t)
 	holed := time.Now()
-	waitFor(t, 20*time.Second, "the relay to keep failing in the black hole", func() bool { return failures() > before+2*workers })
+	testwait.Within(t, 20*time.Second, "the relay to keep failing in the black hole", func() bool { return failures() > before+2*workers })
 	if stuck := sentSince(holed.Add(time.Second)); stuck > 0 {
 		t.Errorf("%d rows recorded as sent through a black hole", stuck)
 	}
 	healed := time.Now()
 	proxy.heal(t)
-	waitFor(t, 60*time.Second, "deliveries after the black hole", func() bool { return sentSince(healed) >= 200 })
+	testwait.Within(t, 60*time.Second, "deliveries after the black hole", func() bool { return sentSince(healed) >= 200 })
 
 	// Drain and check.
 	close(stop)
 	prodWG.Wait()
-	waitFor(t, 90*time.Second, "the outbox to drain", func() bool { return countRows(t, pool, "status = 'pending'") == 0 })
+	testwait.Within(t, 90*time.Second, "the outbox to drain", func() bool { return countRows(t, pool, "status = 'pending'") == 0 })
 	select {
 	case <-p.done:
 		t.Fatalf("the relay exited: %v\n%s", p.err, p.output)

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -127,7 +128,7 @@ RETURNING id`, key, []byte(r.body)).Scan(&id); err != nil {
 		}
 	}()
 
-	waitFor(t, 30*time.Second, "both keys parked and order 20 dead-lettered", func() bool {
+	testwait.Within(t, 30*time.Second, "both keys parked and order 20 dead-lettered", func() bool {
 		return countRows(t, pool, "key_parked") == 2 && countRows(t, pool, "status = 'dead_lettered' AND key IS NULL") == 1 &&
 			countRows(t, pool, "status = 'pending' AND parked_behind IS NOT NULL") == 4
 	})
@@ -153,7 +154,7 @@ RETURNING id`, key, []byte(r.body)).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	c.ok("dlq", "edit", strconv.FormatInt(ids[1], 10), "--payload", fixed, "--reason", "order 1 corrected")
-	waitFor(t, 30*time.Second, "key a delivered", func() bool { return len(rc.accepted("a")) == 3 })
+	testwait.Within(t, 30*time.Second, "key a delivered", func() bool { return len(rc.accepted("a")) == 3 })
 	if got := rc.accepted("a"); !slices.Equal(got, []int{1, 2, 3}) {
 		t.Fatalf("key a arrived as %v, want [1 2 3]", got)
 	}
@@ -173,7 +174,7 @@ RETURNING id`, key, []byte(r.body)).Scan(&id); err != nil {
 
 	// Release key b: 11 and 12 go on, in order; 10 stays dead-lettered.
 	c.ok("dlq", "release", "b", "--reason", "order 10 is handled by hand")
-	waitFor(t, 30*time.Second, "key b's later rows delivered", func() bool { return len(rc.accepted("b")) == 2 })
+	testwait.Within(t, 30*time.Second, "key b's later rows delivered", func() bool { return len(rc.accepted("b")) == 2 })
 	if got := rc.accepted("b"); !slices.Equal(got, []int{11, 12}) {
 		t.Fatalf("key b arrived as %v, want [11 12]", got)
 	}
@@ -190,7 +191,7 @@ RETURNING id`, key, []byte(r.body)).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	c.ok("dlq", "replay", id20)
-	waitFor(t, 30*time.Second, "order 20 delivered", func() bool { return countRows(t, pool, "id = "+id20) == 0 })
+	testwait.Within(t, 30*time.Second, "order 20 delivered", func() bool { return countRows(t, pool, "id = "+id20) == 0 })
 	out := c.ok("dlq", "replay", id20)
 	if !strings.Contains(out, "row "+id20+" is gone") || !strings.Contains(out, "replayed 0 rows") {
 		t.Fatalf("second replay: %s", out)

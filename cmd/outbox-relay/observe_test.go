@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 )
 
 var adminLine = regexp.MustCompile(`msg="admin listener started" address=(\S+)`)
@@ -29,7 +31,7 @@ var adminLine = regexp.MustCompile(`msg="admin listener started" address=(\S+)`)
 func adminAddr(t *testing.T, p *relayProcess) string {
 	t.Helper()
 	var addr string
-	waitFor(t, 30*time.Second, "the admin listener", func() bool {
+	testwait.Within(t, 30*time.Second, "the admin listener", func() bool {
 		if m := adminLine.FindStringSubmatch(p.output.String()); m != nil {
 			addr = m[1]
 		}
@@ -179,7 +181,7 @@ VALUES ('later', '{}', now() - interval '10 minutes', now() + interval '1 hour')
 
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfg))
 	addr := adminAddr(t, p)
-	waitFor(t, 60*time.Second, "all but the waiting row settled", func() bool {
+	testwait.Within(t, 60*time.Second, "all but the waiting row settled", func() bool {
 		return countRows(t, pool, "status = 'pending'") == 1 && countRows(t, pool, "status = 'dead_lettered'") == 2
 	})
 	if n := hook.calls.Load(); n != 2 {
@@ -350,17 +352,11 @@ routes:
 	readyz, livez := status("/readyz"), status("/livez")
 	waitStatus := func(what string, f func() (int, string), code int, contains string) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for {
+		testwait.State(t, 60*time.Second, func() (bool, string) {
 			c, body := f()
-			if c == code && strings.Contains(body, contains) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s: last answer %d %q; relay output:\n%s", what, c, body, p.output)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return c == code && strings.Contains(body, contains),
+				fmt.Sprintf("timed out waiting for %s: last answer %d %q; relay output:\n%s", what, c, body, p.output)
+		})
 	}
 	waitStatus("ready", readyz, http.StatusOK, "ok")
 	if code, _ := livez(); code != http.StatusOK {
@@ -392,7 +388,7 @@ routes:
 	waitStatus("not ready while the hook destination fails", readyz, http.StatusServiceUnavailable, "destination hooks")
 	// The circuit opens before the batch is written back, and the
 	// deferral is counted after.
-	waitFor(t, 30*time.Second, "the systemic failure's deferral counted", func() bool {
+	testwait.Within(t, 30*time.Second, "the systemic failure's deferral counted", func() bool {
 		v, _ := scrapeMetrics(t, addr).value("outbox_deferred_total", "destination", "hooks", "reason", "destination_failing")
 		return v >= 1
 	})
@@ -401,7 +397,7 @@ routes:
 	}
 	hook.refusing.Store(false)
 	waitStatus("ready once the destination recovers", readyz, http.StatusOK, "ok")
-	waitFor(t, 30*time.Second, "the deferred row delivered", func() bool { return hook.ok.Load() == 1 })
+	testwait.Within(t, 30*time.Second, "the deferred row delivered", func() bool { return hook.ok.Load() == 1 })
 
 	// Draining: a delivery is held while the relay stops.
 	gate := make(chan struct{})
@@ -453,7 +449,7 @@ SELECT CASE WHEN g % 10 = 0 THEN 'orders-typo' ELSE 'orders' END, 'k' || (g % 7)
 	// A long cool-down keeps the topic paused while the test looks.
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_RETRY_PAUSE_BASE=1m", "OUTBOX_RETRY_PAUSE_MAX=1m"))
 	addr := adminAddr(t, p)
-	waitFor(t, 60*time.Second, "the other keys' rows delivered and the topic paused", func() bool {
+	testwait.Within(t, 60*time.Second, "the other keys' rows delivered and the topic paused", func() bool {
 		v, ok := scrapeMetrics(t, addr).value("outbox_topic_paused", "destination", "kafka", "topic", "orders-typo")
 		return ok && v == 1 && countRows(t, pool, "topic = 'orders' AND status = 'pending'") < 180
 	})

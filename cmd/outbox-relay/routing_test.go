@@ -19,6 +19,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 )
 
 // endpoint is a webhook receiver that checks what the relay sends.
@@ -132,7 +133,7 @@ FROM generate_series(1, 2000) g`); err != nil {
 		t.Fatal(err)
 	}
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfgFile, "CRM_SIGNING_SECRETS="+secret+" "+secret))
-	waitFor(t, 90*time.Second, "every row delivered", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 90*time.Second, "every row delivered", func() bool { return countRows(t, pool, "true") == 0 })
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("exit code %d; output:\n%s", code, p.output)
@@ -240,5 +241,5 @@ routes:
 	if skew := time.Since(dbNow); a2.at.Add(-skew).Before(leaseEnd.Add(-50 * time.Millisecond)) {
 		t.Errorf("redelivered at %s, before the lease ended at %s", a2.at.Add(-skew), leaseEnd)
 	}
-	waitFor(t, 30*time.Second, "the row gone", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 30*time.Second, "the row gone", func() bool { return countRows(t, pool, "true") == 0 })
 }

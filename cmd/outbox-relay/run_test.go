@@ -25,6 +25,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 )
@@ -103,17 +104,6 @@ func (p *relayProcess) signal(t *testing.T, sig syscall.Signal) {
 	}
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func countRows(t *testing.T, pool *pgxpool.Pool, where string) int {
 	t.Helper()
 	var n int
@@ -157,13 +147,13 @@ func TestRunDeliversAndStopsCleanlyOnSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startRelay(t, relayEnv(dsn, c))
-	waitFor(t, 60*time.Second, "the backlog to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 60*time.Second, "the backlog to drain", func() bool { return countRows(t, pool, "true") == 0 })
 
 	// New rows arrive while it runs, and are woken up for.
 	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'k1', 'late')`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the late row", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 30*time.Second, "the late row", func() bool { return countRows(t, pool, "true") == 0 })
 
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {
@@ -375,9 +365,9 @@ func checkKillRestart(t *testing.T, strict bool) {
 	for range relays {
 		p := startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info"))
 		final = append(final, p)
-		waitFor(t, time.Minute, "a relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
+		testwait.Within(t, time.Minute, "a relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
 	}
-	waitFor(t, 2*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 2*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
 	for _, p := range final {
 		p.signal(t, syscall.SIGTERM)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 )
 
 // The end-to-end scenarios run the real binary against a database and a
@@ -164,7 +165,7 @@ func scenarioDelivery(t *testing.T, newStack newStack) {
 	st := newStack(t, topic)
 	pool := st.migrate(t)
 	p := startRelay(t, st.relayEnv("OUTBOX_RELAY_BATCH_SIZE=200"))
-	waitFor(t, time.Minute, "the relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
+	testwait.Within(t, time.Minute, "the relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
 
 	ctx := context.Background()
 	want := map[string]outboxRow{}
@@ -198,7 +199,7 @@ RETURNING id, event_id::text, key, payload, headers->>'x-seq'`, topic, i, keys, 
 		t.Fatalf("committed %d rows and rolled back %d, want 2000 and 500", len(want), len(rolledBack))
 	}
 
-	waitFor(t, 90*time.Second, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 90*time.Second, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
 	stopRelay(t, p)
 	recs := st.consume(t, topic)
 	checkDelivered(t, recs, want, rolledBack)
@@ -237,7 +238,7 @@ RETURNING id, event_id::text, key, payload, ''`, topic)[0]
 	}
 
 	p := startRelay(t, st.relayEnv("OUTBOX_CONFIG="+cfgFile, "OUTBOX_RELAY_PAYLOAD_CAP=4096"))
-	waitFor(t, 90*time.Second, "only the two dead letters to be left", func() bool {
+	testwait.Within(t, 90*time.Second, "only the two dead letters to be left", func() bool {
 		return countRows(t, pool, "true") == 2 && countRows(t, pool, "status = 'dead_lettered'") == 2
 	})
 	stopRelay(t, p)
@@ -314,7 +315,7 @@ RETURNING id, event_id::text, key, payload, headers->>'x-seq'`
 	}
 
 	p := startRelay(t, env)
-	waitFor(t, time.Minute, "the first deliveries", func() bool { return countRows(t, pool, "true") < 1500 })
+	testwait.Within(t, time.Minute, "the first deliveries", func() bool { return countRows(t, pool, "true") < 1500 })
 	stopRelay(t, p)
 	left := countRows(t, pool, "true")
 	if n := countRows(t, pool, "status <> 'pending' OR retry_count > 0"); n != 0 {
@@ -342,7 +343,7 @@ RETURNING id, event_id::text, key, payload, headers->>'x-seq'`
 	}
 
 	p = startRelay(t, env)
-	waitFor(t, 90*time.Second, "the outbox to drain after the restart", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 90*time.Second, "the outbox to drain after the restart", func() bool { return countRows(t, pool, "true") == 0 })
 	stopRelay(t, p)
 	recs := st.consume(t, topic)
 	checkDelivered(t, recs, want, rolledBack)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/tlstest"
 )
 
@@ -44,7 +45,7 @@ SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != ni
 	stranger := tlstest.NewCA(t, "someone else's CA")
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
 		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "stranger.pem", stranger.PEM())))
-	waitFor(t, 30*time.Second, "the breaker opened on the unverifiable certificate", func() bool {
+	testwait.Within(t, 30*time.Second, "the breaker opened on the unverifiable certificate", func() bool {
 		out := p.output.String()
 		return strings.Contains(out, "circuit opened") && strings.Contains(out, "certificate signed by unknown authority")
 	})
@@ -58,7 +59,7 @@ SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != ni
 
 	p = startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
 		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "ca.pem", ca.PEM())))
-	waitFor(t, 30*time.Second, "every row delivered over TLS", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 30*time.Second, "every row delivered over TLS", func() bool { return countRows(t, pool, "true") == 0 })
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("exit code %d; output:\n%s", code, p.output)

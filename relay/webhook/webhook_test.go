@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"go.uber.org/goleak"
 
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/tlstest"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -346,13 +348,10 @@ func TestNoResponseHeadersTimesOut(t *testing.T) {
 		}
 	}
 	_ = p.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for open.Load() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections still open on the server", open.Load())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.State(t, 10*time.Second, func() (bool, string) {
+		n := open.Load()
+		return n == 0, fmt.Sprintf("%d connections still open on the server", n)
+	})
 }
 
 func TestSSRFGuard(t *testing.T) {

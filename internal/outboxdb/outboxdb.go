@@ -33,7 +33,16 @@ import (
 var files embed.FS
 
 // templates holds every statement; parsed once.
-var templates = template.Must(template.New("").Option("missingkey=error").ParseFS(files, "sql/*.sql"))
+var templates = template.Must(template.New("").Option("missingkey=error").Funcs(template.FuncMap{
+	// dict passes several named values to a shared fragment.
+	"dict": func(kv ...string) map[string]string {
+		m := make(map[string]string, len(kv)/2)
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	},
+}).ParseFS(files, "sql/*.sql"))
 
 // DB runs statements: a pool, a connection or a transaction.
 type DB interface {

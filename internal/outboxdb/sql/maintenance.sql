@@ -6,28 +6,27 @@ maintenance lock.
 {{define "try_maintenance_lock"}}SELECT pg_try_advisory_xact_lock($1){{end}}
 
 {{/*
-The conditions stand in the outer WHERE too: PostgreSQL checks that one
-again on a row changed meanwhile (a dead letter replayed while the delete
-waited for its lock), the subquery's it does not.
+A bounded delete under retention: up to $2 rows matching .Cond, oldest by
+.Order first. The condition stands in the outer WHERE too: PostgreSQL
+checks that one again on a row changed meanwhile (a dead letter replayed
+while the delete waited for its lock), the subquery's it does not.
 */}}
-{{define "old_sent"}}status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'{{end}}
-
-{{define "delete_sent"}}
+{{define "bounded_delete"}}
 DELETE FROM {{.Outbox}}
 WHERE id = ANY(ARRAY(
-    SELECT id FROM {{.Outbox}} WHERE {{template "old_sent"}}
-    ORDER BY sent_at LIMIT $2)) AND {{template "old_sent"}}
+    SELECT id FROM {{.Outbox}} WHERE {{.Cond}}
+    ORDER BY {{.Order}} LIMIT $2)) AND {{.Cond}}
+{{end}}
+
+{{define "delete_sent"}}
+{{- template "bounded_delete" (dict "Outbox" .Outbox "Order" "sent_at"
+    "Cond" "status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'")}}
 {{end}}
 
 {{/* A row that parks its key is kept: deleting it would release the key. */}}
-{{define "expired_dead"}}status IN ('dead_lettered', 'discarded')
-      AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked{{end}}
-
 {{define "delete_expired_dead"}}
-DELETE FROM {{.Outbox}}
-WHERE id = ANY(ARRAY(
-    SELECT id FROM {{.Outbox}} WHERE {{template "expired_dead"}}
-    ORDER BY dead_lettered_at LIMIT $2)) AND {{template "expired_dead"}}
+{{- template "bounded_delete" (dict "Outbox" .Outbox "Order" "dead_lettered_at"
+    "Cond" "status IN ('dead_lettered', 'discarded') AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked")}}
 {{end}}
 
 {{define "backlog"}}

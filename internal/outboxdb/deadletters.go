@@ -98,7 +98,7 @@ type LetterFilter struct {
 	ErrorContains string
 }
 
-func (w *Where) letters(f LetterFilter) {
+func (w *where) letters(f LetterFilter) {
 	if f.Topic != "" {
 		if strings.ContainsAny(f.Topic, "*?") {
 			w.add(`topic LIKE ?`, globToLike(f.Topic))
@@ -123,7 +123,7 @@ func (w *Where) letters(f LetterFilter) {
 }
 
 // bound adds column op b, if b bounds anything.
-func (w *Where) bound(column, op string, b Bound) {
+func (w *where) bound(column, op string, b Bound) {
 	switch {
 	case b.Ago > 0:
 		w.add(column+" "+op+" now() - ? * interval '1 microsecond'", b.Ago.Microseconds())
@@ -170,7 +170,7 @@ type ListArgs struct {
 
 // ListDeadLetters returns a page of rows. Statement: list_dead_letters.
 func (q *Queries) ListDeadLetters(ctx context.Context, db DB, a ListArgs) ([]Letter, error) {
-	var w Where
+	var w where
 	w.add("status = ANY(?)", a.Statuses)
 	if a.Before != nil {
 		w.add("(dead_lettered_at, id) < (?, ?)", a.Before.At, a.Before.ID)
@@ -297,7 +297,7 @@ type LockArgs struct {
 // LockDeadLetters selects a batch of dead letters in the order of the
 // dead-letter index. Statement: lock_dead_letters.
 func (q *Queries) LockDeadLetters(ctx context.Context, tx pgx.Tx, a LockArgs) ([]Target, error) {
-	var w Where
+	var w where
 	w.add("status = ?", StatusDeadLettered)
 	w.add("dead_lettered_at <= ?", a.Cutoff)
 	w.letters(a.Filter)
@@ -439,7 +439,7 @@ type AuditArgs struct {
 
 // ListAudit returns audit records. Statement: list_audit.
 func (q *Queries) ListAudit(ctx context.Context, db DB, a AuditArgs) ([]AuditRecord, error) {
-	var w Where
+	var w where
 	if a.BeforeID > 0 {
 		w.add("id < ?", a.BeforeID)
 	}

@@ -132,7 +132,7 @@ func render(name string, data any) (string, error) {
 // dynamic renders a statement whose conditions are built per call: w's
 // conditions, then LIMIT as the next parameter, whose value is appended
 // to w's arguments.
-func (q *Queries) dynamic(name string, w *Where, limit int, lock string) (string, []any, error) {
+func (q *Queries) dynamic(name string, w *where, limit int, lock string) (string, []any, error) {
 	args := append(w.args[:len(w.args):len(w.args)], limit)
 	s, err := render(name, struct {
 		names
@@ -141,15 +141,15 @@ func (q *Queries) dynamic(name string, w *Where, limit int, lock string) (string
 	return s, args, err
 }
 
-// Where is a conjunction of conditions with numbered parameters, built
+// where is a conjunction of conditions with numbered parameters, built
 // from typed filters by this package's methods.
-type Where struct {
+type where struct {
 	conds []string
 	args  []any
 }
 
 // add appends cond, where each ? stands for the next of args.
-func (w *Where) add(cond string, args ...any) {
+func (w *where) add(cond string, args ...any) {
 	var b strings.Builder
 	for _, r := range cond {
 		if r == '?' {
@@ -163,7 +163,7 @@ func (w *Where) add(cond string, args ...any) {
 	w.conds = append(w.conds, b.String())
 }
 
-func (w *Where) sql() string {
+func (w *where) sql() string {
 	if len(w.conds) == 0 {
 		return "true"
 	}

@@ -11,7 +11,6 @@ import (
 // Row statuses.
 const (
 	StatusPending      = "pending"
-	StatusSent         = "sent"
 	StatusDeadLettered = "dead_lettered"
 	StatusDiscarded    = "discarded"
 )

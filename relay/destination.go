@@ -3,11 +3,13 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
-	"path"
-	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
@@ -45,17 +47,6 @@ type Destination struct {
 	VisibilityTimeout time.Duration
 }
 
-// Route sends the rows of matching topics to a destination. Routes are
-// tried in order; the first match wins.
-type Route struct {
-	// Topics are exact topic names or glob patterns (*, ?, [a-z]).
-	Topics []string
-	// Destination names the destination.
-	Destination string
-	// Topic, when set, replaces the row's topic as the Kafka topic.
-	Topic string
-}
-
 // Defaults of BreakerConfig and RetryBudgetConfig.
 const (
 	DefaultBreakerFailures     = 5
@@ -68,48 +59,6 @@ const (
 	// budgetDeferral is how long a retry that is over budget waits.
 	budgetDeferral = time.Second
 )
-
-// BreakerConfig configures a destination's circuit breaker. It opens only
-// on evidence about the destination as a whole: at once on a systemic
-// failure of the destination (refused connection, DNS, TLS, cluster
-// authorization); after Failures consecutive transient failures of the
-// destination (no answer: timeouts, reset connections); or when, for
-// FailingFor and across at least FailingRows distinct rows, every row it
-// was given failed on its own (an endpoint failing every row). Rows that
-// fail beside successes, and failures of a topic or a partition, never
-// open it. After a cool-down, which doubles from the relay's PauseBase up
-// to PauseMax while probes keep failing, a probe of a few rows of
-// different keys and topics goes; Successes successful probes close it.
-// While it is open, the destination's rows are not claimed and no attempts
-// are consumed.
-type BreakerConfig struct {
-	// Failures is the run of consecutive transient failures of the
-	// destination that opens the breaker. Default 5.
-	Failures int
-	// Successes is the number of successful probes that close it.
-	// Default 2.
-	Successes int
-	// FailingRows and FailingFor open the breaker when every row given to
-	// the destination failed, across at least FailingRows distinct rows
-	// and for at least FailingFor. Defaults 10 and 2s.
-	FailingRows int
-	FailingFor  time.Duration
-}
-
-// RetryBudgetConfig limits retries to a fraction of recent first attempts:
-// each first attempt earns Ratio retries, MinPerSecond are earned whatever
-// the traffic, up to ten seconds' worth, and a retry that succeeds gives
-// its share back. A retry over budget waits a second without counting an
-// attempt, so a recovering destination is not stampeded by its backlog of
-// failed rows.
-type RetryBudgetConfig struct {
-	// Ratio is the retries earned per first attempt. Default 0.2.
-	Ratio float64
-	// MinPerSecond is the floor: retries earned per second. Default 10.
-	MinPerSecond float64
-	// Disabled turns the budget off.
-	Disabled bool
-}
 
 // Validate reports every problem of d at once, or nil.
 func (d *Destination) Validate() error {
@@ -139,425 +88,295 @@ func (d *Destination) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ValidateRoutes checks routes against the destinations' names: every
-// route names a known destination and has valid patterns.
-func ValidateRoutes(routes []Route, destinations []string) error {
-	var errs []error
-	known := map[string]bool{}
-	for _, d := range destinations {
-		known[d] = true
+// dest is a destination at work: it owns what decides whether its rows go
+// now (its breaker, paused topics and partitions, bulkhead and retry
+// budget), behind admit and take, and learns from each publish in settle.
+type dest struct {
+	Destination
+	block   bool
+	breaker *breaker
+	pauses  *pauseSet
+	parts   Partitioner // nil: partitions are not known
+	bulk    bulkhead
+	budget  *retryBudget
+	policy  *retry.Policy
+	// pauseBase is how long a deferred row waits when no breaker says.
+	pauseBase time.Duration
+	log       *slog.Logger
+}
+
+// newDest readies d under the relay's cfg, its defaults applied.
+func newDest(d Destination, cfg *Config) *dest {
+	if d.OnDeadLetter == "" {
+		d.OnDeadLetter = cfg.OnDeadLetter
 	}
-	for i, rt := range routes {
-		if len(rt.Topics) == 0 {
-			errs = append(errs, fmt.Errorf("route %d has no topics", i+1))
+	if d.Breaker.Failures == 0 {
+		d.Breaker.Failures = DefaultBreakerFailures
+	}
+	if d.Breaker.Successes == 0 {
+		d.Breaker.Successes = DefaultBreakerSuccesses
+	}
+	if d.Breaker.FailingRows == 0 {
+		d.Breaker.FailingRows = DefaultBreakerFailingRows
+	}
+	if d.Breaker.FailingFor == 0 {
+		d.Breaker.FailingFor = DefaultBreakerFailingFor
+	}
+	if d.Partitioner == nil {
+		d.Partitioner, _ = d.Publisher.(Partitioner)
+	}
+	if d.VisibilityTimeout > 0 {
+		// Leased deliveries outlive their batch: bound them as the
+		// workers' batches are, so memory stays bounded.
+		if limit := cfg.Workers * cfg.BatchSize; d.MaxInFlight == 0 || d.MaxInFlight > limit {
+			d.MaxInFlight = limit
 		}
-		for _, t := range rt.Topics {
-			if _, err := path.Match(t, ""); err != nil || t == "" {
-				errs = append(errs, fmt.Errorf("route %d: topic pattern %q is not a valid glob", i+1, t))
+	}
+	log := cfg.Logger.With(slog.String("destination", d.Name))
+	x := &dest{
+		Destination: d,
+		block:       d.OnDeadLetter == OnDeadLetterBlock,
+		parts:       d.Partitioner,
+		bulk:        bulkhead{max: d.MaxInFlight},
+		budget:      newRetryBudget(d.RetryBudget),
+		policy:      cfg.Policy,
+		pauseBase:   cfg.PauseBase,
+		log:         log,
+		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
+	}
+	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
+		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.PauseBase, max: cfg.PauseMax,
+		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string) {
+			switch to {
+			case BreakerOpen:
+				log.Warn("destination failing; circuit opened, its rows wait without counting attempts",
+					slog.Duration("cooldown", cooldown), slog.String("error", lastErr))
+			case BreakerHalfOpen:
+				log.Info("circuit half-open; probing the destination")
+			case BreakerClosed:
+				log.Info("destination recovered; circuit closed")
 			}
-		}
-		if !known[rt.Destination] {
-			errs = append(errs, fmt.Errorf("route %d: destination %q is not defined", i+1, rt.Destination))
-		}
-	}
-	return errors.Join(errs...)
+		}}
+	return x
 }
 
-// router maps topics to destinations, first matching route first, and
-// remembers the answers: topics are few, rows are many.
-type router struct {
-	routes []compiledRoute
-	mu     sync.RWMutex
-	cache  map[string]routing
+// group is the share of one batch that goes to one destination: its rows,
+// in id order, what the destination admitted them under, and what their
+// publish returned.
+type group struct {
+	d     *dest
+	adm   admission // the breaker's, for the whole batch
+	recs  []outbox.Record
+	errs  []error
+	token uuid.UUID // the lease, for a destination with a visibility timeout
+	// asked are the pauses asked about in this batch (the first ask of a
+	// cooled-down pause takes its probe, so each is asked once); pauses,
+	// those whose probe the group carries; parts, by index into recs, the
+	// partition of each row admitted as a partition's probe.
+	asked  map[subject]admission
+	pauses map[subject]admission
+	parts  map[int]int
+	mix    *probeMix // what a destination probe holds so far
+	// inflight is a leased group's entry in the in-flight registry.
+	inflight inflightID
+
+	claimed time.Time // the database clock at the claim
+	start   time.Time // the local clock when the claim began
+	done    time.Time // the local clock when the publish returned
 }
 
-type compiledRoute struct {
-	patterns []string
-	dest     int
-	topic    string
+// acked is when the group's publish returned, by the database clock.
+func (g *group) acked() time.Time { return g.claimed.Add(g.done.Sub(g.start)) }
+
+// begin starts the destination's group of a batch: the breaker is asked
+// once a batch.
+func (d *dest) begin(now time.Time, rows int) *group {
+	g := &group{d: d, adm: d.breaker.admit(now)}
+	if g.adm.probe {
+		g.mix = &probeMix{keys: map[string]bool{}, topics: map[string]int{}}
+	} else if g.adm.ok {
+		g.recs = make([]outbox.Record, 0, rows)
+	}
+	return g
 }
 
-// routing is where a topic goes; dest is -1 when no route matches.
-type routing struct {
-	dest  int
-	topic string
-}
+// verdict is what admission says of one row.
+type verdict int
 
-// maxCachedTopics bounds the router's memory whatever the producers write.
-const maxCachedTopics = 10000
-
-func newRouter(routes []Route, index map[string]int) *router {
-	rt := &router{cache: map[string]routing{}}
-	for _, r := range routes {
-		rt.routes = append(rt.routes, compiledRoute{patterns: r.Topics, dest: index[r.Destination], topic: r.Topic})
-	}
-	return rt
-}
-
-func (rt *router) route(topic string) routing {
-	rt.mu.RLock()
-	got, ok := rt.cache[topic]
-	rt.mu.RUnlock()
-	if ok {
-		return got
-	}
-	got = routing{dest: -1}
-	for _, r := range rt.routes {
-		if matchAny(r.patterns, topic) {
-			got = routing{dest: r.dest, topic: r.topic}
-			break
-		}
-	}
-	if got.topic == "" {
-		got.topic = topic
-	}
-	rt.mu.Lock()
-	if len(rt.cache) < maxCachedTopics {
-		rt.cache[topic] = got
-	}
-	rt.mu.Unlock()
-	return got
-}
-
-// topicsOf returns the known topics whose routing matches.
-func (rt *router) topicsOf(match func(routing) bool) []string {
-	rt.mu.RLock()
-	defer rt.mu.RUnlock()
-	var out []string
-	for topic, r := range rt.cache {
-		if match(r) {
-			out = append(out, topic)
-		}
-	}
-	return out
-}
-
-// MatchRoute returns the first of routes that matches topic, as the relay
-// routes it.
-func MatchRoute(routes []Route, topic string) (Route, bool) {
-	for _, r := range routes {
-		if matchAny(r.Topics, topic) {
-			return r, true
-		}
-	}
-	return Route{}, false
-}
-
-func matchAny(patterns []string, topic string) bool {
-	for _, p := range patterns {
-		if ok, _ := path.Match(p, topic); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// BreakerState is the state of a destination's circuit breaker.
-type BreakerState int
-
-// Breaker states.
 const (
-	BreakerClosed BreakerState = iota
-	BreakerOpen
-	BreakerHalfOpen
+	admitted verdict = iota
+	// held: the row waits for a later batch, untouched.
+	held
+	// deferred: the row waits without counting an attempt; its outcome
+	// says for how long.
+	deferred
 )
 
-func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half-open"
+// admit asks the breaker and the pauses whether rec, bound for topic, may
+// go in g now. A paused topic or partition holds its rows; its probe
+// takes all of them in the batch, so that rows failing there still run
+// out of attempts in time. A destination probe takes a few rows of
+// different keys and topics. On admitted, the row is the group's to take
+// (see take), with the pauses whose probe it joins.
+func (d *dest) admit(g *group, rec outbox.Record, topic string, now time.Time) (verdict, outbox.Outcome, []subject) {
+	if !g.adm.ok {
+		return deferred, d.deferral(rec, DeferCircuitOpen, g.adm.until.Sub(now)), nil
 	}
-	return fmt.Sprintf("BreakerState(%d)", int(s))
-}
-
-// breaker is a circuit breaker: a destination's (see BreakerConfig), or
-// a paused topic's or partition's (see pauseSet).
-type breaker struct {
-	failures, successes int           // thresholds
-	failingRows         int           // distinct rows failing on their own that open it, with failingFor
-	failingFor          time.Duration // 0: rows failing on their own never open it
-	base, max           time.Duration // cool-down bounds
-
-	mu       sync.Mutex
-	state    BreakerState
-	until    time.Time // open: when a probe may go
-	streak   int       // consecutive openings, for the doubling cool-down
-	failed   int       // consecutive transient failures while closed
-	window   failWindow
-	probed   int  // successful probes while half-open
-	probing  bool // a probe is in flight
-	gen      int  // bumped at every state change: results of older admissions are stale
-	lastErr  string
-	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string)
-}
-
-// failWindow gathers the rows that failed on their own since the
-// destination last delivered one.
-type failWindow struct {
-	start time.Time // the first failure
-	ids   map[int64]struct{}
-}
-
-// add records ids failed at now and reports whether the window holds at
-// least rows distinct rows (it keeps no more).
-func (w *failWindow) add(now time.Time, ids []int64, rows int) bool {
-	if len(ids) == 0 {
-		return false
-	}
-	if w.ids == nil {
-		w.start, w.ids = now, make(map[int64]struct{}, rows)
-	}
-	for _, id := range ids {
-		if len(w.ids) >= rows {
-			break
+	var paused []subject
+	if !d.pauses.empty() {
+		var reason string
+		var until time.Time
+		paused, reason, until = d.askPauses(g, rec, topic, now)
+		if reason != "" {
+			return deferred, d.deferral(rec, reason, until.Sub(now)), nil
 		}
-		w.ids[id] = struct{}{}
 	}
-	return len(w.ids) >= rows
+	if g.adm.probe && !g.mix.fits(rec, topic, len(g.recs)) {
+		return held, outbox.Outcome{}, nil
+	}
+	return admitted, outbox.Outcome{}, paused
 }
 
-// admission is what the breaker lets through now.
-type admission struct {
-	ok    bool      // rows may be published
-	probe bool      // a few rows only, as the half-open probe
-	until time.Time // when not ok: when to look again
-	gen   int       // the breaker state it was given in
+// take gives rec a slot of the bulkhead and, for a retry, a share of the
+// retry budget.
+func (d *dest) take(rec outbox.Record, now time.Time) (verdict, outbox.Outcome) {
+	if d.bulk.take(1) == 0 {
+		return held, outbox.Outcome{}
+	}
+	if rec.RetryCount > 0 && !d.budget.spend(now) {
+		d.bulk.give(1)
+		return deferred, d.deferral(rec, DeferRetryBudget, budgetDeferral)
+	}
+	return admitted, outbox.Outcome{}
 }
 
-func (b *breaker) admit(now time.Time) admission {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cooled(now)
-	switch b.state {
-	case BreakerOpen:
-		return admission{until: b.until, gen: b.gen}
-	case BreakerHalfOpen:
-		if b.probing {
-			return admission{until: now.Add(b.base), gen: b.gen}
+func (d *dest) deferral(rec outbox.Record, reason string, wait time.Duration) outbox.Outcome {
+	return outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: max(wait, time.Millisecond), Reason: reason, Destination: d.Name}
+}
+
+// add puts an admitted and taken rec, bound for topic, in g.
+func (g *group) add(rec outbox.Record, topic string, paused []subject) {
+	if g.adm.probe {
+		g.mix.add(rec, topic)
+	}
+	for _, sj := range paused {
+		if g.pauses == nil {
+			g.pauses = map[subject]admission{}
 		}
-		b.probing = true
-		return admission{ok: true, probe: true, gen: b.gen}
-	}
-	return admission{ok: true, gen: b.gen}
-}
-
-// cooled moves an open breaker whose cool-down is over to half-open,
-// whether or not a row is waiting to probe it.
-func (b *breaker) cooled(now time.Time) {
-	if b.state == BreakerOpen && !now.Before(b.until) {
-		b.set(BreakerHalfOpen, 0)
-	}
-}
-
-// blocked reports whether the breaker is taking no rows now, and until when.
-func (b *breaker) blocked(now time.Time) (bool, time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cooled(now)
-	switch {
-	case b.state == BreakerOpen && now.Before(b.until):
-		return true, b.until
-	case b.state != BreakerClosed && b.probing:
-		return true, now.Add(b.base)
-	}
-	return false, time.Time{}
-}
-
-// evidence is what one publish says about a breaker's subject.
-type evidence struct {
-	sent      int     // rows delivered
-	systemic  int     // systemic failures of the subject as a whole
-	transient int     // transient failures of the subject as a whole
-	rowFailed []int64 // rows that failed on their own
-	lastErr   string
-}
-
-// result feeds one publish's evidence to the breaker, and returns how long
-// the breaker stays open from now (0 when it is not open): how long rows
-// deferred by this publish should wait. Evidence of a publish admitted
-// before the breaker last changed state is ignored: it says nothing about
-// the subject since.
-func (b *breaker) result(now time.Time, gen int, ev evidence, probe bool) time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if gen == b.gen {
-		if probe {
-			b.probing = false
-		}
-		b.feed(now, ev)
-	}
-	if b.state == BreakerOpen && now.Before(b.until) {
-		return b.until.Sub(now)
-	}
-	return 0
-}
-
-// feed applies one publish's evidence. A publish that delivered a row
-// shows the destination answering; one that failed only rows failing on
-// their own adds them to the window, which opens the breaker once it has
-// held at least failingRows distinct rows for failingFor. In half-open,
-// the same holds for probes: a probe of rows that fail on their own is
-// inconclusive (they go into their own backoff, and the next probe takes
-// other rows) until the window fills.
-func (b *breaker) feed(now time.Time, ev evidence) {
-	if ev.lastErr != "" {
-		b.lastErr = ev.lastErr
-	}
-	switch {
-	case ev.systemic > 0:
-		b.open(now)
-		return
-	case ev.sent > 0:
-		if b.state == BreakerHalfOpen {
-			b.probed++
-			if b.probed >= b.successes {
-				b.streak = 0
-				b.set(BreakerClosed, 0)
+		g.pauses[sj] = g.asked[sj]
+		if sj.partition != wholeTopic {
+			if g.parts == nil {
+				g.parts = map[int]int{}
 			}
-			return
+			g.parts[len(g.recs)] = sj.partition
 		}
-		// The destination answers: its failures in this publish were not
-		// the destination's.
-		b.failed, b.window = 0, failWindow{}
-		return
 	}
-	b.failed += ev.transient
-	if b.failed >= b.failures || (b.state == BreakerHalfOpen && ev.transient > 0) {
-		b.open(now)
-		return
+	rec.Topic = topic
+	g.recs = append(g.recs, rec)
+}
+
+// askPauses checks rec, bound for topic, against the destination's paused
+// topic and partitions. It returns the pauses whose probe rec joins, or,
+// when rec must wait, the deferral reason and until when.
+func (d *dest) askPauses(g *group, rec outbox.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
+	ask := func(s subject) (admission, bool) {
+		if a, ok := g.asked[s]; ok {
+			return a, true
+		}
+		a, tracked := d.pauses.admit(s, now)
+		if tracked {
+			if g.asked == nil {
+				g.asked = map[subject]admission{}
+			}
+			g.asked[s] = a
+		}
+		return a, tracked
 	}
-	if b.failingFor > 0 && b.window.add(now, ev.rowFailed, b.failingRows) && now.Sub(b.window.start) >= b.failingFor {
-		b.open(now)
+	s := subject{topic: topic, partition: wholeTopic}
+	if a, tracked := ask(s); tracked {
+		if !a.ok {
+			return nil, DeferTopicPaused, a.until
+		}
+		probes = append(probes, s)
+	}
+	if d.parts != nil && d.pauses.hasPartitions(topic) {
+		rec.Topic = topic
+		if part, ok := d.parts.Partition(rec); ok {
+			s := subject{topic: topic, partition: part}
+			if a, tracked := ask(s); tracked {
+				if !a.ok {
+					return nil, DeferPartitionPaused, a.until
+				}
+				probes = append(probes, s)
+			}
+		}
+	}
+	return probes, "", time.Time{}
+}
+
+// planned gives back the probes that a group's plan took but that carry
+// no row (all its rows stayed behind): another batch probes instead.
+func (d *dest) planned(g *group) {
+	if len(g.recs) == 0 && g.adm.probe {
+		d.breaker.abandoned(g.adm.gen)
+	}
+	for s, a := range g.asked {
+		if _, carried := g.pauses[s]; a.probe && !carried {
+			d.pauses.abandoned(s, a.gen)
+		}
 	}
 }
 
-// abandoned returns a probe slot whose publish never finished.
-func (b *breaker) abandoned(gen int) {
-	b.mu.Lock()
-	if gen == b.gen {
-		b.probing = false
+// abandon gives back the probe slots of a group whose publish never
+// finished, or never started.
+func (d *dest) abandon(g *group) {
+	if g.adm.probe {
+		d.breaker.abandoned(g.adm.gen)
 	}
-	b.mu.Unlock()
-}
-
-// open opens the breaker for a cool-down that doubles with each opening
-// since it was last closed.
-func (b *breaker) open(now time.Time) {
-	d := retry.Exponential(b.streak, b.base, b.max)
-	b.streak++
-	b.until = now.Add(d)
-	b.set(BreakerOpen, d)
-}
-
-func (b *breaker) set(to BreakerState, cooldown time.Duration) {
-	from := b.state
-	b.state, b.failed, b.probed, b.probing = to, 0, 0, false
-	b.window = failWindow{}
-	b.gen++
-	if from != to && b.onChange != nil {
-		b.onChange(from, to, cooldown, b.lastErr)
+	for s, a := range g.pauses {
+		if a.probe {
+			d.pauses.abandoned(s, a.gen)
+		}
 	}
 }
 
-func (b *breaker) snapshot() (BreakerState, time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cooled(time.Now())
-	return b.state, b.until
+// release gives back the group's bulkhead slots once its rows are settled.
+func (d *dest) release(g *group) { d.bulk.give(len(g.recs)) }
+
+// closed reports whether the destination takes no rows now (its breaker
+// open or probing, or its bulkhead full) and until when, or else the
+// topics it has paused as a whole and how long the earliest stays so.
+func (d *dest) closed(now time.Time) (blocked bool, until time.Time, topics []string, left time.Duration) {
+	blocked, until = d.breaker.blocked(now)
+	if !blocked && d.bulk.full() {
+		blocked, until = true, now.Add(bulkheadRecheck)
+	}
+	if blocked {
+		return true, until, nil, 0
+	}
+	topics, left = d.pauses.blockedTopics(now)
+	return false, time.Time{}, topics, left
 }
 
-// bulkhead counts a destination's rows in flight.
-type bulkhead struct {
-	max int // 0: unlimited
-	mu  sync.Mutex
-	n   int
+// bulkheadRecheck is how long rows behind a row of a destination with a
+// full bulkhead wait: deliveries finish quickly or time out.
+const bulkheadRecheck = 100 * time.Millisecond
+
+// DestinationStatus is a destination's state, for readiness and metrics.
+type DestinationStatus struct {
+	Name    string
+	Breaker BreakerState
+	// OpenUntil is when an open breaker lets a probe through.
+	OpenUntil time.Time
+	// Paused are the destination's paused topics and partitions.
+	Paused []PauseStatus
 }
 
-// take grants up to n slots and returns how many.
-func (h *bulkhead) take(n int) int {
-	if h.max == 0 {
-		return n
+func (d *dest) status() DestinationStatus {
+	state, until := d.breaker.snapshot()
+	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status()}
+	if state == BreakerOpen {
+		st.OpenUntil = until
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n = min(n, h.max-h.n)
-	h.n += n
-	return n
-}
-
-func (h *bulkhead) give(n int) {
-	if h.max == 0 || n == 0 {
-		return
-	}
-	h.mu.Lock()
-	h.n -= n
-	h.mu.Unlock()
-}
-
-func (h *bulkhead) full() bool {
-	if h.max == 0 {
-		return false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.n >= h.max
-}
-
-// retryBudget is a token bucket of retries. See RetryBudgetConfig.
-type retryBudget struct {
-	disabled    bool
-	ratio, rate float64
-	capacity    float64
-	mu          sync.Mutex
-	tokens      float64
-	last        time.Time
-}
-
-func newRetryBudget(c RetryBudgetConfig) *retryBudget {
-	if c.Ratio == 0 {
-		c.Ratio = DefaultRetryBudgetRatio
-	}
-	if c.MinPerSecond == 0 {
-		c.MinPerSecond = DefaultRetryBudgetMinRate
-	}
-	capacity := max(1, c.MinPerSecond*DefaultRetryBudgetDuration.Seconds())
-	return &retryBudget{disabled: c.Disabled, ratio: c.Ratio, rate: c.MinPerSecond, capacity: capacity, tokens: capacity}
-}
-
-func (b *retryBudget) refill(now time.Time) {
-	if !b.last.IsZero() && now.After(b.last) {
-		b.tokens = min(b.capacity, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	}
-	b.last = now
-}
-
-// spend takes one retry from the budget, if there is one.
-func (b *retryBudget) spend(now time.Time) bool {
-	if b.disabled {
-		return true
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refill(now)
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
-
-// earn credits first attempts (ratio each) and successful retries (their
-// token back).
-func (b *retryBudget) earn(now time.Time, firsts, retriesSent int) {
-	if b.disabled || firsts+retriesSent == 0 {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refill(now)
-	b.tokens = min(b.capacity, b.tokens+float64(firsts)*b.ratio+float64(retriesSent))
+	return st
 }

@@ -1,0 +1,288 @@
+package relay
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// BreakerConfig configures a destination's circuit breaker. It opens only
+// on evidence about the destination as a whole: at once on a systemic
+// failure of the destination (refused connection, DNS, TLS, cluster
+// authorization); after Failures consecutive transient failures of the
+// destination (no answer: timeouts, reset connections); or when, for
+// FailingFor and across at least FailingRows distinct rows, every row it
+// was given failed on its own (an endpoint failing every row). Rows that
+// fail beside successes, and failures of a topic or a partition, never
+// open it. After a cool-down, which doubles from the relay's PauseBase up
+// to PauseMax while probes keep failing, a probe of a few rows of
+// different keys and topics goes; Successes successful probes close it.
+// While it is open, the destination's rows are not claimed and no attempts
+// are consumed.
+type BreakerConfig struct {
+	// Failures is the run of consecutive transient failures of the
+	// destination that opens the breaker. Default 5.
+	Failures int
+	// Successes is the number of successful probes that close it.
+	// Default 2.
+	Successes int
+	// FailingRows and FailingFor open the breaker when every row given to
+	// the destination failed, across at least FailingRows distinct rows
+	// and for at least FailingFor. Defaults 10 and 2s.
+	FailingRows int
+	FailingFor  time.Duration
+}
+
+// BreakerState is the state of a destination's circuit breaker.
+type BreakerState int
+
+// Breaker states.
+const (
+	BreakerClosed BreakerState = iota
+	BreakerOpen
+	BreakerHalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	}
+	return fmt.Sprintf("BreakerState(%d)", int(s))
+}
+
+// breaker is a circuit breaker: a destination's (see BreakerConfig), or
+// a paused topic's or partition's (see pauseSet).
+type breaker struct {
+	failures, successes int           // thresholds
+	failingRows         int           // distinct rows failing on their own that open it, with failingFor
+	failingFor          time.Duration // 0: rows failing on their own never open it
+	base, max           time.Duration // cool-down bounds
+
+	mu       sync.Mutex
+	state    BreakerState
+	until    time.Time // open: when a probe may go
+	streak   int       // consecutive openings, for the doubling cool-down
+	failed   int       // consecutive transient failures while closed
+	window   failWindow
+	probed   int  // successful probes while half-open
+	probing  bool // a probe is in flight
+	gen      int  // bumped at every state change: results of older admissions are stale
+	lastErr  string
+	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string)
+}
+
+// failWindow gathers the rows that failed on their own since the
+// destination last delivered one.
+type failWindow struct {
+	start time.Time // the first failure
+	ids   map[int64]struct{}
+}
+
+// add records ids failed at now and reports whether the window holds at
+// least rows distinct rows (it keeps no more).
+func (w *failWindow) add(now time.Time, ids []int64, rows int) bool {
+	if len(ids) == 0 {
+		return false
+	}
+	if w.ids == nil {
+		w.start, w.ids = now, make(map[int64]struct{}, rows)
+	}
+	for _, id := range ids {
+		if len(w.ids) >= rows {
+			break
+		}
+		w.ids[id] = struct{}{}
+	}
+	return len(w.ids) >= rows
+}
+
+// admission is what the breaker lets through now.
+type admission struct {
+	ok    bool      // rows may be published
+	probe bool      // a few rows only, as the half-open probe
+	until time.Time // when not ok: when to look again
+	gen   int       // the breaker state it was given in
+}
+
+func (b *breaker) admit(now time.Time) admission {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cooled(now)
+	switch b.state {
+	case BreakerOpen:
+		return admission{until: b.until, gen: b.gen}
+	case BreakerHalfOpen:
+		if b.probing {
+			return admission{until: now.Add(b.base), gen: b.gen}
+		}
+		b.probing = true
+		return admission{ok: true, probe: true, gen: b.gen}
+	}
+	return admission{ok: true, gen: b.gen}
+}
+
+// cooled moves an open breaker whose cool-down is over to half-open,
+// whether or not a row is waiting to probe it.
+func (b *breaker) cooled(now time.Time) {
+	if b.state == BreakerOpen && !now.Before(b.until) {
+		b.set(BreakerHalfOpen, 0)
+	}
+}
+
+// blocked reports whether the breaker is taking no rows now, and until when.
+func (b *breaker) blocked(now time.Time) (bool, time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cooled(now)
+	switch {
+	case b.state == BreakerOpen && now.Before(b.until):
+		return true, b.until
+	case b.state != BreakerClosed && b.probing:
+		return true, now.Add(b.base)
+	}
+	return false, time.Time{}
+}
+
+// evidence is what one publish says about a breaker's subject.
+type evidence struct {
+	sent      int     // rows delivered
+	systemic  int     // systemic failures of the subject as a whole
+	transient int     // transient failures of the subject as a whole
+	rowFailed []int64 // rows that failed on their own
+	lastErr   string
+}
+
+// result feeds one publish's evidence to the breaker, and returns how long
+// the breaker stays open from now (0 when it is not open): how long rows
+// deferred by this publish should wait. Evidence of a publish admitted
+// before the breaker last changed state is ignored: it says nothing about
+// the subject since.
+func (b *breaker) result(now time.Time, gen int, ev evidence, probe bool) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if gen == b.gen {
+		if probe {
+			b.probing = false
+		}
+		b.feed(now, ev)
+	}
+	if b.state == BreakerOpen && now.Before(b.until) {
+		return b.until.Sub(now)
+	}
+	return 0
+}
+
+// feed applies one publish's evidence. A publish that delivered a row
+// shows the destination answering; one that failed only rows failing on
+// their own adds them to the window, which opens the breaker once it has
+// held at least failingRows distinct rows for failingFor. In half-open,
+// the same holds for probes: a probe of rows that fail on their own is
+// inconclusive (they go into their own backoff, and the next probe takes
+// other rows) until the window fills.
+func (b *breaker) feed(now time.Time, ev evidence) {
+	if ev.lastErr != "" {
+		b.lastErr = ev.lastErr
+	}
+	switch {
+	case ev.systemic > 0:
+		b.open(now)
+		return
+	case ev.sent > 0:
+		if b.state == BreakerHalfOpen {
+			b.probed++
+			if b.probed >= b.successes {
+				b.streak = 0
+				b.set(BreakerClosed, 0)
+			}
+			return
+		}
+		// The destination answers: its failures in this publish were not
+		// the destination's.
+		b.failed, b.window = 0, failWindow{}
+		return
+	}
+	b.failed += ev.transient
+	if b.failed >= b.failures || (b.state == BreakerHalfOpen && ev.transient > 0) {
+		b.open(now)
+		return
+	}
+	if b.failingFor > 0 && b.window.add(now, ev.rowFailed, b.failingRows) && now.Sub(b.window.start) >= b.failingFor {
+		b.open(now)
+	}
+}
+
+// abandoned returns a probe slot whose publish never finished.
+func (b *breaker) abandoned(gen int) {
+	b.mu.Lock()
+	if gen == b.gen {
+		b.probing = false
+	}
+	b.mu.Unlock()
+}
+
+// open opens the breaker for a cool-down that doubles with each opening
+// since it was last closed.
+func (b *breaker) open(now time.Time) {
+	d := retry.Exponential(b.streak, b.base, b.max)
+	b.streak++
+	b.until = now.Add(d)
+	b.set(BreakerOpen, d)
+}
+
+func (b *breaker) set(to BreakerState, cooldown time.Duration) {
+	from := b.state
+	b.state, b.failed, b.probed, b.probing = to, 0, 0, false
+	b.window = failWindow{}
+	b.gen++
+	if from != to && b.onChange != nil {
+		b.onChange(from, to, cooldown, b.lastErr)
+	}
+}
+
+func (b *breaker) snapshot() (BreakerState, time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cooled(time.Now())
+	return b.state, b.until
+}
+
+// Probes of a destination's breaker: a few rows of different keys and
+// topics, first attempts rather than retries where the batch has them, so
+// that rows failing on their own cannot fail the probe of a destination
+// that is healthy for the rest.
+const (
+	probeRows        = 8
+	probeRowsByTopic = probeRows / 2
+	probeRetries     = 2
+)
+
+// probeMix is what a destination's probe holds so far.
+type probeMix struct {
+	keys    map[string]bool
+	topics  map[string]int
+	retries int
+}
+
+// fits reports whether rec, bound for topic, may join the probe.
+func (m *probeMix) fits(rec outbox.Record, topic string, rows int) bool {
+	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) &&
+		m.topics[topic] < probeRowsByTopic && (rec.RetryCount == 0 || m.retries < probeRetries)
+}
+
+func (m *probeMix) add(rec outbox.Record, topic string) {
+	if rec.HasKey {
+		m.keys[rec.Key] = true
+	}
+	m.topics[topic]++
+	if rec.RetryCount > 0 {
+		m.retries++
+	}
+}

@@ -1,0 +1,113 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/testsignal"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// cleanerConfig configures the cleaner.
+type cleanerConfig struct {
+	// SentRetention and DeadLetterRetention are how long sent rows and
+	// dead letters are kept; 0 leaves them to others (sent rows deleted
+	// as they are sent, dead letters kept for ever).
+	SentRetention       time.Duration
+	DeadLetterRetention time.Duration
+	// Interval is how often the cleaner runs.
+	Interval time.Duration
+	// Timeout bounds each delete.
+	Timeout time.Duration
+	// BatchSize is the most rows one delete removes.
+	BatchSize int
+}
+
+// cleanerTestSignals tell tests what the cleaner did.
+type cleanerTestSignals struct {
+	// DeletedBatch is sent after every delete, with what it removed.
+	DeletedBatch testsignal.Signal[cleanedBatch]
+}
+
+type cleanedBatch struct {
+	What    string // "sent rows" or "dead letters"
+	Deleted int64
+}
+
+// cleaner deletes sent rows and dead letters past their retention, in
+// bounded batches, on one replica at a time (the store's deletes take the
+// maintenance lock and report busy when another replica holds it).
+type cleaner struct {
+	config      cleanerConfig
+	store       *outbox.Store
+	log         *slog.Logger
+	TestSignals cleanerTestSignals
+}
+
+// cleanerResult is what one run deleted.
+type cleanerResult struct {
+	SentDeleted, DeadLettersDeleted int64
+}
+
+// enabled reports whether the cleaner has anything to do.
+func (c *cleaner) enabled() bool {
+	return c.config.SentRetention > 0 || c.config.DeadLetterRetention > 0
+}
+
+// Run runs the cleaner every Interval until ctx ends.
+func (c *cleaner) Run(ctx context.Context) error {
+	t := time.NewTicker(c.config.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		res := c.runOnce(ctx)
+		for what, n := range map[string]int64{"sent rows": res.SentDeleted, "dead letters": res.DeadLettersDeleted} {
+			if n > 0 {
+				c.log.Info("deleted rows past retention", slog.String("rows", what), slog.Int64("deleted", n))
+			}
+		}
+	}
+}
+
+// runOnce deletes what is past its retention now, batch by batch, until a
+// batch comes back short or another replica holds the maintenance lock. A
+// failed delete is logged and tried again at the next run.
+func (c *cleaner) runOnce(ctx context.Context) cleanerResult {
+	var res cleanerResult
+	tasks := []struct {
+		what      string
+		retention time.Duration
+		delete    func(context.Context, time.Duration, int) (int64, bool, error)
+		total     *int64
+	}{
+		{"sent rows", c.config.SentRetention, c.store.DeleteSent, &res.SentDeleted},
+		{"dead letters", c.config.DeadLetterRetention, c.store.DeleteExpiredDeadLetters, &res.DeadLettersDeleted},
+	}
+	for _, tk := range tasks {
+		if tk.retention <= 0 {
+			continue
+		}
+		for ctx.Err() == nil {
+			batchCtx, cancel := context.WithTimeout(ctx, c.config.Timeout)
+			n, busy, err := tk.delete(batchCtx, tk.retention, c.config.BatchSize)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					c.log.Error("cleanup failed", slog.String("rows", tk.what), slog.Any("error", err))
+				}
+				break
+			}
+			*tk.total += n
+			c.TestSignals.DeletedBatch.Send(cleanedBatch{What: tk.what, Deleted: n})
+			if busy || n < int64(c.config.BatchSize) {
+				break
+			}
+		}
+	}
+	return res
+}

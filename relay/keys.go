@@ -1,0 +1,115 @@
+package relay
+
+import (
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// avoidKeys are keys a worker recently found in flight elsewhere (a hot key
+// another worker is delivering). While another worker of this relay still
+// has them in flight, the worker does not claim them: it could only lock
+// their rows and skip them, and its locks would make the deliverer's next
+// claim skip them too. Avoidance ends with the other worker's batch, so two
+// workers never avoid a key at once.
+type avoidKeys map[string]time.Time
+
+const (
+	avoidFor      = time.Second
+	avoidMaxItems = 64
+)
+
+func (a avoidKeys) add(keys []string, now time.Time) {
+	for _, k := range keys {
+		if len(a) >= avoidMaxItems {
+			return
+		}
+		a[k] = now.Add(avoidFor)
+	}
+}
+
+func (a avoidKeys) keys(now time.Time) []string {
+	var out []string
+	for k, until := range a {
+		if now.After(until) {
+			delete(a, k)
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+// inflightKeys records the batches in flight and who delivers each, so a
+// worker can tell which of the few keys it avoids another one holds. A
+// batch is registered whole rather than key by key: a map entry per key,
+// made and removed for every row, cost more than the rare look-ups that
+// scan the batches.
+type inflightKeys struct {
+	mu      sync.Mutex
+	next    inflightID
+	batches map[inflightID]inflightBatch
+}
+
+// inflightID names a batch registered in flight.
+type inflightID int64
+
+type inflightBatch struct {
+	owner int
+	recs  []outbox.Record
+}
+
+// add registers recs in flight under owner until remove is called with
+// the id it returns.
+func (f *inflightKeys) add(owner int, recs []outbox.Record) inflightID {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.next++
+	if len(recs) > 0 {
+		if f.batches == nil {
+			f.batches = map[inflightID]inflightBatch{}
+		}
+		f.batches[f.next] = inflightBatch{owner: owner, recs: recs}
+	}
+	return f.next
+}
+
+func (f *inflightKeys) remove(id inflightID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.batches, id)
+}
+
+// elsewhere returns those of keys that another owner than worker has in
+// flight, in their order.
+func (f *inflightKeys) elsewhere(worker int, keys []string) []string {
+	if len(keys) == 0 {
+		return nil
+	}
+	found := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		found[k] = false
+	}
+	f.mu.Lock()
+	for _, b := range f.batches {
+		if b.owner == worker {
+			continue
+		}
+		for i := range b.recs {
+			if r := &b.recs[i]; r.HasKey {
+				if _, asked := found[r.Key]; asked {
+					found[r.Key] = true
+				}
+			}
+		}
+	}
+	f.mu.Unlock()
+	out := keys[:0]
+	for _, k := range keys {
+		if found[k] {
+			out = append(out, k)
+		}
+	}
+	return out
+}

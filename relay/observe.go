@@ -1,0 +1,127 @@
+package relay
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// Observer is told what the relay does, for metrics. The workers call it
+// concurrently; its methods must be quick.
+type Observer interface {
+	// Claimed reports one claim query: how long it took and how many
+	// rows it returned.
+	Claimed(elapsed time.Duration, rows int)
+	// Settled reports one row's outcome once it is written back: the
+	// destination ("" when the row never got one), the kind, the
+	// dead-letter reason or the Defer* reason, and for a sent row the
+	// time from its creation to the destination's acknowledgement, by
+	// the database clock.
+	Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration)
+}
+
+// Why rows are deferred (Observer.Settled's reason for Deferred rows).
+const (
+	// DeferKeyWaiting: an earlier row of the key waits for a retry, a
+	// delay, or a parked key's release.
+	DeferKeyWaiting = "key_waiting"
+	// DeferCircuitOpen: the destination's circuit breaker is open.
+	DeferCircuitOpen = "circuit_open"
+	// DeferRetryBudget: the destination's retries are over budget.
+	DeferRetryBudget = "retry_budget"
+	// DeferDestinationFailing: the attempt failed in a way that says the
+	// destination as a whole cannot be used (a systemic failure).
+	DeferDestinationFailing = "destination_failing"
+	// DeferTopicPaused: the row's topic is paused, or its attempt failed
+	// in a way that says the topic cannot be used now (a systemic failure
+	// of the topic, such as its authorization).
+	DeferTopicPaused = "topic_paused"
+	// DeferPartitionPaused: likewise for the row's partition (no leader).
+	DeferPartitionPaused = "partition_paused"
+)
+
+// Stats counts what the relay did. Read it with Relay.Stats.
+type Stats struct {
+	// Claims counts claim queries; Batches those that found rows.
+	Claims, Batches, Delivered, Retried, Deferred, DeadLettered int64
+}
+
+// tally counts what the relay did, for Stats, and tells the Observer.
+type tally struct {
+	obs Observer
+
+	claims, batches, delivered, retried, deferred, deadLettered atomic.Int64
+}
+
+// claimed counts one claim query that returned rows rows.
+func (t *tally) claimed(elapsed time.Duration, rows int) {
+	t.claims.Add(1)
+	if t.obs != nil {
+		t.obs.Claimed(elapsed, rows)
+	}
+}
+
+// settled counts written-back outcomes of groups, and rows the claim
+// deferred behind a waiting row of their key.
+func (t *tally) settled(outcomes []outbox.Outcome, groups []*group, deferredByClaim int) {
+	t.count(outcomes, deferredByClaim)
+	t.observe(outcomes, groups, deferredByClaim)
+}
+
+func (t *tally) stats() Stats {
+	return Stats{
+		Claims:       t.claims.Load(),
+		Batches:      t.batches.Load(),
+		Delivered:    t.delivered.Load(),
+		Retried:      t.retried.Load(),
+		Deferred:     t.deferred.Load(),
+		DeadLettered: t.deadLettered.Load(),
+	}
+}
+
+// observe tells the observer of written-back outcomes, and of rows the
+// claim deferred behind a waiting row of their key.
+func (t *tally) observe(outcomes []outbox.Outcome, groups []*group, deferredByClaim int) {
+	if t.obs == nil {
+		return
+	}
+	for range deferredByClaim {
+		t.obs.Settled("", outbox.Deferred, DeferKeyWaiting, 0)
+	}
+	var lag map[int64]time.Duration
+	for _, g := range groups {
+		acked := g.acked()
+		for _, rec := range g.recs {
+			if lag == nil {
+				lag = make(map[int64]time.Duration, len(outcomes))
+			}
+			lag[rec.ID] = acked.Sub(rec.CreatedAt)
+		}
+	}
+	for _, o := range outcomes {
+		switch o.Kind {
+		case outbox.Leased: // told when its delivery is done
+		case outbox.Sent:
+			t.obs.Settled(o.Destination, o.Kind, "", max(lag[o.ID], 0))
+		default:
+			t.obs.Settled(o.Destination, o.Kind, o.Reason, 0)
+		}
+	}
+}
+
+func (t *tally) count(outcomes []outbox.Outcome, deferredByClaim int) {
+	t.deferred.Add(int64(deferredByClaim))
+	for _, o := range outcomes {
+		switch o.Kind {
+		case outbox.Sent:
+			t.delivered.Add(1)
+		case outbox.Retried:
+			t.retried.Add(1)
+		case outbox.Deferred:
+			t.deferred.Add(1)
+		case outbox.DeadLettered:
+			t.deadLettered.Add(1)
+		}
+	}
+}

@@ -1,0 +1,165 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// planner decides, for each claimed batch, which rows are published now
+// and where. It holds no database: routing, key runs, the byte budget and
+// the destinations' admission are all it needs.
+type planner struct {
+	dests  []*dest
+	router *router
+	// maxBytes bounds the bytes of a batch (see Config.MaxBatchBytes).
+	maxBytes int
+	// block parks the keys of rows dead-lettered without a destination.
+	block       bool
+	maxAttempts int
+	log         *slog.Logger
+}
+
+func newPlanner(cfg *Config, dests []*dest) *planner {
+	index := map[string]int{}
+	for i, d := range dests {
+		index[d.Name] = i
+	}
+	return &planner{
+		dests:       dests,
+		router:      newRouter(cfg.Routes, index),
+		maxBytes:    cfg.MaxBatchBytes,
+		block:       cfg.OnDeadLetter == OnDeadLetterBlock,
+		maxAttempts: cfg.Policy.MaxAttempts,
+		log:         cfg.Logger,
+	}
+}
+
+// plan routes the claimed rows and picks those to publish now, per
+// destination, in id order. Undeliverable and unroutable rows get their
+// dead-letter outcome here; rows of a destination whose breaker is open, or
+// retries over its budget, are deferred without counting an attempt. A
+// key's rows travel together only while they go to one destination and
+// topic, so that a failure in one place can never let a later row of the
+// key through in another; and once the batch's byte budget or a
+// destination's bulkhead is spent, the remaining rows wait for the next
+// batch, untouched.
+func (p *planner) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Outcome) {
+	type keyRun struct {
+		dest    int
+		topic   string
+		stopped bool
+	}
+	// Sized for the batch, as growing them showed in profiles of drains.
+	runs := make(map[string]*keyRun, len(recs))
+	runBuf := make([]keyRun, 0, len(recs)) // never grows: pointers stay valid
+	groups := map[int]*group{}
+	var order []*group
+	var outcomes []outbox.Outcome
+	bytes := 0
+	full := false
+	for _, rec := range recs {
+		rt := p.router.route(rec.Topic)
+		if rec.Undeliverable == "" && rt.dest < 0 {
+			rec.Undeliverable = fmt.Sprintf("no route matches topic %q", rec.Topic)
+			rec.UndeliverableReason = outbox.ReasonNoRoute
+		}
+		var run *keyRun
+		if rec.HasKey {
+			run = runs[rec.Key]
+			if run == nil {
+				runBuf = append(runBuf, keyRun{dest: rt.dest, topic: rt.topic})
+				run = &runBuf[len(runBuf)-1]
+				runs[rec.Key] = run
+			}
+			if run.stopped || run.dest != rt.dest || run.topic != rt.topic {
+				run.stopped = true
+				continue
+			}
+		}
+		stop := func() {
+			if run != nil {
+				run.stopped = true
+			}
+		}
+		var d *dest
+		if rt.dest >= 0 {
+			d = p.dests[rt.dest]
+		}
+		if o, ok := p.deadLetter(d, rec); ok {
+			outcomes = append(outcomes, o)
+			if o.ParkKey {
+				stop()
+			}
+			continue
+		}
+		g := groups[rt.dest]
+		if g == nil {
+			g = d.begin(now, len(recs))
+			groups[rt.dest] = g
+			order = append(order, g)
+		}
+		v, o, paused := d.admit(g, rec, rt.topic, now)
+		if v == admitted {
+			size := recordSize(rec)
+			if full || (bytes > 0 && bytes+size > p.maxBytes) {
+				full = full || !g.adm.probe
+				v = held
+			} else if v, o = d.take(rec, now); v == admitted {
+				bytes += size
+				g.add(rec, rt.topic, paused)
+				continue
+			}
+		}
+		if v == deferred {
+			outcomes = append(outcomes, o)
+		}
+		stop()
+	}
+	out := order[:0]
+	for _, g := range order {
+		g.d.planned(g)
+		if len(g.recs) > 0 {
+			out = append(out, g)
+		}
+	}
+	return out, outcomes
+}
+
+// deadLetter returns the outcome of a row that cannot be delivered at all,
+// bound for d (nil without a route): one the claim found undeliverable, or
+// a leased row whose attempts all ran out.
+func (p *planner) deadLetter(d *dest, rec outbox.Record) (outbox.Outcome, bool) {
+	if rec.Undeliverable != "" {
+		// Without a destination, the relay's own policy applies.
+		park := rec.HasKey && ((d != nil && d.block) || (d == nil && p.block))
+		o := outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered,
+			Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park}
+		if d != nil {
+			o.Destination = d.Name
+		}
+		p.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
+			slog.String("reason", rec.UndeliverableReason), slog.String("error", rec.Undeliverable))
+		return o, true
+	}
+	if d.VisibilityTimeout > 0 && rec.RetryCount >= p.maxAttempts {
+		// Leases count their attempt up front: this row's leases all
+		// ended without an outcome, as when it crashes the relay.
+		msg := fmt.Sprintf("all %d attempts used; the last leases ended without an outcome (the relay stopped or crashed while delivering)", rec.RetryCount)
+		return outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered, Reason: outbox.ReasonRetriesExhausted,
+			Error: msg, Class: retry.ClassTransient.String(), ParkKey: d.block && rec.HasKey, Destination: d.Name}, true
+	}
+	return outbox.Outcome{}, false
+}
+
+// recordSize is what a record counts against MaxBatchBytes.
+func recordSize(rec outbox.Record) int {
+	size := RecordOverhead + rec.PayloadSize + len(rec.Key)
+	for k, v := range rec.Headers {
+		size += len(k) + len(v)
+	}
+	return size
+}

@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"sync"
+)
+
+// Route sends the rows of matching topics to a destination. Routes are
+// tried in order; the first match wins.
+type Route struct {
+	// Topics are exact topic names or glob patterns (*, ?, [a-z]).
+	Topics []string
+	// Destination names the destination.
+	Destination string
+	// Topic, when set, replaces the row's topic as the Kafka topic.
+	Topic string
+}
+
+// ValidateRoutes checks routes against the destinations' names: every
+// route names a known destination and has valid patterns.
+func ValidateRoutes(routes []Route, destinations []string) error {
+	var errs []error
+	known := map[string]bool{}
+	for _, d := range destinations {
+		known[d] = true
+	}
+	for i, rt := range routes {
+		if len(rt.Topics) == 0 {
+			errs = append(errs, fmt.Errorf("route %d has no topics", i+1))
+		}
+		for _, t := range rt.Topics {
+			if _, err := path.Match(t, ""); err != nil || t == "" {
+				errs = append(errs, fmt.Errorf("route %d: topic pattern %q is not a valid glob", i+1, t))
+			}
+		}
+		if !known[rt.Destination] {
+			errs = append(errs, fmt.Errorf("route %d: destination %q is not defined", i+1, rt.Destination))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// router maps topics to destinations, first matching route first, and
+// remembers the answers: topics are few, rows are many.
+type router struct {
+	routes []compiledRoute
+	mu     sync.RWMutex
+	cache  map[string]routing
+}
+
+type compiledRoute struct {
+	patterns []string
+	dest     int
+	topic    string
+}
+
+// routing is where a topic goes; dest is -1 when no route matches.
+type routing struct {
+	dest  int
+	topic string
+}
+
+// maxCachedTopics bounds the router's memory whatever the producers write.
+const maxCachedTopics = 10000
+
+func newRouter(routes []Route, index map[string]int) *router {
+	rt := &router{cache: map[string]routing{}}
+	for _, r := range routes {
+		rt.routes = append(rt.routes, compiledRoute{patterns: r.Topics, dest: index[r.Destination], topic: r.Topic})
+	}
+	return rt
+}
+
+func (rt *router) route(topic string) routing {
+	rt.mu.RLock()
+	got, ok := rt.cache[topic]
+	rt.mu.RUnlock()
+	if ok {
+		return got
+	}
+	got = routing{dest: -1}
+	for _, r := range rt.routes {
+		if matchAny(r.patterns, topic) {
+			got = routing{dest: r.dest, topic: r.topic}
+			break
+		}
+	}
+	if got.topic == "" {
+		got.topic = topic
+	}
+	rt.mu.Lock()
+	if len(rt.cache) < maxCachedTopics {
+		rt.cache[topic] = got
+	}
+	rt.mu.Unlock()
+	return got
+}
+
+// topicsOf returns the known topics whose routing matches.
+func (rt *router) topicsOf(match func(routing) bool) []string {
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	var out []string
+	for topic, r := range rt.cache {
+		if match(r) {
+			out = append(out, topic)
+		}
+	}
+	return out
+}
+
+// MatchRoute returns the first of routes that matches topic, as the relay
+// routes it.
+func MatchRoute(routes []Route, topic string) (Route, bool) {
+	for _, r := range routes {
+		if matchAny(r.Topics, topic) {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+func matchAny(patterns []string, topic string) bool {
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, topic); ok {
+			return true
+		}
+	}
+	return false
+}

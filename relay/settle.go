@@ -1,0 +1,171 @@
+package relay
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// settle turns a group's publish results into outcomes and feeds them, as
+// evidence by scope, to its destination's breaker, the pauses of its
+// topics and partitions, and its retry budget. After a failure, the later
+// rows of the same key get no outcome: they stay as they were, their turn
+// comes after the failed row's.
+func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
+	elapsed := g.done.Sub(g.start)
+	outcomes := make([]outbox.Outcome, 0, len(g.recs))
+	failedKeys := map[string]bool{}
+	firsts, retriesSent, refunds := 0, 0, 0
+	var dev evidence              // about the destination
+	var sev map[subject]*evidence // about its topics and partitions
+	var pausedBy map[int]subject  // deferred outcomes, by index, waiting on a pause
+	about := func(s subject) *evidence {
+		if sev == nil {
+			sev = map[subject]*evidence{}
+		}
+		e := sev[s]
+		if e == nil {
+			e = &evidence{}
+			sev[s] = e
+		}
+		return e
+	}
+	for i, rec := range g.recs {
+		if rec.HasKey && failedKeys[rec.Key] {
+			continue
+		}
+		err := g.errs[i]
+		if err == nil {
+			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Sent, Destination: d.Name})
+			dev.sent++
+			if len(g.pauses) > 0 {
+				if _, ok := g.pauses[subject{rec.Topic, wholeTopic}]; ok {
+					about(subject{rec.Topic, wholeTopic}).sent++
+				}
+				if part, ok := g.parts[i]; ok {
+					about(subject{rec.Topic, part}).sent++
+				}
+			}
+			if rec.RetryCount > 0 {
+				retriesSent++
+			} else {
+				firsts++
+			}
+			continue
+		}
+		if rec.HasKey {
+			failedKeys[rec.Key] = true
+		}
+		if abandoned || errors.Is(err, retry.ErrNotSent) {
+			// Shutting down: an interrupted publish counts nothing. Not
+			// sent: the row waits for its key's failed row. Either way a
+			// retry's budget is given back.
+			if rec.RetryCount > 0 {
+				refunds++
+			}
+			continue
+		}
+		if rec.RetryCount == 0 {
+			firsts++
+		}
+		ce := retry.Classify(err)
+		ev, paused, scoped := &dev, subject{}, false
+		if ce.Class != retry.ClassPermanent {
+			switch ce.Scope {
+			case retry.ScopeTopic:
+				paused, scoped = subject{rec.Topic, wholeTopic}, true
+			case retry.ScopePartition:
+				paused, scoped = subject{rec.Topic, ce.Partition}, true
+				if ce.Partition < 0 { // the sink did not say which: the topic
+					paused.partition = wholeTopic
+				}
+			}
+		}
+		if scoped {
+			ev = about(paused)
+		}
+		switch {
+		case ce.Class == retry.ClassPermanent || ce.Scope == retry.ScopeRecord:
+			ev.rowFailed = append(ev.rowFailed, rec.ID)
+		case ce.Class == retry.ClassSystemic:
+			ev.systemic++
+		default:
+			ev.transient++
+		}
+		ev.lastErr = err.Error()
+		dec := d.policy.Decide(retry.Failure{
+			Err:       err,
+			Attempt:   rec.RetryCount,
+			Age:       g.claimed.Sub(rec.CreatedAt) + elapsed,
+			PrevDelay: rec.LastDelay,
+		})
+		o := outbox.Outcome{ID: rec.ID, Error: ev.lastErr, Class: ce.Class.String(), Attempted: true, Destination: d.Name}
+		switch dec.Action {
+		case retry.Retry:
+			o.Kind, o.Delay = outbox.Retried, dec.Delay
+		case retry.Defer:
+			o.Kind, o.Reason = outbox.Deferred, DeferDestinationFailing
+			if scoped {
+				o.Reason = DeferTopicPaused
+				if paused.partition != wholeTopic {
+					o.Reason = DeferPartitionPaused
+				}
+				if pausedBy == nil {
+					pausedBy = map[int]subject{}
+				}
+				pausedBy[len(outcomes)] = paused
+			}
+		case retry.DeadLetter:
+			o.Kind, o.Reason = outbox.DeadLettered, dec.Reason
+			o.ParkKey = d.block && rec.HasKey
+			if rec.HasKey && !d.block {
+				delete(failedKeys, rec.Key) // released: the key's next row may go
+			}
+			d.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
+				slog.String("reason", dec.Reason),
+				slog.Int("attempts", rec.RetryCount+1), slog.String("error", o.Error))
+		}
+		outcomes = append(outcomes, o)
+	}
+	now := time.Now()
+	if abandoned {
+		d.budget.earn(now, 0, refunds)
+		d.abandon(g)
+		return outcomes
+	}
+	d.budget.earn(now, firsts, retriesSent+refunds)
+	cooldown := d.breaker.result(now, g.adm.gen, dev, g.adm.probe)
+	// A pause's probe whose rows were all held behind their keys says
+	// nothing: another goes.
+	for s, a := range g.pauses {
+		if _, seen := sev[s]; !seen && a.probe {
+			d.pauses.abandoned(s, a.gen)
+		}
+	}
+	var pausedFor map[subject]time.Duration
+	for s, ev := range sev {
+		a, tracked := g.pauses[s]
+		left := d.pauses.result(now, s, tracked, a.gen, a.probe, *ev)
+		if pausedFor == nil {
+			pausedFor = map[subject]time.Duration{}
+		}
+		pausedFor[s] = left
+	}
+	for i := range outcomes {
+		if outcomes[i].Kind != outbox.Deferred {
+			continue
+		}
+		wait := cooldown
+		if s, ok := pausedBy[i]; ok {
+			wait = pausedFor[s]
+		}
+		if wait == 0 {
+			wait = d.pauseBase // a stale systemic failure: look again soon
+		}
+		outcomes[i].Delay = wait
+	}
+	return outcomes
+}

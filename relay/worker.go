@@ -1,0 +1,338 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// worker is one of the relay's delivery loops, with what it keeps between
+// batches. Its claims run one at a time, so they share its state without
+// a lock.
+type worker struct {
+	r           *Relay // what the workers share
+	id          int
+	wake        chan struct{}
+	owner       int // in the in-flight registry; a batch claimed ahead of another has its owner^1
+	avoid       avoidKeys
+	avgRowBytes int
+	aheadPaused time.Time // no claiming ahead before then
+}
+
+func newWorker(r *Relay, id int) *worker {
+	return &worker{r: r, id: id, wake: make(chan struct{}, 1), owner: 2 * id, avoid: avoidKeys{}}
+}
+
+// run is the worker's loop: claim, plan, publish, decide, complete; sleep
+// (until a wake-up or the poll interval) only when a batch delivered
+// nothing. While a backlog lasts, it claims its next batch while it
+// delivers the current one (see claimAhead), so the database does not wait
+// on the destination.
+func (w *worker) run(ctx, inflight context.Context) error {
+	r := w.r
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	var ahead chan taken // the next batch, being claimed
+	defer func() {
+		if ahead != nil {
+			w.drop(ctx, <-ahead)
+		}
+	}()
+	errDelay := time.Duration(0)
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		var t taken
+		if ahead != nil {
+			t, ahead = <-ahead, nil
+			if t.err == nil && 2*len(t.claim.Records) < t.limit {
+				// Not worth it: the backlog is ending, or its rows are
+				// held behind the batch before it (a hot key).
+				w.aheadPaused = time.Now().Add(avoidFor)
+			}
+		} else {
+			t = w.claim(ctx, w.owner, false)
+		}
+		more, err := false, t.err
+		if err == nil {
+			if w.claimAhead(t) {
+				next := make(chan taken, 1)
+				go func() { next <- w.claim(ctx, t.owner^1, true) }()
+				ahead = next
+			}
+			more, err = w.deliver(ctx, inflight, t)
+		}
+		if err != nil {
+			if ahead != nil {
+				w.drop(ctx, <-ahead)
+				ahead = nil
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			errDelay = min(max(errDelay*2, 100*time.Millisecond), 30*time.Second)
+			r.log.Error("batch failed", slog.Int("worker", w.id), slog.Any("error", err), slog.Duration("retry_in", errDelay))
+			if !sleep(ctx, errDelay) {
+				return nil
+			}
+			continue
+		}
+		errDelay = 0
+		// A batch claimed ahead says nothing about the backlog: the one
+		// before it was full.
+		if more || ahead != nil || t.ahead {
+			continue
+		}
+		// Wake up when a breaker may let a probe through, too.
+		wait := r.cfg.PollInterval
+		if until := r.nextReopen(); !until.IsZero() {
+			wait = max(min(wait, time.Until(until)), time.Millisecond)
+		}
+		if since := t.claim.HeldSince; !since.IsZero() {
+			// Rows wait for older transactions to end (strict order),
+			// which no notification announces: look again soon, less
+			// often the longer they wait.
+			wait = min(wait, max(time.Since(since)/4, heldRecheck))
+		}
+		poll.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// heldRecheck is the shortest wait before a worker claims again while
+// rows wait for older transactions (strict order).
+const heldRecheck = 2 * time.Millisecond
+
+// taken is a claimed batch not yet delivered.
+type taken struct {
+	claim    *outbox.Claim
+	owner    int        // its keys' owner in the in-flight registry
+	inflight inflightID // its entry there
+	limit    int
+	start    time.Time // when the claim began
+	ahead    bool      // claimed while the batch before it was delivered
+	err      error
+}
+
+// claimAhead reports whether the worker should claim its next batch while
+// it delivers t. Only while a backlog lasts: t came back full and is to be
+// published. Only while no claim or write-back of the relay is under way:
+// claiming ahead fills the time the database would wait on publishes, and
+// where the workers keep it busy, more claims at once only contend (each
+// must pass over the rows the others have locked). Not for a while after
+// a batch claimed ahead came back less than half full: held behind the one
+// before it (a hot key, whose rows can only follow it), or left out as a
+// key in flight. And only with two connections to spare, so that the
+// wake-up listener, maintenance and health checks seldom wait for one (a
+// check, not a reservation: two workers looking at once may both go).
+// Each worker then holds two batches at most: one publishing, the next
+// claimed.
+func (w *worker) claimAhead(t taken) bool {
+	return t.claim.Claimed == t.limit && len(t.claim.Records) > 0 &&
+		w.r.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.r.cfg.Store.SpareConns() >= 2
+}
+
+// claim claims a batch, its keys in flight under owner until the batch is
+// delivered or dropped.
+func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
+	r := w.r
+	start := time.Now()
+	limit := w.claimLimit()
+	closed, closedFor := r.closedTopics(start)
+	r.sqlBusy.Add(1)
+	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
+	claim, err := r.cfg.Store.Claim(claimCtx, outbox.ClaimParams{
+		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(owner, w.avoid.keys(start)),
+		ExcludeTopics: closed, ExcludeFor: closedFor,
+	})
+	cancel()
+	r.sqlBusy.Add(-1)
+	if err != nil {
+		return taken{err: err}
+	}
+	r.tally.claimed(time.Since(start), len(claim.Records))
+	// Size the next claim by the rows that will be published: oversized
+	// rows are never loaded and must not shrink it.
+	total, n := 0, 0
+	for _, rec := range claim.Records {
+		if rec.Undeliverable == "" {
+			total += recordSize(rec)
+			n++
+		}
+	}
+	if n > 0 {
+		w.avgRowBytes = total / n
+	}
+	w.avoid.add(claim.SkippedKeys, start)
+	id := r.inflight.add(owner, claim.Records)
+	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: ahead}
+}
+
+// claimLimit sizes the next claim from the size of the rows the last one
+// found: no more rows than MaxBatchBytes can carry (with some margin), so a
+// worker does not load payloads it cannot publish.
+func (w *worker) claimLimit() int {
+	cfg := &w.r.cfg
+	if w.avgRowBytes <= 0 {
+		return cfg.BatchSize
+	}
+	return min(cfg.BatchSize, max(1, cfg.MaxBatchBytes/w.avgRowBytes*5/4))
+}
+
+// drop gives a batch back undelivered: its rows stay as they were.
+func (w *worker) drop(ctx context.Context, t taken) {
+	if t.err != nil {
+		return
+	}
+	w.r.inflight.remove(t.inflight)
+	writeCtx, cancel := w.r.writeBackContext(ctx)
+	defer cancel()
+	if err := t.claim.Release(writeCtx); err != nil {
+		w.r.log.Warn("releasing a claim failed; its rows are unlocked when the connection closes", slog.Any("error", err))
+	}
+}
+
+// deliver plans a claimed batch, publishes it, decides each row's outcome
+// and completes the claim with them. Groups of destinations with a
+// visibility timeout are leased instead, and delivered after the claim
+// commits. more reports that it delivered something, so the worker should
+// look again before sleeping.
+func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err error) {
+	r := w.r
+	claim, start, limit := t.claim, t.start, t.limit
+	defer r.inflight.remove(t.inflight)
+	if len(claim.Records) == 0 {
+		writeCtx, cancel := r.writeBackContext(ctx)
+		defer cancel()
+		if claim.Deferred > 0 {
+			// The claim's rows were rescheduled: look again at once.
+			if err := claim.Complete(writeCtx, nil); err != nil {
+				return false, err
+			}
+			r.tally.settled(nil, nil, claim.Deferred)
+			return true, nil
+		}
+		return false, claim.Release(writeCtx)
+	}
+
+	all, outcomes := r.planner.plan(claim.Records, time.Now())
+	var groups, leased []*group
+	for _, g := range all {
+		g.claimed, g.start = claim.Now, start
+		if g.d.VisibilityTimeout > 0 {
+			leased = append(leased, g)
+			g.token = uuid.New()
+			for _, rec := range g.recs {
+				outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
+			}
+		} else {
+			groups = append(groups, g)
+		}
+	}
+	handedOff := false
+	defer func() {
+		for _, g := range groups {
+			g.d.release(g)
+		}
+		if !handedOff {
+			for _, g := range leased {
+				g.d.release(g)
+				g.d.abandon(g)
+			}
+		}
+	}()
+	publish(inflight, groups, r.cfg.PublishTimeout)
+	abandoned := inflight.Err() != nil
+	published := 0
+	for _, g := range all {
+		published += len(g.recs)
+	}
+	for _, g := range groups {
+		outcomes = append(outcomes, g.d.settle(g, abandoned)...)
+	}
+	writeCtx, cancel := r.writeBackContext(ctx)
+	defer cancel()
+	r.sqlBusy.Add(1)
+	err = claim.Complete(writeCtx, outcomes)
+	r.sqlBusy.Add(-1)
+	if err != nil {
+		return false, err
+	}
+	for _, g := range leased {
+		r.leases.start(inflight, g, claim.LeaseExpiry)
+	}
+	handedOff = true
+	r.tally.batches.Add(1)
+	r.tally.settled(outcomes, groups, claim.Deferred)
+	if claim.Claimed == limit && published > 0 {
+		// A full batch: more rows are probably ready than this worker
+		// takes; idle workers may help.
+		r.wakeAll()
+	}
+	// Claim again at once after any outcome or rescheduling: rows
+	// committed meanwhile may not have notified (one notifier at a time),
+	// and a claim that finds nothing is cheap.
+	more = len(outcomes) > 0 || claim.Deferred > 0
+	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
+		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
+	return more, nil
+}
+
+// publish hands each group to its destination, the destinations in
+// parallel, each bounded by timeout, or by nine tenths of a leased
+// destination's visibility timeout, so it is done before the lease ends.
+func publish(inflight context.Context, groups []*group, timeout time.Duration) {
+	one := func(g *group) {
+		timeout := timeout
+		if vt := g.d.VisibilityTimeout; vt > 0 {
+			timeout = vt * 9 / 10
+		}
+		ctx, cancel := context.WithTimeout(inflight, timeout)
+		defer cancel()
+		g.errs = g.d.Publisher.Publish(ctx, g.recs)
+		g.done = time.Now()
+		if len(g.errs) != len(g.recs) {
+			err := fmt.Errorf("destination %s returned %d results for %d records", g.d.Name, len(g.errs), len(g.recs))
+			g.errs = make([]error, len(g.recs))
+			for i := range g.errs {
+				g.errs[i] = err
+			}
+		}
+	}
+	if len(groups) == 1 {
+		one(groups[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() { one(g) })
+	}
+	wg.Wait()
+}
+
+// sleep waits d or until ctx ends; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outbox-relay/outbox-relay/internal/testsignal"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
@@ -106,7 +107,7 @@ type dest struct {
 }
 
 // newDest readies d under the relay's cfg, its defaults applied.
-func newDest(d Destination, cfg *Config) *dest {
+func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChange]) *dest {
 	if d.OnDeadLetter == "" {
 		d.OnDeadLetter = cfg.OnDeadLetter
 	}
@@ -147,6 +148,7 @@ func newDest(d Destination, cfg *Config) *dest {
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
 		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.PauseBase, max: cfg.PauseMax,
 		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string) {
+			changed.Send(breakerChange{Destination: d.Name, From: from, To: to})
 			switch to {
 			case BreakerOpen:
 				log.Warn("destination failing; circuit opened, its rows wait without counting attempts",
@@ -158,6 +160,12 @@ func newDest(d Destination, cfg *Config) *dest {
 			}
 		}}
 	return x
+}
+
+// breakerChange is a destination breaker's change of state, for tests.
+type breakerChange struct {
+	Destination string
+	From, To    BreakerState
 }
 
 // group is the share of one batch that goes to one destination: its rows,

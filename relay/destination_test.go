@@ -50,6 +50,15 @@ func (h *harness) breaker(name string) relay.BreakerState {
 	return 0
 }
 
+// breakerBecomes waits until the breaker of the destination called name
+// changes to state.
+func (h *harness) breakerBecomes(name string, state relay.BreakerState) {
+	h.t.Helper()
+	h.signals.BreakerChanged.WaitFor(h.t, "the breaker of "+name+" "+state.String(), func(c relay.BreakerChange) bool {
+		return c.Destination == name && c.To == state
+	})
+}
+
 // allBreakers checks that every destination's breaker is in state want.
 func (h *harness) allBreakers(t *testing.T, want relay.BreakerState, when string) {
 	t.Helper()
@@ -150,9 +159,7 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 	testwait.For(t, "the healthy destination's unkeyed rows delivered", func() bool {
 		return count(t, s.Pool, "topic = 'events' AND key IS NULL AND status = 'pending'") == 0
 	})
-	testwait.For(t, "the failing destination's breaker open", func() bool {
-		return h.breaker("hooks") == relay.BreakerOpen
-	})
+	h.breakerBecomes("hooks", relay.BreakerOpen)
 	if n := count(t, s.Pool, "retry_count > 0 OR status = 'dead_lettered'"); n != 0 {
 		t.Fatalf("%d rows burned attempts while their destination was down", n)
 	}
@@ -201,7 +208,7 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 			Workers: 1,
 		},
 	})
-	testwait.For(t, "the breaker open", func() bool { return h.breaker("hooks") == relay.BreakerOpen })
+	h.breakerBecomes("hooks", relay.BreakerOpen)
 	claims := h.relay.Stats().Claims
 	testwait.For(t, "more claims while the breaker is open", func() bool { return h.relay.Stats().Claims > claims+5 })
 	h.stop()
@@ -339,9 +346,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	if n := count(t, s.Pool, "topic = 'hooks.order' AND last_error LIKE '%connection refused%'"); n == 0 {
 		t.Fatal("no HTTP row records the refused connection")
 	}
-	testwait.For(t, "the endpoint's breaker open", func() bool {
-		return h.breaker("hooks") == relay.BreakerOpen
-	})
+	h.breakerBecomes("hooks", relay.BreakerOpen)
 
 	var mu sync.Mutex
 	var got []string
@@ -386,8 +391,6 @@ func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 		},
 	})
 	testwait.For(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
-	testwait.For(t, "the breaker half-open after its cool-down", func() bool {
-		return h.breaker("hooks") == relay.BreakerHalfOpen
-	})
+	h.breakerBecomes("hooks", relay.BreakerHalfOpen)
 	h.stop()
 }

@@ -90,7 +90,9 @@ func TestLeasedDeliveryCountsOnlyRowsItStillHeld(t *testing.T) {
 		t.Fatalf("row 2 is not leased while its delivery is held: %v, %d rows", err, tag.RowsAffected())
 	}
 	close(p.release)
-	testwait.For(t, "the leased write-back", func() bool { return count(t, s.Pool, "status = 'sent'") == 1 })
+	if n := h.signals.LeaseWritten.Wait(t, "the leased write-back"); n != 1 {
+		t.Errorf("the leased write-back settled %d rows, want 1", n)
+	}
 	h.stop() // waits for the leased delivery to end
 	if st := h.relay.Stats(); st.Delivered != 1 {
 		t.Errorf("delivered %d, want 1: row 2 belongs to the delivery that holds its lease now", st.Delivered)

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/internal/testsignal"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
@@ -213,6 +214,8 @@ type Relay struct {
 	inflight inflightKeys
 	sqlBusy  atomic.Int32 // claims and write-backs under way
 	tally    tally
+	// breakerChanged tells tests of the destinations' breakers.
+	breakerChanged testsignal.Signal[breakerChange]
 }
 
 // New returns a Relay for cfg.
@@ -225,7 +228,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, tally: tally{obs: cfg.Observer}}
 	for _, d := range cfg.Destinations {
-		r.dests = append(r.dests, newDest(d, &r.cfg))
+		r.dests = append(r.dests, newDest(d, &r.cfg, &r.breakerChanged))
 	}
 	r.planner = newPlanner(&r.cfg, r.dests)
 	for i := range cfg.Workers {

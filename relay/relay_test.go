@@ -96,8 +96,10 @@ type harness struct {
 	schema *pgtest.Schema
 	store  *outbox.Store
 	relay  *relay.Relay
-	cancel context.CancelFunc
-	done   chan error
+	// signals say what the relay did, from before it started.
+	signals relay.TestSignals
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 type options struct {
@@ -148,7 +150,7 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, schema: s, store: store, relay: r, cancel: cancel, done: make(chan error, 1)}
+	h := &harness{t: t, schema: s, store: store, relay: r, signals: r.InitTestSignals(), cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- r.Run(ctx) }()
 	t.Cleanup(func() { h.stop() })
 	return h
@@ -788,9 +790,27 @@ func TestSentRowsCleanedUpAfterRetention(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 30)`)
-	start(t, s, &fakePublisher{}, options{keepSent: true, cfg: relay.Config{SentRetention: 200 * time.Millisecond, CleanupInterval: 20 * time.Millisecond}})
+	h := start(t, s, &fakePublisher{}, options{keepSent: true, cfg: relay.Config{SentRetention: 200 * time.Millisecond, CleanupInterval: 20 * time.Millisecond}})
 	testwait.For(t, "rows kept as sent", func() bool { return count(t, s.Pool, "status = 'sent'") == 30 })
-	testwait.For(t, "sent rows deleted after their retention", func() bool { return count(t, s.Pool, "true") == 0 })
+	h.cleaned("sent rows", 30)
+	if n := count(t, s.Pool, "true"); n != 0 {
+		t.Fatalf("%d rows left after the cleaner deleted 30", n)
+	}
+}
+
+// cleaned waits until the cleaner has deleted n rows of what.
+func (h *harness) cleaned(what string, n int64) {
+	h.t.Helper()
+	total := int64(0)
+	h.signals.Cleaned.WaitFor(h.t, fmt.Sprintf("the cleaner to delete %d %s", n, what), func(b relay.CleanedBatch) bool {
+		if b.What == what {
+			total += b.Deleted
+		}
+		return total >= n
+	})
+	if total > n {
+		h.t.Fatalf("the cleaner deleted %d %s, want %d", total, what, n)
+	}
 }
 
 // Dead letters past their retention are deleted by the maintenance loop,
@@ -805,9 +825,12 @@ SELECT 't', 'k' || g, 'x', now() + interval '1 hour',
        CASE WHEN g <= 25 THEN now() - CASE WHEN g % 5 = 0 THEN interval '1 minute' ELSE interval '2 hours' END END,
        g = 1
 FROM generate_series(1, 30) g`)
-	start(t, s, &fakePublisher{}, options{cfg: relay.Config{DeadLetterRetention: time.Hour, CleanupInterval: 10 * time.Millisecond}})
+	h := start(t, s, &fakePublisher{}, options{cfg: relay.Config{DeadLetterRetention: time.Hour, CleanupInterval: 10 * time.Millisecond}})
 	// 20 of the 25 dead rows are two hours old; one of those parks its key.
-	testwait.For(t, "old dead letters deleted", func() bool { return count(t, s.Pool, "status IN ('dead_lettered', 'discarded')") == 6 })
+	h.cleaned("dead letters", 19)
+	if n := count(t, s.Pool, "status IN ('dead_lettered', 'discarded')"); n != 6 {
+		t.Fatalf("%d dead letters left, want 6", n)
+	}
 	if n := count(t, s.Pool, "key_parked AND key = 'k1'"); n != 1 {
 		t.Fatal("the row that parks its key was deleted")
 	}

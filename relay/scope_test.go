@@ -259,7 +259,7 @@ func TestEndpointFailingEveryRowOpensTheBreaker(t *testing.T) {
 			Workers: 1,
 		},
 	})
-	testwait.For(t, "the breaker open", func() bool { return h.breaker("hooks") == relay.BreakerOpen })
+	h.breakerBecomes("hooks", relay.BreakerOpen)
 	// The batch whose failures opened the breaker is written back after
 	// it opened: its rows were attempted before, and count.
 	atOpen := count(t, s.Pool, "retry_count > 0")
@@ -341,7 +341,7 @@ func TestProbeIsNotPoisonedByFailingRows(t *testing.T) {
 	p.breaker.Store(&state)
 	testwait.For(t, "every poison row attempted", func() bool { return count(t, s.Pool, "retry_count = 0") == 0 })
 	p.down.Store(true)
-	testwait.For(t, "the breaker open during the outage", func() bool { return h.breaker("hooks") == relay.BreakerOpen })
+	h.breakerBecomes("hooks", relay.BreakerOpen)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'ok' FROM generate_series(1, 100) g`)
 	// A long outage: every poison row's backoff is over, and they are the
 	// oldest ready rows.
@@ -528,7 +528,7 @@ func TestSASLFailureOpensTheBreaker(t *testing.T) {
 		Destinations: []relay.Destination{{Name: "kafka", Publisher: k}},
 		Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}},
 	}})
-	testwait.For(t, "the breaker open", func() bool { return h.breaker("kafka") == relay.BreakerOpen })
+	h.breakerBecomes("kafka", relay.BreakerOpen)
 	testwait.For(t, "the failure recorded", func() bool {
 		return count(t, s.Pool, "last_error LIKE '%authentication failed%'") > 0
 	})

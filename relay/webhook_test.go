@@ -160,8 +160,10 @@ SELECT (ARRAY['unauthorized', 'forbidden'])[1 + g % 2], 'x', jsonb_build_object(
 FROM generate_series(1, 20) g`)
 	h := hookRelay(t, s, retry.PolicyConfig{MaxAttempts: 2},
 		hookDestination(t, "unauthorized", srv.URL), hookDestination(t, "forbidden", srv.URL))
-	testwait.For(t, "both breakers open", func() bool {
-		return h.breaker("unauthorized") == relay.BreakerOpen && h.breaker("forbidden") == relay.BreakerOpen
+	opened := map[string]bool{}
+	h.signals.BreakerChanged.WaitFor(t, "both breakers open", func(c relay.BreakerChange) bool {
+		opened[c.Destination] = opened[c.Destination] || c.To == relay.BreakerOpen
+		return opened["unauthorized"] && opened["forbidden"]
 	})
 	testwait.For(t, "a row of each deferred with its error", func() bool {
 		return count(t, s.Pool, `last_error LIKE '%401 Unauthorized%'`) > 0 && count(t, s.Pool, `last_error LIKE '%403 Forbidden%'`) > 0

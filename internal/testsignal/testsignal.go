@@ -30,9 +30,9 @@ type Signal[T any] struct {
 func (s *Signal[T]) Init() { s.ch = make(chan T, bufferSize) }
 
 // Send records v for a test, without blocking; it does nothing unless s
-// is initialised.
+// is initialised (or nil).
 func (s *Signal[T]) Send(v T) {
-	if s.ch == nil {
+	if s == nil || s.ch == nil {
 		return
 	}
 	select {

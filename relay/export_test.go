@@ -1,0 +1,32 @@
+package relay
+
+import "github.com/outbox-relay/outbox-relay/internal/testsignal"
+
+// What the tests of this directory see of the relay's test signals.
+type (
+	BreakerChange = breakerChange
+	CleanedBatch  = cleanedBatch
+)
+
+// TestSignals tell a test what the relay did.
+type TestSignals struct {
+	// BreakerChanged: a destination's breaker changed state.
+	BreakerChanged *testsignal.Signal[BreakerChange]
+	// Cleaned: the cleaner ran one delete.
+	Cleaned *testsignal.Signal[CleanedBatch]
+	// LeaseWritten: a leased delivery wrote back, with the rows it
+	// settled.
+	LeaseWritten *testsignal.Signal[int]
+}
+
+// InitTestSignals starts the relay's test signals; call it before Run.
+func (r *Relay) InitTestSignals() TestSignals {
+	r.breakerChanged.Init()
+	r.cleaner.TestSignals.DeletedBatch.Init()
+	r.leases.written.Init()
+	return TestSignals{
+		BreakerChanged: &r.breakerChanged,
+		Cleaned:        &r.cleaner.TestSignals.DeletedBatch,
+		LeaseWritten:   &r.leases.written,
+	}
+}

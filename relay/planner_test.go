@@ -1,0 +1,211 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// The planner needs no database: these tests give it claimed rows and
+// destinations in a given state and read its plan.
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(_ context.Context, recs []outbox.Record) []error {
+	return make([]error, len(recs))
+}
+
+// testPlanner is a planner over the destinations ds, routed by routes.
+func testPlanner(t *testing.T, cfg Config, ds []Destination, routes []Route) *planner {
+	t.Helper()
+	for i := range ds {
+		ds[i].Publisher = nopPublisher{}
+	}
+	cfg.Destinations, cfg.Routes = ds, routes
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	var dests []*dest
+	for _, d := range cfg.Destinations {
+		dests = append(dests, newDest(d, &cfg, nil))
+	}
+	return newPlanner(&cfg, dests)
+}
+
+func rec(id int64, topic, key string) outbox.Record {
+	return outbox.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", PayloadSize: 10}
+}
+
+// planned returns the ids of each group's rows, by destination, and the
+// outcomes by id.
+func planned(groups []*group, outcomes []outbox.Outcome) (map[string][]int64, map[int64]outbox.Outcome) {
+	ids := map[string][]int64{}
+	for _, g := range groups {
+		for _, r := range g.recs {
+			ids[g.d.Name] = append(ids[g.d.Name], r.ID)
+		}
+	}
+	byID := map[int64]outbox.Outcome{}
+	for _, o := range outcomes {
+		byID[o.ID] = o
+	}
+	return ids, byID
+}
+
+var twoDestinations = []Route{{Topics: []string{"a.*"}, Destination: "a"}, {Topics: []string{"b.*"}, Destination: "b", Topic: "renamed"}}
+
+func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
+	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
+	groups, outcomes := p.plan([]outbox.Record{
+		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"), // k moves to b: its run ends at 1
+		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
+		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's next row goes in a later batch
+	}, time.Now())
+	ids, out := planned(groups, outcomes)
+	if got := ids["a"]; len(got) != 1 || got[0] != 1 {
+		t.Errorf("destination a got %v, want [1]", got)
+	}
+	if got := ids["b"]; len(got) != 3 || got[0] != 4 || got[2] != 6 {
+		t.Errorf("destination b got %v, want [4 5 6]", got)
+	}
+	for _, g := range groups {
+		if g.d.Name == "b" && g.recs[0].Topic != "renamed" {
+			t.Errorf("b's rows go to topic %q, want the route's renamed", g.recs[0].Topic)
+		}
+	}
+	if o := out[7]; o.Kind != outbox.DeadLettered || o.Reason != outbox.ReasonNoRoute || o.ParkKey {
+		t.Errorf("unroutable row: %+v, want dead-lettered no_route, not parked", o)
+	}
+	if len(outcomes) != 1 {
+		t.Errorf("outcomes %+v; rows 2, 3 and 8 must stay untouched", outcomes)
+	}
+}
+
+func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
+	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}}, twoDestinations)
+	groups, outcomes := p.plan([]outbox.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j")}, time.Now())
+	ids, out := planned(groups, outcomes)
+	if o := out[1]; o.Kind != outbox.DeadLettered || !o.ParkKey {
+		t.Errorf("unroutable row: %+v, want dead-lettered and parking its key", o)
+	}
+	if got := ids["a"]; len(got) != 1 || got[0] != 3 {
+		t.Errorf("destination a got %v, want [3]: k is parked", got)
+	}
+}
+
+func TestPlanStopsAtTheByteBudget(t *testing.T) {
+	p := testPlanner(t, Config{MaxBatchBytes: 3*(RecordOverhead+10) + 1}, []Destination{{Name: "a"}}, twoDestinations)
+	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now())
+	ids, _ := planned(groups, outcomes)
+	if got := ids["a"]; len(got) != 3 || got[2] != 3 {
+		t.Errorf("planned %v, want the first three rows", got)
+	}
+	if len(outcomes) != 0 {
+		t.Errorf("outcomes %+v; rows past the budget wait untouched", outcomes)
+	}
+}
+
+func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
+	p := testPlanner(t, Config{PauseBase: time.Minute, PauseMax: time.Minute}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
+	now := time.Now()
+	p.dests[0].breaker.feed(now, evidence{systemic: 1, lastErr: "refused"})
+	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now)
+	ids, out := planned(groups, outcomes)
+	if o := out[1]; o.Kind != outbox.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
+		t.Errorf("row of the open destination: %+v, want deferred circuit_open for its cool-down, no attempt", o)
+	}
+	if _, ok := out[2]; ok {
+		t.Error("the key's next row got an outcome; it stays behind the deferred one")
+	}
+	if got := ids["b"]; len(got) != 1 {
+		t.Errorf("destination b got %v; the other destination flows", got)
+	}
+}
+
+func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
+	p := testPlanner(t, Config{PauseBase: time.Millisecond, PauseMax: time.Millisecond}, []Destination{{Name: "a"}}, twoDestinations)
+	now := time.Now()
+	p.dests[0].breaker.feed(now, evidence{systemic: 1})
+	var recs []outbox.Record
+	for i := range 20 {
+		recs = append(recs, rec(int64(i+1), []string{"a.x", "a.y"}[i%2], []string{"k", "j", "", ""}[i%4]))
+	}
+	groups, _ := p.plan(recs, now.Add(time.Second))
+	if len(groups) != 1 || !groups[0].adm.probe {
+		t.Fatalf("groups %+v, want one probe", groups)
+	}
+	g := groups[0]
+	byTopic, byKey := map[string]int{}, map[string]int{}
+	for _, r := range g.recs {
+		byTopic[r.Topic]++
+		if r.HasKey {
+			byKey[r.Key]++
+		}
+	}
+	if len(g.recs) > probeRows || byTopic["a.x"] > probeRowsByTopic || byKey["k"] > 1 || byKey["j"] > 1 {
+		t.Errorf("probe of %d rows, by topic %v, by key %v", len(g.recs), byTopic, byKey)
+	}
+	// A second batch meanwhile is held: one probe at a time.
+	if groups, outcomes := p.plan(recs[:1], now.Add(time.Second)); len(groups) != 0 || outcomes[0].Reason != DeferCircuitOpen {
+		t.Errorf("a second batch during the probe: %d groups, outcomes %+v", len(groups), outcomes)
+	}
+}
+
+func TestPlanHoldsRowsPastTheBulkheadAndDefersRetriesOverBudget(t *testing.T) {
+	p := testPlanner(t, Config{}, []Destination{{Name: "a", MaxInFlight: 3, RetryBudget: RetryBudgetConfig{MinPerSecond: 0.1}}}, twoDestinations)
+	retryRec := func(id int64) outbox.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
+	// The budget holds one retry (a tenth per second, ten seconds' worth).
+	groups, outcomes := p.plan([]outbox.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now())
+	ids, out := planned(groups, outcomes)
+	if got := ids["a"]; len(got) != 3 || got[0] != 1 || got[1] != 3 || got[2] != 4 {
+		t.Errorf("planned %v, want [1 3 4]", got)
+	}
+	if o := out[2]; o.Kind != outbox.Deferred || o.Reason != DeferRetryBudget {
+		t.Errorf("second retry: %+v, want deferred retry_budget", o)
+	}
+	if _, ok := out[5]; ok {
+		t.Error("the row past the bulkhead got an outcome; it waits untouched")
+	}
+	if !p.dests[0].bulk.full() {
+		t.Error("the bulkhead is not full while the plan's rows are in flight")
+	}
+	p.dests[0].release(groups[0])
+	if p.dests[0].bulk.full() {
+		t.Error("the bulkhead stays full after the group is released")
+	}
+}
+
+var errBad = errors.New("bad")
+
+func TestSettleReleasesOrHoldsAKeyAfterAFailure(t *testing.T) {
+	for _, block := range []bool{false, true} {
+		policy := OnDeadLetterRelease
+		if block {
+			policy = OnDeadLetterBlock
+		}
+		p := testPlanner(t, Config{OnDeadLetter: policy}, []Destination{{Name: "a"}}, twoDestinations)
+		groups, _ := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now())
+		g := groups[0]
+		g.errs = []error{retry.Permanent(errBad, "rejected"), nil, retry.Transient(errBad, 0), retry.ErrNotSent}
+		out := map[int64]outbox.Outcome{}
+		for _, o := range g.d.settle(g, false) {
+			out[o.ID] = o
+		}
+		if o := out[1]; o.Kind != outbox.DeadLettered || o.ParkKey != block {
+			t.Errorf("%s: permanent failure: %+v", policy, o)
+		}
+		if _, ok := out[2]; ok == block {
+			t.Errorf("%s: the key's next row has an outcome: %v", policy, ok)
+		}
+		if o := out[3]; o.Kind != outbox.Retried || !o.Attempted {
+			t.Errorf("%s: transient failure: %+v", policy, o)
+		}
+		if _, ok := out[4]; ok {
+			t.Errorf("%s: a row not sent behind its key's failure has an outcome", policy)
+		}
+	}
+}

@@ -143,10 +143,10 @@ SELECT 'hooks', 'k' || c, 'x', jsonb_build_object('X-Status', c::text) FROM unne
 	h := hookRelay(t, s, retry.PolicyConfig{}, hookDestination(t, "hooks", srv.URL))
 	testwait.For(t, "every row dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 5 })
 	h.stop()
-	for _, code := range []string{"400", "404", "410", "413", "422"} {
-		if n := count(t, s.Pool, `headers->>'X-Status' = $1 AND dead_letter_reason = 'permanent' AND retry_count = 1
-            AND last_error LIKE '%: ' || $1 || ' %'`, code); n != 1 {
-			t.Errorf("status %s: not dead-lettered permanent on the first attempt with the status recorded", code)
+	for code, reason := range map[string]string{"400": "permanent", "404": "permanent", "410": "permanent", "413": "too_large", "422": "permanent"} {
+		if n := count(t, s.Pool, `headers->>'X-Status' = $1 AND dead_letter_reason = $2 AND retry_count = 1
+            AND last_error LIKE '%: ' || $1 || ' %'`, code, reason); n != 1 {
+			t.Errorf("status %s: not dead-lettered %s on the first attempt with the status recorded", code, reason)
 		}
 	}
 }

@@ -47,6 +47,9 @@ func (p *Publisher) classifyStatus(resp *http.Response, err error) error {
 	}
 	switch class {
 	case retry.ClassPermanent:
+		if resp.StatusCode == http.StatusRequestEntityTooLarge {
+			return retry.Permanent(err, retry.ReasonTooLarge)
+		}
 		return retry.Permanent(err, "")
 	case retry.ClassSystemic:
 		return retry.Systemic(err)

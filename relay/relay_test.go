@@ -38,13 +38,19 @@ type fakePublisher struct {
 }
 
 func (f *fakePublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+	errs := make([]error, len(recs))
+	if err := ctx.Err(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.seen == nil {
 		f.seen = map[int64]int{}
 	}
 	f.calls = append(f.calls, recs)
-	errs := make([]error, len(recs))
 	failedKeys := map[string]bool{}
 	for i, r := range recs {
 		f.seen[r.ID]++

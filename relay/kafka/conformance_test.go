@@ -1,0 +1,61 @@
+package kafka_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/publishertest"
+)
+
+// The sink under the conformance suite takes messages up to this size.
+const conformanceLimit = 64 << 10
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	publishertest.Run(t, publishertest.Sink{
+		New: func(t *testing.T) publishertest.Destination {
+			c := kafkatest.NewCluster(t, []string{publishertest.TopicA, publishertest.TopicB})
+			return publishertest.Destination{
+				Publisher: conformancePublisher(t, c.ListenAddrs()),
+				Accepted: func(t *testing.T) []string {
+					var out []string
+					for _, topic := range []string{publishertest.TopicA, publishertest.TopicB} {
+						for _, r := range kafkatest.ConsumeAll(context.Background(), t, c, topic) {
+							out = append(out, string(r.Value))
+						}
+					}
+					return out
+				},
+			}
+		},
+		// A topic name no broker takes: refused before it is sent.
+		Reject:   func(rec *outbox.Record) { rec.Topic = "not a topic" },
+		TooLarge: func(rec *outbox.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },
+		Unreachable: func(t *testing.T) relay.Publisher {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			_ = ln.Close()
+			return conformancePublisher(t, []string{addr})
+		},
+	})
+}
+
+func conformancePublisher(t *testing.T, brokers []string) *kafka.Publisher {
+	t.Helper()
+	p, err := kafka.New(kafka.Config{Brokers: brokers, DialTimeout: time.Second, MaxMessageBytes: conformanceLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}

@@ -1,0 +1,248 @@
+// Package publishertest is the conformance suite of relay.Publisher: what
+// the relay relies on from a sink, checked against a real destination of
+// that sink. Every sink runs it from its tests; a new sink passes it before
+// it is used.
+//
+// The suite checks: each key's records are delivered in order; Publish
+// returns one error per record; after a key's record fails, its later
+// records are not sent and are reported with retry.ErrNotSent; a record
+// the destination refuses, or one too large for it, fails permanently
+// (too_large for the latter) while the others go; a cancelled context
+// fails every record without a permanent error; and a destination that
+// refuses connections fails every record as the destination's failure, so
+// that the breaker opens and no row is dead-lettered.
+package publishertest
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// Topics the suite publishes to; a sink's destination must accept both.
+const (
+	TopicA = "conformance.a"
+	TopicB = "conformance.b"
+)
+
+// Destination is a fresh, empty destination of the sink under test, with
+// a Publisher to it.
+type Destination struct {
+	Publisher relay.Publisher
+	// Accepted returns the payloads the destination has accepted so far,
+	// in the order it accepted them (each topic's, or each partition's,
+	// at least).
+	Accepted func(t *testing.T) []string
+}
+
+// Sink tells the suite how to set up the sink under test.
+type Sink struct {
+	// New starts a fresh destination that accepts TopicA and TopicB.
+	New func(t *testing.T) Destination
+	// Reject changes rec so that the destination refuses it for good, as
+	// it refuses a malformed message.
+	Reject func(rec *outbox.Record)
+	// TooLarge changes rec so that it is larger than the destination, or
+	// the sink, takes.
+	TooLarge func(rec *outbox.Record)
+	// Unreachable returns a Publisher to a destination that refuses
+	// connections.
+	Unreachable func(t *testing.T) relay.Publisher
+}
+
+// Run runs the suite against s.
+func Run(t *testing.T, s Sink) {
+	t.Helper()
+	t.Run("OrderPerKey", func(t *testing.T) { t.Parallel(); orderPerKey(t, s) })
+	t.Run("OneErrorPerRecord", func(t *testing.T) { t.Parallel(); oneErrorPerRecord(t, s) })
+	t.Run("FailureStopsItsKey", func(t *testing.T) { t.Parallel(); failureStopsItsKey(t, s) })
+	t.Run("TooLarge", func(t *testing.T) { t.Parallel(); tooLarge(t, s) })
+	t.Run("CancelledContext", func(t *testing.T) { t.Parallel(); cancelledContext(t, s) })
+	t.Run("ConnectionRefused", func(t *testing.T) { t.Parallel(); connectionRefused(t, s) })
+}
+
+// publishTimeout bounds every publish of the suite.
+const publishTimeout = 20 * time.Second
+
+// record is the id'th record; its payload is its id.
+func record(id int64, topic, key string) outbox.Record {
+	payload := []byte(strconv.FormatInt(id, 10))
+	return outbox.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
+		Headers: map[string]string{"content-type": "text/plain"}, CreatedAt: time.Now()}
+}
+
+func publish(t *testing.T, p relay.Publisher, recs []outbox.Record) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	errs := p.Publish(ctx, recs)
+	if len(errs) != len(recs) {
+		t.Fatalf("Publish returned %d errors for %d records", len(errs), len(recs))
+	}
+	return errs
+}
+
+// accepted returns how many times each id was accepted, and fails t when
+// a key's records were accepted out of order.
+func accepted(t *testing.T, d Destination, recs []outbox.Record) map[int64]int {
+	t.Helper()
+	byID := map[int64]outbox.Record{}
+	for _, r := range recs {
+		byID[r.ID] = r
+	}
+	count := map[int64]int{}
+	last := map[string]int64{}
+	for _, payload := range d.Accepted(t) {
+		id, err := strconv.ParseInt(payload, 10, 64)
+		r, ok := byID[id]
+		if err != nil || !ok {
+			t.Fatalf("the destination accepted %q, which the suite did not publish", payload)
+		}
+		count[id]++
+		if r.HasKey && count[id] == 1 {
+			if id < last[r.Key] {
+				t.Errorf("key %s: record %d accepted after %d", r.Key, id, last[r.Key])
+			}
+			last[r.Key] = id
+		}
+	}
+	return count
+}
+
+func orderPerKey(t *testing.T, s Sink) {
+	d := s.New(t)
+	var recs []outbox.Record
+	for i := range 60 {
+		id := int64(i + 1)
+		switch i % 4 {
+		case 0, 1:
+			recs = append(recs, record(id, TopicA, "k"+strconv.Itoa(i%2)))
+		case 2:
+			recs = append(recs, record(id, TopicB, "k2"))
+		default:
+			recs = append(recs, record(id, []string{TopicA, TopicB}[i%8/4], ""))
+		}
+	}
+	for i, err := range publish(t, d.Publisher, recs) {
+		if err != nil {
+			t.Fatalf("record %d: %v", recs[i].ID, err)
+		}
+	}
+	count := accepted(t, d, recs)
+	for _, r := range recs {
+		if count[r.ID] == 0 {
+			t.Errorf("record %d acknowledged but not at the destination", r.ID)
+		}
+	}
+}
+
+func oneErrorPerRecord(t *testing.T, s Sink) {
+	d := s.New(t)
+	publish(t, d.Publisher, nil)
+	publish(t, d.Publisher, []outbox.Record{record(1, TopicA, "k")})
+	publish(t, d.Publisher, []outbox.Record{record(2, TopicA, ""), record(3, TopicB, "k"), record(4, TopicB, "")})
+}
+
+func failureStopsItsKey(t *testing.T, s Sink) {
+	d := s.New(t)
+	recs := []outbox.Record{
+		record(1, TopicA, "bad"), record(2, TopicA, "bad"), record(3, TopicA, "good"),
+		record(4, TopicA, "bad"), record(5, TopicB, "bad"), record(6, TopicA, "good"),
+		record(7, TopicA, ""), record(8, TopicA, ""),
+	}
+	change(&recs[1], s.Reject)
+	change(&recs[6], s.Reject)
+	errs := publish(t, d.Publisher, recs)
+	want := map[int64]string{1: "sent", 2: "permanent", 3: "sent", 4: "not sent", 5: "not sent", 6: "sent", 7: "permanent", 8: "sent"}
+	for i, r := range recs {
+		if got := outcome(errs[i]); got != want[r.ID] {
+			t.Errorf("record %d: %s (%v), want %s", r.ID, got, errs[i], want[r.ID])
+		}
+	}
+	count := accepted(t, d, recs)
+	for _, id := range []int64{2, 4, 5, 7} {
+		if count[id] > 0 {
+			t.Errorf("record %d reached the destination", id)
+		}
+	}
+}
+
+// change applies how to a record, keeping its payload size right.
+func change(rec *outbox.Record, how func(*outbox.Record)) {
+	how(rec)
+	rec.PayloadSize = len(rec.Payload)
+}
+
+// outcome names what err says of a record.
+func outcome(err error) string {
+	switch {
+	case err == nil:
+		return "sent"
+	case errors.Is(err, retry.ErrNotSent):
+		return "not sent"
+	}
+	return retry.Classify(err).Class.String()
+}
+
+func tooLarge(t *testing.T, s Sink) {
+	d := s.New(t)
+	recs := []outbox.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicA, ""), record(4, TopicA, "j")}
+	change(&recs[1], s.TooLarge)
+	errs := publish(t, d.Publisher, recs)
+	ce := retry.Classify(errs[1])
+	if errs[1] == nil || ce.Class != retry.ClassPermanent || ce.Reason != retry.ReasonTooLarge {
+		t.Errorf("the record too large: %v (%s, reason %q), want permanent too_large", errs[1], ce.Class, ce.Reason)
+	}
+	for _, i := range []int{0, 2, 3} {
+		if errs[i] != nil {
+			t.Errorf("record %d beside the one too large: %v", recs[i].ID, errs[i])
+		}
+	}
+}
+
+func cancelledContext(t *testing.T, s Sink) {
+	d := s.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	recs := []outbox.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
+	start := time.Now()
+	errs := d.Publisher.Publish(ctx, recs)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Publish with a cancelled context took %s", took)
+	}
+	if len(errs) != len(recs) {
+		t.Fatalf("Publish returned %d errors for %d records", len(errs), len(recs))
+	}
+	for i, err := range errs {
+		if err == nil || retry.Classify(err).Class == retry.ClassPermanent {
+			t.Errorf("record %d under a cancelled context: %v, want a failure that is not permanent", recs[i].ID, err)
+		}
+	}
+	if n := len(d.Accepted(t)); n > 0 {
+		t.Errorf("the destination accepted %d records published with a cancelled context", n)
+	}
+}
+
+func connectionRefused(t *testing.T, s Sink) {
+	p := s.Unreachable(t)
+	recs := []outbox.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
+	for i, err := range publish(t, p, recs) {
+		if err == nil {
+			t.Fatalf("record %d acknowledged by a destination that refuses connections", recs[i].ID)
+		}
+		if errors.Is(err, retry.ErrNotSent) {
+			continue
+		}
+		ce := retry.Classify(err)
+		if ce.Class == retry.ClassPermanent || ce.Scope != retry.ScopeDestination {
+			t.Errorf("record %d: %v classified %s with scope %s; a refused connection is the destination's failure",
+				recs[i].ID, err, ce.Class, ce.Scope)
+		}
+	}
+}

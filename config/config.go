@@ -519,8 +519,8 @@ func (r Relay) problems(maxConns int32) []string {
 	if r.DeadLetterRetention < 0 {
 		p = append(p, fmt.Sprintf("relay.dead_letter_retention is %s; use 0 to keep dead letters for ever", r.DeadLetterRetention))
 	}
-	if r.OnDeadLetter != relay.OnDeadLetterRelease && r.OnDeadLetter != relay.OnDeadLetterBlock {
-		p = append(p, fmt.Sprintf("relay.on_dead_letter is %q; use release or block", r.OnDeadLetter))
+	if err := relay.ValidateOnDeadLetter(r.OnDeadLetter); err != nil {
+		p = append(p, "relay."+err.Error())
 	}
 	if maxConns >= 2 && r.Workers >= 1 && int(maxConns) < r.Workers+2 {
 		p = append(p, fmt.Sprintf("database.max_conns %d is below relay.workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", maxConns, r.Workers+2))

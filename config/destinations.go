@@ -238,17 +238,11 @@ func (c *Config) destinationProblems(need Need) []string {
 				p = append(p, at+".http.tls.enabled is not used: an https URL turns TLS on")
 			}
 		}
-		if d.OnDeadLetter != "" && d.OnDeadLetter != relay.OnDeadLetterRelease && d.OnDeadLetter != relay.OnDeadLetterBlock {
-			p = append(p, fmt.Sprintf("%s.on_dead_letter is %q; use release or block", at, d.OnDeadLetter))
-		}
-		if d.MaxInFlight < 0 || d.Breaker.Failures < 0 || d.Breaker.Successes < 0 || d.Breaker.FailingRows < 0 || d.Breaker.FailingFor < 0 {
-			p = append(p, at+": max_in_flight and the breaker's failures, successes, failing_rows and failing_for must not be negative")
-		}
-		if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
-			p = append(p, fmt.Sprintf("%s.visibility_timeout is %s; use 0 (deliver inside the claim) or at least 1s", at, d.VisibilityTimeout))
-		}
-		if d.RetryBudget.Ratio < 0 || d.RetryBudget.MinPerSecond < 0 {
-			p = append(p, at+": retry_budget.ratio and retry_budget.min_per_second must not be negative")
+		settings := d.relayDestination(name)
+		if err := settings.ValidateSettings(); err != nil {
+			for _, line := range strings.Split(err.Error(), "\n") {
+				p = append(p, at+"."+line)
+			}
 		}
 		if len(c.Routes) > 0 && !c.routesTo(name) {
 			p = append(p, at+" is not used by any route")
@@ -315,21 +309,27 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 	slices.Sort(names)
 	for _, name := range names {
 		d := c.Destinations[name]
-		out = append(out, DestinationSettings{Name: name, Kafka: d.Kafka, HTTP: d.HTTP, Relay: relay.Destination{
-			Name:              name,
-			VisibilityTimeout: d.VisibilityTimeout,
-			OnDeadLetter:      d.OnDeadLetter,
-			MaxInFlight:       d.MaxInFlight,
-			Breaker: relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes,
-				FailingRows: d.Breaker.FailingRows, FailingFor: d.Breaker.FailingFor},
-			RetryBudget: relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
-		}})
+		out = append(out, DestinationSettings{Name: name, Kafka: d.Kafka, HTTP: d.HTTP, Relay: d.relayDestination(name)})
 	}
 	routes := c.relayRoutes()
 	if len(routes) == 0 {
 		routes = []relay.Route{{Topics: []string{"*"}, Destination: DefaultKafkaDestination}}
 	}
 	return out, routes
+}
+
+// relayDestination maps d's relay settings onto the relay's type, which
+// validates them.
+func (d Destination) relayDestination(name string) relay.Destination {
+	return relay.Destination{
+		Name:              name,
+		VisibilityTimeout: d.VisibilityTimeout,
+		OnDeadLetter:      d.OnDeadLetter,
+		MaxInFlight:       d.MaxInFlight,
+		Breaker: relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes,
+			FailingRows: d.Breaker.FailingRows, FailingFor: d.Breaker.FailingFor},
+		RetryBudget: relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
+	}
 }
 
 // Webhook returns the HTTP sink configuration of h.

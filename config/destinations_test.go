@@ -112,6 +112,10 @@ destinations:
       status_classes: {"409": retryable, "abc": transient}
   unused:
     kafka: {brokers: [nohost]}
+    visibility_timeout: 500ms
+    max_in_flight: -1
+    breaker: {failures: -2, failing_for: -1s}
+    retry_budget: {ratio: -0.5}
 routes:
   - topics: ["[x"]
     destination: nowhere
@@ -149,6 +153,11 @@ routes:
 		`status_classes: "abc" is not a status code`,
 		"destinations.unused is not used by any route",
 		`destinations.unused.kafka.brokers: "nohost" is not host:port`,
+		"destinations.unused.visibility_timeout is 500ms; use 0 (deliver inside the claim) or at least 1s",
+		"destinations.unused.max_in_flight is -1; it must not be negative",
+		"destinations.unused.breaker.failures is -2; it must not be negative",
+		"destinations.unused.breaker.failing_for is -1s; it must not be negative",
+		"destinations.unused.retry_budget.ratio is -0.5; it must not be negative",
 		`routes: route 1: topic pattern "[x" is not a valid glob`,
 		`routes: route 1: destination "nowhere" is not defined`,
 		"routes: route 2: topic is only for Kafka destinations",

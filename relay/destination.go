@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,21 +74,54 @@ func (d *Destination) Validate() error {
 	if d.Publisher == nil {
 		errs = append(errs, fmt.Errorf("relay: destination %s needs a publisher", name))
 	}
-	switch d.OnDeadLetter {
-	case "", OnDeadLetterRelease, OnDeadLetterBlock:
-	default:
-		errs = append(errs, fmt.Errorf("relay: destination %s: on_dead_letter is %q; use release or block", name, d.OnDeadLetter))
-	}
-	if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
-		errs = append(errs, fmt.Errorf("relay: destination %s: visibility_timeout %s must be 0 (inline delivery) or at least 1s", name, d.VisibilityTimeout))
-	}
-	if d.Breaker.Failures < 0 || d.Breaker.Successes < 0 || d.Breaker.FailingRows < 0 || d.Breaker.FailingFor < 0 || d.MaxInFlight < 0 {
-		errs = append(errs, fmt.Errorf("relay: destination %s: breaker thresholds and max_in_flight must not be negative", name))
-	}
-	if d.RetryBudget.Ratio < 0 || d.RetryBudget.MinPerSecond < 0 || math.IsNaN(d.RetryBudget.Ratio) || math.IsNaN(d.RetryBudget.MinPerSecond) {
-		errs = append(errs, fmt.Errorf("relay: destination %s: retry budget ratio and min_per_second must not be negative", name))
+	for _, err := range d.settingProblems() {
+		errs = append(errs, fmt.Errorf("relay: destination %s: %w", name, err))
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateSettings reports every problem of d's settings, all but its
+// name and publisher, one per line, each starting with the setting's name
+// as in the configuration file (on_dead_letter, breaker.failures, …), so
+// that a configuration loader can put its own path in front.
+func (d *Destination) ValidateSettings() error {
+	return errors.Join(d.settingProblems()...)
+}
+
+func (d *Destination) settingProblems() []error {
+	var errs []error
+	if err := ValidateOnDeadLetter(d.OnDeadLetter); err != nil {
+		errs = append(errs, err)
+	}
+	if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
+		errs = append(errs, fmt.Errorf("visibility_timeout is %s; use 0 (deliver inside the claim) or at least 1s", d.VisibilityTimeout))
+	}
+	for name, v := range map[string]int{"max_in_flight": d.MaxInFlight, "breaker.failures": d.Breaker.Failures,
+		"breaker.successes": d.Breaker.Successes, "breaker.failing_rows": d.Breaker.FailingRows} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s is %d; it must not be negative", name, v))
+		}
+	}
+	if d.Breaker.FailingFor < 0 {
+		errs = append(errs, fmt.Errorf("breaker.failing_for is %s; it must not be negative", d.Breaker.FailingFor))
+	}
+	for name, v := range map[string]float64{"retry_budget.ratio": d.RetryBudget.Ratio, "retry_budget.min_per_second": d.RetryBudget.MinPerSecond} {
+		if v < 0 || math.IsNaN(v) {
+			errs = append(errs, fmt.Errorf("%s is %v; it must not be negative", name, v))
+		}
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errs
+}
+
+// ValidateOnDeadLetter checks a dead-letter policy: release, block, or
+// empty for the default.
+func ValidateOnDeadLetter(policy string) error {
+	switch policy {
+	case "", OnDeadLetterRelease, OnDeadLetterBlock:
+		return nil
+	}
+	return fmt.Errorf("on_dead_letter is %q; use release or block", policy)
 }
 
 // dest is a destination at work: it owns what decides whether its rows go

@@ -190,10 +190,8 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("relay: %s is %s; it must not be negative", name, v))
 		}
 	}
-	switch c.OnDeadLetter {
-	case "", OnDeadLetterRelease, OnDeadLetterBlock:
-	default:
-		errs = append(errs, fmt.Errorf("relay: on_dead_letter is %q; use release or block", c.OnDeadLetter))
+	if err := ValidateOnDeadLetter(c.OnDeadLetter); err != nil {
+		errs = append(errs, fmt.Errorf("relay: %w", err))
 	}
 	return errors.Join(errs...)
 }

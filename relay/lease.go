@@ -72,7 +72,7 @@ func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]ti
 	// Other workers may claim these keys again: their rows stay behind the
 	// leased ones until the write-back below, which then makes them ready.
 	l.inflight.remove(g.inflight)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(inflight), l.queryTimeout)
+	ctx, cancel := writeBackContext(inflight, l.queryTimeout)
 	defer cancel()
 	// Only outcomes written back count: a row whose lease ran out and was
 	// taken by another delivery is counted by that one.

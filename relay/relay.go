@@ -336,11 +336,11 @@ func (r *Relay) wakeAll() {
 	}
 }
 
-// writeBackContext bounds a write-back, detached from ctx: a publish that
+// writeBackContext bounds a write-back by timeout, detached from ctx: a publish that
 // happened is acknowledged even while the relay stops. It starts after the
 // publish, so a long publish timeout cannot eat into it.
-func (r *Relay) writeBackContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.QueryTimeout)
+func writeBackContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), timeout)
 }
 
 // closedTopics returns the known topics whose rows no destination takes

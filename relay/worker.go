@@ -197,7 +197,7 @@ func (w *worker) drop(ctx context.Context, t taken) {
 		return
 	}
 	w.r.inflight.remove(t.inflight)
-	writeCtx, cancel := w.r.writeBackContext(ctx)
+	writeCtx, cancel := writeBackContext(ctx, w.r.cfg.QueryTimeout)
 	defer cancel()
 	if err := t.claim.Release(writeCtx); err != nil {
 		w.r.log.Warn("releasing a claim failed; its rows are unlocked when the connection closes", slog.Any("error", err))
@@ -214,7 +214,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	claim, start, limit := t.claim, t.start, t.limit
 	defer r.inflight.remove(t.inflight)
 	if len(claim.Records) == 0 {
-		writeCtx, cancel := r.writeBackContext(ctx)
+		writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 		defer cancel()
 		if claim.Deferred > 0 {
 			// The claim's rows were rescheduled: look again at once.
@@ -262,7 +262,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	for _, g := range groups {
 		outcomes = append(outcomes, g.d.settle(g, abandoned)...)
 	}
-	writeCtx, cancel := r.writeBackContext(ctx)
+	writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 	defer cancel()
 	r.sqlBusy.Add(1)
 	err = claim.Complete(writeCtx, outcomes)

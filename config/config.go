@@ -95,12 +95,13 @@ type Relay struct {
 	// DrainTimeout is how long in-flight batches may finish on shutdown.
 	// Default 30s.
 	DrainTimeout time.Duration `koanf:"drain_timeout"`
-	// SentRetention keeps delivered rows as sent for this long; 0 (the
-	// default) deletes them as they are delivered.
+	// SentRetention keeps delivered rows as sent for this long, or
+	// forever; 0 (the default) deletes them as they are delivered.
 	SentRetention time.Duration `koanf:"sent_retention"`
 	// DeadLetterRetention keeps dead-lettered and discarded rows this
-	// long after they were dead-lettered; 0 keeps them for ever. A row
-	// that parks its key is kept until released. Default 336h (14 days).
+	// long after they were dead-lettered; forever keeps them until an
+	// operator handles them. A row that parks its key is kept until
+	// released. Default 336h (14 days).
 	DeadLetterRetention time.Duration `koanf:"dead_letter_retention"`
 	// CleanupInterval is how often rows past their retention are deleted.
 	// Default 1m.
@@ -126,7 +127,7 @@ type Retry struct {
 	// row is dead-lettered retries_exhausted. Default 25.
 	MaxAttempts int `koanf:"max_attempts"`
 	// MaxAge dead-letters a failing row older than this
-	// (max_age_exceeded). Default 72h.
+	// (max_age_exceeded); forever turns the limit off. Default 72h.
 	MaxAge time.Duration `koanf:"max_age"`
 	// Strategy is the backoff jitter: full (default), equal, decorrelated
 	// or none.
@@ -393,6 +394,7 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	failed := map[string]bool{} // settings that did not decode
 	dec := &mapstructure.DecoderConfig{
 		DecodeHook: mapstructure.ComposeDecodeHookFunc(
+			foreverHook,
 			mapstructure.StringToTimeDurationHookFunc(),
 			mapstructure.StringToSliceHookFunc(","),
 			mapstructure.TextUnmarshallerHookFunc(),
@@ -477,6 +479,11 @@ func (c *Config) Validate(need Need) error {
 	if c.Admin.Token != "" && len(c.Admin.Token) < MinAdminToken {
 		p = append(p, fmt.Sprintf("admin.token is %d characters; use at least %d random ones", len(c.Admin.Token), MinAdminToken))
 	}
+	for path, v := range leaves(reflect.ValueOf(*c), "") {
+		if d, ok := v.(time.Duration); ok && d == retry.Forever && !foreverSettings[path] {
+			p = append(p, path+" cannot be forever")
+		}
+	}
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
 	p = append(p, c.Retry.problems()...)
 	kafkaNeeded := need&NeedDestinations != 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination))
@@ -516,8 +523,8 @@ func (r Relay) problems(maxConns int32) []string {
 	if r.SentRetention < 0 {
 		p = append(p, fmt.Sprintf("relay.sent_retention is %s; use 0 to delete rows as they are sent", r.SentRetention))
 	}
-	if r.DeadLetterRetention < 0 {
-		p = append(p, fmt.Sprintf("relay.dead_letter_retention is %s; use 0 to keep dead letters for ever", r.DeadLetterRetention))
+	if r.DeadLetterRetention <= 0 {
+		p = append(p, fmt.Sprintf("relay.dead_letter_retention is %s; it must be positive, or forever to keep dead letters until they are handled", r.DeadLetterRetention))
 	}
 	if err := relay.ValidateOnDeadLetter(r.OnDeadLetter); err != nil {
 		p = append(p, "relay."+err.Error())
@@ -534,8 +541,8 @@ func (r Retry) problems() []string {
 	if r.MaxAttempts < 1 {
 		p = append(p, fmt.Sprintf("retry.max_attempts is %d; it must be at least 1", r.MaxAttempts))
 	}
-	if r.MaxAge < 0 {
-		p = append(p, fmt.Sprintf("retry.max_age is %s; it must not be negative", r.MaxAge))
+	if r.MaxAge <= 0 {
+		p = append(p, fmt.Sprintf("retry.max_age is %s; it must be positive, or forever to turn the limit off", r.MaxAge))
 	}
 	if !slices.Contains(retry.Strategies, retry.Strategy(r.Strategy)) {
 		p = append(p, fmt.Sprintf("retry.strategy is %q; use full, equal, decorrelated or none", r.Strategy))
@@ -609,6 +616,24 @@ func (t TLS) problems(at string) []string {
 	}
 	sort.Strings(p)
 	return p
+}
+
+// Forever is the value of a duration setting that has no end.
+const Forever = "forever"
+
+// foreverSettings are the duration settings that may be forever.
+var foreverSettings = map[string]bool{
+	"relay.sent_retention":        true,
+	"relay.dead_letter_retention": true,
+	"retry.max_age":               true,
+}
+
+// foreverHook decodes forever into retry.Forever, the longest duration.
+func foreverHook(from, to reflect.Type, data any) (any, error) {
+	if s, ok := data.(string); ok && to == reflect.TypeOf(time.Duration(0)) && strings.EqualFold(strings.TrimSpace(s), Forever) {
+		return retry.Forever, nil
+	}
+	return data, nil
 }
 
 // ParseLevel parses a log level name.

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -284,7 +285,7 @@ destinations:
   hook:
     http:
       url: https://hooks.example.com/h
-      timeout: forever
+      timeout: soon
 routes:
   - topics: ["a"]
     destination: hook
@@ -297,5 +298,30 @@ routes:
 	if !errors.As(err, &ce) || len(ce.Problems) != 2 ||
 		!strings.Contains(err.Error(), "http.timeout") || !strings.Contains(err.Error(), `"nowhere" is not defined`) {
 		t.Fatalf("err = %v, want the timeout and the route to nowhere, nothing else", err)
+	}
+}
+
+// Forever is written as such; 0 is refused where it once meant no limit,
+// and forever is refused where it means nothing.
+func TestForever(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_KAFKA_BROKERS=k:9092",
+		"OUTBOX_RETRY_MAX_AGE=forever", "OUTBOX_RELAY_DEAD_LETTER_RETENTION=Forever"}, config.NeedDatabase|config.NeedDestinations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Retry.MaxAge != retry.Forever || cfg.Relay.DeadLetterRetention != retry.Forever {
+		t.Fatalf("max_age %s, dead_letter_retention %s; want retry.Forever", cfg.Retry.MaxAge, cfg.Relay.DeadLetterRetention)
+	}
+	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_KAFKA_BROKERS=k:9092",
+		"OUTBOX_RETRY_MAX_AGE=0s", "OUTBOX_RELAY_DEAD_LETTER_RETENTION=0", "OUTBOX_RELAY_POLL_INTERVAL=forever"}, config.NeedDatabase|config.NeedDestinations)
+	for _, want := range []string{
+		"retry.max_age is 0s; it must be positive, or forever to turn the limit off",
+		"relay.dead_letter_retention is 0s; it must be positive, or forever",
+		"relay.poll_interval cannot be forever",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %q", err, want)
+		}
 	}
 }

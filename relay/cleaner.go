@@ -7,13 +7,14 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
 // cleanerConfig configures the cleaner.
 type cleanerConfig struct {
 	// SentRetention and DeadLetterRetention are how long sent rows and
-	// dead letters are kept; 0 leaves them to others (sent rows deleted
-	// as they are sent, dead letters kept for ever).
+	// dead letters are kept; 0 leaves them to others (sent rows are
+	// deleted as they are sent) and retry.Forever keeps them.
 	SentRetention       time.Duration
 	DeadLetterRetention time.Duration
 	// Interval is how often the cleaner runs.
@@ -52,8 +53,11 @@ type cleanerResult struct {
 
 // enabled reports whether the cleaner has anything to do.
 func (c *cleaner) enabled() bool {
-	return c.config.SentRetention > 0 || c.config.DeadLetterRetention > 0
+	return kept(c.config.SentRetention) || kept(c.config.DeadLetterRetention)
 }
+
+// kept reports whether rows kept for retention are cleaned up after it.
+func kept(retention time.Duration) bool { return retention > 0 && retention != retry.Forever }
 
 // Run runs the cleaner every Interval until ctx ends.
 func (c *cleaner) Run(ctx context.Context) error {
@@ -89,7 +93,7 @@ func (c *cleaner) runOnce(ctx context.Context) cleanerResult {
 		{"dead letters", c.config.DeadLetterRetention, c.store.DeleteExpiredDeadLetters, &res.DeadLettersDeleted},
 	}
 	for _, tk := range tasks {
-		if tk.retention <= 0 {
+		if !kept(tk.retention) {
 			continue
 		}
 		for ctx.Err() == nil {

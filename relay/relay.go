@@ -127,11 +127,12 @@ type Config struct {
 	// not set their own.
 	OnDeadLetter string
 	// SentRetention keeps sent rows this long before cleanup; 0 deletes
-	// rows as they are sent. It must agree with the Store's KeepSent.
+	// rows as they are sent, retry.Forever keeps them. It must agree with
+	// the Store's KeepSent.
 	SentRetention time.Duration
 	// DeadLetterRetention keeps dead-lettered and discarded rows this
-	// long after they were dead-lettered; a negative value keeps them for
-	// ever. Default 14 days.
+	// long after they were dead-lettered; retry.Forever keeps them until
+	// an operator handles them. Default 14 days.
 	DeadLetterRetention time.Duration
 	// CleanupInterval is how often rows past their retention are deleted.
 	// Default 1m.
@@ -184,7 +185,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("relay: payload_cap %d is above max_batch_bytes %d", c.PayloadCap, c.MaxBatchBytes))
 	}
 	for name, v := range map[string]time.Duration{"poll_interval": c.PollInterval, "publish_timeout": c.PublishTimeout,
-		"drain_timeout": c.DrainTimeout, "sent_retention": c.SentRetention, "cleanup_interval": c.CleanupInterval,
+		"drain_timeout": c.DrainTimeout, "sent_retention": c.SentRetention, "dead_letter_retention": c.DeadLetterRetention, "cleanup_interval": c.CleanupInterval,
 		"pause_base": c.PauseBase, "pause_max": c.PauseMax, "query_timeout": c.QueryTimeout} {
 		if v < 0 {
 			errs = append(errs, fmt.Errorf("relay: %s is %s; it must not be negative", name, v))
@@ -235,7 +236,7 @@ func New(cfg Config) (*Relay, error) {
 	r.leases = &leaser{store: cfg.Store, inflight: &r.inflight, tally: &r.tally, log: r.log,
 		publishTimeout: cfg.PublishTimeout, queryTimeout: cfg.QueryTimeout, wake: r.wakeAll}
 	r.cleaner = &cleaner{store: cfg.Store, log: r.log, config: cleanerConfig{
-		SentRetention: cfg.SentRetention, DeadLetterRetention: max(cfg.DeadLetterRetention, 0),
+		SentRetention: cfg.SentRetention, DeadLetterRetention: cfg.DeadLetterRetention,
 		Interval: cfg.CleanupInterval, Timeout: cfg.QueryTimeout, BatchSize: DefaultCleanupBatch,
 	}}
 	return r, nil

@@ -627,7 +627,7 @@ func TestClaimsNextBatchWhilePublishing(t *testing.T) {
 	}}
 	// A claim ahead needs two connections to spare: nothing else here
 	// takes one (no cleanup, no polling) until the first publish is over.
-	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DeadLetterRetention: -1}})
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DeadLetterRetention: retry.Forever}})
 	rel.Store(h.relay)
 	testwait.For(t, "every row published", func() bool { return len(pub.published()) >= 30 })
 	testwait.For(t, "delivery", func() bool { return count(t, s.Pool, "true") == 0 })
@@ -653,7 +653,7 @@ func TestStopReleasesBatchClaimedAhead(t *testing.T) {
 			<-release
 		}
 	}}
-	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DrainTimeout: time.Minute, DeadLetterRetention: -1}})
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10, DrainTimeout: time.Minute, DeadLetterRetention: retry.Forever}})
 	rel.Store(h.relay)
 	<-claimedAhead
 	h.cancel() // the first batch finishes; the one claimed ahead is not published

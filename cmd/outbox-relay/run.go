@@ -89,7 +89,7 @@ func (a *app) run(ctx context.Context) error {
 	}
 	policy, err := retry.NewPolicy(retry.PolicyConfig{
 		MaxAttempts:   cfg.Retry.MaxAttempts,
-		MaxAge:        forever(cfg.Retry.MaxAge),
+		MaxAge:        cfg.Retry.MaxAge,
 		Strategy:      retry.Strategy(cfg.Retry.Strategy),
 		BaseDelay:     cfg.Retry.BaseDelay,
 		MaxDelay:      cfg.Retry.MaxDelay,
@@ -164,7 +164,7 @@ func (a *app) run(ctx context.Context) error {
 		QueryTimeout:        cfg.Database.QueryTimeout,
 		OnDeadLetter:        cfg.Relay.OnDeadLetter,
 		SentRetention:       cfg.Relay.SentRetention,
-		DeadLetterRetention: forever(cfg.Relay.DeadLetterRetention),
+		DeadLetterRetention: cfg.Relay.DeadLetterRetention,
 		CleanupInterval:     cfg.Relay.CleanupInterval,
 		PauseBase:           cfg.Retry.PauseBase,
 		PauseMax:            cfg.Retry.PauseMax,
@@ -209,16 +209,6 @@ func (a *app) run(ctx context.Context) error {
 	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names),
 		slog.Bool("strict_order", cfg.Relay.StrictOrder))
 	return r.Run(ctx)
-}
-
-// forever maps the configuration's 0 for "no limit" (retry.max_age,
-// relay.dead_letter_retention) to the negative the relay and the retry
-// policy take for it, since their 0 means the default.
-func forever(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }
 
 // idleGrace is added to the publish timeout for the server-side idle

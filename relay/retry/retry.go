@@ -310,6 +310,11 @@ type Failure struct {
 	PrevDelay time.Duration
 }
 
+// Forever is a limit that never ends: a MaxAge (or a retention) of
+// Forever turns the limit off. It is the longest time.Duration, so that
+// comparisons with it need no special case.
+const Forever = time.Duration(math.MaxInt64)
+
 // Defaults of Policy.
 const (
 	DefaultMaxAttempts   = 25
@@ -326,7 +331,8 @@ type Policy struct {
 	// which a transient failure dead-letters the row (retries_exhausted).
 	MaxAttempts int
 	// MaxAge is the age after which a failing row is dead-lettered
-	// (max_age_exceeded) whatever its attempts; 0 disables the limit.
+	// (max_age_exceeded) whatever its attempts; Forever disables the
+	// limit.
 	MaxAge  time.Duration
 	Backoff Backoff
 	// MaxRetryAfter caps a destination's Retry-After hint, so a receiver
@@ -340,7 +346,7 @@ type Policy struct {
 // PolicyConfig configures NewPolicy. Zero values take the defaults.
 type PolicyConfig struct {
 	MaxAttempts   int
-	MaxAge        time.Duration // negative disables the limit
+	MaxAge        time.Duration // Forever disables the limit
 	Strategy      Strategy
 	BaseDelay     time.Duration
 	MaxDelay      time.Duration
@@ -363,6 +369,9 @@ func (c PolicyConfig) Validate() error {
 		if !ok {
 			errs = append(errs, fmt.Errorf("strategy %q is not one of full, equal, decorrelated, none", c.Strategy))
 		}
+	}
+	if c.MaxAge < 0 {
+		errs = append(errs, fmt.Errorf("max_age is %s; it must not be negative (Forever turns the limit off)", c.MaxAge))
 	}
 	if c.BaseDelay < 0 || c.MaxDelay < 0 || c.MaxRetryAfter < 0 {
 		errs = append(errs, errors.New("base_delay, max_delay and max_retry_after must not be negative"))
@@ -388,11 +397,8 @@ func NewPolicy(c PolicyConfig) (*Policy, error) {
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
-	switch {
-	case p.MaxAge == 0:
+	if p.MaxAge == 0 {
 		p.MaxAge = DefaultMaxAge
-	case p.MaxAge < 0:
-		p.MaxAge = 0
 	}
 	if p.Backoff.Strategy == "" {
 		p.Backoff.Strategy = DefaultStrategy

@@ -150,8 +150,12 @@ func TestPolicyDefaultsAndValidation(t *testing.T) {
 	if d := p.Decide(retry.Failure{Err: errors.New("x"), Attempt: 1}); d.Delay != 2*time.Second {
 		t.Fatalf("full jitter at the top of attempt 1 = %v, want 2s", d.Delay)
 	}
-	if p := newPolicy(t, retry.PolicyConfig{MaxAge: -1}); p.MaxAge != 0 {
-		t.Fatalf("negative max age should disable the limit, got %v", p.MaxAge)
+	p = newPolicy(t, retry.PolicyConfig{MaxAge: retry.Forever, MaxAttempts: 1000})
+	if d := p.Decide(retry.Failure{Err: errors.New("boom"), Age: 100 * 365 * 24 * time.Hour}); d.Action != retry.Retry {
+		t.Fatalf("a century-old row with max age Forever: %+v, want a retry", d)
+	}
+	if _, err := retry.NewPolicy(retry.PolicyConfig{MaxAge: -time.Hour}); err == nil {
+		t.Fatal("a negative max age was accepted")
 	}
 	_, err := retry.NewPolicy(retry.PolicyConfig{MaxAttempts: -1, Strategy: "random", BaseDelay: time.Minute, MaxDelay: time.Second})
 	if err == nil {

@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"reflect"
 	"regexp"
 	"slices"
@@ -33,7 +32,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // EnvPrefix starts the name of every configuration environment variable.
@@ -62,8 +63,9 @@ type Config struct {
 	Retry    Retry    `koanf:"retry"`
 	// Kafka is the default destination, named kafka, when brokers are
 	// set.
-	Kafka Kafka `koanf:"kafka"`
-	// Destinations are further Kafka clusters and HTTP endpoints, by name.
+	Kafka kafka.Settings `koanf:"kafka"`
+	// Destinations are further Kafka clusters, HTTP endpoints and other
+	// sinks, by name.
 	Destinations map[string]Destination `koanf:"destinations"`
 	// Routes map topics to destinations, first match first. Without
 	// routes every topic goes to the kafka destination.
@@ -144,51 +146,6 @@ type Retry struct {
 	PauseBase time.Duration `koanf:"pause_base"`
 	PauseMax  time.Duration `koanf:"pause_max"`
 }
-
-// Kafka configures the Kafka destination.
-type Kafka struct {
-	// Brokers are the bootstrap brokers, host:port; comma-separated in
-	// OUTBOX_KAFKA_BROKERS. Required by run.
-	Brokers []string `koanf:"brokers"`
-	// ClientID names the relay to the brokers. Default outbox-relay.
-	ClientID string `koanf:"client_id"`
-	// DialTimeout bounds connecting to a broker. Default 5s.
-	DialTimeout time.Duration `koanf:"dial_timeout"`
-	TLS         TLS           `koanf:"tls"`
-	SASL        KafkaSASL     `koanf:"sasl"`
-}
-
-// TLS configures TLS to a destination.
-type TLS struct {
-	// Enabled turns TLS on for Kafka, verifying brokers against the
-	// system roots or CAFile. (HTTP destinations use TLS for https URLs.)
-	Enabled bool `koanf:"enabled"`
-	// CAFile is a PEM bundle of extra roots.
-	CAFile string `koanf:"ca_file"`
-	// CertFile and KeyFile are a PEM client certificate and key (mTLS).
-	CertFile string `koanf:"cert_file"`
-	KeyFile  string `koanf:"key_file"`
-	// ServerName overrides the name verified in servers' certificates.
-	ServerName string `koanf:"server_name"`
-	// InsecureSkipVerify disables certificate verification. Never in
-	// production.
-	InsecureSkipVerify bool `koanf:"insecure_skip_verify"`
-}
-
-// KafkaSASL configures SASL authentication.
-type KafkaSASL struct {
-	// Mechanism is plain, scram-sha-256 or scram-sha-512; empty disables
-	// SASL.
-	Mechanism string `koanf:"mechanism"`
-	Username  string `koanf:"username"`
-	// Password is a secret: set it with OUTBOX_KAFKA_SASL_PASSWORD or in
-	// the file, or put it in a file named by password_file.
-	Password     string `koanf:"password"`
-	PasswordFile string `koanf:"password_file"`
-}
-
-// SASL mechanisms.
-var saslMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
 
 // Need says what a command requires of the configuration beyond what is
 // always checked.
@@ -285,7 +242,7 @@ func defaults() Config {
 			PauseBase:     relay.DefaultPauseBase,
 			PauseMax:      relay.DefaultPauseMax,
 		},
-		Kafka: Kafka{ClientID: "outbox-relay", DialTimeout: 5 * time.Second},
+		Kafka: kafka.Settings{ClientID: kafka.DefaultClientID, DialTimeout: kafka.DefaultDialTimeout},
 	}
 }
 
@@ -414,17 +371,19 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 		if *into != "" || file == "" {
 			return
 		}
-		b, err := os.ReadFile(file)
+		v, err := sink.ReadSecretFile(path, file)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", path, err))
-			return
+			problems = append(problems, err.Error())
 		}
-		*into = strings.TrimSpace(string(b))
+		*into = v
 	}
 	readSecret("database.url_file", cfg.Database.URLFile, &cfg.Database.URL)
-	readSecret("kafka.sasl.password_file", cfg.Kafka.SASL.PasswordFile, &cfg.Kafka.SASL.Password)
 	readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
-	problems = append(problems, cfg.resolveDestinations(allEnv(environ), readSecret)...)
+	for _, p := range cfg.decodeSinks(dec) {
+		problems = append(problems, p.text)
+		failed[p.path] = true
+	}
+	problems = append(problems, cfg.resolveSinks(lookupEnv(environ))...)
 	if err := cfg.Validate(need); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) {
@@ -479,16 +438,11 @@ func (c *Config) Validate(need Need) error {
 	if c.Admin.Token != "" && len(c.Admin.Token) < MinAdminToken {
 		p = append(p, fmt.Sprintf("admin.token is %d characters; use at least %d random ones", len(c.Admin.Token), MinAdminToken))
 	}
-	for path, v := range leaves(reflect.ValueOf(*c), "") {
-		if d, ok := v.(time.Duration); ok && d == retry.Forever && !foreverSettings[path] {
-			p = append(p, path+" cannot be forever")
-		}
-	}
+	p = append(p, foreverProblems("", reflect.ValueOf(*c))...)
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
 	p = append(p, c.Retry.problems()...)
-	kafkaNeeded := need&NeedDestinations != 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination))
-	p = append(p, c.Kafka.problems("kafka", kafkaNeeded)...)
-	p = append(p, c.destinationProblems(need)...)
+	p = append(p, c.kafkaProblems(need&NeedDestinations != 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination)))...)
+	p = append(p, c.destinationProblems()...)
 	if len(p) > 0 {
 		return &Error{Problems: p}
 	}
@@ -563,61 +517,6 @@ func (r Retry) problems() []string {
 	return p
 }
 
-func (k Kafka) problems(at string, required bool) []string {
-	var p []string
-	if len(k.Brokers) == 0 && required {
-		if at == "kafka" {
-			p = append(p, "kafka.brokers is required: set "+EnvName("kafka.brokers")+" (comma-separated host:port) or kafka.brokers in the file")
-		} else {
-			p = append(p, at+".brokers is required")
-		}
-	}
-	for _, b := range k.Brokers {
-		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-			p = append(p, fmt.Sprintf("%s.brokers: %q is not host:port", at, b))
-		}
-	}
-	if k.DialTimeout <= 0 {
-		p = append(p, fmt.Sprintf("%s.dial_timeout is %s; it must be positive", at, k.DialTimeout))
-	}
-	if m := k.SASL.Mechanism; m != "" {
-		if !slices.Contains(saslMechanisms, m) {
-			p = append(p, fmt.Sprintf("%s.sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", at, m))
-		}
-		if k.SASL.Username == "" || k.SASL.Password == "" {
-			from := "the file or " + at + ".sasl.password_file"
-			if at == "kafka" {
-				from = EnvName("kafka.sasl.password") + ", " + from
-			}
-			p = append(p, at+".sasl needs username and password (password from "+from+")")
-		}
-	}
-	t := k.TLS
-	if !t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.InsecureSkipVerify) {
-		p = append(p, at+".tls settings are given but "+at+".tls.enabled is false")
-	}
-	p = append(p, t.problems(at+".tls")...)
-	sort.Strings(p)
-	return p
-}
-
-func (t TLS) problems(at string) []string {
-	var p []string
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		p = append(p, at+".cert_file and "+at+".key_file go together")
-	}
-	for name, f := range map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile} {
-		if f == "" {
-			continue
-		}
-		if _, err := os.Stat(f); err != nil {
-			p = append(p, fmt.Sprintf("%s.%s: %v", at, name, err))
-		}
-	}
-	sort.Strings(p)
-	return p
-}
-
 // Forever is the value of a duration setting that has no end.
 const Forever = "forever"
 
@@ -626,6 +525,18 @@ var foreverSettings = map[string]bool{
 	"relay.sent_retention":        true,
 	"relay.dead_letter_retention": true,
 	"retry.max_age":               true,
+}
+
+// foreverProblems reports the duration settings of v, at prefix, that
+// are forever but may not be.
+func foreverProblems(prefix string, v reflect.Value) []string {
+	var p []string
+	for path, x := range leaves(v, prefix) {
+		if d, ok := x.(time.Duration); ok && d == retry.Forever && !foreverSettings[path] {
+			p = append(p, path+" cannot be forever")
+		}
+	}
+	return p
 }
 
 // foreverHook decodes forever into retry.Forever, the longest duration.

@@ -207,7 +207,7 @@ routes:
 		"relay.workers is -1",                                   // a negative count
 		"log.level: unknown level",                              // a bad name
 		"database.url is required",                              // a missing secret
-		"destinations.hook.http: url is required",               // a missing URL
+		"destinations.hook.http.url is required",                // a missing URL
 		"admin.token is 9 characters",                           // a short token
 		`routes: route 2: destination "nowhere" is not defined`, // a bad route
 	}

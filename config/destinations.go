@@ -1,37 +1,34 @@
 package config
 
 import (
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
-	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/go-viper/mapstructure/v2"
+
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/webhook"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // DefaultKafkaDestination names the destination the kafka section
 // defines.
 const DefaultKafkaDestination = "kafka"
 
-// Destination is a named Kafka cluster or HTTP endpoint: exactly one of
-// kafka and http.
+// Destination is a named destination: the relay's settings for it, and
+// the settings of exactly one sink under the sink's kind (kafka, http),
+// which the sink owns (see relay/sink).
 type Destination struct {
-	Kafka *Kafka `koanf:"kafka"`
-	HTTP  *HTTP  `koanf:"http"`
 	// OnDeadLetter is release or block; default relay.on_dead_letter.
 	OnDeadLetter string `koanf:"on_dead_letter"`
 	// MaxInFlight is the bulkhead: the most rows of this destination being
-	// delivered at once. Default 0, unlimited, for Kafka; 64 for HTTP.
+	// delivered at once. Default the sink's: 0, unlimited, for Kafka; 64
+	// for HTTP.
 	MaxInFlight int         `koanf:"max_in_flight"`
 	Breaker     Breaker     `koanf:"breaker"`
 	RetryBudget RetryBudget `koanf:"retry_budget"`
@@ -39,7 +36,16 @@ type Destination struct {
 	// outside the claim's transaction: for slow endpoints. A relay that
 	// dies mid-delivery leaves rows that are delivered again after it.
 	VisibilityTimeout time.Duration `koanf:"visibility_timeout"`
+	// Sinks holds every other key: the sink's settings under its kind,
+	// decoded onto the sink's own type after the rest.
+	Sinks map[string]any `koanf:",remain"`
+
+	kind     string
+	settings sink.Config
 }
+
+// Sink returns the kind of d's sink and its settings.
+func (d Destination) Sink() (kind string, settings sink.Config) { return d.kind, d.settings }
 
 // Breaker configures a destination's circuit breaker, which opens only on
 // failures of the destination as a whole (see relay.BreakerConfig). The
@@ -69,70 +75,14 @@ type RetryBudget struct {
 	Disabled bool `koanf:"disabled"`
 }
 
-// DefaultHTTPMaxInFlight is an HTTP destination's default bulkhead.
-const DefaultHTTPMaxInFlight = 64
-
-// HTTP configures a webhook endpoint.
-type HTTP struct {
-	// URL receives a POST per row. Required.
-	URL string `koanf:"url"`
-	// ContentType is sent for rows without a content-type header. Default
-	// application/json.
-	ContentType string `koanf:"content_type"`
-	// Headers are added to every request.
-	Headers map[string]string `koanf:"headers"`
-	Auth    HTTPAuth          `koanf:"auth"`
-	Signing Signing           `koanf:"signing"`
-	// TLS holds roots and a client certificate (mTLS) for https URLs.
-	TLS TLS `koanf:"tls"`
-	// Timeouts: connecting, the TLS handshake, waiting for response
-	// headers, and the whole request. Defaults 5s, 5s, 10s, 30s.
-	ConnectTimeout        time.Duration `koanf:"connect_timeout"`
-	TLSHandshakeTimeout   time.Duration `koanf:"tls_handshake_timeout"`
-	ResponseHeaderTimeout time.Duration `koanf:"response_header_timeout"`
-	Timeout               time.Duration `koanf:"timeout"`
-	// MaxResponseBytes of a response body are quoted in last_error.
-	// Default 1024.
-	MaxResponseBytes int `koanf:"max_response_bytes"`
-	// Concurrency is the most requests one batch makes at once. Default 8.
-	Concurrency int `koanf:"concurrency"`
-	// AllowPrivateNetworks turns off the SSRF guard (loopback, private and
-	// link-local addresses), for endpoints inside the network.
-	AllowPrivateNetworks bool `koanf:"allow_private_networks"`
-	// StatusClasses overrides how response codes are treated: "409":
-	// transient; classes permanent, transient, systemic.
-	StatusClasses map[string]string `koanf:"status_classes"`
-}
-
-// HTTPAuth authenticates to an endpoint: a bearer token or basic auth,
-// secrets from an environment variable or a file.
-type HTTPAuth struct {
-	BearerTokenEnv  string `koanf:"bearer_token_env"`
-	BearerTokenFile string `koanf:"bearer_token_file"`
-	Username        string `koanf:"username"`
-	PasswordEnv     string `koanf:"password_env"`
-	PasswordFile    string `koanf:"password_file"`
-
-	bearerToken, password string
-}
-
-// Signing configures Standard Webhooks signatures: whsec_ secrets,
-// whitespace-separated, from an environment variable or a file. Give two
-// while rotating.
-type Signing struct {
-	SecretsEnv  string `koanf:"secrets_env"`
-	SecretsFile string `koanf:"secrets_file"`
-
-	secrets []string
-}
-
 // Route maps topics to a destination.
 type Route struct {
 	// Topics are names or globs (*, ?, [a-z]).
 	Topics []string `koanf:"topics"`
 	// Destination is kafka (the kafka section) or a destinations entry.
 	Destination string `koanf:"destination"`
-	// Topic replaces the row's topic on a Kafka destination.
+	// Topic replaces the row's topic, on destinations whose sink names
+	// topics (Kafka).
 	Topic string `koanf:"topic"`
 }
 
@@ -148,64 +98,105 @@ func (c *Config) routesTo(dest string) bool {
 	return false
 }
 
-// resolveDestinations applies the defaults to named destinations and reads
-// their secrets; it returns the problems found doing so.
-func (c *Config) resolveDestinations(env map[string]string, readFile func(path, file string, into *string)) []string {
-	var p []string
-	fromEnv := func(path, name string, into *string) {
-		if name == "" || *into != "" {
-			return
-		}
-		v, ok := env[name]
-		if !ok || v == "" {
-			p = append(p, fmt.Sprintf("%s: environment variable %s is not set", path, name))
-			return
-		}
-		*into = strings.TrimSpace(v)
-	}
+// decodeSinks decodes each destination's sink settings onto the type its
+// sink registered, with the decoder settings of the rest (dec), and gives
+// a destination that sets no bulkhead its sink's.
+func (c *Config) decodeSinks(dec *mapstructure.DecoderConfig) []decodeProblem {
+	var out []decodeProblem
 	for name, d := range c.Destinations {
 		at := "destinations." + name
-		if d.Kafka != nil {
-			if d.Kafka.ClientID == "" {
-				d.Kafka.ClientID = c.Kafka.ClientID
+		for key, raw := range d.Sinks {
+			s, ok := sink.Lookup(key)
+			if !ok {
+				out = append(out, decodeProblem{at + "." + key, "unknown setting " + at + "." + key})
+				continue
 			}
-			if d.Kafka.DialTimeout == 0 {
-				d.Kafka.DialTimeout = c.Kafka.DialTimeout
+			if d.settings != nil {
+				continue // reported by destinationProblems
 			}
-			readFile(at+".kafka.sasl.password_file", d.Kafka.SASL.PasswordFile, &d.Kafka.SASL.Password)
-		}
-		if h := d.HTTP; h != nil {
-			for _, pair := range [][3]string{
-				{"auth.bearer_token", h.Auth.BearerTokenEnv, h.Auth.BearerTokenFile},
-				{"auth.password", h.Auth.PasswordEnv, h.Auth.PasswordFile},
-				{"signing.secrets", h.Signing.SecretsEnv, h.Signing.SecretsFile},
-			} {
-				if pair[1] != "" && pair[2] != "" {
-					p = append(p, fmt.Sprintf("%s.http.%s: give _env or _file, not both", at, pair[0]))
+			settings := s.New()
+			conf := *dec
+			conf.Result = settings
+			decoder, err := mapstructure.NewDecoder(&conf)
+			if err == nil {
+				err = decoder.Decode(raw)
+			}
+			if err != nil {
+				for _, p := range decodeProblems(err) {
+					path, text := at+"."+key, at+"."+key+": "+p.text
+					if p.path != "" {
+						path += "." + p.path
+						text = strings.Replace(p.text, p.path, path, 1)
+					}
+					out = append(out, decodeProblem{path, text})
 				}
+				continue
 			}
-			fromEnv(at+".http.auth.bearer_token_env", h.Auth.BearerTokenEnv, &h.Auth.bearerToken)
-			readFile(at+".http.auth.bearer_token_file", h.Auth.BearerTokenFile, &h.Auth.bearerToken)
-			fromEnv(at+".http.auth.password_env", h.Auth.PasswordEnv, &h.Auth.password)
-			readFile(at+".http.auth.password_file", h.Auth.PasswordFile, &h.Auth.password)
-			var secrets string
-			fromEnv(at+".http.signing.secrets_env", h.Signing.SecretsEnv, &secrets)
-			readFile(at+".http.signing.secrets_file", h.Signing.SecretsFile, &secrets)
-			h.Signing.secrets = strings.Fields(secrets)
-			if (h.Signing.SecretsEnv != "" || h.Signing.SecretsFile != "") && len(h.Signing.secrets) == 0 {
-				p = append(p, at+".http.signing: no secrets found; signing would be off")
+			if in, ok := settings.(*kafka.Settings); ok {
+				in.Inherit(&c.Kafka)
 			}
+			d.kind, d.settings = key, settings
 			if d.MaxInFlight == 0 {
-				d.MaxInFlight = DefaultHTTPMaxInFlight
+				d.MaxInFlight = s.MaxInFlight
 			}
 		}
 		c.Destinations[name] = d
+	}
+	return out
+}
+
+// resolveSinks reads the secrets the sinks' settings name.
+func (c *Config) resolveSinks(lookupEnv func(string) (string, bool)) []string {
+	p := sinkProblems("kafka", &c.Kafka, c.Kafka.Resolve(lookupEnv))
+	for name, d := range c.Destinations {
+		if d.settings != nil {
+			p = append(p, sinkProblems("destinations."+name+"."+d.kind, d.settings, d.settings.Resolve(lookupEnv))...)
+		}
+	}
+	return p
+}
+
+// kafkaProblems checks the kafka section, which must name brokers when
+// routes send to it.
+func (c *Config) kafkaProblems(needed bool) []string {
+	var p []string
+	for _, line := range sinkProblems("kafka", &c.Kafka, c.Kafka.Validate()) {
+		if line == "kafka."+kafka.ErrNoBrokers.Error() {
+			if needed {
+				p = append(p, "kafka.brokers is required: set "+EnvName("kafka.brokers")+" (comma-separated host:port) or kafka.brokers in the file")
+			}
+			continue
+		}
+		p = append(p, line)
+	}
+	return p
+}
+
+// sinkProblems turns a sink's error into problems under at, one per line:
+// a line about one setting of the sink's settings joins its path to at
+// (destinations.x.http.url is required); another follows at and a colon.
+func sinkProblems(at string, settings any, err error) []string {
+	if err == nil {
+		return nil
+	}
+	paths := leafPaths(reflect.TypeOf(settings).Elem(), "")
+	var p []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if line == "" {
+			continue
+		}
+		head := line[:strings.IndexAny(line+" ", " :")]
+		if slices.ContainsFunc(paths, func(s string) bool { return s == head || strings.HasPrefix(s, head+".") }) {
+			p = append(p, at+"."+line)
+		} else {
+			p = append(p, at+": "+line)
+		}
 	}
 	return p
 }
 
 // destinationProblems checks the named destinations and the routes.
-func (c *Config) destinationProblems(need Need) []string {
+func (c *Config) destinationProblems() []string {
 	var p []string
 	names := []string{}
 	if len(c.Kafka.Brokers) > 0 {
@@ -219,25 +210,20 @@ func (c *Config) destinationProblems(need Need) []string {
 		} else if !destinationName.MatchString(name) {
 			p = append(p, at+": a destination name is lowercase letters, digits, - and _")
 		}
-		switch {
-		case (d.Kafka == nil) == (d.HTTP == nil):
-			p = append(p, at+" needs exactly one of kafka or http")
-		case d.Kafka != nil:
-			p = append(p, d.Kafka.problems(at+".kafka", true)...)
-		default:
-			wc, err := d.HTTP.Webhook(name)
-			for _, err := range []error{err, wc.Validate()} {
-				if err != nil {
-					for _, line := range strings.Split(err.Error(), "\n") {
-						p = append(p, at+".http: "+line)
-					}
-				}
-			}
-			p = append(p, d.HTTP.TLS.problems(at+".http.tls")...)
-			if d.HTTP.TLS.Enabled {
-				p = append(p, at+".http.tls.enabled is not used: an https URL turns TLS on")
+		var kinds int
+		for key := range d.Sinks {
+			if _, ok := sink.Lookup(key); ok {
+				kinds++
 			}
 		}
+		if kinds != 1 {
+			p = append(p, at+" needs exactly one of "+orList(sink.Kinds()))
+		}
+		if d.settings != nil {
+			p = append(p, sinkProblems(at+"."+d.kind, d.settings, d.settings.Validate())...)
+			p = append(p, foreverProblems(at+"."+d.kind+".", reflect.ValueOf(d.settings).Elem())...)
+		}
+		p = append(p, foreverProblems(at+".", reflect.ValueOf(d))...)
 		settings := d.relayDestination(name)
 		if err := settings.ValidateSettings(); err != nil {
 			for _, line := range strings.Split(err.Error(), "\n") {
@@ -261,18 +247,49 @@ func (c *Config) destinationProblems(need Need) []string {
 		if r.Topic == "" {
 			continue
 		}
-		d, named := c.Destinations[r.Destination]
+		s, ok := c.sinkOf(r.Destination)
 		switch {
-		case named && d.Kafka == nil:
-			p = append(p, fmt.Sprintf("routes: route %d: topic is only for Kafka destinations", i+1))
-		case named || r.Destination == DefaultKafkaDestination:
-			if err := kafka.ValidateTopic(r.Topic); err != nil {
+		case !ok:
+		case s.ValidateTopic == nil:
+			p = append(p, fmt.Sprintf("routes: route %d: topic is only for %s destinations", i+1, orList(topicKinds())))
+		default:
+			if err := s.ValidateTopic(r.Topic); err != nil {
 				p = append(p, fmt.Sprintf("routes: route %d: %v", i+1, err))
 			}
 		}
 	}
 	sort.Strings(p)
 	return p
+}
+
+// sinkOf returns the sink of the destination named name.
+func (c *Config) sinkOf(name string) (sink.Sink, bool) {
+	if d, ok := c.Destinations[name]; ok {
+		return sink.Lookup(d.kind)
+	}
+	if name == DefaultKafkaDestination {
+		return sink.Lookup("kafka")
+	}
+	return sink.Sink{}, false
+}
+
+// topicKinds lists the sinks whose destinations take a route's topic.
+func topicKinds() []string {
+	var out []string
+	for _, k := range sink.Kinds() {
+		if s, _ := sink.Lookup(k); s.ValidateTopic != nil {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// orList writes a, b or c.
+func orList(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " or " + words[len(words)-1]
 }
 
 func (c *Config) relayRoutes() []relay.Route {
@@ -283,23 +300,24 @@ func (c *Config) relayRoutes() []relay.Route {
 	return out
 }
 
-// DestinationSettings are the relay settings of every destination: the
-// kafka section's, if it has brokers, and the named ones, sorted by name.
-// Kafka and HTTP hold the sink configuration of each.
+// DestinationSettings are what the relay needs of a destination: its
+// sink, the sink's settings, and the relay's settings.
 type DestinationSettings struct {
-	Name  string
-	Kafka *Kafka
-	HTTP  *HTTP
-	Relay relay.Destination // without a Publisher
+	Name     string
+	Sink     sink.Sink
+	Settings sink.Config
+	Relay    relay.Destination // without a Publisher
 }
 
-// DestinationList lists the destinations and the routes for the relay.
-// Without routes, every topic goes to kafka.
+// DestinationList lists the destinations and the routes for the relay:
+// the kafka section's, if it has brokers and is routed to, then the named
+// ones, sorted by name. Without routes, every topic goes to kafka.
 func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 	var out []DestinationSettings
 	if len(c.Kafka.Brokers) > 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination)) {
+		s, _ := sink.Lookup("kafka")
 		k := c.Kafka
-		out = append(out, DestinationSettings{Name: DefaultKafkaDestination, Kafka: &k,
+		out = append(out, DestinationSettings{Name: DefaultKafkaDestination, Sink: s, Settings: &k,
 			Relay: relay.Destination{Name: DefaultKafkaDestination}})
 	}
 	names := make([]string, 0, len(c.Destinations))
@@ -309,7 +327,8 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 	slices.Sort(names)
 	for _, name := range names {
 		d := c.Destinations[name]
-		out = append(out, DestinationSettings{Name: name, Kafka: d.Kafka, HTTP: d.HTTP, Relay: d.relayDestination(name)})
+		s, _ := sink.Lookup(d.kind)
+		out = append(out, DestinationSettings{Name: name, Sink: s, Settings: d.settings, Relay: d.relayDestination(name)})
 	}
 	routes := c.relayRoutes()
 	if len(routes) == 0 {
@@ -332,87 +351,16 @@ func (d Destination) relayDestination(name string) relay.Destination {
 	}
 }
 
-// Webhook returns the HTTP sink configuration of h.
-func (h *HTTP) Webhook(name string) (webhook.Config, error) {
-	wc := webhook.Config{
-		Name:                  name,
-		URL:                   h.URL,
-		ContentType:           h.ContentType,
-		Headers:               h.Headers,
-		BearerToken:           h.Auth.bearerToken,
-		Username:              h.Auth.Username,
-		Password:              h.Auth.password,
-		SigningSecrets:        h.Signing.secrets,
-		ConnectTimeout:        h.ConnectTimeout,
-		TLSHandshakeTimeout:   h.TLSHandshakeTimeout,
-		ResponseHeaderTimeout: h.ResponseHeaderTimeout,
-		Timeout:               h.Timeout,
-		MaxResponseBytes:      h.MaxResponseBytes,
-		Concurrency:           h.Concurrency,
-		AllowPrivateNetworks:  h.AllowPrivateNetworks,
-	}
-	var errs []error
-	for code, class := range h.StatusClasses {
-		n, err := strconv.Atoi(code)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("status_classes: %q is not a status code", code))
-			continue
-		}
-		c, ok := map[string]retry.Class{"permanent": retry.ClassPermanent, "transient": retry.ClassTransient, "systemic": retry.ClassSystemic}[class]
-		if !ok {
-			errs = append(errs, fmt.Errorf("status_classes: %s is %q; use permanent, transient or systemic", code, class))
-			continue
-		}
-		if wc.StatusClasses == nil {
-			wc.StatusClasses = map[int]retry.Class{}
-		}
-		wc.StatusClasses[n] = c
-	}
-	if h.TLS.CAFile != "" || h.TLS.CertFile != "" || h.TLS.ServerName != "" || h.TLS.InsecureSkipVerify {
-		tc, err := h.TLS.ClientConfig()
-		if err != nil {
-			errs = append(errs, err)
-		}
-		wc.TLS = tc
-	}
-	return wc, errors.Join(errs...)
-}
-
-// ClientConfig builds the TLS client configuration t describes.
-func (t TLS) ClientConfig() (*tls.Config, error) {
-	tc := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         t.ServerName,
-		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // an explicit operator choice
-	}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls.ca_file: %w", err)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls.ca_file %s holds no PEM certificate", t.CAFile)
-		}
-		tc.RootCAs = roots
-	}
-	if t.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls client certificate: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
-}
-
-// allEnv maps every environment variable, for settings that name one.
-func allEnv(environ []string) map[string]string {
+// lookupEnv looks variables up in environ, for settings that name one.
+func lookupEnv(environ []string) func(string) (string, bool) {
 	m := make(map[string]string, len(environ))
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			m[k] = v
 		}
 	}
-	return m
+	return func(name string) (string, bool) {
+		v, ok := m[name]
+		return v, ok
+	}
 }

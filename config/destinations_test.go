@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
 const secretA = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -60,15 +62,19 @@ routes:
 	if len(routes) != 3 || routes[1].Topic != "events" || routes[1].Destination != "analytics" {
 		t.Fatalf("routes %+v", routes)
 	}
-	an := dests[1]
-	if an.Kafka == nil || len(an.Kafka.Brokers) != 2 || an.Kafka.ClientID != "outbox-relay" || an.Kafka.DialTimeout != 5*time.Second {
-		t.Fatalf("analytics = %+v", an.Kafka)
+	an, ok := dests[1].Settings.(*kafka.Settings)
+	if !ok || dests[1].Sink.Kind != "kafka" || len(an.Brokers) != 2 || an.ClientID != "outbox-relay" || an.DialTimeout != 5*time.Second {
+		t.Fatalf("analytics = %+v", dests[1])
 	}
 	b := dests[2]
-	if b.Relay.OnDeadLetter != "block" || b.Relay.Breaker.Failures != 3 || b.Relay.MaxInFlight != config.DefaultHTTPMaxInFlight {
+	if b.Relay.OnDeadLetter != "block" || b.Relay.Breaker.Failures != 3 || b.Relay.MaxInFlight != webhook.DefaultMaxInFlight {
 		t.Fatalf("billing relay settings %+v", b.Relay)
 	}
-	wc, err := b.HTTP.Webhook("billing")
+	hs, ok := b.Settings.(*webhook.Settings)
+	if !ok || hs.Timeout != 5*time.Second || hs.StatusClasses["409"] != "transient" {
+		t.Fatalf("billing = %+v", b)
+	}
+	wc, err := hs.Config("billing")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +116,8 @@ destinations:
       auth: {bearer_token_env: MISSING_TOKEN, username: u}
       signing: {secrets_env: HOOK_SECRETS}
       status_classes: {"409": retryable, "abc": transient}
+  analytics:
+    kafka: {brokers: [a:9092]}
   unused:
     kafka: {brokers: [nohost]}
     visibility_timeout: 500ms
@@ -130,7 +138,7 @@ routes:
     destination: kafka
     topic: "orders placed"
   - topics: ["e"]
-    destination: both
+    destination: analytics
     topic: ".."
 `)
 	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://db/app", "HOOK_SECRETS=not-a-secret"},
@@ -142,9 +150,9 @@ routes:
 	for _, want := range []string{
 		"destinations.kafka: the name kafka is taken",
 		"destinations.Bad_Name: a destination name is lowercase",
-		"destinations.both needs exactly one of kafka or http",
+		"destinations.both needs exactly one of http or kafka",
 		`destinations.hooks.on_dead_letter is "park"`,
-		`destinations.hooks.http: url "ftp://files.example/up" must be http or https`,
+		`destinations.hooks.http.url "ftp://files.example/up" must be http or https`,
 		`header "Idempotency-Key" is set by the relay`,
 		"destinations.hooks.http.auth.bearer_token_env: environment variable MISSING_TOKEN is not set",
 		"basic auth needs both username and password",
@@ -160,7 +168,7 @@ routes:
 		"destinations.unused.retry_budget.ratio is -0.5; it must not be negative",
 		`routes: route 1: topic pattern "[x" is not a valid glob`,
 		`routes: route 1: destination "nowhere" is not defined`,
-		"routes: route 2: topic is only for Kafka destinations",
+		"routes: route 2: topic is only for kafka destinations",
 		`routes: route 5: kafka: topic name "orders placed" has an illegal character at byte 6`,
 		`routes: route 6: kafka: ".." is not a legal topic name`, // a named Kafka destination
 	} {
@@ -170,5 +178,65 @@ routes:
 	}
 	if strings.Contains(msg, "not-a-secret") {
 		t.Errorf("a secret appears in the error:\n%s", msg)
+	}
+}
+
+// Each sink reads its own settings and secrets; a key that no sink
+// registered is an unknown setting, and forever is refused where it would
+// mean a timeout that never ends.
+func TestSinkSettings(t *testing.T) {
+	t.Parallel()
+	pwFile := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(pwFile, []byte("kafka-pass\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := writeFile(t, `
+kafka:
+  client_id: shop
+  brokers: [k:9092]
+destinations:
+  analytics:
+    kafka:
+      brokers: [a:9092]
+      sasl: {mechanism: scram-sha-512, username: relay, password_file: `+pwFile+`}
+routes:
+  - topics: ["*"]
+    destination: analytics
+`)
+	cfg, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDestinations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests, _ := cfg.DestinationList()
+	k := dests[0].Settings.(*kafka.Settings)
+	if dests[0].Name != "analytics" || k.SASL.Password != "kafka-pass" || k.ClientID != "shop" || k.DialTimeout != kafka.DefaultDialTimeout {
+		t.Fatalf("analytics = %+v", k)
+	}
+
+	path = writeFile(t, `
+destinations:
+  mail:
+    smtp: {host: mail.example}
+  hook:
+    http: {url: "https://h.example", timeout: forever}
+    breaker: {failing_for: forever}
+    sasl: {}
+routes:
+  - topics: ["*"]
+    destination: hook
+  - topics: ["m"]
+    destination: mail
+`)
+	_, err = config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDestinations)
+	for _, want := range []string{
+		"unknown setting destinations.mail.smtp",
+		"destinations.mail needs exactly one of http or kafka",
+		"unknown setting destinations.hook.sasl",
+		"destinations.hook.http.timeout cannot be forever",
+		"destinations.hook.breaker.failing_for cannot be forever",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
@@ -178,15 +180,18 @@ func TestExampleDocumentsEveryDestinationField(t *testing.T) {
 			}
 		}
 	}
-	for kind, other := range map[string]string{"kafka": "http.", "http": "kafka."} {
+	for _, kind := range []string{"kafka", "http"} {
 		name, ok := byKind[kind]
 		if !ok {
 			t.Errorf("the example has no %s destination", kind)
 			continue
 		}
-		for _, field := range fieldPaths(reflect.TypeOf(Destination{}), "") {
-			if strings.HasPrefix(field, other) {
-				continue
+		s, _ := sink.Lookup(kind)
+		fields := fieldPaths(reflect.TypeOf(Destination{}), "")
+		fields = append(fields, fieldPaths(reflect.TypeOf(s.New()).Elem(), kind+".")...)
+		for _, field := range fields {
+			if strings.HasPrefix(field, ",") {
+				continue // the sinks' settings, listed after the rest
 			}
 			path := "destinations." + name + "." + field
 			if _, ok := lookup(all, path); !ok {
@@ -260,9 +265,12 @@ func TestExampleLoads(t *testing.T) {
 	}
 	// The destinations show their defaults too.
 	k, h := cfg.Destinations["analytics"], cfg.Destinations["orders-hook"]
+	_, ks := k.Sink()
+	_, hs := h.Sink()
+	kafkaSettings, httpSettings := ks.(*kafka.Settings), hs.(*webhook.Settings)
 	for name, c := range map[string]struct{ got, want any }{
-		"analytics.kafka.client_id":                {k.Kafka.ClientID, cfg.Kafka.ClientID},
-		"analytics.kafka.dial_timeout":             {k.Kafka.DialTimeout, cfg.Kafka.DialTimeout},
+		"analytics.kafka.client_id":                {kafkaSettings.ClientID, cfg.Kafka.ClientID},
+		"analytics.kafka.dial_timeout":             {kafkaSettings.DialTimeout, cfg.Kafka.DialTimeout},
 		"analytics.max_in_flight":                  {k.MaxInFlight, 0},
 		"analytics.breaker.failures":               {k.Breaker.Failures, relay.DefaultBreakerFailures},
 		"analytics.breaker.successes":              {k.Breaker.Successes, relay.DefaultBreakerSuccesses},
@@ -270,21 +278,21 @@ func TestExampleLoads(t *testing.T) {
 		"analytics.breaker.failing_for":            {k.Breaker.FailingFor, relay.DefaultBreakerFailingFor},
 		"analytics.retry_budget.ratio":             {k.RetryBudget.Ratio, relay.DefaultRetryBudgetRatio},
 		"analytics.retry_budget.min_per_second":    {k.RetryBudget.MinPerSecond, relay.DefaultRetryBudgetMinRate},
-		"orders-hook.max_in_flight":                {h.MaxInFlight, DefaultHTTPMaxInFlight},
+		"orders-hook.max_in_flight":                {h.MaxInFlight, webhook.DefaultMaxInFlight},
 		"orders-hook.breaker.failures":             {h.Breaker.Failures, relay.DefaultBreakerFailures},
 		"orders-hook.breaker.successes":            {h.Breaker.Successes, relay.DefaultBreakerSuccesses},
 		"orders-hook.breaker.failing_rows":         {h.Breaker.FailingRows, relay.DefaultBreakerFailingRows},
 		"orders-hook.breaker.failing_for":          {h.Breaker.FailingFor, relay.DefaultBreakerFailingFor},
 		"orders-hook.retry_budget.ratio":           {h.RetryBudget.Ratio, relay.DefaultRetryBudgetRatio},
 		"orders-hook.retry_budget.min_per_second":  {h.RetryBudget.MinPerSecond, relay.DefaultRetryBudgetMinRate},
-		"orders-hook.http.content_type":            {h.HTTP.ContentType, webhook.DefaultContentType},
-		"orders-hook.http.connect_timeout":         {h.HTTP.ConnectTimeout, webhook.DefaultConnectTimeout},
-		"orders-hook.http.tls_handshake_timeout":   {h.HTTP.TLSHandshakeTimeout, webhook.DefaultTLSHandshakeTimeout},
-		"orders-hook.http.response_header_timeout": {h.HTTP.ResponseHeaderTimeout, webhook.DefaultResponseHeaderTimeout},
-		"orders-hook.http.timeout":                 {h.HTTP.Timeout, webhook.DefaultTimeout},
-		"orders-hook.http.max_response_bytes":      {h.HTTP.MaxResponseBytes, webhook.DefaultMaxResponseBytes},
-		"orders-hook.http.concurrency":             {h.HTTP.Concurrency, webhook.DefaultConcurrency},
-		"orders-hook.http.allow_private_networks":  {h.HTTP.AllowPrivateNetworks, false},
+		"orders-hook.http.content_type":            {httpSettings.ContentType, webhook.DefaultContentType},
+		"orders-hook.http.connect_timeout":         {httpSettings.ConnectTimeout, webhook.DefaultConnectTimeout},
+		"orders-hook.http.tls_handshake_timeout":   {httpSettings.TLSHandshakeTimeout, webhook.DefaultTLSHandshakeTimeout},
+		"orders-hook.http.response_header_timeout": {httpSettings.ResponseHeaderTimeout, webhook.DefaultResponseHeaderTimeout},
+		"orders-hook.http.timeout":                 {httpSettings.Timeout, webhook.DefaultTimeout},
+		"orders-hook.http.max_response_bytes":      {httpSettings.MaxResponseBytes, webhook.DefaultMaxResponseBytes},
+		"orders-hook.http.concurrency":             {httpSettings.Concurrency, webhook.DefaultConcurrency},
+		"orders-hook.http.allow_private_networks":  {httpSettings.AllowPrivateNetworks, false},
 		"orders-hook.visibility_timeout (inline)":  {h.VisibilityTimeout, time.Duration(0)},
 		"orders-hook.on_dead_letter (the relay's)": {h.OnDeadLetter, ""},
 		"analytics.on_dead_letter (the relay's)":   {k.OnDeadLetter, ""},

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"time"
@@ -12,9 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel"
 
@@ -23,17 +20,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/webhook"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
-
-// kafkaMessageSlack is what the Kafka sink's message limit exceeds the
-// relay's max_batch_bytes by. A row's payload is at most payload_cap, so
-// only a row whose key and headers add more than the slack to it is
-// refused as too large.
-const kafkaMessageSlack = 64 << 10
 
 func (a *app) runCmd() *cobra.Command {
 	return &cobra.Command{
@@ -110,7 +100,7 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	wrap := func(name, _ string, p relay.Publisher) relay.Publisher { return relayMetrics.Publisher(name, p) }
-	traceSlack := 0
+	headerBytes := 0
 	if getenv := a.getenv(); tracing.Enabled(getenv) {
 		tr, err := tracing.FromEnv(ctx, getenv, ver)
 		if err != nil {
@@ -130,10 +120,10 @@ func (a *app) run(ctx context.Context) error {
 			return relayMetrics.Publisher(name, tr.Publisher(name, system, p))
 		}
 		// Each record may gain a traceparent header on the way.
-		traceSlack = traceHeaderBytes
+		headerBytes = traceHeaderBytes
 		a.log.Info("tracing deliveries")
 	}
-	destinations, routes, closeAll, err := buildDestinations(cfg, wrap, traceSlack)
+	destinations, routes, closeAll, err := buildDestinations(cfg, wrap, headerBytes)
 	if err != nil {
 		return err
 	}
@@ -233,16 +223,15 @@ const tracingFlush = 5 * time.Second
 // traceHeaderBytes is what a traceparent header adds to a Kafka record.
 const traceHeaderBytes = 96
 
-// buildDestinations makes a publisher for every configured destination,
-// wrapped by wrap (with the messaging system, "kafka" or ""); closeAll
-// releases them. slack is added to the Kafka sink's message limit for
-// headers the wrappers add.
-func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, slack int) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
+// buildDestinations opens a publisher for every configured destination,
+// wrapped by wrap (with the sink's messaging system); closeAll releases
+// them. headerBytes is what the wrappers add to each record.
+func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, headerBytes int) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
 	settings, routes := cfg.DestinationList()
-	var closers []func()
+	var closers []io.Closer
 	closeAll = func() {
 		for _, c := range closers {
-			c()
+			_ = c.Close()
 		}
 	}
 	defer func() {
@@ -252,76 +241,19 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 	}()
 	out := make([]relay.Destination, 0, len(settings))
 	for _, s := range settings {
+		p, err := s.Settings.Open(sink.Options{Name: s.Name, MaxBatchBytes: cfg.Relay.MaxBatchBytes, HeaderBytes: headerBytes})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
+		}
+		if c, ok := p.(io.Closer); ok {
+			closers = append(closers, c)
+		}
 		d := s.Relay
-		switch {
-		case s.Kafka != nil:
-			kc, err := kafkaConfig(*s.Kafka, s.Name, cfg.Relay)
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			kc.MaxMessageBytes += slack
-			p, err := kafka.New(kc)
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
-			}
-			closers = append(closers, func() { p.Close() })
-			d.Publisher = wrap(s.Name, "kafka", p)
-			d.Partitioner = p // the wrappers hide it
-		case s.HTTP != nil:
-			wc, err := s.HTTP.Webhook(s.Name)
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
-			}
-			p, err := webhook.New(wc)
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			closers = append(closers, func() { p.Close() })
-			d.Publisher = wrap(s.Name, "", p)
+		d.Publisher = wrap(s.Name, s.Sink.MessagingSystem, p)
+		if pt, ok := p.(relay.Partitioner); ok {
+			d.Partitioner = pt // the wrappers hide it
 		}
 		out = append(out, d)
 	}
 	return out, routes, closeAll, nil
-}
-
-func kafkaConfig(k config.Kafka, name string, r config.Relay) (kafka.Config, error) {
-	kc := kafka.Config{
-		Brokers:         k.Brokers,
-		ClientID:        k.ClientID,
-		MaxMessageBytes: r.MaxBatchBytes + kafkaMessageSlack,
-		DialTimeout:     k.DialTimeout,
-	}
-	if k.TLS.Enabled {
-		tc, err := k.TLS.ClientConfig()
-		if err != nil {
-			return kc, fmt.Errorf("destination %s: %w", name, err)
-		}
-		kc.TLS = tc
-	}
-	mech, err := saslMechanism(k.SASL)
-	if err != nil {
-		return kc, fmt.Errorf("destination %s: %w", name, err)
-	}
-	kc.SASL = mech
-	return kc, nil
-}
-
-func saslMechanism(s config.KafkaSASL) (sasl.Mechanism, error) {
-	switch s.Mechanism {
-	case "":
-		return nil, nil
-	case "plain":
-		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
-	case "scram-sha-256", "scram-sha-512":
-		algo := scram.SHA256
-		if s.Mechanism == "scram-sha-512" {
-			algo = scram.SHA512
-		}
-		m, err := scram.Mechanism(algo, s.Username, s.Password)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.sasl: %w", err)
-		}
-		return m, nil
-	}
-	return nil, errors.New("kafka.sasl.mechanism: unknown mechanism " + s.Mechanism)
 }

@@ -31,6 +31,7 @@ const (
 
 // Defaults of Config.
 const (
+	DefaultClientID        = "outbox-relay"
 	DefaultMaxMessageBytes = 1 << 20
 	DefaultDialTimeout     = 5 * time.Second
 )
@@ -108,7 +109,7 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, errors.New("kafka: at least one broker is required")
 	}
 	if cfg.ClientID == "" {
-		cfg.ClientID = "outbox-relay"
+		cfg.ClientID = DefaultClientID
 	}
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes

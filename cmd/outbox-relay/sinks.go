@@ -1,0 +1,7 @@
+package main
+
+// The sinks destinations may use; each registers itself (see relay/sink).
+import (
+	_ "github.com/outbox-relay/outbox-relay/relay/kafka"
+	_ "github.com/outbox-relay/outbox-relay/relay/webhook"
+)

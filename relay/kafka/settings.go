@@ -1,0 +1,165 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
+)
+
+func init() {
+	sink.Register(sink.Sink{
+		Kind:            "kafka",
+		New:             func() sink.Config { return new(Settings) },
+		MessagingSystem: "kafka",
+		ValidateTopic:   ValidateTopic,
+	})
+}
+
+// MessageSlack is what a destination's message limit exceeds the relay's
+// max_batch_bytes by. A row's payload is at most payload_cap, itself at
+// most max_batch_bytes, so only a row whose key and headers add more than
+// the slack to it is refused as too large.
+const MessageSlack = 64 << 10
+
+// ErrNoBrokers is the problem of settings without brokers.
+var ErrNoBrokers = errors.New("brokers is required")
+
+// Settings are a Kafka destination's settings in the configuration: the
+// kafka section, or destinations.<name>.kafka. Zero values take the
+// defaults of Config.
+type Settings struct {
+	// Brokers are the bootstrap brokers, host:port; comma-separated in
+	// an environment variable.
+	Brokers []string `koanf:"brokers"`
+	// ClientID names the relay to the brokers. Default outbox-relay.
+	ClientID string `koanf:"client_id"`
+	// DialTimeout bounds connecting to a broker. Default 5s.
+	DialTimeout time.Duration `koanf:"dial_timeout"`
+	TLS         sink.TLS      `koanf:"tls"`
+	SASL        SASL          `koanf:"sasl"`
+}
+
+// SASL configures SASL authentication.
+type SASL struct {
+	// Mechanism is plain, scram-sha-256 or scram-sha-512; empty disables
+	// SASL.
+	Mechanism string `koanf:"mechanism"`
+	Username  string `koanf:"username"`
+	// Password is a secret: give it in the configuration's environment
+	// or file, or name a file holding it with PasswordFile.
+	Password     string `koanf:"password"`
+	PasswordFile string `koanf:"password_file"`
+}
+
+// SASLMechanisms are the mechanisms SASL.Mechanism may name.
+var SASLMechanisms = []string{"plain", "scram-sha-256", "scram-sha-512"}
+
+// Inherit fills what s leaves unset that belongs to the client rather
+// than to a cluster (client_id, dial_timeout) from the kafka section.
+func (s *Settings) Inherit(section *Settings) {
+	if s.ClientID == "" {
+		s.ClientID = section.ClientID
+	}
+	if s.DialTimeout == 0 {
+		s.DialTimeout = section.DialTimeout
+	}
+}
+
+// Resolve reads the SASL password from sasl.password_file when no password
+// is given.
+func (s *Settings) Resolve(func(string) (string, bool)) error {
+	if s.SASL.Password != "" || s.SASL.PasswordFile == "" {
+		return nil
+	}
+	pw, err := sink.ReadSecretFile("sasl.password_file", s.SASL.PasswordFile)
+	s.SASL.Password = pw
+	return err
+}
+
+// Validate reports every problem of s at once; ErrNoBrokers among them
+// when no broker is given.
+func (s *Settings) Validate() error {
+	var errs []error
+	if len(s.Brokers) == 0 {
+		errs = append(errs, ErrNoBrokers)
+	}
+	for _, b := range s.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("brokers: %q is not host:port", b))
+		}
+	}
+	if s.DialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("dial_timeout is %s; it must not be negative", s.DialTimeout))
+	}
+	if m := s.SASL.Mechanism; m != "" {
+		if !slices.Contains(SASLMechanisms, m) {
+			errs = append(errs, fmt.Errorf("sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", m))
+		}
+		if s.SASL.Username == "" || s.SASL.Password == "" {
+			errs = append(errs, errors.New("sasl needs username and password (the password in the configuration or in sasl.password_file)"))
+		}
+	}
+	if !s.TLS.Enabled && s.TLS.Customised() {
+		errs = append(errs, errors.New("tls settings are given but tls.enabled is false"))
+	}
+	if s.TLS.Enabled {
+		errs = append(errs, s.TLS.Validate())
+	}
+	return errors.Join(errs...)
+}
+
+// Open returns a Publisher for the destination s describes.
+func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+	batch := o.MaxBatchBytes
+	if batch <= 0 {
+		batch = relay.DefaultMaxBatchBytes
+	}
+	c := Config{
+		Brokers:         s.Brokers,
+		ClientID:        s.ClientID,
+		DialTimeout:     s.DialTimeout,
+		MaxMessageBytes: batch + MessageSlack + o.HeaderBytes,
+	}
+	if s.TLS.Enabled {
+		tc, err := s.TLS.ClientConfig()
+		if err != nil {
+			return nil, err
+		}
+		c.TLS = tc
+	}
+	mech, err := s.SASL.mechanism()
+	if err != nil {
+		return nil, err
+	}
+	c.SASL = mech
+	return New(c)
+}
+
+func (s SASL) mechanism() (sasl.Mechanism, error) {
+	switch s.Mechanism {
+	case "":
+		return nil, nil
+	case "plain":
+		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
+	case "scram-sha-256", "scram-sha-512":
+		algo := scram.SHA256
+		if s.Mechanism == "scram-sha-512" {
+			algo = scram.SHA512
+		}
+		m, err := scram.Mechanism(algo, s.Username, s.Password)
+		if err != nil {
+			return nil, fmt.Errorf("sasl: %w", err)
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("sasl.mechanism: unknown mechanism %s", s.Mechanism)
+}

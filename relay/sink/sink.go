@@ -1,0 +1,107 @@
+// Package sink is how a kind of destination plugs into the relay. A sink
+// owns its settings: a type decoded from destinations.<name>.<kind> of the
+// configuration (koanf tags), which reads the secrets it names, validates
+// itself and opens the destination's relay.Publisher. The configuration
+// maps YAML and the environment onto that type and calls it; nothing else
+// knows a sink's settings.
+//
+// Sinks register once, from their package's init, as database/sql drivers
+// do: importing github.com/outbox-relay/outbox-relay/relay/kafka and
+// .../relay/webhook registers kafka and http. A new sink implements
+// Config, passes relay/publishertest, and registers itself.
+package sink
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Config is one destination's settings for a sink.
+type Config interface {
+	// Resolve reads the secrets the settings name: environment variables
+	// (through lookupEnv, os.LookupEnv in production) and files.
+	Resolve(lookupEnv func(string) (string, bool)) error
+	// Validate reports every problem of the resolved settings at once,
+	// one per joined error; a problem about one setting starts with its
+	// path below the sink (url is required, tls.ca_file: ...).
+	Validate() error
+	// Open returns the destination's Publisher. When it is an io.Closer,
+	// Close releases it; when it is a relay.Partitioner, the relay pauses
+	// a failing partition alone.
+	Open(Options) (relay.Publisher, error)
+}
+
+// Options are what a sink is told when it opens a destination.
+type Options struct {
+	// Name is the destination's name, for errors and logs.
+	Name string
+	// MaxBatchBytes is relay.max_batch_bytes: no payload delivered is
+	// larger. A sink with a message size limit allows at least this plus
+	// its own framing.
+	MaxBatchBytes int
+	// HeaderBytes is what wrappers around the Publisher (trace context)
+	// add to each record.
+	HeaderBytes int
+}
+
+// Sink describes a kind of destination.
+type Sink struct {
+	// Kind is the key of its settings under destinations.<name>, such as
+	// kafka or http.
+	Kind string
+	// New returns empty settings to decode the configuration onto; a
+	// setting left zero takes the sink's default when it opens.
+	New func() Config
+	// MessagingSystem names the system in traces (OpenTelemetry's
+	// messaging.system), or is empty.
+	MessagingSystem string
+	// MaxInFlight is the bulkhead of its destinations that set none: the
+	// most rows being delivered at once. 0 is unlimited.
+	MaxInFlight int
+	// ValidateTopic, when set, lets a route give the sink's destinations a
+	// topic of its own, and checks its name.
+	ValidateTopic func(topic string) error
+}
+
+var registry = struct {
+	sync.RWMutex
+	sinks map[string]Sink
+}{sinks: map[string]Sink{}}
+
+// Register makes a sink available to the configuration. It panics if the
+// kind is empty, registered twice, or New is nil: a programming error
+// found at start.
+func Register(s Sink) {
+	if s.Kind == "" || s.New == nil {
+		panic("sink: Register needs a kind and New")
+	}
+	registry.Lock()
+	defer registry.Unlock()
+	if _, dup := registry.sinks[s.Kind]; dup {
+		panic(fmt.Sprintf("sink: %s is registered twice", s.Kind))
+	}
+	registry.sinks[s.Kind] = s
+}
+
+// Lookup returns the sink registered as kind.
+func Lookup(kind string) (Sink, bool) {
+	registry.RLock()
+	defer registry.RUnlock()
+	s, ok := registry.sinks[kind]
+	return s, ok
+}
+
+// Kinds lists the registered kinds, sorted.
+func Kinds() []string {
+	registry.RLock()
+	defer registry.RUnlock()
+	out := make([]string, 0, len(registry.sinks))
+	for k := range registry.sinks {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,9 +1,7 @@
 package deadletter
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -445,181 +442,6 @@ func (s *Store) record(ctx context.Context, tx pgx.Tx, a Actor, action, reason s
 		return fmt.Errorf("write the audit record: %w", err)
 	}
 	return nil
-}
-
-// EditParams replace parts of a dead letter before it is replayed. Fields
-// left nil or empty keep their value; at least one must change.
-type EditParams struct {
-	Ref Ref
-	// Topic replaces the topic.
-	Topic string
-	// Headers replace the headers: a JSON object of strings.
-	Headers json.RawMessage
-	// Payload replaces the payload.
-	Payload []byte
-	// AllowNonJSON accepts a payload that is not JSON in place of one
-	// that was: without it, such an edit is refused as a likely mistake.
-	AllowNonJSON bool
-	// MaxPayload, if positive, is the largest payload accepted (the
-	// relay's payload cap).
-	MaxPayload int
-	// CheckTopic, if set, vets a new topic (that a route matches it).
-	CheckTopic func(topic string) error
-	// At is when the row becomes ready; zero means now.
-	At     time.Time
-	Actor  Actor
-	Reason string
-}
-
-// rowImage is a row's editable fields, as the audit trail keeps them.
-type rowImage struct {
-	Topic   string          `json:"topic"`
-	Headers json.RawMessage `json:"headers"`
-	// Payload is base64 in JSON.
-	Payload []byte `json:"payload"`
-}
-
-// Edit replaces the payload, headers or topic of a dead letter and
-// replays it, in one transaction, keeping the row as it was in the audit
-// record. Invalid input changes nothing.
-func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
-	if err := p.Actor.validate(); err != nil {
-		return nil, err
-	}
-	var headers map[string]string
-	var problems []string
-	if p.Topic == "" && p.Headers == nil && p.Payload == nil {
-		problems = append(problems, "nothing to change: give a new payload, headers or topic")
-	}
-	if p.Topic != "" && (strings.TrimSpace(p.Topic) != p.Topic || strings.ContainsFunc(p.Topic, unicode.IsControl)) {
-		problems = append(problems, fmt.Sprintf("topic %q has surrounding white space or control characters", p.Topic))
-	} else if p.Topic != "" && p.CheckTopic != nil {
-		if err := p.CheckTopic(p.Topic); err != nil {
-			problems = append(problems, fmt.Sprintf("topic %q: %v", p.Topic, err))
-		}
-	}
-	if p.Headers != nil {
-		var err error
-		if headers, err = parseHeaders(p.Headers); err != nil {
-			problems = append(problems, "headers must be a JSON object of string values: "+err.Error())
-		}
-	}
-	if p.MaxPayload > 0 && len(p.Payload) > p.MaxPayload {
-		problems = append(problems, fmt.Sprintf("payload is %d bytes, above the payload cap of %d", len(p.Payload), p.MaxPayload))
-	}
-	if len(problems) > 0 {
-		return nil, &InputError{Problems: problems}
-	}
-
-	res := &Result{Action: ActionEdit}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		row, err := s.q.LockForEdit(ctx, tx, p.Ref.row())
-		if errors.Is(err, pgx.ErrNoRows) {
-			return &NotFoundError{Refs: []Ref{p.Ref}}
-		}
-		if err != nil {
-			return fmt.Errorf("edit row %s: %w", p.Ref, err)
-		}
-		id, key := row.ID, row.Key
-		before := rowImage{Topic: row.Topic, Headers: row.Headers, Payload: row.Payload}
-		if row.Status != StatusDeadLettered {
-			return fmt.Errorf("row %d is %s: %w; only dead letters can be edited", id, row.Status, ErrNotDeadLettered)
-		}
-		if p.Payload != nil && !p.AllowNonJSON && json.Valid(before.Payload) && !json.Valid(p.Payload) {
-			return &InputError{Problems: []string{fmt.Sprintf("row %d's payload is JSON and the new one is not; allow a payload that is not JSON to replace it anyway", id)}}
-		}
-		after := rowImage{Topic: p.Topic, Payload: p.Payload}
-		if p.Headers != nil {
-			after.Headers, _ = json.Marshal(headers) // normalised
-		}
-		var at *time.Time
-		if !p.At.IsZero() {
-			at = &p.At
-		}
-		var newKey []string
-		if row.Parked && key != nil {
-			newKey = []string{*key}
-		}
-		if err := s.q.Edit(ctx, tx, outboxdb.EditArgs{ID: id, Topic: nullIfEmpty(p.Topic), Headers: nullIfNil(after.Headers),
-			Payload: p.Payload, At: at}); err != nil {
-			return fmt.Errorf("edit row %d: %w", id, err)
-		}
-		if err := s.unpark(ctx, tx, newKey); err != nil {
-			return err
-		}
-		details := map[string]any{"before": before, "after": editedFields(after)}
-		if at != nil {
-			details["ready_at"] = at
-		}
-		if err := s.record(ctx, tx, p.Actor, ActionEdit, p.Reason, []int64{id}, details); err != nil {
-			return err
-		}
-		res.add(id)
-		res.ReleasedKeys = newKey
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
-}
-
-// parseHeaders reads a JSON object whose values are all strings, as the
-// relay requires of the headers column.
-func parseHeaders(b []byte) (map[string]string, error) {
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&raw); err != nil {
-		return nil, err
-	}
-	if raw == nil || dec.More() {
-		return nil, errors.New("not a single JSON object")
-	}
-	h := make(map[string]string, len(raw))
-	var bad []string
-	for k, v := range raw {
-		var s string
-		if bytes.HasPrefix(bytes.TrimSpace(v), []byte("null")) || json.Unmarshal(v, &s) != nil {
-			bad = append(bad, strconv.Quote(k))
-			continue
-		}
-		h[k] = s
-	}
-	if len(bad) > 0 {
-		slices.Sort(bad)
-		return nil, fmt.Errorf("the value of %s is not a string", strings.Join(bad, ", "))
-	}
-	return h, nil
-}
-
-// editedFields is the audit record's "after": only what the edit set.
-func editedFields(a rowImage) map[string]any {
-	m := map[string]any{}
-	if a.Topic != "" {
-		m["topic"] = a.Topic
-	}
-	if a.Headers != nil {
-		m["headers"] = a.Headers
-	}
-	if a.Payload != nil {
-		m["payload"] = a.Payload
-	}
-	return m
-}
-
-func nullIfEmpty(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-func nullIfNil(b []byte) *string {
-	if b == nil {
-		return nil
-	}
-	s := string(b)
-	return &s
 }
 
 // ReleaseParams name a parked key to release.

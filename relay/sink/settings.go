@@ -64,9 +64,6 @@ func (t TLS) Customised() bool {
 // Validate reports every problem of the files t names, each prefixed
 // with tls., by loading them as ClientConfig does.
 func (t TLS) Validate() error {
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		return errors.New("tls.cert_file and tls.key_file go together")
-	}
 	_, err := t.ClientConfig()
 	return err
 }
@@ -74,6 +71,9 @@ func (t TLS) Validate() error {
 // ClientConfig builds the TLS client configuration t describes, with the
 // system roots unless CAFile is given.
 func (t TLS) ClientConfig() (*tls.Config, error) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("tls.cert_file and tls.key_file go together")
+	}
 	tc := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         t.ServerName,
@@ -81,17 +81,14 @@ func (t TLS) ClientConfig() (*tls.Config, error) {
 	}
 	var errs []error
 	if t.CAFile != "" {
+		roots := x509.NewCertPool()
 		pem, err := os.ReadFile(t.CAFile)
-		switch {
-		case err != nil:
+		if err != nil {
 			errs = append(errs, fmt.Errorf("tls.ca_file: %w", err))
-		default:
-			roots := x509.NewCertPool()
-			if !roots.AppendCertsFromPEM(pem) {
-				errs = append(errs, fmt.Errorf("tls.ca_file: %s holds no PEM certificate", t.CAFile))
-			}
-			tc.RootCAs = roots
+		} else if !roots.AppendCertsFromPEM(pem) {
+			errs = append(errs, fmt.Errorf("tls.ca_file: %s holds no PEM certificate", t.CAFile))
 		}
+		tc.RootCAs = roots
 	}
 	if t.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)

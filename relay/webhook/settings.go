@@ -152,11 +152,9 @@ func (s *Settings) Config(name string) (Config, error) {
 		c.StatusClasses[n] = cl
 	}
 	if s.TLS.Customised() {
-		if err := s.TLS.Validate(); err != nil {
-			errs = append(errs, err)
-		} else {
-			c.TLS, _ = s.TLS.ClientConfig()
-		}
+		tc, err := s.TLS.ClientConfig()
+		errs = append(errs, err)
+		c.TLS = tc
 	}
 	return c, errors.Join(errs...)
 }

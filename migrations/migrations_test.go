@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -718,5 +719,33 @@ VALUES ('t', 'K', 'x', 'dead_lettered', 'permanent', now(), true)`); err != nil 
 	want := []string{"2 behind 1: HTTP 503", "3 behind 1: -", "4 behind -: HTTP 500"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after migrating:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestCheckVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	db := openDB(t, dsn)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+
+	var ve *migrations.VersionError
+	if _, err := migrations.Check(ctx, pool, "public"); !errors.As(err, &ve) || ve.Found != 0 || ve.Need != migrations.Version {
+		t.Fatalf("unmigrated: %v", err)
+	}
+	m := migrateUp(t, db)
+	sv, err := migrations.Check(ctx, pool, "public")
+	if err != nil || sv.Found != migrations.Version || sv.CompatibleFrom != 8 {
+		t.Fatalf("migrated: %+v, %v", sv, err)
+	}
+	if _, err := m.Down(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Check(ctx, pool, "public"); !errors.As(err, &ve) || ve.Found != migrations.Version-1 {
+		t.Fatalf("one down: %v", err)
 	}
 }

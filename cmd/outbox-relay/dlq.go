@@ -80,7 +80,7 @@ func (d *dlq) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := checkSchema(ctx, pool, d.cfg.Database.Schema); err != nil {
+	if err := checkSchema(ctx, pool, d.cfg.Database.Schema, d.log); err != nil {
 		pool.Close()
 		return err
 	}

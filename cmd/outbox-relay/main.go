@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/gctune"
+	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // version and revision name the build, set at build time with
@@ -125,6 +126,9 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 	var ce *config.Error
 	switch {
 	case errors.As(err, &ce):
+		fmt.Fprintln(stderr, "outbox-relay:", err)
+		return exitUsage
+	case errors.As(err, new(*migrations.VersionError)):
 		fmt.Fprintln(stderr, "outbox-relay:", err)
 		return exitUsage
 	case deadletter.IsInput(err):

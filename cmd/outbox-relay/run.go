@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -18,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -63,7 +63,7 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	if err := checkSchema(ctx, pool, cfg.Database.Schema); err != nil {
+	if err := checkSchema(ctx, pool, cfg.Database.Schema, a.log); err != nil {
 		return err
 	}
 	store, err := outbox.NewStore(pool, outbox.StoreConfig{
@@ -205,14 +205,17 @@ func (a *app) run(ctx context.Context) error {
 // transaction timeout: a publish that times out is still written back.
 const idleGrace = 30 * time.Second
 
-// checkSchema fails clearly when the outbox table is missing.
-func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, "outbox"}.Sanitize()).Scan(&exists); err != nil {
-		return fmt.Errorf("check the outbox table: %w", err)
+// checkSchema fails clearly when the schema is older than this binary
+// needs, or newer and no longer compatible with it.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) error {
+	sv, err := migrations.Check(ctx, pool, schema)
+	if err != nil {
+		return err
 	}
-	if !exists {
-		return fmt.Errorf("table %s.outbox does not exist: run 'outbox-relay migrate up' first", schema)
+	if sv.Found > migrations.Version {
+		log.Info("the schema is newer than this relay and compatible with it",
+			slog.Int64("schema_version", sv.Found), slog.Int64("relay_version", migrations.Version),
+			slog.Int64("compatible_from", sv.CompatibleFrom))
 	}
 	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 )
@@ -169,14 +170,75 @@ func TestRunDeliversAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	}
 }
 
-func TestRunWithoutMigratedSchema(t *testing.T) {
+// The relay and the dlq commands start only on a schema they can run on:
+// not an older one, not a newer one that says it no longer works with them,
+// and a newer compatible one (a rolling upgrade migrates first) is fine.
+func TestRunChecksTheSchemaVersion(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.NewDatabase(t)
-	c := kafkatest.NewCluster(t, nil)
-	r := runBinary(t, relayEnv(dsn, c), "run")
-	if r.code != 1 || !strings.Contains(r.stderr, "run 'outbox-relay migrate up' first") {
-		t.Fatalf("code %d, stderr: %s", r.code, r.stderr)
-	}
+	ctx := context.Background()
+	need := migrations.Version
+	c := kafkatest.NewCluster(t, []string{"upgrade"})
+
+	t.Run("none", func(t *testing.T) {
+		t.Parallel()
+		dsn := pgtest.NewDatabase(t)
+		for _, args := range [][]string{{"run"}, {"dlq", "list"}} {
+			r := runBinary(t, relayEnv(dsn, c), args...)
+			want := fmt.Sprintf("schema public has no outbox tables (found version 0, need %d): run 'outbox-relay migrate up'", need)
+			if r.code != 2 || !strings.Contains(r.stderr, want) {
+				t.Fatalf("%v: code %d, stderr: %s", args, r.code, r.stderr)
+			}
+		}
+	})
+	t.Run("older", func(t *testing.T) {
+		t.Parallel()
+		dsn, pool := migrated(t)
+		if _, err := pool.Exec(ctx, `DELETE FROM outbox_relay_migrations WHERE version_id = $1`, need); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"run"}, {"dlq", "list"}} {
+			r := runBinary(t, relayEnv(dsn, c), args...)
+			want := fmt.Sprintf("schema public is at version %d, need %d: run 'outbox-relay migrate up'", need-1, need)
+			if r.code != 2 || !strings.Contains(r.stderr, want) {
+				t.Fatalf("%v: code %d, stderr: %s", args, r.code, r.stderr)
+			}
+		}
+	})
+	t.Run("newer", func(t *testing.T) {
+		t.Parallel()
+		dsn, pool := migrated(t)
+		// A later migration that only adds: this relay goes on.
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox_relay_migrations (version_id, is_applied) VALUES ($1, true)`, need+1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (topic, payload) VALUES ('upgrade', 'x')`); err != nil {
+			t.Fatal(err)
+		}
+		p := startRelay(t, relayEnv(dsn, c))
+		testwait.Within(t, 30*time.Second, "the row delivered", func() bool { return countRows(t, pool, "true") == 0 })
+		p.signal(t, syscall.SIGTERM)
+		if code := p.wait(t, 30*time.Second); code != 0 {
+			t.Fatalf("exit code %d, output:\n%s", code, p.output)
+		}
+		if !strings.Contains(p.output.String(), "the schema is newer than this relay and compatible with it") {
+			t.Fatalf("no compatibility line in the log:\n%s", p.output)
+		}
+		if r := runBinary(t, relayEnv(dsn, c), "dlq", "list"); r.code != 0 {
+			t.Fatalf("dlq list: code %d, stderr: %s", r.code, r.stderr)
+		}
+
+		// A later migration that changes what this relay uses.
+		if _, err := pool.Exec(ctx, `UPDATE outbox_relay_schema SET compatible_from = $1`, need+1); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"run"}, {"dlq", "list"}} {
+			r := runBinary(t, relayEnv(dsn, c), args...)
+			want := fmt.Sprintf("schema public is at version %d, which needs a relay of version %d or later; this relay is version %d: upgrade the relay", need+1, need+1, need)
+			if r.code != 2 || !strings.Contains(r.stderr, want) {
+				t.Fatalf("%v: code %d, stderr: %s", args, r.code, r.stderr)
+			}
+		}
+	})
 }
 
 func TestRunStrictOrderChecksTheTable(t *testing.T) {

@@ -152,7 +152,7 @@ func TestAdminSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Admin.Listen != ":9780" || cfg.Admin.Token != "from-a-file-0123456789" || cfg.Relay.DeadLetterRetention != 14*24*time.Hour {
+	if cfg.Admin.Listen != ":9780" || cfg.Admin.Token != "from-a-file-0123456789" || cfg.Relay.DeadLetterRetention != retry.Forever {
 		t.Fatalf("admin %+v, dead-letter retention %s", cfg.Admin, cfg.Relay.DeadLetterRetention)
 	}
 

@@ -2,7 +2,9 @@ package deadletter_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -469,6 +471,7 @@ func TestDiscard(t *testing.T) {
 	if r.Status != deadletter.StatusDiscarded || str(r.Reason) != `"too_large"` || r.DeadLetteredAt == nil || !r.DeadLetteredAt.Equal(base) {
 		t.Errorf("discarded row = %+v, want status discarded keeping its reason and time", r)
 	}
+	checkDiscardedNow(t, s, a)
 	if got := statuses(t, s, b); got[0] != deadletter.StatusDeadLettered {
 		t.Errorf("row %d not named: %s", b, got[0])
 	}
@@ -578,6 +581,46 @@ func TestEdit(t *testing.T) {
 	}
 	if before, _ := recs[len(recs)-1].Details["before"].(map[string]any); before["topic"] != "orders" || before["payload"] != b64(`{"v":1}`) {
 		t.Errorf("audit before = %v, want the whole row as it was", before)
+	}
+}
+
+// With digest audit payloads, an edit's record keeps the payloads' SHA-256
+// and length, never their bytes, while the row itself is edited as usual.
+func TestEditAuditKeepsDigests(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name, AuditPayloads: deadletter.AuditPayloadsDigest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := addDead(t, s, dead{Topic: "orders", Headers: `{"a": "1"}`, Payload: []byte(`{"email":"ann@example.com"}`)})
+	if _, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"email":"ann@example.org"}`), Actor: actor}); err != nil {
+		t.Fatal(err)
+	}
+	if r := rowState(t, s, id); r.Status != "pending" || string(r.Payload) != `{"email":"ann@example.org"}` {
+		t.Fatalf("edited row = %+v", r)
+	}
+	digest := func(p string) string { sum := sha256.Sum256([]byte(p)); return hex.EncodeToString(sum[:]) }
+	want := map[string]any{
+		"before": map[string]any{"topic": "orders", "headers": map[string]any{"a": "1"},
+			"payload_sha256": digest(`{"email":"ann@example.com"}`), "payload_bytes": float64(27)},
+		"after": map[string]any{"payload_sha256": digest(`{"email":"ann@example.org"}`), "payload_bytes": float64(27)},
+	}
+	recs := auditRecords(t, s)
+	if len(recs) != 1 || fmt.Sprint(recs[0].Details) != fmt.Sprint(want) {
+		t.Fatalf("audit details = %v\nwant %v", recs, want)
+	}
+	var raw string
+	if err := s.Pool.QueryRow(ctx, `SELECT details::text FROM outbox_audit`).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(raw, "example") || strings.Contains(raw, base64.StdEncoding.EncodeToString([]byte(`{"email":"ann@example.com"}`))) {
+		t.Fatalf("the audit record holds the payload: %s", raw)
+	}
+	if _, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name, AuditPayloads: "hashed"}); err == nil ||
+		!strings.Contains(err.Error(), `audit_payloads is "hashed"; use full or digest`) {
+		t.Fatalf("unknown audit_payloads: %v", err)
 	}
 }
 
@@ -722,6 +765,19 @@ func TestEditReleasesParkedKey(t *testing.T) {
 	checkParked(t, s, l)
 }
 
+// checkDiscardedNow checks that row id records when it was discarded:
+// discarded rows are kept for their retention from then.
+func checkDiscardedNow(t *testing.T, s *pgtest.Schema, id int64) {
+	t.Helper()
+	var age *time.Duration
+	if err := s.Pool.QueryRow(context.Background(), `SELECT now() - discarded_at FROM outbox WHERE id = $1`, id).Scan(&age); err != nil {
+		t.Fatal(err)
+	}
+	if age == nil || *age < 0 || *age > time.Minute {
+		t.Errorf("row %d discarded %v ago, want just now", id, age)
+	}
+}
+
 func TestRelease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -785,6 +841,11 @@ func TestRelease(t *testing.T) {
 	}
 	if r := rowState(t, s, l.Park); r.Status != deadletter.StatusDiscarded || r.KeyParked {
 		t.Errorf("parking row released with discard = %+v, want discarded", r)
+	}
+	checkDiscardedNow(t, s, l.Park)
+	var stamped int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id = $1 AND discarded_at IS NOT NULL`, k.Park).Scan(&stamped); err != nil || stamped != 0 {
+		t.Errorf("a row released without discard has a discard time (%v)", err)
 	}
 	checkReleased(t, s, l)
 	recs = auditRecords(t, s)

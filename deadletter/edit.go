@@ -3,6 +3,8 @@ package deadletter
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,14 +41,6 @@ type EditParams struct {
 	At     time.Time
 	Actor  Actor
 	Reason string
-}
-
-// rowImage is a row's editable fields, as the audit trail keeps them.
-type rowImage struct {
-	Topic   string          `json:"topic"`
-	Headers json.RawMessage `json:"headers"`
-	// Payload is base64 in JSON.
-	Payload []byte `json:"payload"`
 }
 
 // Edit replaces the payload, headers or topic of a dead letter and
@@ -91,16 +85,15 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 			return fmt.Errorf("edit row %s: %w", p.Ref, err)
 		}
 		id, key := row.ID, row.Key
-		before := rowImage{Topic: row.Topic, Headers: row.Headers, Payload: row.Payload}
 		if row.Status != StatusDeadLettered {
 			return fmt.Errorf("row %d is %s: %w; only dead letters can be edited", id, row.Status, ErrNotDeadLettered)
 		}
-		if p.Payload != nil && !p.AllowNonJSON && json.Valid(before.Payload) && !json.Valid(p.Payload) {
+		if p.Payload != nil && !p.AllowNonJSON && json.Valid(row.Payload) && !json.Valid(p.Payload) {
 			return &InputError{Problems: []string{fmt.Sprintf("row %d's payload is JSON and the new one is not; allow a payload that is not JSON to replace it anyway", id)}}
 		}
-		after := rowImage{Topic: p.Topic, Payload: p.Payload}
+		var newHeaders []byte
 		if p.Headers != nil {
-			after.Headers, _ = json.Marshal(headers) // normalised
+			newHeaders, _ = json.Marshal(headers) // normalised
 		}
 		var at *time.Time
 		if !p.At.IsZero() {
@@ -110,14 +103,26 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 		if row.Parked && key != nil {
 			newKey = []string{*key}
 		}
-		if err := s.q.Edit(ctx, tx, outboxdb.EditArgs{ID: id, Topic: nullIfEmpty(p.Topic), Headers: nullIfNil(after.Headers),
+		if err := s.q.Edit(ctx, tx, outboxdb.EditArgs{ID: id, Topic: nullIfEmpty(p.Topic), Headers: nullIfNil(newHeaders),
 			Payload: p.Payload, At: at}); err != nil {
 			return fmt.Errorf("edit row %d: %w", id, err)
 		}
 		if err := s.unpark(ctx, tx, newKey); err != nil {
 			return err
 		}
-		details := map[string]any{"before": before, "after": editedFields(after)}
+		before := map[string]any{"topic": row.Topic, "headers": json.RawMessage(row.Headers)}
+		s.auditPayload(before, row.Payload)
+		after := map[string]any{}
+		if p.Topic != "" {
+			after["topic"] = p.Topic
+		}
+		if newHeaders != nil {
+			after["headers"] = json.RawMessage(newHeaders)
+		}
+		if p.Payload != nil {
+			s.auditPayload(after, p.Payload)
+		}
+		details := map[string]any{"before": before, "after": after}
 		if at != nil {
 			details["ready_at"] = at
 		}
@@ -162,19 +167,16 @@ func parseHeaders(b []byte) (map[string]string, error) {
 	return h, nil
 }
 
-// editedFields is the audit record's "after": only what the edit set.
-func editedFields(a rowImage) map[string]any {
-	m := map[string]any{}
-	if a.Topic != "" {
-		m["topic"] = a.Topic
+// auditPayload puts payload into an audit image: whole (base64 in JSON),
+// or its SHA-256 and length when the store keeps digests.
+func (s *Store) auditPayload(image map[string]any, payload []byte) {
+	if s.digest {
+		sum := sha256.Sum256(payload)
+		image["payload_sha256"] = hex.EncodeToString(sum[:])
+		image["payload_bytes"] = len(payload)
+		return
 	}
-	if a.Headers != nil {
-		m["headers"] = a.Headers
-	}
-	if a.Payload != nil {
-		m["payload"] = a.Payload
-	}
-	return m
+	image["payload"] = payload
 }
 
 func nullIfEmpty(s string) *string {

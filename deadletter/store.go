@@ -54,21 +54,51 @@ var (
 type Config struct {
 	// Schema holds the outbox table. Default "public".
 	Schema string
+	// AuditPayloads is what an edit's audit record keeps of the payload
+	// before and after: AuditPayloadsFull (the default) or
+	// AuditPayloadsDigest.
+	AuditPayloads string
+}
+
+// What the audit trail keeps of edited payloads.
+const (
+	// AuditPayloadsFull keeps the payloads, so an edit can be undone by
+	// hand.
+	AuditPayloadsFull = "full"
+	// AuditPayloadsDigest keeps only their SHA-256 and length: enough to
+	// tell which version was delivered, without a copy of personal data
+	// that outlives the row.
+	AuditPayloadsDigest = "digest"
+)
+
+// ValidateAuditPayloads reports whether v is an AuditPayloads value.
+func ValidateAuditPayloads(v string) error {
+	if v != AuditPayloadsFull && v != AuditPayloadsDigest {
+		return fmt.Errorf("audit_payloads is %q; use full or digest", v)
+	}
+	return nil
 }
 
 // Store queries and changes dead letters in one schema.
 type Store struct {
-	pool *pgxpool.Pool
-	q    *outboxdb.Queries
+	pool   *pgxpool.Pool
+	q      *outboxdb.Queries
+	digest bool
 }
 
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if cfg.AuditPayloads == "" {
+		cfg.AuditPayloads = AuditPayloadsFull
+	}
+	if err := ValidateAuditPayloads(cfg.AuditPayloads); err != nil {
+		return nil, fmt.Errorf("dead-letter store: %w", err)
+	}
 	q, err := outboxdb.New(cfg.Schema, outboxdb.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("dead-letter store: %w", err)
 	}
-	return &Store{pool: pool, q: q}, nil
+	return &Store{pool: pool, q: q, digest: cfg.AuditPayloads == AuditPayloadsDigest}, nil
 }
 
 // Letter is a dead letter, or any outbox row when looked up by Get.
@@ -375,6 +405,8 @@ type Stats struct {
 	// were dead-lettered (discarded rows left out).
 	Oldest *time.Time `json:"oldest,omitempty"`
 	Newest *time.Time `json:"newest,omitempty"`
+	// OldestAge is how long ago Oldest was, by the database clock.
+	OldestAge time.Duration `json:"-"`
 	// ByTopic, ByDestination and ByReason count dead-lettered rows.
 	// Rows that never reached a destination count under "".
 	ByTopic       map[string]int `json:"by_topic"`
@@ -401,6 +433,7 @@ func (s *Store) Stats(ctx context.Context) (*Stats, error) {
 		if c.Oldest != nil && (st.Oldest == nil || c.Oldest.Before(*st.Oldest)) {
 			t := *c.Oldest
 			st.Oldest = &t
+			st.OldestAge = c.OldestAge
 		}
 		if c.Newest != nil && (st.Newest == nil || c.Newest.After(*st.Newest)) {
 			t := *c.Newest

@@ -523,6 +523,11 @@ func TestStats(t *testing.T) {
 	if got.Oldest == nil || !got.Oldest.Equal(base.Add(time.Hour)) || got.Newest == nil || !got.Newest.Equal(base.Add(4*time.Hour)) {
 		t.Errorf("Stats oldest %v newest %v, want %v and %v", got.Oldest, got.Newest, base.Add(time.Hour), base.Add(4*time.Hour))
 	}
+	// The age of the oldest, by the database clock (the discarded row
+	// dead-lettered earlier does not count).
+	if want := dbNow(t, s).Sub(base.Add(time.Hour)); got.OldestAge > want || got.OldestAge < want-time.Minute {
+		t.Errorf("Stats oldest age %s, want about %s", got.OldestAge, want)
+	}
 	for _, c := range []struct {
 		name      string
 		got, want map[string]int

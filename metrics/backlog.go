@@ -57,9 +57,9 @@ type BacklogConfig struct {
 // backlog reports the table's state at scrapes: pending rows and the
 // oldest pending age by topic, dead letters by reason, and parked keys.
 type backlog struct {
-	cfg                                    BacklogConfig
-	pending, oldest, dead, parked, failing *prometheus.Desc
-	failures                               prometheus.Counter
+	cfg                                             BacklogConfig
+	pending, oldest, dead, deadAge, parked, failing *prometheus.Desc
+	failures                                        prometheus.Counter
 
 	mu     sync.Mutex
 	at     time.Time // when last measured, zero before the first
@@ -92,6 +92,8 @@ func NewBacklog(cfg BacklogConfig) prometheus.Collector {
 			"Age of the oldest pending row by the database clock, by topic; 0 when none is pending.", []string{"topic"}, nil),
 		dead: prometheus.NewDesc(Namespace+"_dead_letters",
 			"Rows in the dead-letter status, by reason.", []string{"reason"}, nil),
+		deadAge: prometheus.NewDesc(Namespace+"_oldest_dead_letter_age_seconds",
+			"How long the oldest unhandled dead letter has waited for an operator, by the database clock; 0 when there is none.", nil, nil),
 		parked: prometheus.NewDesc(Namespace+"_parked_keys",
 			"Keys held by a dead-lettered row until an operator releases them.", nil, nil),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
@@ -106,6 +108,7 @@ func (b *backlog) Describe(ch chan<- *prometheus.Desc) {
 	ch <- b.pending
 	ch <- b.oldest
 	ch <- b.dead
+	ch <- b.deadAge
 	ch <- b.parked
 	b.failures.Describe(ch)
 }
@@ -127,6 +130,7 @@ func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range deadLetterReasons {
 		ch <- prometheus.MustNewConstMetric(b.dead, prometheus.GaugeValue, float64(stats.ByReason[r]), r)
 	}
+	ch <- prometheus.MustNewConstMetric(b.deadAge, prometheus.GaugeValue, stats.OldestAge.Seconds())
 	ch <- prometheus.MustNewConstMetric(b.parked, prometheus.GaugeValue, float64(stats.ParkedKeys))
 }
 

@@ -42,7 +42,7 @@ func (s *scriptedBacklog) Backlog(context.Context) ([]outbox.TopicBacklog, error
 type stats struct{}
 
 func (stats) Stats(context.Context) (*deadletter.Stats, error) {
-	return &deadletter.Stats{ByReason: map[string]int{"permanent": 3}, ParkedKeys: 1}, nil
+	return &deadletter.Stats{ByReason: map[string]int{"permanent": 3}, ParkedKeys: 1, OldestAge: 90 * time.Minute}, nil
 }
 
 func TestBacklogCapsTopicsAndKeepsDrainedOnesAtZero(t *testing.T) {
@@ -87,11 +87,14 @@ outbox_dead_letters{reason="no_route"} 0
 outbox_dead_letters{reason="permanent"} 3
 outbox_dead_letters{reason="retries_exhausted"} 0
 outbox_dead_letters{reason="too_large"} 0
+# HELP outbox_oldest_dead_letter_age_seconds How long the oldest unhandled dead letter has waited for an operator, by the database clock; 0 when there is none.
+# TYPE outbox_oldest_dead_letter_age_seconds gauge
+outbox_oldest_dead_letter_age_seconds 5400
 # HELP outbox_parked_keys Keys held by a dead-lettered row until an operator releases them.
 # TYPE outbox_parked_keys gauge
 outbox_parked_keys 1
 `
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "outbox_dead_letters", "outbox_parked_keys"); err != nil {
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "outbox_dead_letters", "outbox_oldest_dead_letter_age_seconds", "outbox_parked_keys"); err != nil {
 		t.Error(err)
 	}
 }

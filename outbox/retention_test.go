@@ -32,10 +32,9 @@ func TestDeleteExpiredDeadLetters(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, true)
 
-	// 25 expired rows, dead-lettered or discarded, the higher the id the
-	// older.
+	// 25 expired dead letters, the higher the id the older.
 	s.Exec(t, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at)
-		SELECT 't', 'x', CASE WHEN i % 5 = 0 THEN 'discarded' ELSE 'dead_lettered' END, 'permanent',
+		SELECT 't', 'x', 'dead_lettered', 'permanent',
 		       now() - interval '2 hours' - i * interval '1 minute'
 		FROM generate_series(1, 25) AS i`)
 	var kept []int64
@@ -50,6 +49,9 @@ func TestDeleteExpiredDeadLetters(t *testing.T) {
 		`INSERT INTO outbox (topic, payload, dead_lettered_at) VALUES ('t', 'pending', now() - interval '1 day') RETURNING id`,
 		`INSERT INTO outbox (topic, payload, status, sent_at, dead_lettered_at)
 		 VALUES ('t', 'sent', 'sent', now(), now() - interval '1 day') RETURNING id`,
+		// Discarded rows have a retention of their own.
+		`INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at, discarded_at)
+		 VALUES ('t', 'discarded', 'discarded', 'permanent', now() - interval '1 day', now() - interval '1 day') RETURNING id`,
 	} {
 		var id int64
 		if err := s.Pool.QueryRow(ctx, sql).Scan(&id); err != nil {
@@ -86,7 +88,7 @@ func TestDeleteExpiredDeadLetters(t *testing.T) {
 		t.Errorf("deleted %d rows, want the 25 expired ones", total)
 	}
 	if got := remainingIDs(t, s); !slices.Equal(got, kept) {
-		t.Errorf("rows left %v, want %v: the recent dead letter, the parking one, the pending and the sent row", got, kept)
+		t.Errorf("rows left %v, want %v: the recent dead letter, the parking one, the pending, the sent and the discarded row", got, kept)
 	}
 	if n, _, err := st.DeleteExpiredDeadLetters(ctx, time.Hour, 10); n != 0 || err != nil {
 		t.Errorf("DeleteExpiredDeadLetters with nothing expired = %d, %v", n, err)

@@ -606,12 +606,24 @@ func (s *Store) DeleteSent(ctx context.Context, retention time.Duration, limit i
 	return s.maintain(ctx, "delete sent rows", s.q.DeleteSent, retention, limit)
 }
 
-// DeleteExpiredDeadLetters deletes up to limit dead-lettered and discarded
-// rows dead-lettered longer than retention ago, on one replica at a time
-// like DeleteSent. A row that parks its key is kept: deleting it would
-// release the key without anyone deciding to.
+// DeleteExpiredDeadLetters deletes up to limit dead-lettered rows
+// dead-lettered longer than retention ago, on one replica at a time like
+// DeleteSent. A row that parks its key is kept: deleting it would release
+// the key without anyone deciding to.
 func (s *Store) DeleteExpiredDeadLetters(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
 	return s.maintain(ctx, "delete expired dead letters", s.q.DeleteExpiredDeadLetters, retention, limit)
+}
+
+// DeleteDiscarded deletes up to limit rows discarded longer than retention
+// ago, like DeleteSent.
+func (s *Store) DeleteDiscarded(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
+	return s.maintain(ctx, "delete discarded rows", s.q.DeleteDiscarded, retention, limit)
+}
+
+// DeleteAudit deletes up to limit audit records older than retention, like
+// DeleteSent.
+func (s *Store) DeleteAudit(ctx context.Context, retention time.Duration, limit int) (deleted int64, busy bool, err error) {
+	return s.maintain(ctx, "delete audit records", s.q.DeleteAudit, retention, limit)
 }
 
 // TopicBacklog is what waits for delivery on one topic.

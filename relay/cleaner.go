@@ -12,11 +12,14 @@ import (
 
 // cleanerConfig configures the cleaner.
 type cleanerConfig struct {
-	// SentRetention and DeadLetterRetention are how long sent rows and
-	// dead letters are kept; 0 leaves them to others (sent rows are
+	// SentRetention, DeadLetterRetention, DiscardedRetention and
+	// AuditRetention are how long sent rows, dead letters, discarded rows
+	// and audit records are kept; 0 leaves them to others (sent rows are
 	// deleted as they are sent) and retry.Forever keeps them.
 	SentRetention       time.Duration
 	DeadLetterRetention time.Duration
+	DiscardedRetention  time.Duration
+	AuditRetention      time.Duration
 	// Interval is how often the cleaner runs.
 	Interval time.Duration
 	// Timeout bounds each delete.
@@ -32,11 +35,12 @@ type cleanerTestSignals struct {
 }
 
 type cleanedBatch struct {
-	What    string // "sent rows" or "dead letters"
+	What    string // "sent rows", "dead letters", "discarded rows" or "audit records"
 	Deleted int64
 }
 
-// cleaner deletes sent rows and dead letters past their retention, in
+// cleaner deletes sent rows, dead letters, discarded rows and audit records
+// past their retention, in
 // bounded batches, on one replica at a time (the store's deletes take the
 // maintenance lock and report busy when another replica holds it).
 type cleaner struct {
@@ -48,12 +52,13 @@ type cleaner struct {
 
 // cleanerResult is what one run deleted.
 type cleanerResult struct {
-	SentDeleted, DeadLettersDeleted int64
+	SentDeleted, DeadLettersDeleted, DiscardedDeleted, AuditDeleted int64
 }
 
 // enabled reports whether the cleaner has anything to do.
 func (c *cleaner) enabled() bool {
-	return kept(c.config.SentRetention) || kept(c.config.DeadLetterRetention)
+	return kept(c.config.SentRetention) || kept(c.config.DeadLetterRetention) ||
+		kept(c.config.DiscardedRetention) || kept(c.config.AuditRetention)
 }
 
 // kept reports whether rows kept for retention are cleaned up after it.
@@ -70,7 +75,8 @@ func (c *cleaner) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		res := c.runOnce(ctx)
-		for what, n := range map[string]int64{"sent rows": res.SentDeleted, "dead letters": res.DeadLettersDeleted} {
+		for what, n := range map[string]int64{"sent rows": res.SentDeleted, "dead letters": res.DeadLettersDeleted,
+			"discarded rows": res.DiscardedDeleted, "audit records": res.AuditDeleted} {
 			if n > 0 {
 				c.log.Info("deleted rows past retention", slog.String("rows", what), slog.Int64("deleted", n))
 			}
@@ -91,6 +97,8 @@ func (c *cleaner) runOnce(ctx context.Context) cleanerResult {
 	}{
 		{"sent rows", c.config.SentRetention, c.store.DeleteSent, &res.SentDeleted},
 		{"dead letters", c.config.DeadLetterRetention, c.store.DeleteExpiredDeadLetters, &res.DeadLettersDeleted},
+		{"discarded rows", c.config.DiscardedRetention, c.store.DeleteDiscarded, &res.DiscardedDeleted},
+		{"audit records", c.config.AuditRetention, c.store.DeleteAudit, &res.AuditDeleted},
 	}
 	for _, tk := range tasks {
 		if !kept(tk.retention) {

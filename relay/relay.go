@@ -56,11 +56,16 @@ const (
 	DefaultQueryTimeout    = 30 * time.Second
 	DefaultCleanupInterval = time.Minute
 	DefaultCleanupBatch    = 5000
-	// DefaultDeadLetterRetention is how long dead-lettered and discarded
-	// rows are kept.
-	DefaultDeadLetterRetention = 14 * 24 * time.Hour
-	DefaultPauseBase           = time.Second
-	DefaultPauseMax            = 30 * time.Second
+	// DefaultDeadLetterRetention keeps unhandled dead letters until an
+	// operator replays or discards them: they are evidence.
+	DefaultDeadLetterRetention = retry.Forever
+	// DefaultDiscardedRetention is how long discarded rows are kept after
+	// an operator discarded them.
+	DefaultDiscardedRetention = 14 * 24 * time.Hour
+	// DefaultAuditRetention keeps the audit trail.
+	DefaultAuditRetention = retry.Forever
+	DefaultPauseBase      = time.Second
+	DefaultPauseMax       = 30 * time.Second
 
 	// RecordOverhead is counted for each record against MaxBatchBytes,
 	// beside its payload, key and headers: a generous allowance for a
@@ -130,10 +135,16 @@ type Config struct {
 	// rows as they are sent, retry.Forever keeps them. It must agree with
 	// the Store's KeepSent.
 	SentRetention time.Duration
-	// DeadLetterRetention keeps dead-lettered and discarded rows this
-	// long after they were dead-lettered; retry.Forever keeps them until
-	// an operator handles them. Default 14 days.
+	// DeadLetterRetention keeps dead-lettered rows this long after they
+	// were dead-lettered. Default retry.Forever: until an operator
+	// replays or discards them.
 	DeadLetterRetention time.Duration
+	// DiscardedRetention keeps discarded rows this long after they were
+	// discarded; retry.Forever keeps them. Default 14 days.
+	DiscardedRetention time.Duration
+	// AuditRetention keeps audit records this long. Default
+	// retry.Forever.
+	AuditRetention time.Duration
 	// CleanupInterval is how often rows past their retention are deleted.
 	// Default 1m.
 	CleanupInterval time.Duration
@@ -186,6 +197,7 @@ func (c *Config) Validate() error {
 	}
 	for name, v := range map[string]time.Duration{"poll_interval": c.PollInterval, "publish_timeout": c.PublishTimeout,
 		"drain_timeout": c.DrainTimeout, "sent_retention": c.SentRetention, "dead_letter_retention": c.DeadLetterRetention, "cleanup_interval": c.CleanupInterval,
+		"discarded_retention": c.DiscardedRetention, "audit_retention": c.AuditRetention,
 		"pause_base": c.PauseBase, "pause_max": c.PauseMax, "query_timeout": c.QueryTimeout} {
 		if v < 0 {
 			errs = append(errs, fmt.Errorf("relay: %s is %s; it must not be negative", name, v))
@@ -237,6 +249,7 @@ func New(cfg Config) (*Relay, error) {
 		publishTimeout: cfg.PublishTimeout, queryTimeout: cfg.QueryTimeout, wake: r.wakeAll}
 	r.cleaner = &cleaner{store: cfg.Store, log: r.log, config: cleanerConfig{
 		SentRetention: cfg.SentRetention, DeadLetterRetention: cfg.DeadLetterRetention,
+		DiscardedRetention: cfg.DiscardedRetention, AuditRetention: cfg.AuditRetention,
 		Interval: cfg.CleanupInterval, Timeout: cfg.QueryTimeout, BatchSize: DefaultCleanupBatch,
 	}}
 	return r, nil
@@ -264,6 +277,8 @@ func (c *Config) setDefaults() error {
 	defDur(&c.QueryTimeout, DefaultQueryTimeout)
 	defDur(&c.CleanupInterval, DefaultCleanupInterval)
 	defDur(&c.DeadLetterRetention, DefaultDeadLetterRetention)
+	defDur(&c.DiscardedRetention, DefaultDiscardedRetention)
+	defDur(&c.AuditRetention, DefaultAuditRetention)
 	defDur(&c.PauseBase, DefaultPauseBase)
 	defDur(&c.PauseMax, max(DefaultPauseMax, c.PauseBase))
 	if c.OnDeadLetter == "" {

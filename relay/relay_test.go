@@ -819,32 +819,80 @@ func (h *harness) cleaned(what string, n int64) {
 	}
 }
 
-// Dead letters past their retention are deleted by the maintenance loop,
-// except a row that parks its key; younger ones and pending rows stay.
-func TestDeadLettersCleanedUpAfterRetention(t *testing.T) {
+// Dead letters, discarded rows and audit records past their retention are
+// deleted by the maintenance loop, except a row that parks its key;
+// younger ones and pending rows stay. Discarded rows count from when they
+// were discarded.
+func TestCleanedUpAfterRetention(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	insert(t, s, `INSERT INTO outbox (topic, key, payload, next_attempt_at, status, dead_letter_reason, dead_lettered_at, key_parked)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload, next_attempt_at, status, dead_letter_reason, dead_lettered_at, discarded_at, key_parked)
 SELECT 't', 'k' || g, 'x', now() + interval '1 hour',
        CASE WHEN g <= 20 THEN 'dead_lettered' WHEN g <= 25 THEN 'discarded' ELSE 'pending' END,
        CASE WHEN g <= 25 THEN 'permanent' END,
-       CASE WHEN g <= 25 THEN now() - CASE WHEN g % 5 = 0 THEN interval '1 minute' ELSE interval '2 hours' END END,
+       CASE WHEN g <= 20 THEN now() - CASE WHEN g % 5 = 0 THEN interval '1 minute' ELSE interval '2 hours' END
+            WHEN g <= 25 THEN now() - interval '2 days' END,
+       CASE WHEN g IN (23, 24) THEN now() - interval '2 hours' WHEN g = 25 THEN now() - interval '1 minute' END,
        g = 1
 FROM generate_series(1, 30) g`)
-	h := start(t, s, &fakePublisher{}, options{cfg: relay.Config{DeadLetterRetention: time.Hour, CleanupInterval: 10 * time.Millisecond}})
-	// 20 of the 25 dead rows are two hours old; one of those parks its key.
-	h.cleaned("dead letters", 19)
-	if n := count(t, s.Pool, "status IN ('dead_lettered', 'discarded')"); n != 6 {
-		t.Fatalf("%d dead letters left, want 6", n)
+	insert(t, s, `INSERT INTO outbox_audit (at, actor, source, action, row_ids)
+SELECT now() - CASE WHEN g <= 3 THEN interval '2 hours' ELSE interval '1 minute' END, 'ops', 'cli', 'replay', '{1}'
+FROM generate_series(1, 5) g`)
+	h := start(t, s, &fakePublisher{}, options{cfg: relay.Config{
+		DeadLetterRetention: time.Hour, DiscardedRetention: time.Hour, AuditRetention: time.Hour,
+		CleanupInterval: 10 * time.Millisecond,
+	}})
+	// 16 of the 20 dead letters are two hours old; one of those parks its
+	// key.
+	h.cleaned("dead letters", 15)
+	// Rows 21 and 22 were discarded before that was recorded: they count
+	// from when they were dead-lettered, two days ago. Row 25 was
+	// discarded a minute ago.
+	h.cleaned("discarded rows", 4)
+	h.cleaned("audit records", 3)
+	if n := count(t, s.Pool, "status = 'dead_lettered'"); n != 5 {
+		t.Fatalf("%d dead letters left, want 5", n)
 	}
 	if n := count(t, s.Pool, "key_parked AND key = 'k1'"); n != 1 {
 		t.Fatal("the row that parks its key was deleted")
 	}
+	if n := count(t, s.Pool, "status = 'discarded' AND key = 'k25'"); n != 1 {
+		t.Fatal("the row discarded a minute ago was deleted")
+	}
 	if n := count(t, s.Pool, "status = 'pending'"); n != 5 {
 		t.Fatalf("%d pending rows left, want 5", n)
 	}
-	if n := count(t, s.Pool, "dead_lettered_at > now() - interval '1 hour'"); n != 5 {
-		t.Fatalf("%d young dead letters left, want 5", n)
+	var audit int
+	if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_audit WHERE at > now() - interval '1 hour'`).Scan(&audit); err != nil || audit != 2 {
+		t.Fatalf("%d young audit records left, want 2 (%v)", audit, err)
+	}
+}
+
+// By default dead letters are evidence, kept until an operator handles
+// them, and so is the audit trail; rows discarded two weeks ago go.
+func TestDefaultRetentionKeepsUnhandledDeadLetters(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at, discarded_at)
+SELECT 't', 'x', CASE WHEN g <= 3 THEN 'dead_lettered' ELSE 'discarded' END, 'permanent', now() - interval '1 year',
+       CASE WHEN g = 4 THEN now() - interval '15 days' WHEN g = 5 THEN now() - interval '13 days' END
+FROM generate_series(1, 5) g`)
+	insert(t, s, `INSERT INTO outbox_audit (at, actor, source, action, row_ids) VALUES (now() - interval '1 year', 'ops', 'cli', 'discard', '{4}')`)
+	h := start(t, s, &fakePublisher{}, options{cfg: relay.Config{CleanupInterval: 10 * time.Millisecond}})
+	h.cleaned("discarded rows", 1)
+	// The cleaner deletes dead letters before discarded rows, when it
+	// deletes them at all: by now it would have.
+	if n := count(t, s.Pool, "status = 'dead_lettered'"); n != 3 {
+		t.Fatalf("%d unhandled dead letters left, want 3", n)
+	}
+	if n := count(t, s.Pool, "status = 'discarded'"); n != 1 {
+		t.Fatalf("%d discarded rows left, want the one discarded 13 days ago", n)
+	}
+	// The next run: the audit records would have gone after the first.
+	h.signals.Cleaned.WaitFor(t, "another cleanup run", func(b relay.CleanedBatch) bool { return b.What == "discarded rows" })
+	var audit int
+	if err := s.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_audit`).Scan(&audit); err != nil || audit != 1 {
+		t.Fatalf("%d audit records left, want 1 (%v)", audit, err)
 	}
 }
 

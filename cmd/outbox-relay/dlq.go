@@ -84,7 +84,7 @@ func (d *dlq) open(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
-	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: d.cfg.Database.Schema})
+	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: d.cfg.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads})
 	if err != nil {
 		pool.Close()
 		return err

@@ -155,6 +155,8 @@ func (a *app) run(ctx context.Context) error {
 		OnDeadLetter:        cfg.Relay.OnDeadLetter,
 		SentRetention:       cfg.Relay.SentRetention,
 		DeadLetterRetention: cfg.Relay.DeadLetterRetention,
+		DiscardedRetention:  cfg.Relay.DiscardedRetention,
+		AuditRetention:      cfg.Relay.AuditRetention,
 		CleanupInterval:     cfg.Relay.CleanupInterval,
 		PauseBase:           cfg.Retry.PauseBase,
 		PauseMax:            cfg.Retry.PauseMax,
@@ -162,7 +164,7 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dead, err := deadletter.NewStore(pool, deadletter.Config{Schema: cfg.Database.Schema})
+	dead, err := deadletter.NewStore(pool, deadletter.Config{Schema: cfg.Database.Schema, AuditPayloads: cfg.Relay.AuditPayloads})
 	if err != nil {
 		return err
 	}

@@ -215,6 +215,8 @@ type LetterCount struct {
 	Status, Topic, Destination, Reason string
 	N                                  int
 	Oldest, Newest                     *time.Time
+	// OldestAge is the age of Oldest by the database clock.
+	OldestAge time.Duration
 }
 
 // CountDeadLetters counts dead-lettered and discarded rows by status,
@@ -226,7 +228,9 @@ func (q *Queries) CountDeadLetters(ctx context.Context, db DB) ([]LetterCount, e
 	}
 	var out []LetterCount
 	var c LetterCount
-	_, err = pgx.ForEachRow(rows, []any{&c.Status, &c.Topic, &c.Destination, &c.Reason, &c.N, &c.Oldest, &c.Newest}, func() error {
+	var ageUS int64
+	_, err = pgx.ForEachRow(rows, []any{&c.Status, &c.Topic, &c.Destination, &c.Reason, &c.N, &c.Oldest, &c.Newest, &ageUS}, func() error {
+		c.OldestAge = time.Duration(max(ageUS, 0)) * time.Microsecond
 		out = append(out, c)
 		return nil
 	})

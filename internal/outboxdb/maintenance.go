@@ -22,11 +22,25 @@ func (q *Queries) DeleteSent(ctx context.Context, db DB, retention time.Duration
 	return tag.RowsAffected(), err
 }
 
-// DeleteExpiredDeadLetters deletes up to limit dead-lettered and
-// discarded rows dead-lettered longer than retention ago, except those
-// that park their key. Statement: delete_expired_dead.
+// DeleteExpiredDeadLetters deletes up to limit dead-lettered rows
+// dead-lettered longer than retention ago, except those that park their
+// key. Statement: delete_expired_dead.
 func (q *Queries) DeleteExpiredDeadLetters(ctx context.Context, db DB, retention time.Duration, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, q.deleteExpired, retention.Microseconds(), limit)
+	return tag.RowsAffected(), err
+}
+
+// DeleteDiscarded deletes up to limit rows discarded longer than
+// retention ago. Statement: delete_discarded.
+func (q *Queries) DeleteDiscarded(ctx context.Context, db DB, retention time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, q.deleteDiscarded, retention.Microseconds(), limit)
+	return tag.RowsAffected(), err
+}
+
+// DeleteAudit deletes up to limit audit records older than retention.
+// Statement: delete_audit.
+func (q *Queries) DeleteAudit(ctx context.Context, db DB, retention time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, q.deleteAudit, retention.Microseconds(), limit)
 	return tag.RowsAffected(), err
 }
 

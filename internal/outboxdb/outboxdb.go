@@ -67,6 +67,7 @@ type Queries struct {
 	sent, fail, leasedFail, lease           string
 	leasedSent, unlease, pullForward        string
 	tryLock, deleteSent, deleteExpired      string
+	deleteDiscarded, deleteAudit            string
 	backlog                                 string
 	getRow, parkedKeys, counts, parkedCount string
 	lockRefs, replay, discard               string
@@ -103,6 +104,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		sent: &q.sent, "fail": &q.fail, "leased_fail": &q.leasedFail, "lease": &q.lease,
 		leasedSent: &q.leasedSent, "unlease": &q.unlease, "pull_forward": &q.pullForward,
 		"try_maintenance_lock": &q.tryLock, "delete_sent": &q.deleteSent, "delete_expired_dead": &q.deleteExpired,
+		"delete_discarded": &q.deleteDiscarded, "delete_audit": &q.deleteAudit,
 		"backlog": &q.backlog,
 		"get_row": &q.getRow, "parked_keys": &q.parkedKeys, "dead_letter_counts": &q.counts,
 		"parked_key_count": &q.parkedCount,

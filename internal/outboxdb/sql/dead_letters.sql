@@ -35,7 +35,8 @@ LIMIT $1
 
 {{define "dead_letter_counts"}}
 SELECT status, topic, coalesce(destination, ''), coalesce(dead_letter_reason, ''),
-    count(*), min(dead_lettered_at), max(dead_lettered_at)
+    count(*), min(dead_lettered_at), max(dead_lettered_at),
+    (extract(epoch FROM now() - min(dead_lettered_at)) * 1e6)::bigint
 FROM {{.Outbox}}
 WHERE status IN ('dead_lettered', 'discarded')
 GROUP BY 1, 2, 3, 4
@@ -69,7 +70,7 @@ WHERE id = ANY($1) AND status = 'dead_lettered'
 {{end}}
 
 {{define "discard"}}
-UPDATE {{.Outbox}} SET status = 'discarded', key_parked = false
+UPDATE {{.Outbox}} SET status = 'discarded', key_parked = false, discarded_at = now()
 WHERE id = ANY($1) AND status = 'dead_lettered'
 {{end}}
 
@@ -87,7 +88,8 @@ WHERE id = $1
 
 {{define "release_key"}}
 -- $2 is dead_lettered, to keep the row, or discarded.
-UPDATE {{.Outbox}} SET key_parked = false, status = $2
+UPDATE {{.Outbox}} SET key_parked = false, status = $2,
+    discarded_at = CASE WHEN $2::text = 'discarded' THEN now() END
 WHERE key = $1 AND key_parked RETURNING id
 {{end}}
 

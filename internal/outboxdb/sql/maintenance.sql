@@ -23,10 +23,30 @@ WHERE id = ANY(ARRAY(
     "Cond" "status = 'sent' AND sent_at < now() - $1 * interval '1 microsecond'")}}
 {{end}}
 
-{{/* A row that parks its key is kept: deleting it would release the key. */}}
+{{/*
+Unhandled dead letters, by when they were dead-lettered. A row that parks
+its key is kept: deleting it would release the key.
+*/}}
 {{define "delete_expired_dead"}}
 {{- template "bounded_delete" (dict "Outbox" .Outbox "Order" "dead_lettered_at"
-    "Cond" "status IN ('dead_lettered', 'discarded') AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked")}}
+    "Cond" "status = 'dead_lettered' AND dead_lettered_at < now() - $1 * interval '1 microsecond' AND NOT key_parked")}}
+{{end}}
+
+{{/*
+Discarded rows, by when they were discarded (rows discarded before that was
+recorded, by when they were dead-lettered). The dead-letter index orders
+them.
+*/}}
+{{define "delete_discarded"}}
+{{- template "bounded_delete" (dict "Outbox" .Outbox "Order" "dead_lettered_at"
+    "Cond" "status = 'discarded' AND coalesce(discarded_at, dead_lettered_at) < now() - $1 * interval '1 microsecond'")}}
+{{end}}
+
+{{define "delete_audit"}}
+DELETE FROM {{.Audit}}
+WHERE id = ANY(ARRAY(
+    SELECT id FROM {{.Audit}} WHERE at < now() - $1 * interval '1 microsecond'
+    ORDER BY at, id LIMIT $2))
 {{end}}
 
 {{define "backlog"}}

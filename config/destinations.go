@@ -32,6 +32,7 @@ type Destination struct {
 	MaxInFlight int         `koanf:"max_in_flight"`
 	Breaker     Breaker     `koanf:"breaker"`
 	RetryBudget RetryBudget `koanf:"retry_budget"`
+	RateLimit   RateLimit   `koanf:"rate_limit"`
 	// VisibilityTimeout, when set (at least 1s), delivers on a lease
 	// outside the claim's transaction: for slow endpoints. A relay that
 	// dies mid-delivery leaves rows that are delivered again after it.
@@ -73,6 +74,16 @@ type RetryBudget struct {
 	MinPerSecond float64 `koanf:"min_per_second"`
 	// Disabled turns the budget off.
 	Disabled bool `koanf:"disabled"`
+}
+
+// RateLimit bounds the rows per second sent to a destination, per relay
+// process. See relay.RateLimitConfig.
+type RateLimit struct {
+	// RowsPerSecond is the average rate. 0 (the default) is unlimited.
+	RowsPerSecond float64 `koanf:"rows_per_second"`
+	// Burst is the most rows sent at once after a quiet spell. Default
+	// one second's worth.
+	Burst int `koanf:"burst"`
 }
 
 // Route maps topics to a destination.
@@ -204,20 +215,29 @@ func (c *Config) destinationProblems() []string {
 	}
 	for name, d := range c.Destinations {
 		at := "destinations." + name
-		names = append(names, name)
-		if name == DefaultKafkaDestination {
-			p = append(p, at+": the name kafka is taken by the kafka section; choose another")
-		} else if !destinationName.MatchString(name) {
-			p = append(p, at+": a destination name is lowercase letters, digits, - and _")
-		}
 		var kinds int
 		for key := range d.Sinks {
 			if _, ok := sink.Lookup(key); ok {
 				kinds++
 			}
 		}
-		if kinds != 1 {
-			p = append(p, at+" needs exactly one of "+orList(sink.Kinds()))
+		switch {
+		case name == DefaultKafkaDestination:
+			// The kafka section's destination: its relay settings only.
+			if kinds > 0 {
+				p = append(p, at+" holds the relay settings of the kafka section's destination (max_in_flight, breaker, rate_limit, …), not a sink; name another destination to add one")
+			}
+			if len(c.Kafka.Brokers) == 0 {
+				p = append(p, at+" sets the kafka section's destination, which needs kafka.brokers")
+			}
+		case !destinationName.MatchString(name):
+			p = append(p, at+": a destination name is lowercase letters, digits, - and _")
+			fallthrough
+		default:
+			names = append(names, name)
+			if kinds != 1 {
+				p = append(p, at+" needs exactly one of "+orList(sink.Kinds()))
+			}
 		}
 		if d.settings != nil {
 			p = append(p, sinkProblems(at+"."+d.kind, d.settings, d.settings.Validate())...)
@@ -235,7 +255,7 @@ func (c *Config) destinationProblems() []string {
 		}
 	}
 	if len(c.Routes) == 0 {
-		if len(c.Destinations) > 0 {
+		if len(c.named()) > 0 {
 			p = append(p, "routes are required with destinations: say which topics go where")
 		}
 	} else if err := relay.ValidateRoutes(c.relayRoutes(), names); err != nil {
@@ -262,13 +282,25 @@ func (c *Config) destinationProblems() []string {
 	return p
 }
 
+// named lists the destinations other than the kafka section's, sorted.
+func (c *Config) named() []string {
+	names := make([]string, 0, len(c.Destinations))
+	for name := range c.Destinations {
+		if name != DefaultKafkaDestination {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
 // sinkOf returns the sink of the destination named name.
 func (c *Config) sinkOf(name string) (sink.Sink, bool) {
-	if d, ok := c.Destinations[name]; ok {
-		return sink.Lookup(d.kind)
-	}
 	if name == DefaultKafkaDestination {
 		return sink.Lookup("kafka")
+	}
+	if d, ok := c.Destinations[name]; ok {
+		return sink.Lookup(d.kind)
 	}
 	return sink.Sink{}, false
 }
@@ -318,14 +350,9 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 		s, _ := sink.Lookup("kafka")
 		k := c.Kafka
 		out = append(out, DestinationSettings{Name: DefaultKafkaDestination, Sink: s, Settings: &k,
-			Relay: relay.Destination{Name: DefaultKafkaDestination}})
+			Relay: c.Destinations[DefaultKafkaDestination].relayDestination(DefaultKafkaDestination)})
 	}
-	names := make([]string, 0, len(c.Destinations))
-	for name := range c.Destinations {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	for _, name := range names {
+	for _, name := range c.named() {
 		d := c.Destinations[name]
 		s, _ := sink.Lookup(d.kind)
 		out = append(out, DestinationSettings{Name: name, Sink: s, Settings: d.settings, Relay: d.relayDestination(name)})
@@ -348,6 +375,7 @@ func (d Destination) relayDestination(name string) relay.Destination {
 		Breaker: relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes,
 			FailingRows: d.Breaker.FailingRows, FailingFor: d.Breaker.FailingFor},
 		RetryBudget: relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
+		RateLimit:   relay.RateLimitConfig{PerSecond: d.RateLimit.RowsPerSecond, Burst: d.RateLimit.Burst},
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
@@ -97,6 +98,38 @@ func TestLoadWithoutRoutesSendsEverythingToKafka(t *testing.T) {
 	}
 }
 
+// destinations.kafka gives the kafka section's destination the relay
+// settings every other destination has.
+func TestKafkaSectionTakesDestinationSettings(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+kafka:
+  brokers: [k:9092]
+destinations:
+  kafka:
+    max_in_flight: 2000
+    on_dead_letter: block
+    breaker: {failures: 7}
+    retry_budget: {ratio: 0.5}
+    rate_limit: {rows_per_second: 250.5, burst: 40}
+    visibility_timeout: 1m
+`)
+	cfg, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://db/app"}, config.NeedDatabase|config.NeedDestinations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests, routes := cfg.DestinationList()
+	if len(dests) != 1 || len(routes) != 1 || routes[0].Destination != "kafka" {
+		t.Fatalf("destinations %+v, routes %+v", dests, routes)
+	}
+	d := dests[0].Relay
+	if dests[0].Name != "kafka" || dests[0].Sink.Kind != "kafka" || d.Name != "kafka" || d.MaxInFlight != 2000 || d.OnDeadLetter != "block" ||
+		d.Breaker.Failures != 7 || d.RetryBudget.Ratio != 0.5 || d.RateLimit != (relay.RateLimitConfig{PerSecond: 250.5, Burst: 40}) ||
+		d.VisibilityTimeout != time.Minute {
+		t.Fatalf("kafka destination %+v", d)
+	}
+}
+
 func TestLoadReportsEveryDestinationProblem(t *testing.T) {
 	t.Parallel()
 	path := writeFile(t, `
@@ -124,6 +157,10 @@ destinations:
     max_in_flight: -1
     breaker: {failures: -2, failing_for: -1s}
     retry_budget: {ratio: -0.5}
+    rate_limit: {rows_per_second: -1, burst: -2}
+  quota:
+    http: {url: "https://x.example"}
+    rate_limit: {burst: 5}
 routes:
   - topics: ["[x"]
     destination: nowhere
@@ -148,7 +185,8 @@ routes:
 	}
 	msg := err.Error()
 	for _, want := range []string{
-		"destinations.kafka: the name kafka is taken",
+		"destinations.kafka holds the relay settings of the kafka section's destination (max_in_flight, breaker, rate_limit, …), not a sink",
+		"destinations.kafka sets the kafka section's destination, which needs kafka.brokers",
 		"destinations.Bad_Name: a destination name is lowercase",
 		"destinations.both needs exactly one of http or kafka",
 		`destinations.hooks.on_dead_letter is "park"`,
@@ -166,6 +204,9 @@ routes:
 		"destinations.unused.breaker.failures is -2; it must not be negative",
 		"destinations.unused.breaker.failing_for is -1s; it must not be negative",
 		"destinations.unused.retry_budget.ratio is -0.5; it must not be negative",
+		"destinations.unused.rate_limit.rows_per_second is -1; it must not be negative (0 is unlimited)",
+		"destinations.unused.rate_limit.burst is -2; it must not be negative",
+		"destinations.quota.rate_limit.burst is 5 without rate_limit.rows_per_second",
 		`routes: route 1: topic pattern "[x" is not a valid glob`,
 		`routes: route 1: destination "nowhere" is not defined`,
 		"routes: route 2: topic is only for kafka destinations",

@@ -34,6 +34,9 @@ type Destination struct {
 	MaxInFlight int
 	// RetryBudget limits retries while they keep failing.
 	RetryBudget RetryBudgetConfig
+	// RateLimit bounds the rows per second this relay sends to the
+	// destination, for receivers with a published quota.
+	RateLimit RateLimitConfig
 	// Partitioner tells the partition of a row, so that a paused
 	// partition holds only its own rows. Default the Publisher, when it
 	// is one.
@@ -102,6 +105,14 @@ func (d *Destination) settingProblems() []error {
 			errs = append(errs, fmt.Errorf("%s is %d; it must not be negative", name, v))
 		}
 	}
+	if r := d.RateLimit.PerSecond; r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
+		errs = append(errs, fmt.Errorf("rate_limit.rows_per_second is %v; it must not be negative (0 is unlimited)", r))
+	}
+	if d.RateLimit.Burst < 0 {
+		errs = append(errs, fmt.Errorf("rate_limit.burst is %d; it must not be negative", d.RateLimit.Burst))
+	} else if d.RateLimit.Burst > 0 && d.RateLimit.PerSecond == 0 {
+		errs = append(errs, fmt.Errorf("rate_limit.burst is %d without rate_limit.rows_per_second", d.RateLimit.Burst))
+	}
 	if d.Breaker.FailingFor < 0 {
 		errs = append(errs, fmt.Errorf("breaker.failing_for is %s; it must not be negative", d.Breaker.FailingFor))
 	}
@@ -134,6 +145,7 @@ type dest struct {
 	pauses  *pauseSet
 	parts   Partitioner // nil: partitions are not known
 	bulk    bulkhead
+	rate    *rateLimit // nil: unlimited
 	budget  *retryBudget
 	policy  *retry.Policy
 	// pauseBase is how long a deferred row waits when no breaker says.
@@ -175,6 +187,7 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 		parts:       d.Partitioner,
 		bulk:        bulkhead{max: d.MaxInFlight},
 		budget:      newRetryBudget(d.RetryBudget),
+		rate:        newRateLimit(d.RateLimit),
 		policy:      cfg.Policy,
 		pauseBase:   cfg.PauseBase,
 		log:         log,
@@ -280,10 +293,14 @@ func (d *dest) admit(g *group, rec outbox.Record, topic string, now time.Time) (
 	return admitted, outbox.Outcome{}, paused
 }
 
-// take gives rec a slot of the bulkhead and, for a retry, a share of the
-// retry budget.
+// take gives rec a slot of the bulkhead, a token of the rate limit and,
+// for a retry, a share of the retry budget.
 func (d *dest) take(rec outbox.Record, now time.Time) (verdict, outbox.Outcome) {
 	if d.bulk.take(1) == 0 {
+		return held, outbox.Outcome{}
+	}
+	if !d.rate.take(now) {
+		d.bulk.give(1)
 		return held, outbox.Outcome{}
 	}
 	if rec.RetryCount > 0 && !d.budget.spend(now) {
@@ -387,12 +404,18 @@ func (d *dest) abandon(g *group) {
 func (d *dest) release(g *group) { d.bulk.give(len(g.recs)) }
 
 // closed reports whether the destination takes no rows now (its breaker
-// open or probing, or its bulkhead full) and until when, or else the
-// topics it has paused as a whole and how long the earliest stays so.
+// open or probing, its bulkhead full or its rate limit spent) and until
+// when, or else the topics it has paused as a whole and how long the
+// earliest stays so.
 func (d *dest) closed(now time.Time) (blocked bool, until time.Time, topics []string, left time.Duration) {
 	blocked, until = d.breaker.blocked(now)
 	if !blocked && d.bulk.full() {
 		blocked, until = true, now.Add(bulkheadRecheck)
+	}
+	if !blocked {
+		if wait := d.rate.wait(now); wait > 0 {
+			blocked, until = true, now.Add(wait)
+		}
 	}
 	if blocked {
 		return true, until, nil, 0

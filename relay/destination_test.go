@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -393,4 +394,80 @@ func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 	testwait.For(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })
 	h.breakerBecomes("hooks", relay.BreakerHalfOpen)
 	h.stop()
+}
+
+// stampPublisher records when each row was published.
+type stampPublisher struct {
+	mu    sync.Mutex
+	times []time.Time
+	ids   map[int64]int
+}
+
+func (p *stampPublisher) Publish(_ context.Context, recs []outbox.Record) []error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ids == nil {
+		p.ids = map[int64]int{}
+	}
+	now := time.Now()
+	for _, r := range recs {
+		p.times = append(p.times, now)
+		p.ids[r.ID]++
+	}
+	return make([]error, len(recs))
+}
+
+func (p *stampPublisher) sent() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.times)
+}
+
+// A rate-limited destination gets no more rows per second than its token
+// bucket allows, without attempts counted or rows deferred, while another
+// destination's rows flow at full speed.
+func TestRateLimitPacesItsDestinationOnly(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	const rate, burst, rows = 20, 5, 55
+	quota := &stampPublisher{}
+	free := &fakePublisher{}
+	insert(t, s, fmt.Sprintf(`INSERT INTO outbox (topic, key, payload) SELECT 'quota', 'k' || (g %% 7), 'x' FROM generate_series(1, %d) g`, rows))
+	h := start(t, s, nil, options{cfg: relay.Config{
+		Workers: 2,
+		Destinations: []relay.Destination{
+			{Name: "quota", Publisher: quota, RateLimit: relay.RateLimitConfig{PerSecond: rate, Burst: burst}},
+			{Name: "free", Publisher: free},
+		},
+		Routes: []relay.Route{{Topics: []string{"quota"}, Destination: "quota"}, {Topics: []string{"*"}, Destination: "free"}},
+	}})
+	testwait.For(t, "the burst spent", func() bool { return quota.sent() >= burst })
+	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 'free', 'y' FROM generate_series(1, 200)`)
+	testwait.For(t, "the other destination's rows delivered", func() bool { return count(t, s.Pool, "topic = 'free'") == 0 })
+	if n := quota.sent(); n >= rows {
+		t.Fatalf("the rate-limited destination had sent all %d rows before 200 rows elsewhere went out", n)
+	}
+	testwait.For(t, "the rate-limited rows delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	h.stop()
+
+	quota.mu.Lock()
+	defer quota.mu.Unlock()
+	if len(quota.ids) != rows || len(quota.times) != rows {
+		t.Fatalf("%d rows published %d times, want %d once each", len(quota.ids), len(quota.times), rows)
+	}
+	// A token bucket sends at most burst + rate × window in any window.
+	for i, end := range quota.times {
+		n := 0
+		for _, at := range quota.times[:i+1] {
+			if end.Sub(at) < time.Second {
+				n++
+			}
+		}
+		if n > burst+rate {
+			t.Fatalf("%d rows within one second, above the bucket's %d", n, burst+rate)
+		}
+	}
+	if took, least := quota.times[rows-1].Sub(quota.times[0]), time.Duration(float64(rows-burst)/rate*float64(time.Second)); took < least*95/100 {
+		t.Fatalf("%d rows went out in %s; at %d rows/s after a burst of %d they need %s", rows, took, rate, burst, least)
+	}
 }

@@ -38,6 +38,7 @@ type Listener struct {
 	cfg     ListenerConfig
 	log     *slog.Logger
 	state   atomic.Int32 // listenUnknown, listenHealthy or listenBroken
+	cause   atomic.Pointer[string]
 	probeN  atomic.Int64
 }
 
@@ -72,6 +73,28 @@ const (
 
 // Healthy reports whether notifications are arriving.
 func (l *Listener) Healthy() bool { return l.state.Load() == listenHealthy }
+
+// States of the listener, for readiness.
+const (
+	ListenerStarting    = "starting"
+	ListenerArriving    = "arriving"
+	ListenerNotArriving = "not arriving; polling"
+)
+
+// Status reports whether notifications are arriving and, when they are
+// not, why.
+func (l *Listener) Status() (state, cause string) {
+	switch l.state.Load() {
+	case listenHealthy:
+		return ListenerArriving, ""
+	case listenBroken:
+		if c := l.cause.Load(); c != nil {
+			cause = *c
+		}
+		return ListenerNotArriving, cause
+	}
+	return ListenerStarting, ""
+}
 
 const probePrefix = "probe:"
 
@@ -178,6 +201,9 @@ func (l *Listener) setHealthy(ok bool, cause error) {
 	next := listenBroken
 	if ok {
 		next = listenHealthy
+	} else if cause != nil {
+		c := cause.Error()
+		l.cause.Store(&c)
 	}
 	if l.state.Swap(next) == next {
 		return

@@ -44,3 +44,35 @@ func TestListenerWakesOnInsert(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Status says whether notifications arrive and, when the listening
+// connection is lost, why, until listening works again.
+func TestListenerStatus(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := pgtest.NewSchema(t)
+	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state, cause := l.Status(); state != outbox.ListenerStarting || cause != "" {
+		t.Fatalf("Status before Run = %q, %q", state, cause)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx, func() {}) }()
+	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+
+	// The server ends the listening session (this schema's only: tests
+	// run in parallel).
+	s.Exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN "`+l.Channel()+`"'`)
+	testwait.For(t, "notifications reported lost", func() bool { state, _ := l.Status(); return state == outbox.ListenerNotArriving })
+	if _, cause := l.Status(); cause == "" {
+		t.Error("no cause for the lost notifications")
+	}
+	testwait.For(t, "notifications arriving again", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

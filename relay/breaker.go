@@ -254,6 +254,13 @@ func (b *breaker) snapshot() (BreakerState, time.Time) {
 	return b.state, b.until
 }
 
+// lastError is the latest failure the breaker counted.
+func (b *breaker) lastError() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lastErr
+}
+
 // Probes of a destination's breaker: a few rows of different keys and
 // topics, first attempts rather than retries where the batch has them, so
 // that rows failing on their own cannot fail the probe of a destination

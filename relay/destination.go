@@ -434,6 +434,9 @@ type DestinationStatus struct {
 	Breaker BreakerState
 	// OpenUntil is when an open breaker lets a probe through.
 	OpenUntil time.Time
+	// LastError is the failure that opened the breaker, or the latest
+	// probe's, while it is not closed.
+	LastError string
 	// Paused are the destination's paused topics and partitions.
 	Paused []PauseStatus
 }
@@ -443,6 +446,9 @@ func (d *dest) status() DestinationStatus {
 	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status()}
 	if state == BreakerOpen {
 		st.OpenUntil = until
+	}
+	if state != BreakerClosed {
+		st.LastError = d.breaker.lastError()
 	}
 	return st
 }

@@ -471,3 +471,46 @@ func TestRateLimitPacesItsDestinationOnly(t *testing.T) {
 		t.Fatalf("%d rows went out in %s; at %d rows/s after a burst of %d they need %s", rows, took, rate, burst, least)
 	}
 }
+
+// stuckPublisher ignores its deadline until released, as a sink with a
+// bug would.
+type stuckPublisher struct {
+	got     chan struct{}
+	release chan struct{}
+}
+
+func (p *stuckPublisher) Publish(_ context.Context, recs []outbox.Record) []error {
+	select {
+	case p.got <- struct{}{}:
+	default:
+	}
+	<-p.release
+	return make([]error, len(recs))
+}
+
+// A worker stuck on one batch for longer than any batch can take is
+// reported wedged, so the liveness probe restarts the process; an idle
+// relay and one that got unstuck are not.
+func TestWedgedWorkerIsReported(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	pub := &stuckPublisher{got: make(chan struct{}, 1), release: make(chan struct{})}
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 2, PublishTimeout: 50 * time.Millisecond, QueryTimeout: 300 * time.Millisecond,
+		PollInterval: 10 * time.Millisecond}})
+	if bound := h.relay.WedgedAfter(); bound != 2*(2*50*time.Millisecond+3*300*time.Millisecond) {
+		t.Fatalf("WedgedAfter = %s", bound)
+	}
+	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+	<-pub.got
+	if err := h.relay.Wedged(); err != nil {
+		t.Fatalf("wedged at once: %v", err)
+	}
+	testwait.For(t, "the stuck worker reported", func() bool { return h.relay.Wedged() != nil })
+	if err := h.relay.Wedged(); !strings.Contains(err.Error(), "has been on one batch for") || !strings.Contains(err.Error(), "longer than any batch can take (2s): wedged") {
+		t.Fatalf("Wedged = %v", err)
+	}
+	close(pub.release)
+	testwait.For(t, "the row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	testwait.For(t, "the worker no longer wedged", func() bool { return h.relay.Wedged() == nil })
+	h.stop()
+}

@@ -224,6 +224,7 @@ type Relay struct {
 	cleaner  *cleaner
 	inflight inflightKeys
 	sqlBusy  atomic.Int32 // claims and write-backs under way
+	epoch    time.Time    // a monotonic origin for the workers' busySince
 	tally    tally
 	// breakerChanged tells tests of the destinations' breakers.
 	breakerChanged testsignal.Signal[breakerChange]
@@ -237,7 +238,7 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, tally: tally{obs: cfg.Observer}}
+	r := &Relay{cfg: cfg, log: cfg.Logger, tally: tally{obs: cfg.Observer}, epoch: time.Now()}
 	for _, d := range cfg.Destinations {
 		r.dests = append(r.dests, newDest(d, &r.cfg, &r.breakerChanged))
 	}
@@ -410,6 +411,30 @@ func (r *Relay) nextReopen() time.Time {
 		}
 	}
 	return soonest
+}
+
+// WedgedAfter is how long a worker may be on one batch before Wedged
+// reports it: twice the longest a batch can take, which is its claim, two
+// publishes (a batch claimed ahead waits for the one before it) and two
+// write-backs, each bounded by its timeout.
+func (r *Relay) WedgedAfter() time.Duration {
+	return 2 * (2*r.cfg.PublishTimeout + 3*r.cfg.QueryTimeout)
+}
+
+// Wedged reports a worker that has been on one batch for longer than
+// WedgedAfter: stuck in a call that ignores its deadline, which only a
+// restart ends. A waiting worker is never wedged: it claims again at least
+// every poll interval.
+func (r *Relay) Wedged() error {
+	bound := r.WedgedAfter()
+	now := int64(time.Since(r.epoch)) + 1
+	for _, w := range r.workers {
+		if since := w.busySince.Load(); since != 0 && time.Duration(now-since) > bound {
+			return fmt.Errorf("worker %d has been on one batch for %s, longer than any batch can take (%s): wedged",
+				w.id, time.Duration(now-since).Round(time.Second), bound)
+		}
+	}
+	return nil
 }
 
 // Destinations reports the state of every destination.

@@ -796,7 +796,7 @@ func TestSentRowsCleanedUpAfterRetention(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 30)`)
-	h := start(t, s, &fakePublisher{}, options{keepSent: true, cfg: relay.Config{SentRetention: 200 * time.Millisecond, CleanupInterval: 20 * time.Millisecond}})
+	h := start(t, s, &fakePublisher{}, options{keepSent: true, cfg: relay.Config{SentRetention: time.Second, CleanupInterval: 20 * time.Millisecond}})
 	testwait.For(t, "rows kept as sent", func() bool { return count(t, s.Pool, "status = 'sent'") == 30 })
 	h.cleaned("sent rows", 30)
 	if n := count(t, s.Pool, "true"); n != 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,6 +24,9 @@ type worker struct {
 	avoid       avoidKeys
 	avgRowBytes int
 	aheadPaused time.Time // no claiming ahead before then
+	// busySince is when the batch under way began, as time since the
+	// relay's epoch plus one; 0 while the worker waits (see Relay.Wedged).
+	busySince atomic.Int64
 }
 
 func newWorker(r *Relay, id int) *worker {
@@ -45,10 +49,12 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		}
 	}()
 	errDelay := time.Duration(0)
+	defer w.busySince.Store(0)
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
+		w.busySince.Store(int64(time.Since(r.epoch)) + 1)
 		var t taken
 		if ahead != nil {
 			t, ahead = <-ahead, nil
@@ -79,6 +85,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 			}
 			errDelay = min(max(errDelay*2, 100*time.Millisecond), 30*time.Second)
 			r.log.Error("batch failed", slog.Int("worker", w.id), slog.Any("error", err), slog.Duration("retry_in", errDelay))
+			w.busySince.Store(0)
 			if !sleep(ctx, errDelay) {
 				return nil
 			}
@@ -102,6 +109,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 			wait = min(wait, max(time.Since(since)/4, heldRecheck))
 		}
 		poll.Reset(wait)
+		w.busySince.Store(0)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -45,6 +47,10 @@ type admin struct {
 	dead     *deadletter.Store
 	registry *prometheus.Registry
 	relay    *relay.Relay
+	// listener is nil when wake-up notifications are off.
+	listener *outbox.Listener
+	// dsn is redacted from errors.
+	dsn string
 	// draining is closed when the relay begins to stop.
 	draining <-chan struct{}
 }
@@ -61,10 +67,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		return func() {}, nil
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintln(w, "ok")
-	})
+	mux.HandleFunc("GET /livez", ad.livez)
 	mux.HandleFunc("GET /readyz", ad.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(ad.registry, promhttp.HandlerOpts{
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
@@ -114,55 +117,107 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	}, nil
 }
 
+// livez answers 200 while every worker loop makes progress, and 503 when
+// one has been on a batch for longer than any batch can take, so that
+// Kubernetes restarts the process.
+func (ad admin) livez(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := ad.relay.Wedged(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, err)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// readiness is the body of /readyz.
+type readiness struct {
+	Ready bool `json:"ready"`
+	// Problems say why it is not ready, a line each.
+	Problems      []string           `json:"problems,omitempty"`
+	Draining      bool               `json:"draining"`
+	Database      string             `json:"database"`
+	Notifications notifications      `json:"notifications"`
+	Destinations  []destinationState `json:"destinations"`
+}
+
+type notifications struct {
+	// State is off, starting, arriving, or "not arriving; polling".
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+}
+
+type destinationState struct {
+	Name string `json:"name"`
+	// Circuit is closed, open or half-open.
+	Circuit   string        `json:"circuit"`
+	OpenUntil *time.Time    `json:"open_until,omitempty"`
+	LastError string        `json:"last_error,omitempty"`
+	Paused    []pausedState `json:"paused,omitempty"`
+}
+
+type pausedState struct {
+	Topic     string `json:"topic"`
+	Partition *int   `json:"partition,omitempty"`
+	// State is waiting, or probing once the cool-down is over.
+	State     string     `json:"state"`
+	OpenUntil *time.Time `json:"open_until,omitempty"`
+	LastError string     `json:"last_error"`
+}
+
 // readyz answers 200 while the relay can deliver: the database answers,
 // no destination's circuit is open, and the relay is not stopping.
-// Otherwise 503, with a line per problem. Paused topics and partitions
-// are listed either way, a line each. A half-open circuit (cool-down
-// over, probes allowed) is ready: it stays half-open until traffic
-// confirms, which an idle destination may never send.
+// Otherwise 503. Either way the JSON body shows the database, the wake-up
+// notifications (which a transaction-mode pooler silently stops: the
+// relay then polls, and stays ready), every destination's circuit and its
+// paused topics and partitions with their errors. A half-open circuit
+// (cool-down over, probes allowed) is ready: it stays half-open until
+// traffic confirms, which an idle destination may never send. A paused
+// topic or partition is a fault of its rows' producers or of the cluster's
+// set-up, not of this replica: it stays ready, and says so.
 func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
-	var problems []string
+	rd := readiness{Database: "ok", Notifications: notifications{State: "off"}, Destinations: []destinationState{}}
 	select {
 	case <-ad.draining:
-		problems = append(problems, "draining: the relay is stopping")
+		rd.Draining = true
+		rd.Problems = append(rd.Problems, "draining: the relay is stopping")
 	default:
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
 	if err := ad.pool.Ping(ctx); err != nil {
-		problems = append(problems, "database: not reachable")
+		rd.Database = "not reachable: " + config.Redact(oneLine(err.Error()), ad.dsn)
+		rd.Problems = append(rd.Problems, "database: not reachable")
 	}
-	var notes []string
+	if ad.listener != nil {
+		rd.Notifications.State, rd.Notifications.Error = ad.listener.Status()
+	}
 	for _, d := range ad.relay.Destinations() {
+		ds := destinationState{Name: d.Name, Circuit: d.Breaker.String(), LastError: d.LastError}
 		if d.Breaker == relay.BreakerOpen {
-			problems = append(problems, fmt.Sprintf("destination %s: failing; circuit open, its rows wait", d.Name))
+			ds.OpenUntil = &d.OpenUntil
+			rd.Problems = append(rd.Problems, fmt.Sprintf("destination %s: failing; circuit open, its rows wait: %s", d.Name, d.LastError))
 		}
 		for _, p := range d.Paused {
-			what := "topic " + p.Topic
+			ps := pausedState{Topic: p.Topic, State: "probing", LastError: p.LastError}
 			if p.Partition >= 0 {
-				what = fmt.Sprintf("partition %d of topic %s", p.Partition, p.Topic)
+				ps.Partition = &p.Partition
 			}
-			state := "paused, its rows wait"
-			if p.State != relay.BreakerOpen {
-				state = "paused, its next rows probe it"
+			if p.State == relay.BreakerOpen {
+				ps.State, ps.OpenUntil = "waiting", &p.OpenUntil
 			}
-			notes = append(notes, fmt.Sprintf("destination %s: %s failing; %s: %s", d.Name, what, state, p.LastError))
+			ds.Paused = append(ds.Paused, ps)
 		}
+		rd.Destinations = append(rd.Destinations, ds)
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	rd.Ready = len(rd.Problems) == 0
+	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	if len(problems) > 0 {
+	if !rd.Ready {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		for _, p := range append(problems, notes...) {
-			fmt.Fprintln(w, p)
-		}
-		return
 	}
-	// A paused topic or partition is a fault of its rows' producers or of
-	// the cluster's set-up, not of this replica: it stays ready, and says
-	// so.
-	fmt.Fprintln(w, "ok")
-	for _, n := range notes {
-		fmt.Fprintln(w, n)
-	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(rd)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -358,7 +359,8 @@ routes:
 				fmt.Sprintf("timed out waiting for %s: last answer %d %q; relay output:\n%s", what, c, body, p.output)
 		})
 	}
-	waitStatus("ready", readyz, http.StatusOK, "ok")
+	// Ready, with the wake-up notifications' probe seen.
+	waitStatus("ready", readyz, http.StatusOK, `"state": "arriving"`)
 	if code, _ := livez(); code != http.StatusOK {
 		t.Fatalf("/livez: %d", code)
 	}
@@ -373,19 +375,20 @@ routes:
 	if err := pg.Halt(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus("not ready while the database is down", readyz, http.StatusServiceUnavailable, "database")
+	waitStatus("not ready while the database is down", readyz, http.StatusServiceUnavailable, `"database: not reachable"`)
 	if code, _ := livez(); code != http.StatusOK {
 		t.Fatalf("/livez while the database is down: %d", code)
 	}
 	if err := pg.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus("ready once the database is back", readyz, http.StatusOK, "ok")
+	waitStatus("ready once the database is back", readyz, http.StatusOK, `"ready": true`)
 
 	// A destination fails as a whole (401): its circuit opens.
 	hook.refusing.Store(true)
 	insert("hooks.a")
-	waitStatus("not ready while the hook destination fails", readyz, http.StatusServiceUnavailable, "destination hooks")
+	waitStatus("not ready while the hook destination fails", readyz, http.StatusServiceUnavailable,
+		"destination hooks: failing; circuit open, its rows wait: POST "+srv+"/hook: 401 Unauthorized")
 	// The circuit opens before the batch is written back, and the
 	// deferral is counted after.
 	testwait.Within(t, 30*time.Second, "the systemic failure's deferral counted", func() bool {
@@ -396,7 +399,7 @@ routes:
 		t.Fatalf("/livez while a destination fails: %d", code)
 	}
 	hook.refusing.Store(false)
-	waitStatus("ready once the destination recovers", readyz, http.StatusOK, "ok")
+	waitStatus("ready once the destination recovers", readyz, http.StatusOK, `"ready": true`)
 	testwait.Within(t, 30*time.Second, "the deferred row delivered", func() bool { return hook.ok.Load() == 1 })
 
 	// Draining: a delivery is held while the relay stops.
@@ -458,9 +461,27 @@ SELECT CASE WHEN g % 10 = 0 THEN 'orders-typo' ELSE 'orders' END, 'k' || (g % 7)
 		t.Errorf("outbox_destination_paused{kafka} = %v; a missing topic must not pause its cluster", v)
 	}
 	code, body := get(t, addr, "/readyz")
-	if code != http.StatusOK || !strings.HasPrefix(body, "ok\n") ||
-		!strings.Contains(body, "destination kafka: topic orders-typo failing; paused, its rows wait: kafka: [3] Unknown Topic Or Partition") {
-		t.Errorf("/readyz = %d:\n%s\nwant 200, ok and a line for the paused topic", code, body)
+	var rd struct {
+		Ready        bool
+		Destinations []struct {
+			Name    string
+			Circuit string
+			Paused  []struct {
+				Topic     string
+				Partition *int
+				State     string `json:"state"`
+				LastError string `json:"last_error"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &rd); err != nil {
+		t.Fatalf("/readyz: %v\n%s", err, body)
+	}
+	if code != http.StatusOK || !rd.Ready || len(rd.Destinations) != 1 || rd.Destinations[0].Circuit != "closed" ||
+		len(rd.Destinations[0].Paused) != 1 || rd.Destinations[0].Paused[0].Topic != "orders-typo" ||
+		rd.Destinations[0].Paused[0].Partition != nil || rd.Destinations[0].Paused[0].State != "waiting" ||
+		!strings.Contains(rd.Destinations[0].Paused[0].LastError, "Unknown Topic Or Partition") {
+		t.Errorf("/readyz = %d:\n%s\nwant 200, ready, and the paused topic waiting with its error", code, body)
 	}
 	if !strings.Contains(p.output.String(), `msg="topic failing; paused, its rows wait while the rest of the destination flows" destination=kafka topic=orders-typo`) {
 		t.Errorf("no log line for the paused topic:\n%s", p.output)

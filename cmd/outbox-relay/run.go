@@ -182,6 +182,8 @@ func (a *app) run(ctx context.Context) error {
 		dead:     dead,
 		registry: reg,
 		relay:    r,
+		listener: listener,
+		dsn:      cfg.Database.URL,
 		draining: ctx.Done(),
 	})
 	if err != nil {

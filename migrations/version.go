@@ -38,7 +38,7 @@ func (e *VersionError) Error() string {
 			e.Schema, e.Found, e.CompatibleFrom, e.Need)
 	}
 	if e.Found == 0 {
-		return fmt.Sprintf("schema %s has no outbox tables (found version 0, need %d): run 'outbox-relay migrate up'", e.Schema, e.Need)
+		return fmt.Sprintf("schema %s has no outbox-relay migrations (found version 0, need %d): run 'outbox-relay migrate up'", e.Schema, e.Need)
 	}
 	return fmt.Sprintf("schema %s is at version %d, need %d: run 'outbox-relay migrate up'", e.Schema, e.Found, e.Need)
 }

@@ -184,7 +184,7 @@ func TestRunChecksTheSchemaVersion(t *testing.T) {
 		dsn := pgtest.NewDatabase(t)
 		for _, args := range [][]string{{"run"}, {"dlq", "list"}} {
 			r := runBinary(t, relayEnv(dsn, c), args...)
-			want := fmt.Sprintf("schema public has no outbox tables (found version 0, need %d): run 'outbox-relay migrate up'", need)
+			want := fmt.Sprintf("schema public has no outbox-relay migrations (found version 0, need %d): run 'outbox-relay migrate up'", need)
 			if r.code != 2 || !strings.Contains(r.stderr, want) {
 				t.Fatalf("%v: code %d, stderr: %s", args, r.code, r.stderr)
 			}

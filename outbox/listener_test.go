@@ -10,6 +10,16 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
+// newListener returns a listener on s with the default probe interval.
+func newListener(t *testing.T, s *pgtest.Schema) *outbox.Listener {
+	t.Helper()
+	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // An insert wakes the listener; its own probe does not.
 func TestListenerWakesOnInsert(t *testing.T) {
 	t.Parallel()
@@ -18,10 +28,7 @@ func TestListenerWakesOnInsert(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	// The default probe interval (a minute): after the first probe, no
 	// other notification than the insert's can come during the test.
-	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newListener(t, s)
 	wakes := make(chan struct{}, 100)
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx, func() { wakes <- struct{}{} }) }()
@@ -52,10 +59,7 @@ func TestListenerStatus(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := pgtest.NewSchema(t)
-	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newListener(t, s)
 	if state, cause := l.Status(); state != outbox.ListenerStarting || cause != "" {
 		t.Fatalf("Status before Run = %q, %q", state, cause)
 	}

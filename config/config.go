@@ -168,7 +168,8 @@ func defaults() Config {
 			PauseBase:     relay.DefaultPauseBase,
 			PauseMax:      relay.DefaultPauseMax,
 		},
-		Kafka: kafka.Settings{ClientID: kafka.DefaultClientID, DialTimeout: kafka.DefaultDialTimeout},
+		Kafka: kafka.Settings{ClientID: kafka.DefaultClientID, DialTimeout: kafka.DefaultDialTimeout,
+			Compression: kafka.DefaultCompression, Timestamp: string(kafka.TimestampPublish)},
 	}
 }
 

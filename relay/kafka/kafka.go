@@ -16,6 +16,7 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/compress"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/sasl"
 
@@ -27,6 +28,25 @@ import (
 const (
 	HeaderEventID = outbox.HeaderEventID
 	HeaderID      = outbox.HeaderID
+)
+
+// HeaderTombstone is the row header that asks for a tombstone: a message
+// with the row's key and a null value, which deletes the key from a
+// compacted topic. Its value must be "true", the row must have a key and
+// an empty payload; the header itself is not sent.
+const HeaderTombstone = "outbox-tombstone"
+
+// Timestamp is where a message's timestamp comes from.
+type Timestamp string
+
+// Timestamps.
+const (
+	// TimestampPublish stamps a message with the time it is sent, as
+	// Kafka producers do by default.
+	TimestampPublish Timestamp = "publish"
+	// TimestampCreatedAt stamps it with its row's created_at, the time
+	// the application committed the event.
+	TimestampCreatedAt Timestamp = "created_at"
 )
 
 // Defaults of Config.
@@ -69,6 +89,12 @@ type Config struct {
 	MaxMessageBytes int
 	// DialTimeout bounds connecting to a broker. Default 5s.
 	DialTimeout time.Duration
+	// Compression compresses each produce request's records. Default
+	// none.
+	Compression compress.Compression
+	// Timestamp is where messages' timestamps come from. Default
+	// TimestampPublish.
+	Timestamp Timestamp
 }
 
 // Publisher writes records to the topics they name. It sends each topic
@@ -84,6 +110,7 @@ type Config struct {
 // straight into the request's record batch (see batchEncoder).
 type Publisher struct {
 	sasl      bool
+	createdAt bool // messages carry their rows' created_at
 	transport *kafkago.Transport
 	client    *kafkago.Client
 	maxBytes  int
@@ -117,6 +144,16 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
+	codec := cfg.Compression.Codec()
+	if cfg.Compression != compress.None && codec == nil {
+		return nil, fmt.Errorf("kafka: unknown compression %d", cfg.Compression)
+	}
+	switch cfg.Timestamp {
+	case "", TimestampPublish, TimestampCreatedAt:
+	default:
+		return nil, fmt.Errorf("kafka: unknown timestamp %q", cfg.Timestamp)
+	}
+	createdAt := cfg.Timestamp == TimestampCreatedAt
 	transport := &kafkago.Transport{
 		ClientID:    cfg.ClientID,
 		TLS:         cfg.TLS,
@@ -126,12 +163,15 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	return &Publisher{
 		sasl:       cfg.SASL != nil,
+		createdAt:  createdAt,
 		transport:  transport,
 		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport, Timeout: requestTimeout},
 		maxBytes:   cfg.MaxMessageBytes,
 		partitions: map[string]topicPartitions{},
 		failing:    map[string]map[int]time.Time{},
-		buffers:    sync.Pool{New: func() any { return new(encodeBuffer) }},
+		buffers: sync.Pool{New: func() any {
+			return &encodeBuffer{enc: batchEncoder{codec: codec, createdAt: createdAt}}
+		}},
 	}, nil
 }
 
@@ -215,6 +255,8 @@ func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []e
 		}
 		if t.err != nil {
 			errs[i] = t.err
+		} else if err := tombstoneProblem(r); err != nil {
+			errs[i] = retry.Permanent(err, retry.ReasonInvalidMessage)
 		} else if size := messageBytes(r); size > p.maxBytes {
 			errs[i] = retry.Permanent(fmt.Errorf("kafka: message of %d bytes is above the %d-byte limit", size, p.maxBytes), retry.ReasonTooLarge)
 		}
@@ -440,6 +482,23 @@ func messageBytes(r *outbox.Record) int {
 	return n
 }
 
+// tombstoneProblem says why r cannot be the tombstone its headers ask for;
+// nil when they do not ask for one or it can.
+func tombstoneProblem(r *outbox.Record) error {
+	v, ok := r.Headers[HeaderTombstone]
+	switch {
+	case !ok:
+		return nil
+	case v != "true":
+		return fmt.Errorf("kafka: header %s is %q; the only value it takes is \"true\"", HeaderTombstone, v)
+	case !r.HasKey:
+		return fmt.Errorf("kafka: header %s asks for a tombstone, which needs a key, and the row's key is null", HeaderTombstone)
+	case max(len(r.Payload), r.PayloadSize) > 0:
+		return fmt.Errorf("kafka: header %s asks for a tombstone, which has no value, and the row's payload is %d bytes; write an empty payload", HeaderTombstone, max(len(r.Payload), r.PayloadSize))
+	}
+	return nil
+}
+
 // classifyCall classifies an error that failed a whole write. With SASL,
 // brokers answer a failed authentication by closing the connection, which
 // kafka-go reports as a bare EOF: treat that as the destination refusing
@@ -448,6 +507,16 @@ func messageBytes(r *outbox.Record) int {
 func (p *Publisher) classifyCall(err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, kafkago.InvalidTimestamp) {
+		if p.createdAt {
+			// The row's created_at is further from the broker's clock
+			// than the topic allows: this row can never be sent so.
+			return retry.Permanent(fmt.Errorf("kafka: the broker refused the message's timestamp, the row's created_at (see the topic's message.timestamp.before.max.ms and after.max.ms): %w", err), retry.ReasonInvalidMessage)
+		}
+		// The time of the publish is refused: the relay's clock is off,
+		// whatever the message.
+		return retry.Systemic(fmt.Errorf("kafka: the broker refused the time of the publish as the message's timestamp; check this machine's clock against the brokers': %w", err))
 	}
 	if p.sasl && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return retry.Systemic(fmt.Errorf("kafka: the broker closed the connection; with SASL this usually means authentication failed (check kafka.sasl): %w", err))

@@ -176,8 +176,10 @@ func (l *Listener) listen(ctx context.Context, wake func()) error {
 			return fmt.Errorf("wait for notifications: %w", err)
 		}
 		if outstanding != "" && time.Now().After(deadline) {
-			l.setHealthy(false, errors.New("a notification sent through the pool did not arrive"))
-			outstanding = ""
+			// The connection may be dead without knowing it (a network
+			// black hole, a failover), or a pooler may have taken it
+			// elsewhere: listen on a fresh one.
+			return fmt.Errorf("a notification sent through the pool did not arrive within %s", l.cfg.ProbeTimeout)
 		}
 		select {
 		case <-probeTick.C:
@@ -212,6 +214,8 @@ func (l *Listener) setHealthy(ok bool, cause error) {
 		l.log.Info("wake-up notifications are arriving", slog.String("channel", l.channel))
 		return
 	}
-	l.log.Warn("wake-up notifications are not arriving; relying on polling (is a transaction-mode pooler between the relay and the database?)",
+	l.log.Warn("wake-up notifications are not arriving; polling every relay.poll_interval instead. "+
+		"Behind a transaction-mode pooler (PgBouncer pool_mode=transaction) LISTEN cannot work: use session mode, "+
+		"or turn relay.listen off",
 		slog.String("channel", l.channel), slog.Any("error", cause))
 }

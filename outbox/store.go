@@ -182,6 +182,9 @@ const claimBegin = outboxdb.ClaimBegin
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && s.SpareConns() <= 0 {
+			return nil, fmt.Errorf("claim outbox rows: begin: %w: %w", ErrPoolExhausted, err)
+		}
 		return nil, fmt.Errorf("claim outbox rows: begin: %w", err)
 	}
 	c := &Claim{store: s, tx: tx}

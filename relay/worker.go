@@ -84,7 +84,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 				return nil
 			}
 			errDelay = min(max(errDelay*2, 100*time.Millisecond), 30*time.Second)
-			r.log.Error("batch failed", slog.Int("worker", w.id), slog.Any("error", err), slog.Duration("retry_in", errDelay))
+			r.batchFailed(w.id, err, errDelay)
 			w.busySince.Store(0)
 			if !sleep(ctx, errDelay) {
 				return nil
@@ -116,6 +116,24 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		case <-w.wake:
 		case <-poll.C:
 		}
+	}
+}
+
+// batchFailed reports a batch that failed as a whole, which only the
+// database does: a failure the relay waits out (out of connections, a
+// timeout, a read-only server after a failover) with what it means, and
+// with fresh connections when the old ones lead to a server that cannot
+// take the relay's writes.
+func (r *Relay) batchFailed(worker int, err error, retryIn time.Duration) {
+	p, ok := outbox.ExplainDBError(err)
+	if !ok {
+		r.log.Error("batch failed", slog.Int("worker", worker), slog.Any("error", err), slog.Duration("retry_in", retryIn))
+		return
+	}
+	r.log.Warn("database: "+p.Hint, slog.String("problem", p.Kind), slog.Int("worker", worker), slog.Any("error", err),
+		slog.Duration("query_timeout", r.cfg.QueryTimeout), slog.Duration("retry_in", retryIn))
+	if p.Reconnect {
+		r.cfg.Store.Reconnect()
 	}
 }
 

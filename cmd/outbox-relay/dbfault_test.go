@@ -162,7 +162,10 @@ func TestDatabaseCrashAndBlackHole(t *testing.T) {
 		}
 		return n
 	}
-	failures := func() int { return strings.Count(p.output.String(), `msg="batch failed"`) }
+	failures := func() int {
+		out := p.output.String()
+		return strings.Count(out, `msg="batch failed"`) + strings.Count(out, `msg="database: `)
+	}
 	start := time.Now()
 	testwait.Within(t, 30*time.Second, "deliveries", func() bool { return sentSince(start) >= 200 })
 
@@ -189,6 +192,9 @@ func TestDatabaseCrashAndBlackHole(t *testing.T) {
 	testwait.Within(t, 20*time.Second, "the relay to keep failing in the black hole", func() bool { return failures() > before+2*workers })
 	if stuck := sentSince(holed.Add(time.Second)); stuck > 0 {
 		t.Errorf("%d rows recorded as sent through a black hole", stuck)
+	}
+	if !strings.Contains(p.output.String(), "problem=query_timeout") {
+		t.Errorf("no failure in the black hole was explained as a query timeout\n%s", p.output)
 	}
 	healed := time.Now()
 	proxy.heal(t)

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,7 +49,7 @@ are delivered again later. A second signal exits at once.`,
 
 func (a *app) run(ctx context.Context) error {
 	cfg := a.cfg
-	pool, err := a.connect(ctx, map[string]string{
+	pool, err := a.connectWaiting(ctx, map[string]string{
 		// A claim's transaction stays open while its batch is published,
 		// and a batch claimed ahead also waits for the one before it: two
 		// publishes at most. If the relay vanishes behind a network black
@@ -59,7 +62,7 @@ func (a *app) run(ctx context.Context) error {
 		// commit keeps slow disks from throttling delivery.
 		"synchronous_commit": "off",
 	})
-	if err != nil {
+	if err != nil || pool == nil {
 		return err
 	}
 	defer pool.Close()
@@ -203,6 +206,48 @@ func (a *app) run(ctx context.Context) error {
 	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names),
 		slog.Bool("strict_order", cfg.Relay.StrictOrder))
 	return r.Run(ctx)
+}
+
+// connectWaiting connects to the database, and waits while it cannot take
+// the relay yet: down, starting up, failing over, or out of connection
+// slots. A restart would not help with those, and a relay that exits
+// leaves Kubernetes to restart it in a loop. Refused credentials and a
+// database that does not exist are configuration problems and fail at
+// once. It returns nil, nil when ctx ends first.
+func (a *app) connectWaiting(ctx context.Context, settings map[string]string) (*pgxpool.Pool, error) {
+	delay := time.Second
+	for {
+		pool, err := a.connect(ctx, settings)
+		if err == nil || !worthWaiting(err) {
+			return pool, err
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		hint := "the database cannot be reached"
+		if p, ok := outbox.ExplainDBError(err); ok {
+			hint = p.Hint
+		}
+		a.log.Warn("waiting for the database: "+hint, slog.Any("error", err), slog.Duration("retry_in", delay))
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+// worthWaiting reports whether a failed connection may succeed later
+// without a change of configuration.
+func worthWaiting(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// invalid_authorization_specification (28…), invalid_catalog_name
+		return !strings.HasPrefix(pgErr.Code, "28") && pgErr.Code != "3D000"
+	}
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
 }
 
 // idleGrace is added to the publish timeout for the server-side idle

@@ -39,12 +39,7 @@ func record(id int64, topic, key, payload string) outbox.Record {
 
 func newPublisher(t testing.TB, c *kfake.Cluster) *kafka.Publisher {
 	t.Helper()
-	p, err := kafka.New(kafka.Config{Brokers: c.ListenAddrs(), DialTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
+	return newPublisherWith(t, c, kafka.Config{})
 }
 
 func publish(t *testing.T, p *kafka.Publisher, recs []outbox.Record) []error {

@@ -575,6 +575,10 @@ func Classify(err error) error {
 			kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
 			kafkago.BrokerNotAvailable, kafkago.TransactionalIDAuthorizationFailed:
 			return retry.Systemic(wrapped)
+		case kafkago.UnsupportedCompressionType:
+			// The cluster cannot take kafka.compression (zstd needs Kafka
+			// 2.1): every row would fail alike.
+			return retry.Systemic(fmt.Errorf("kafka: the brokers do not support this compression; choose another kafka.compression: %w", err))
 		}
 		return retry.Transient(wrapped, 0)
 	}

@@ -469,6 +469,7 @@ func TestClassify(t *testing.T) {
 		{kafkago.InvalidRecord, retry.ClassPermanent, record, retry.ReasonPermanent},
 		{kafkago.UnsupportedForMessageFormat, retry.ClassPermanent, record, retry.ReasonPermanent},
 		{kafkago.InvalidTopic, retry.ClassPermanent, record, retry.ReasonInvalidMessage},
+		{kafkago.UnsupportedCompressionType, retry.ClassSystemic, destination, ""},
 		{kafkago.InvalidMessage, retry.ClassTransient, record, ""}, // a corrupt message: Kafka retries it
 		{kafkago.UnknownTopicOrPartition, retry.ClassTransient, topic, ""},
 		{kafkago.TopicAuthorizationFailed, retry.ClassSystemic, topic, ""},

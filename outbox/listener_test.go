@@ -2,6 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"os"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +78,48 @@ func TestListenerStatus(t *testing.T) {
 		t.Error("no cause for the lost notifications")
 	}
 	testwait.For(t, "notifications arriving again", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A listening connection that stops answering without closing (a network
+// black hole, a frozen server process) is given up when the listener's
+// own probe does not arrive: it listens on a fresh connection, and
+// notifications arrive again, instead of waiting on the dead one.
+func TestListenerReplacesAConnectionThatMissedItsProbe(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := pgtest.NewSchema(t)
+	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name, ProbeInterval: 200 * time.Millisecond, ProbeTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx, func() {}) }()
+	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+
+	// Freeze the listening server process: its socket stays open, and
+	// nothing it is sent is read.
+	var pid int
+	if err := s.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN "`+l.Channel()+`"'`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("freezing the listening backend %d: %v (the tests run as root or as the server's user)", pid, err)
+	}
+	defer func() { _ = proc.Signal(syscall.SIGCONT) }()
+	testwait.For(t, "the missed probe reported", func() bool { state, _ := l.Status(); return state == outbox.ListenerNotArriving })
+	if _, cause := l.Status(); !strings.Contains(cause, "did not arrive within 1s") {
+		t.Errorf("cause %q, want the missed probe", cause)
+	}
+	testwait.For(t, "notifications arriving on a fresh connection", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ fmt-check:
 	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.git/*')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# Installs the PostgreSQL server binaries when they are missing.
+# Installs the PostgreSQL server binaries and PgBouncer when they are missing.
 postgres:
 	@scripts/ensure-postgres
 

@@ -15,7 +15,8 @@ var ErrPoolExhausted = errors.New("every connection of the pool (database.max_co
 // the person reading its log.
 type DBProblem struct {
 	// Kind names the problem: too_many_connections, pool_exhausted,
-	// statement_timeout, query_timeout, read_only or server_unavailable.
+	// statement_timeout, query_timeout, read_only, server_unavailable or
+	// prepared_statements.
 	Kind string
 	// Hint says what happened and what to do, in one line.
 	Hint string
@@ -27,7 +28,8 @@ type DBProblem struct {
 // ExplainDBError explains err when it is one of the database failures an
 // operator meets at the edges: the server out of connection slots, the
 // pool out of connections, a statement timeout, a read-only server after a
-// failover, a server shutting down or starting up. It reports false for
+// failover, a server shutting down or starting up, prepared statements
+// lost behind a transaction-mode pooler. It reports false for
 // any other error.
 func ExplainDBError(err error) (DBProblem, bool) {
 	var pgErr *pgconn.PgError
@@ -43,6 +45,11 @@ func ExplainDBError(err error) (DBProblem, bool) {
 		case "25006": // read_only_sql_transaction
 			return DBProblem{Kind: "read_only", Hint: "the database server is read-only (a standby, or the old primary after a failover): " +
 				"reconnecting; point database.url at the primary, or list every host with target_session_attrs=read-write", Reconnect: true}, true
+		case "26000", "42P05": // invalid_sql_statement_name, duplicate_prepared_statement
+			return DBProblem{Kind: "prepared_statements", Hint: "the connection's prepared statements went missing or collide: " +
+				"a transaction-mode pooler (PgBouncer pool_mode=transaction) moves them between server connections; " +
+				"add default_query_exec_mode=exec to database.url (or set PgBouncer's max_prepared_statements, 1.21 or later), " +
+				"or use session mode; retrying"}, true
 		case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
 			return DBProblem{Kind: "server_unavailable", Hint: "the database server is shutting down, starting up or failing over: reconnecting",
 				Reconnect: true}, true

@@ -81,7 +81,8 @@ func TestExplainDBErrorBySQLState(t *testing.T) {
 	t.Parallel()
 	for code, kind := range map[string]string{
 		"53300": "too_many_connections", "57014": "statement_timeout", "25006": "read_only",
-		"57P01": "server_unavailable", "57P03": "server_unavailable", "23505": "",
+		"57P01": "server_unavailable", "57P03": "server_unavailable", "26000": "prepared_statements",
+		"42P05": "prepared_statements", "23505": "",
 	} {
 		p, ok := outbox.ExplainDBError(&pgconn.PgError{Code: code})
 		if ok != (kind != "") || p.Kind != kind {

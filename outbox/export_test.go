@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
 // Hooks for the package's external tests.
 
-const ClaimBegin = claimBegin
+var ClaimBegin = outboxdb.ClaimBegin(0)
 
 func ClaimSQL(s *Store) string         { return statement(s, "claim") }
 func HoldingBySpanSQL(s *Store) string { return statement(s, "holding_by_span") }
@@ -71,11 +73,18 @@ func Deferrals(ctx context.Context, c *Claim, offsets ...time.Duration) (map[int
 // NextXid reads an observation's transaction ids in a transaction of its
 // own: the snapshot's xmin and the next transaction id.
 func NextXid(ctx context.Context, s *Store) (xmin, next int64, err error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.claimBegin})
 	if err != nil {
 		return 0, 0, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read only
 	err = tx.QueryRow(ctx, observeXidsSQL).Scan(&xmin, &next)
 	return xmin, next, err
+}
+
+// ClaimSetting reads a setting inside a claim's transaction.
+func ClaimSetting(ctx context.Context, c *Claim, name string) (string, error) {
+	var v string
+	err := c.tx.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v)
+	return v, err
 }

@@ -79,6 +79,13 @@ type StoreConfig struct {
 	// concurrent transactions. A long write transaction anywhere in the
 	// database cluster delays delivery until it ends. Needs migration 6.
 	StrictOrder bool
+	// IdleInTransactionTimeout has the server end a claim's transaction,
+	// releasing its rows, when the relay has sent nothing in it for this
+	// long: a relay cut off by a network black hole cannot keep rows
+	// locked until TCP notices. It must exceed the longest publish of a
+	// batch (and, with claim-ahead, two). Zero leaves the server's
+	// setting.
+	IdleInTransactionTimeout time.Duration
 }
 
 // Store is the relay's access to the outbox table.
@@ -92,6 +99,7 @@ type Store struct {
 	tableName    string       // and as people write it
 	strictOrder  bool
 	strict       watermark
+	claimBegin   string // see outboxdb.ClaimBegin
 }
 
 // NewStore returns a Store on pool for cfg.
@@ -108,7 +116,7 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
 	}
 	return &Store{pool: pool, q: q, errorHistory: cfg.ErrorHistory, lockID: schema.LockID(cfg.Schema) + 1,
 		table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(), tableName: cfg.Schema + ".outbox",
-		strictOrder: cfg.StrictOrder}, nil
+		strictOrder: cfg.StrictOrder, claimBegin: outboxdb.ClaimBegin(cfg.IdleInTransactionTimeout)}, nil
 }
 
 // ClaimParams bounds a claim.
@@ -172,15 +180,11 @@ func (s *Store) SpareConns() int {
 	return int(st.MaxConns() - st.AcquiredConns() - st.ConstructingConns())
 }
 
-// claimBegin starts a claim's transaction with settings that keep its
-// plans right whatever the statistics say (see outboxdb.ClaimBegin).
-const claimBegin = outboxdb.ClaimBegin
-
 // Claim locks up to p.Limit ready rows and returns them in an open
 // transaction. Rows whose key is held by an earlier row outside the claim
 // are left out, so rows of one key are always published in id order.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.claimBegin})
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && s.SpareConns() <= 0 {
 			return nil, fmt.Errorf("claim outbox rows: begin: %w: %w", ErrPoolExhausted, err)
@@ -564,6 +568,7 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 		unsentTokens = append(unsentTokens, o.Token)
 	}
 	b := &pgx.Batch{}
+	outboxdb.QueueAsyncCommit(b)
 	applied := map[int64]bool{}
 	collect := func(id int64) { applied[id] = true }
 	if len(sentIDs) > 0 {
@@ -576,7 +581,7 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 	if len(keys) > 0 {
 		s.q.QueuePullForward(b, keys)
 	}
-	if b.Len() == 0 {
+	if b.Len() == 1 { // nothing to write beyond the commit setting
 		return nil, nil
 	}
 	// One implicit transaction: all or nothing.

@@ -944,3 +944,51 @@ func TestDeleteSent(t *testing.T) {
 		t.Fatalf("DeleteSent while another replica cleans: busy %v err %v", busy, err)
 	}
 }
+
+// A claim's transaction carries its own settings, not the session's (a
+// transaction-mode pooler would hand session settings to other clients),
+// and the server ends a claim the relay has left idle, releasing its rows
+// to other claimers.
+func TestIdleClaimIsEndedByTheServer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, IdleInTransactionTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 3) g`)
+	c := claim(t, st, 10)
+	if len(c.Records) != 3 {
+		t.Fatalf("claimed %d rows, want 3", len(c.Records))
+	}
+	for name, want := range map[string]string{"synchronous_commit": "off", "idle_in_transaction_session_timeout": "300ms"} {
+		got, err := outbox.ClaimSetting(ctx, c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s = %s in a claim, want %s", name, got, want)
+		}
+	}
+	var session string
+	if err := s.Pool.QueryRow(ctx, "SHOW idle_in_transaction_session_timeout").Scan(&session); err != nil {
+		t.Fatal(err)
+	}
+	if session != "0" {
+		t.Errorf("idle_in_transaction_session_timeout = %s outside a claim, want the server's 0", session)
+	}
+
+	other := newStore(t, s, false)
+	testwait.Within(t, 30*time.Second, "the idle claim's rows to be claimable again", func() bool {
+		c2, err := other.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c2.Release(ctx)
+		return len(c2.Records) == 3
+	})
+	if err := c.Complete(ctx, nil); err == nil {
+		t.Error("the claim ended by the server completed")
+	}
+}

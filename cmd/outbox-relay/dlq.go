@@ -76,7 +76,7 @@ func (d *dlq) open(ctx context.Context) error {
 	if err := d.load(config.NeedDatabase); err != nil {
 		return err
 	}
-	pool, err := d.connect(ctx, nil)
+	pool, err := d.connect(ctx)
 	if err != nil {
 		return err
 	}

@@ -170,9 +170,10 @@ func (a *app) load(need config.Need) error {
 	return nil
 }
 
-// connect opens a pool and checks that the database answers. settings
-// are session settings for every connection.
-func (a *app) connect(ctx context.Context, settings map[string]string) (*pgxpool.Pool, error) {
+// connect opens a pool and checks that the database answers. It sends no
+// startup parameter beyond application_name, which PgBouncer passes on:
+// it refuses the others.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	pc, err := a.cfg.Database.PoolConfig()
 	if err != nil {
 		return nil, err
@@ -180,9 +181,6 @@ func (a *app) connect(ctx context.Context, settings map[string]string) (*pgxpool
 	rp := pc.ConnConfig.RuntimeParams
 	if rp["application_name"] == "" {
 		rp["application_name"] = "outbox-relay"
-	}
-	for k, v := range settings {
-		rp[k] = v
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -86,7 +86,7 @@ func (a *app) withMigrator(fn func(context.Context, *migrations.Migrator) error)
 			return err
 		}
 		ctx := cmd.Context()
-		pool, err := a.connect(ctx, nil)
+		pool, err := a.connect(ctx)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -49,19 +48,7 @@ are delivered again later. A second signal exits at once.`,
 
 func (a *app) run(ctx context.Context) error {
 	cfg := a.cfg
-	pool, err := a.connectWaiting(ctx, map[string]string{
-		// A claim's transaction stays open while its batch is published,
-		// and a batch claimed ahead also waits for the one before it: two
-		// publishes at most. If the relay vanishes behind a network black
-		// hole, the server ends the transaction and releases the rows
-		// rather than waiting for TCP.
-		"idle_in_transaction_session_timeout": strconv.FormatInt((2*cfg.Relay.PublishTimeout + idleGrace).Milliseconds(), 10),
-		// The relay's writes only record progress: a write-back lost in a
-		// database crash makes its rows pending again, delivered once
-		// more, never lost. Not waiting for the WAL flush at every batch
-		// commit keeps slow disks from throttling delivery.
-		"synchronous_commit": "off",
-	})
+	pool, err := a.connectWaiting(ctx)
 	if err != nil || pool == nil {
 		return err
 	}
@@ -71,6 +58,12 @@ func (a *app) run(ctx context.Context) error {
 	}
 	store, err := outbox.NewStore(pool, outbox.StoreConfig{
 		Schema: cfg.Database.Schema, KeepSent: cfg.Relay.SentRetention > 0, StrictOrder: cfg.Relay.StrictOrder,
+		// A claim's transaction stays open while its batch is published,
+		// and a batch claimed ahead also waits for the one before it: two
+		// publishes at most. If the relay vanishes behind a network black
+		// hole, the server ends the transaction and releases the rows
+		// rather than waiting for TCP.
+		IdleInTransactionTimeout: 2*cfg.Relay.PublishTimeout + idleGrace,
 	})
 	if err != nil {
 		return err
@@ -214,10 +207,10 @@ func (a *app) run(ctx context.Context) error {
 // leaves Kubernetes to restart it in a loop. Refused credentials and a
 // database that does not exist are configuration problems and fail at
 // once. It returns nil, nil when ctx ends first.
-func (a *app) connectWaiting(ctx context.Context, settings map[string]string) (*pgxpool.Pool, error) {
+func (a *app) connectWaiting(ctx context.Context) (*pgxpool.Pool, error) {
 	delay := time.Second
 	for {
-		pool, err := a.connect(ctx, settings)
+		pool, err := a.connect(ctx)
 		if err == nil || !worthWaiting(err) {
 			return pool, err
 		}

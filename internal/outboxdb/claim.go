@@ -30,7 +30,21 @@ import (
 //
 // Each statement takes its own snapshot (read committed, whatever the
 // role's default): the strict order watermark depends on it.
-const ClaimBegin = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_sort = off; SET LOCAL jit = off"
+//
+// The claim's commit does not wait for the WAL flush (it only records
+// progress: a commit lost in a crash makes its rows pending again), and,
+// when idle is positive, the server ends the transaction after idle
+// without a statement from the relay. Both are set for the transaction
+// only, not as session settings, so that they work through PgBouncer in
+// transaction mode (which refuses such startup parameters) and never
+// reach another client's session there.
+func ClaimBegin(idle time.Duration) string {
+	b := "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off"
+	if idle > 0 {
+		b += fmt.Sprintf("; SET LOCAL idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
+	}
+	return b
+}
 
 // ClaimArgs bound a claim.
 type ClaimArgs struct {

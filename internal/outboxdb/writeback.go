@@ -162,3 +162,10 @@ func collectIDs(applied func(id int64)) func(pgx.Rows) error {
 		return err
 	}
 }
+
+// QueueAsyncCommit makes the transaction a batch runs in commit without
+// waiting for the WAL flush, as a claim's does (see ClaimBegin); for the
+// transaction only. Queue it first.
+func QueueAsyncCommit(b *pgx.Batch) {
+	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+}

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"reflect"
 	"regexp"
 	"slices"
@@ -106,24 +105,6 @@ type Database struct {
 	// 30s.
 	QueryTimeout time.Duration `koanf:"query_timeout"`
 }
-
-// Admin configures the admin HTTP listener and its dead-letter API.
-type Admin struct {
-	// Listen is the listener's address, host:port. Default :9780; empty
-	// turns the listener off.
-	Listen string `koanf:"listen"`
-	// Token is the bearer token the dead-letter API requires; without
-	// one the API is off. A secret: set it with OUTBOX_ADMIN_TOKEN or in
-	// the file, or put it in a file named by token_file.
-	Token     string `koanf:"token"`
-	TokenFile string `koanf:"token_file"`
-}
-
-// DefaultAdminListen is the admin listener's default address.
-const DefaultAdminListen = ":9780"
-
-// MinAdminToken is the shortest admin token accepted, in characters.
-const MinAdminToken = 16
 
 // Log configures logging.
 type Log struct {
@@ -305,7 +286,10 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 		*into = v
 	}
 	readSecret("database.url_file", cfg.Database.URLFile, &cfg.Database.URL)
-	readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
+	if cfg.Admin.Token == "" && cfg.Admin.TokenFile != "" {
+		cfg.Admin.tokenFromFile = true
+		readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
+	}
 	for _, p := range cfg.decodeSinks(dec) {
 		problems = append(problems, p.text)
 		failed[p.path] = true
@@ -357,14 +341,7 @@ func (c *Config) Validate(need Need) error {
 	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
 		p = append(p, fmt.Sprintf("log.format is %q; use text or json", c.Log.Format))
 	}
-	if c.Admin.Listen != "" {
-		if _, port, err := net.SplitHostPort(c.Admin.Listen); err != nil || port == "" {
-			p = append(p, fmt.Sprintf("admin.listen: %q is not host:port (use :9780 for every interface, empty to turn the listener off)", c.Admin.Listen))
-		}
-	}
-	if c.Admin.Token != "" && len(c.Admin.Token) < MinAdminToken {
-		p = append(p, fmt.Sprintf("admin.token is %d characters; use at least %d random ones", len(c.Admin.Token), MinAdminToken))
-	}
+	p = append(p, c.Admin.problems()...)
 	p = append(p, foreverProblems("", reflect.ValueOf(*c))...)
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
 	p = append(p, c.Retry.problems()...)

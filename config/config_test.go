@@ -325,3 +325,58 @@ func TestForever(t *testing.T) {
 		}
 	}
 }
+
+// Every problem of the admin settings is reported at once, and a token
+// read from a file counts only once.
+func TestAdminProblems(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	for name, token := range map[string]string{
+		"short": "tiny", "bad name!": "long-enough-token-0123", "twin-a": "the-same-token-0123456", "twin-b": "the-same-token-0123456",
+	} {
+		writeAt(t, filepath.Join(tokens, name), token)
+	}
+	check := func(env []string, want ...string) {
+		t.Helper()
+		_, err := config.Load(nil, append([]string{"OUTBOX_DATABASE_URL=postgres://db/app"}, env...), config.NeedDatabase)
+		var ce *config.Error
+		if !errors.As(err, &ce) {
+			t.Fatalf("err = %v, want *config.Error", err)
+		}
+		if len(ce.Problems) != len(want) {
+			t.Errorf("%d problems, want %d:\n%s", len(ce.Problems), len(want), err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("no problem says %q:\n%s", w, err)
+			}
+		}
+	}
+	check([]string{"OUTBOX_ADMIN_API_LISTEN=:9781", "OUTBOX_ADMIN_TLS_CERT_FILE=" + filepath.Join(dir, "missing.crt"),
+		"OUTBOX_ADMIN_TOKENS_DIR=" + tokens},
+		"admin.tokens_dir: short: the token is 4 characters",
+		"admin.tokens_dir: bad name!: name the file with letters",
+		"admin.tls: set both cert_file and key_file")
+	check([]string{"OUTBOX_ADMIN_API_LISTEN=9781"},
+		`admin.api_listen: "9781" is not host:port`,
+		"admin.api_listen is set, but no token is")
+	check([]string{"OUTBOX_ADMIN_API_LISTEN=:9780", "OUTBOX_ADMIN_TOKEN_FILE=" + filepath.Join(dir, "none")},
+		"admin.api_listen is admin.listen",
+		"admin.token_file: open")
+	twins := filepath.Join(dir, "twins")
+	writeAt(t, filepath.Join(twins, "twin-a"), "the-same-token-0123456")
+	writeAt(t, filepath.Join(twins, "twin-b"), "the-same-token-0123456")
+	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + twins}, "tokens twin-a and twin-b are the same token")
+	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + filepath.Join(dir, "nowhere")}, "admin.tokens_dir: open")
+}
+
+func writeAt(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -26,13 +26,17 @@ const (
 )
 
 // exampleSecrets are the settings the example shows only commented out:
-// secrets are never written in it, and the files the *_file forms name do
-// not exist where the example is tried.
+// secrets are never written in it, and the files the *_file forms (and the
+// admin listeners' tokens directory and certificate) name do not exist
+// where the example is tried.
 var exampleSecrets = map[string]bool{
 	"database.url":             true,
 	"database.url_file":        true,
 	"admin.token":              true,
 	"admin.token_file":         true,
+	"admin.tokens_dir":         true,
+	"admin.tls.cert_file":      true,
+	"admin.tls.key_file":       true,
 	"kafka.sasl.password":      true,
 	"kafka.sasl.password_file": true,
 }

@@ -73,6 +73,9 @@ type Actor struct {
 	Name string
 	// Source is how: cli or api.
 	Source string
+	// Credential names the API token the request came with; empty from
+	// the command line.
+	Credential string
 }
 
 func (a Actor) validate() error {
@@ -436,7 +439,7 @@ func (s *Store) record(ctx context.Context, tx pgx.Tx, a Actor, action, reason s
 	if r := strings.TrimSpace(reason); r != "" {
 		why = &r
 	}
-	err := s.q.InsertAudit(ctx, tx, outboxdb.AuditEntry{Actor: a.Name, Source: a.Source, Action: action,
+	err := s.q.InsertAudit(ctx, tx, outboxdb.AuditEntry{Actor: a.Name, Source: a.Source, Credential: a.Credential, Action: action,
 		Reason: why, RowIDs: ids, Details: details})
 	if err != nil {
 		return fmt.Errorf("write the audit record: %w", err)

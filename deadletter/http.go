@@ -1,8 +1,7 @@
 package deadletter
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -26,9 +25,9 @@ const APIPrefix = "/api/v1/"
 // HandlerConfig configures the dead-letter HTTP API.
 type HandlerConfig struct {
 	Store *Store
-	// Token is the bearer token every request must carry. Required: the
-	// API is off without one.
-	Token string
+	// Tokens are the bearer tokens a request may carry, by name. Required:
+	// the API is off without one.
+	Tokens *Tokens
 	// MaxPayload, if positive, is the largest payload an edit may set.
 	MaxPayload int
 	// CheckTopic, if set, vets the topic an edit sets.
@@ -43,13 +42,13 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("dead-letter API: no store")
 	}
-	if cfg.Token == "" {
+	if cfg.Tokens == nil {
 		return nil, errors.New("dead-letter API: no token; the API is off without one")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &api{cfg: cfg, token: sha256.Sum256([]byte(cfg.Token))}
+	h := &api{cfg: cfg}
 	mux := http.NewServeMux()
 	p := strings.TrimSuffix(APIPrefix, "/")
 	mux.HandleFunc("GET "+p+"/dead-letters", h.list)
@@ -75,22 +74,23 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 }
 
 type api struct {
-	cfg   HandlerConfig
-	token [32]byte
+	cfg HandlerConfig
 }
 
-// authenticate answers 401 to any request without the token, before
-// anything else is looked at.
+type tokenNameKey struct{}
+
+// authenticate answers 401 to any request without an accepted token,
+// before anything else is looked at, and passes on the token's name.
 func (h *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		sum := sha256.Sum256([]byte(given))
-		if !ok || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+		name, matched := h.cfg.Tokens.match(given)
+		if !ok || !matched {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-relay"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tokenNameKey{}, name)))
 	})
 }
 
@@ -156,7 +156,7 @@ func (h *api) bulkParams(w http.ResponseWriter, r *http.Request) (bulkRequest, B
 	}
 	p := BulkParams{
 		Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
-		DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(req.Actor), Reason: req.Reason,
+		DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(r, req.Actor), Reason: req.Reason,
 	}
 	return req, p, true
 }
@@ -230,7 +230,7 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, MaxPayload: h.cfg.MaxPayload,
-		CheckTopic: h.cfg.CheckTopic, At: req.At, Actor: apiActor(req.Actor), Reason: req.Reason}
+		CheckTopic: h.cfg.CheckTopic, At: req.At, Actor: apiActor(r, req.Actor), Reason: req.Reason}
 	if req.Headers != nil && string(req.Headers) != "null" {
 		p.Headers = req.Headers
 	}
@@ -282,7 +282,7 @@ func (h *api) release(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	res, err := h.cfg.Store.Release(r.Context(), ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(req.Actor)})
+	res, err := h.cfg.Store.Release(r.Context(), ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(r, req.Actor)})
 	h.reply(w, r, res, err)
 }
 
@@ -323,13 +323,15 @@ func (h *api) stats(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, st, err)
 }
 
-// apiActor records who acted through the API: the name the caller gives,
-// marked as coming from the API.
-func apiActor(name string) Actor {
+// apiActor records who acted through the API: the name the caller gives
+// (the token's name when it gives none), marked as coming from the API
+// with the token it authenticated with.
+func apiActor(r *http.Request, name string) Actor {
+	token, _ := r.Context().Value(tokenNameKey{}).(string)
 	if strings.TrimSpace(name) == "" {
-		name = "api"
+		name = token
 	}
-	return Actor{Name: name, Source: "api"}
+	return Actor{Name: name, Source: "api", Credential: token}
 }
 
 // query returns the request's query parameters, refusing unknown and

@@ -17,9 +17,18 @@ const apiToken = "s3cret-admin-token-0123"
 
 func newAPI(t *testing.T, s *pgtest.Schema) http.Handler {
 	t.Helper()
+	tokens, err := deadletter.NewTokens(map[string]string{"ops": apiToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newAPIWith(t, s, tokens)
+}
+
+func newAPIWith(t *testing.T, s *pgtest.Schema, tokens *deadletter.Tokens) http.Handler {
+	t.Helper()
 	h, err := deadletter.NewHandler(deadletter.HandlerConfig{
 		Store:      newStore(t, s),
-		Token:      apiToken,
+		Tokens:     tokens,
 		MaxPayload: 1024,
 		CheckTopic: func(topic string) error {
 			if !strings.HasPrefix(topic, "orders") {
@@ -88,6 +97,60 @@ func TestAPIRequiresToken(t *testing.T) {
 	checkUnchanged(t, s, before)
 	if code, body := call(h, "GET", "/api/v1/stats", ""); code != http.StatusOK || !strings.Contains(body, `"dead_lettered": 1`) {
 		t.Fatalf("with the token: %d %s", code, body)
+	}
+}
+
+// Several tokens are accepted at once, for rotation; the audit records
+// which one each change came with, beside the actor the caller names, and
+// the token's name when it names none. Replacing the set takes effect at
+// once, and a bad set is refused with the old one kept.
+func TestAPITokensAreNamedInTheAudit(t *testing.T) {
+	t.Parallel()
+	const alice, bob = "alice-token-0123456789", "bob-token-0123456789"
+	tokens, err := deadletter.NewTokens(map[string]string{"alice": alice, "bob-ci": bob})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := pgtest.NewSchema(t)
+	one, _ := addDead(t, s, dead{Key: "k1"})
+	two, _ := addDead(t, s, dead{Key: "k2"})
+	h := newAPIWith(t, s, tokens)
+	if code, body := call(h, "POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d],"actor":"carol"}`, one), alice); code != 200 {
+		t.Fatalf("replay with alice's token: %d %s", code, body)
+	}
+	if code, body := call(h, "POST", "/api/v1/dead-letters/discard", fmt.Sprintf(`{"ids":[%d],"reason":"duplicate"}`, two), bob); code != 200 {
+		t.Fatalf("discard with bob's token: %d %s", code, body)
+	}
+	var audit deadletter.AuditPage
+	code, body := call(h, "GET", "/api/v1/audit", "", alice)
+	if err := json.Unmarshal([]byte(body), &audit); err != nil {
+		t.Fatalf("audit: %v: %s", err, body)
+	}
+	var got []string
+	for _, r := range audit.Records {
+		got = append(got, r.Action+"/"+r.Actor+"/"+r.Credential)
+	}
+	if want := []string{"discard/bob-ci/bob-ci", "replay/carol/alice"}; code != 200 || !slices.Equal(got, want) {
+		t.Fatalf("audit: %v, want %v (%s)", got, want, body)
+	}
+
+	if err := tokens.Replace(map[string]string{"bob-ci": bob, "bob-2": bob}); err == nil {
+		t.Fatal("one token under two names was accepted")
+	}
+	if code, _ := call(h, "GET", "/api/v1/stats", "", alice); code != 200 {
+		t.Fatalf("alice's token stopped working after a refused replacement: %d", code)
+	}
+	if err := tokens.Replace(map[string]string{"bob-ci": bob}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := call(h, "GET", "/api/v1/stats", "", alice); code != http.StatusUnauthorized {
+		t.Fatalf("alice's removed token: %d, want 401", code)
+	}
+	if code, _ := call(h, "GET", "/api/v1/stats", "", bob); code != 200 {
+		t.Fatalf("bob's token after the replacement: %d", code)
+	}
+	if names := tokens.Names(); !slices.Equal(names, []string{"bob-ci"}) {
+		t.Fatalf("names %v", names)
 	}
 }
 
@@ -236,9 +299,9 @@ func TestAPIOperations(t *testing.T) {
 	decode(body, &audit)
 	var got []string
 	for _, r := range audit.Records {
-		got = append(got, r.Action+"/"+r.Actor+"/"+r.Source)
+		got = append(got, r.Action+"/"+r.Actor+"/"+r.Source+"/"+r.Credential)
 	}
-	if want := []string{"release/carol/api", "edit/bob/api", "replay/alice/api"}; code != 200 || !slices.Equal(got, want) {
+	if want := []string{"release/carol/api/ops", "edit/bob/api/ops", "replay/alice/api/ops"}; code != 200 || !slices.Equal(got, want) {
 		t.Fatalf("audit: %v, want %v (%s)", got, want, body)
 	}
 

@@ -903,14 +903,15 @@ func TestKubernetesManifests(t *testing.T) {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < cfg.Relay.DrainTimeout+5*time.Second {
 		t.Errorf("Deployment: terminationGracePeriodSeconds %s, want at least relay.drain_timeout (%s) + 5s", intOrUnset(g), cfg.Relay.DrainTimeout)
 	}
-	adminPort := ""
+	portNames := map[int]string{}
 	for _, p := range dc.Ports {
-		if p.ContainerPort == 9780 {
-			adminPort = p.Name
-		}
+		portNames[p.ContainerPort] = p.Name
 	}
-	if adminPort != "admin" || cfg.Admin.Listen != ":9780" {
-		t.Errorf("Deployment: port 9780 is named %q and admin.listen is %q, want admin and :9780", adminPort, cfg.Admin.Listen)
+	if portNames[9780] != "admin" || cfg.Admin.Listen != ":9780" {
+		t.Errorf("Deployment: port 9780 is named %q and admin.listen is %q, want admin and :9780", portNames[9780], cfg.Admin.Listen)
+	}
+	if portNames[9781] != "api" || cfg.Admin.APIListen != ":9781" {
+		t.Errorf("Deployment: port 9781 is named %q and admin.api_listen is %q, want api and :9781", portNames[9781], cfg.Admin.APIListen)
 	}
 	for name, pr := range map[string]struct {
 		p    *probe
@@ -947,9 +948,54 @@ func TestKubernetesManifests(t *testing.T) {
 		} `yaml:"spec"`
 	}
 	unmarshal(t, kinds, "Service", &svc)
+	var svcPorts []string
+	for _, p := range svc.Spec.Ports {
+		svcPorts = append(svcPorts, p.Name+"→"+fmt.Sprint(p.TargetPort))
+	}
 	if !matches(svc.Spec.Selector, pod.Metadata.Labels) || !svc.Spec.PublishNotReadyAddresses ||
-		len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "admin" || fmt.Sprint(svc.Spec.Ports[0].TargetPort) != "admin" {
-		t.Errorf("Service: %+v; want the relay's pods, publishNotReadyAddresses and the admin port", svc.Spec)
+		!slices.Equal(svcPorts, []string{"admin→admin", "api→api"}) {
+		t.Errorf("Service: %+v; want the relay's pods, publishNotReadyAddresses and the admin and api ports", svc.Spec)
+	}
+
+	// The network policy selects the relay's pods and opens only their
+	// named ports, the API to fewer clients than the metrics.
+	var np struct {
+		object `yaml:",inline"`
+		Spec   struct {
+			PodSelector struct {
+				MatchLabels map[string]string `yaml:"matchLabels"`
+			} `yaml:"podSelector"`
+			PolicyTypes []string `yaml:"policyTypes"`
+			Ingress     []struct {
+				From  []map[string]any `yaml:"from"`
+				Ports []struct {
+					Port any `yaml:"port"`
+				} `yaml:"ports"`
+			} `yaml:"ingress"`
+		} `yaml:"spec"`
+	}
+	unmarshal(t, kinds, "NetworkPolicy", &np)
+	if !matches(np.Spec.PodSelector.MatchLabels, pod.Metadata.Labels) || !slices.Contains(np.Spec.PolicyTypes, "Ingress") {
+		t.Errorf("NetworkPolicy: %+v; want the relay's pods and Ingress", np.Spec)
+	}
+	opened := map[string]bool{}
+	for _, rule := range np.Spec.Ingress {
+		if len(rule.From) == 0 || len(rule.Ports) == 0 {
+			t.Errorf("NetworkPolicy: rule %+v opens to everyone or every port", rule)
+		}
+		for _, p := range rule.Ports {
+			name := fmt.Sprint(p.Port)
+			if !slices.Contains([]string{"admin", "api"}, name) || opened[name] {
+				t.Errorf("NetworkPolicy: port %s is not one of the container's named ports admin and api, or is opened twice", name)
+			}
+			if len(rule.Ports) > 1 {
+				t.Errorf("NetworkPolicy: a rule opens %d ports to the same clients; the API's must be its own", len(rule.Ports))
+			}
+			opened[name] = true
+		}
+	}
+	if !opened["admin"] || !opened["api"] {
+		t.Errorf("NetworkPolicy: opens %v, want admin and api", opened)
 	}
 	if svc.Metadata.Name != "outbox-relay" {
 		t.Errorf("Service: named %q; the alerts select job=\"outbox-relay\", which a ServiceMonitor takes from the Service's name", svc.Metadata.Name)

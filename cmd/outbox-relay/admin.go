@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,33 +55,36 @@ type admin struct {
 	dsn string
 	// draining is closed when the relay begins to stop.
 	draining <-chan struct{}
+	// tokens are the dead-letter API's; nil turns it off.
+	tokens *deadletter.Tokens
+	// certs is the listeners' certificate; nil serves plain HTTP.
+	certs *certificate
 }
 
 // readyTimeout bounds the database check of one readiness probe.
 const readyTimeout = 2 * time.Second
 
-// startAdmin starts the admin listener: health, metrics, and the
-// dead-letter API when a token is configured. It returns a function that
-// stops it.
+// startAdmin starts the admin listeners: health and metrics on
+// admin.listen, and the dead-letter API when a token is configured, on
+// admin.api_listen when set and otherwise beside them. With admin.tls they
+// serve HTTPS. It returns a function that stops them.
 func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	cfg := a.cfg
-	if cfg.Admin.Listen == "" {
-		return func() {}, nil
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /livez", ad.livez)
-	mux.HandleFunc("GET /readyz", ad.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(ad.registry, promhttp.HandlerOpts{
+	ops := http.NewServeMux()
+	ops.HandleFunc("GET /livez", ad.livez)
+	ops.HandleFunc("GET /readyz", ad.readyz)
+	ops.Handle("GET /metrics", promhttp.HandlerFor(ad.registry, promhttp.HandlerOpts{
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
 		ErrorHandling:     promhttp.ContinueOnError,
 		EnableOpenMetrics: true,
 	}))
-	api := "off (no admin.token)"
-	if cfg.Admin.Token != "" {
-		maxPayload, checkTopic := editChecks(cfg)
-		h, err := deadletter.NewHandler(deadletter.HandlerConfig{
+	apiState := "off (no admin token)"
+	var api http.Handler
+	if ad.tokens != nil {
+		maxPayload, checkTopic := editChecks(a.cfg)
+		api, err = deadletter.NewHandler(deadletter.HandlerConfig{
 			Store:      ad.dead,
-			Token:      cfg.Admin.Token,
+			Tokens:     ad.tokens,
 			MaxPayload: maxPayload,
 			CheckTopic: checkTopic,
 			Logger:     a.log,
@@ -87,15 +92,73 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		if err != nil {
 			return nil, err
 		}
-		mux.Handle(deadletter.APIPrefix, h)
-		api = deadletter.APIPrefix
+		apiState = deadletter.APIPrefix
 	}
-	ln, err := net.Listen("tcp", cfg.Admin.Listen)
+	var tlsConf *tls.Config
+	if ad.certs != nil {
+		tlsConf = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: ad.certs.get}
+	}
+	var stops []func()
+	stopAll := func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+	serve := func(what, addr string, h http.Handler, attrs ...any) (string, error) {
+		bound, s, err := a.serveAdmin(what, addr, h, tlsConf, attrs...)
+		if err != nil {
+			stopAll()
+			return "", err
+		}
+		stops = append(stops, s)
+		return bound, nil
+	}
+	if api != nil && cfg.Admin.APIListen != "" {
+		only := http.NewServeMux()
+		only.Handle(deadletter.APIPrefix, api)
+		bound, err := serve("dead-letter API listener", cfg.Admin.APIListen, only, slog.Any("tokens", ad.tokens.Names()))
+		if err != nil {
+			return nil, err
+		}
+		apiState = "on " + bound
+	} else if api != nil {
+		ops.Handle(deadletter.APIPrefix, api)
+	}
+	if cfg.Admin.Listen != "" {
+		if _, err := serve("admin listener", cfg.Admin.Listen, ops, slog.String("dead_letter_api", apiState)); err != nil {
+			return nil, err
+		}
+	}
+	return stopAll, nil
+}
+
+// adminTokens reads the dead-letter API's tokens; nil when none is
+// configured.
+func adminTokens(cfg config.Admin) (*deadletter.Tokens, error) {
+	if !cfg.APIEnabled() {
+		return nil, nil
+	}
+	byName, problems := cfg.ReadTokens()
+	if len(problems) > 0 {
+		return nil, &config.Error{Problems: problems}
+	}
+	return deadletter.NewTokens(byName)
+}
+
+// serveAdmin serves h on addr until the returned function is called, and
+// returns the address it listens on.
+func (a *app) serveAdmin(what, addr string, h http.Handler, tlsConf *tls.Config, attrs ...any) (bound string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("admin listener: %w", err)
+		return "", nil, fmt.Errorf("%s: %w", what, err)
+	}
+	bound = ln.Addr().String()
+	scheme := "http"
+	if tlsConf != nil {
+		ln, scheme = tls.NewListener(ln, tlsConf), "https"
 	}
 	srv := &http.Server{
-		Handler:           mux,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		IdleTimeout:       2 * time.Minute,
@@ -105,16 +168,39 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	go func() {
 		defer close(done)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("admin listener failed", slog.Any("error", err))
+			a.log.Error(what+" failed", slog.Any("error", err))
 		}
 	}()
-	a.log.Info("admin listener started", slog.String("address", ln.Addr().String()), slog.String("dead_letter_api", api))
-	return func() {
+	a.log.Info(what+" started", append([]any{slog.String("address", bound), slog.String("scheme", scheme)}, attrs...)...)
+	return bound, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), adminShutdown)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
 	}, nil
+}
+
+// certificate is a server certificate that can be replaced while it is
+// served.
+type certificate struct {
+	cur atomic.Pointer[tls.Certificate]
+}
+
+func (c *certificate) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil }
+
+// adminCertificate loads the admin listeners' certificate; nil without
+// admin.tls.
+func adminCertificate(t config.AdminTLS) (*certificate, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
+	cert, err := t.Load()
+	if err != nil {
+		return nil, err
+	}
+	c := &certificate{}
+	c.cur.Store(&cert)
+	return c, nil
 }
 
 // livez answers 200 while every worker loop makes progress, and 503 when

@@ -567,7 +567,11 @@ func (d *dlq) auditCmd() *cobra.Command {
 			}
 			tw := d.table("ID", "AT", "ACTOR", "SOURCE", "ACTION", "ROWS", "REASON")
 			for _, r := range page.Records {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, stamp(&r.At), cell(r.Actor), r.Source, r.Action, idList(r.RowIDs, len(r.RowIDs)), clip(r.Reason, 60))
+				source := r.Source
+				if r.Credential != "" {
+					source += " (token " + r.Credential + ")"
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, stamp(&r.At), cell(r.Actor), cell(source), r.Action, idList(r.RowIDs, len(r.RowIDs)), clip(r.Reason, 60))
 			}
 			tw.Flush()
 			if page.Next != "" {

@@ -173,6 +173,14 @@ func (a *app) run(ctx context.Context) error {
 		names = append(names, d.Name)
 		relayMetrics.Destination(d.Name)
 	}
+	tokens, err := adminTokens(cfg.Admin)
+	if err != nil {
+		return err
+	}
+	certs, err := adminCertificate(cfg.Admin.TLS)
+	if err != nil {
+		return err
+	}
 	stopAdmin, err := a.startAdmin(admin{
 		pool:     pool,
 		dead:     dead,
@@ -181,6 +189,8 @@ func (a *app) run(ctx context.Context) error {
 		listener: listener,
 		dsn:      cfg.Database.URL,
 		draining: ctx.Done(),
+		tokens:   tokens,
+		certs:    certs,
 	})
 	if err != nil {
 		return err

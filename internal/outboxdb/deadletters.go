@@ -406,28 +406,37 @@ func (q *Queries) Unpark(ctx context.Context, tx pgx.Tx, keys []string) error {
 // AuditEntry is one operator action to record.
 type AuditEntry struct {
 	Actor, Source, Action string
-	Reason                *string
-	RowIDs                []int64
+	// Credential names the API token the action came with; empty from
+	// the command line.
+	Credential string
+	Reason     *string
+	RowIDs     []int64
 	// Details are stored as JSON.
 	Details any
 }
 
 // InsertAudit records e. Statement: insert_audit.
 func (q *Queries) InsertAudit(ctx context.Context, tx pgx.Tx, e AuditEntry) error {
-	_, err := tx.Exec(ctx, q.insertAudit, e.Actor, e.Source, e.Action, e.Reason, e.RowIDs, e.Details)
+	var cred *string
+	if e.Credential != "" {
+		cred = &e.Credential
+	}
+	_, err := tx.Exec(ctx, q.insertAudit, e.Actor, e.Source, e.Action, e.Reason, e.RowIDs, e.Details, cred)
 	return err
 }
 
 // AuditRecord is one recorded operator action.
 type AuditRecord struct {
-	ID      int64           `json:"id"`
-	At      time.Time       `json:"at"`
-	Actor   string          `json:"actor"`
-	Source  string          `json:"source"`
-	Action  string          `json:"action"`
-	Reason  string          `json:"reason,omitempty"`
-	RowIDs  []int64         `json:"row_ids"`
-	Details json.RawMessage `json:"details"`
+	ID     int64     `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Source string    `json:"source"`
+	// Credential is the name of the API token the action came with.
+	Credential string          `json:"credential,omitempty"`
+	Action     string          `json:"action"`
+	Reason     string          `json:"reason,omitempty"`
+	RowIDs     []int64         `json:"row_ids"`
+	Details    json.RawMessage `json:"details"`
 }
 
 // AuditArgs select audit records, newest first; zero fields match all.
@@ -469,7 +478,7 @@ func (q *Queries) ListAudit(ctx context.Context, db DB, a AuditArgs) ([]AuditRec
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditRecord, error) {
 		var a AuditRecord
 		var details []byte
-		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Source, &a.Action, &a.Reason, &a.RowIDs, &details)
+		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Source, &a.Credential, &a.Action, &a.Reason, &a.RowIDs, &details)
 		a.Details = details
 		return a, err
 	})

@@ -86,3 +86,15 @@ func newKey(tb testing.TB) *ecdsa.PrivateKey {
 	}
 	return key
 }
+
+// PEM returns a certificate issued here and its key in PEM, as a
+// certificate file and a key file hold them.
+func PEM(tb testing.TB, c tls.Certificate) (cert, key []byte) {
+	tb.Helper()
+	der, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}

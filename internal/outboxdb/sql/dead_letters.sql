@@ -107,8 +107,8 @@ WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL AND parked_be
 {{end}}
 
 {{define "insert_audit"}}
-INSERT INTO {{.Audit}} (actor, source, action, reason, row_ids, details)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO {{.Audit}} (actor, source, action, reason, row_ids, details, credential)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 {{end}}
 
 {{define "audited_rows"}}
@@ -119,6 +119,6 @@ WHERE a.row_ids && $1::bigint[] AND r = ANY($1)
 
 {{define "list_audit"}}
 -- dynamic
-SELECT id, at, actor, source, action, coalesce(reason, ''), row_ids, details
+SELECT id, at, actor, source, coalesce(credential, ''), action, coalesce(reason, ''), row_ids, details
 FROM {{.Audit}} WHERE {{.Where}} ORDER BY id DESC LIMIT {{.Limit}}
 {{end}}

@@ -1,0 +1,174 @@
+package config
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
+)
+
+// Admin configures the admin HTTP listeners and the dead-letter API.
+type Admin struct {
+	// Listen is the address of the listener for probes and metrics,
+	// host:port; it also serves the dead-letter API unless APIListen is
+	// set. Default :9780; empty turns the listener off.
+	Listen string `koanf:"listen"`
+	// APIListen, when set, is the address of a second listener that
+	// serves the dead-letter API, which Listen then does not: probes and
+	// metrics can be open to the cluster's monitoring while the API that
+	// changes rows is reachable only from where operators work.
+	APIListen string `koanf:"api_listen"`
+	// Token is a bearer token the dead-letter API accepts, named admin in
+	// the audit trail. A secret: set it with OUTBOX_ADMIN_TOKEN or in the
+	// file, or put it in a file named by token_file.
+	Token     string `koanf:"token"`
+	TokenFile string `koanf:"token_file"`
+	// TokensDir names a directory of tokens, one per file, each named by
+	// its file (a mounted Kubernetes Secret with one key per holder). All
+	// are accepted, beside Token: add a token, move its clients, remove
+	// the old one. The audit records which one a change came with.
+	TokensDir string `koanf:"tokens_dir"`
+	// TLS serves the admin listeners over HTTPS.
+	TLS AdminTLS `koanf:"tls"`
+
+	tokenFromFile bool // Token was read from TokenFile
+}
+
+// AdminTLS is the admin listeners' server certificate.
+type AdminTLS struct {
+	// CertFile and KeyFile are a PEM certificate (with its chain) and
+	// key. Both or neither.
+	CertFile string `koanf:"cert_file"`
+	KeyFile  string `koanf:"key_file"`
+}
+
+// Enabled reports whether the admin listeners serve HTTPS.
+func (t AdminTLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
+
+// Load reads the certificate and key.
+func (t AdminTLS) Load() (tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("admin.tls: %w", err)
+	}
+	return cert, nil
+}
+
+// DefaultAdminListen is the admin listener's default address.
+const DefaultAdminListen = ":9780"
+
+// MinAdminToken is the shortest admin token accepted, in characters.
+const MinAdminToken = 16
+
+// AdminTokenName is the name under which the audit records admin.token.
+const AdminTokenName = "admin"
+
+// APIEnabled reports whether the dead-letter API is served: a token is
+// configured.
+func (a Admin) APIEnabled() bool { return a.Token != "" || a.TokenFile != "" || a.TokensDir != "" }
+
+// tokenName is what a token's file may be called.
+var tokenName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$`)
+
+// ReadTokens reads the dead-letter API's tokens, by name: admin.token
+// (admin.token_file read again when the token came from it) and every
+// file of admin.tokens_dir. Files whose names start with a dot are
+// skipped: Kubernetes keeps its bookkeeping of a mounted Secret there. It
+// returns every problem found; the tokens are usable only without any.
+func (a Admin) ReadTokens() (map[string]string, []string) {
+	var p []string
+	out := map[string]string{}
+	token := a.Token
+	if a.tokenFromFile && token != "" { // else Load reported the file's problem
+		var err error
+		if token, err = sink.ReadSecretFile("admin.token_file", a.TokenFile); err != nil {
+			p = append(p, err.Error())
+		}
+	}
+	if token != "" {
+		if len(token) < MinAdminToken {
+			p = append(p, fmt.Sprintf("admin.token is %d characters; use at least %d random ones", len(token), MinAdminToken))
+		}
+		out[AdminTokenName] = token
+	}
+	if a.TokensDir != "" {
+		entries, err := os.ReadDir(a.TokensDir)
+		if err != nil {
+			p = append(p, "admin.tokens_dir: "+err.Error())
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasPrefix(name, ".") {
+				continue
+			}
+			path := filepath.Join(a.TokensDir, name)
+			if st, err := os.Stat(path); err != nil || st.IsDir() {
+				continue // a dangling link or a directory holds no token
+			}
+			setting := "admin.tokens_dir: " + name
+			switch t, err := sink.ReadSecretFile(setting, path); {
+			case err != nil:
+				p = append(p, err.Error())
+			case !tokenName.MatchString(name):
+				p = append(p, fmt.Sprintf("%s: name the file with letters, digits and . _ @ - (the audit records it)", setting))
+			case name == AdminTokenName && token != "":
+				p = append(p, fmt.Sprintf("%s: admin.token is already named %s", setting, AdminTokenName))
+			case len(t) < MinAdminToken:
+				p = append(p, fmt.Sprintf("%s: the token is %d characters; use at least %d random ones", setting, len(t), MinAdminToken))
+			default:
+				out[name] = t
+			}
+		}
+		if err == nil && len(entries) > 0 && len(out) == 0 && len(p) == 0 {
+			p = append(p, "admin.tokens_dir: "+a.TokensDir+" holds no token file")
+		}
+	}
+	if len(p) == 0 && len(out) > 0 {
+		if _, err := deadletter.NewTokens(out); err != nil {
+			p = append(p, "admin tokens: "+err.Error())
+		}
+	}
+	return out, p
+}
+
+func (a Admin) problems() []string {
+	var p []string
+	listen := func(setting, addr, hint string) {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			p = append(p, fmt.Sprintf("%s: %q is not host:port (%s)", setting, addr, hint))
+		}
+	}
+	if a.Listen != "" {
+		listen("admin.listen", a.Listen, "use :9780 for every interface, empty to turn the listener off")
+	}
+	if a.APIListen != "" {
+		listen("admin.api_listen", a.APIListen, "such as :9781, or empty to serve the API on admin.listen")
+		switch {
+		case a.APIListen == a.Listen && !strings.HasSuffix(a.Listen, ":0"):
+			p = append(p, "admin.api_listen is admin.listen; leave it empty to serve the API there")
+		case !a.APIEnabled():
+			p = append(p, "admin.api_listen is set, but no token is: set admin.token, admin.token_file or admin.tokens_dir")
+		}
+	}
+	if a.TokensDir != "" || a.tokenFromFile || a.Token != "" {
+		_, tp := a.ReadTokens()
+		p = append(p, tp...)
+	}
+	if a.TLS.Enabled() {
+		if a.TLS.CertFile == "" || a.TLS.KeyFile == "" {
+			p = append(p, "admin.tls: set both cert_file and key_file")
+		} else if _, err := a.TLS.Load(); err != nil {
+			p = append(p, err.Error())
+		}
+		if a.Listen == "" && a.APIListen == "" {
+			p = append(p, "admin.tls is set, but no admin listener is")
+		}
+	}
+	return p
+}

@@ -1,0 +1,85 @@
+package deadletter
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"sort"
+	"sync/atomic"
+)
+
+// Tokens are the bearer tokens the API accepts, each with a name that the
+// audit trail records. Several are accepted at once so that a token can be
+// rotated without a moment when neither works: add the new one, move the
+// clients, remove the old one. Replace swaps the whole set while requests
+// are served.
+type Tokens struct {
+	set atomic.Pointer[[]namedToken]
+}
+
+type namedToken struct {
+	name string
+	sum  [32]byte
+}
+
+// NewTokens returns the set of byName (name → token).
+func NewTokens(byName map[string]string) (*Tokens, error) {
+	t := &Tokens{}
+	if err := t.Replace(byName); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Replace makes byName the accepted tokens. It refuses an empty set, an
+// empty name or token, and one token under two names (the audit could not
+// tell who used it), and then keeps the tokens it had.
+func (t *Tokens) Replace(byName map[string]string) error {
+	if len(byName) == 0 {
+		return errors.New("no token; the API is off without one")
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	set := make([]namedToken, 0, len(names))
+	seen := map[[32]byte]string{}
+	for _, name := range names {
+		if name == "" || byName[name] == "" {
+			return fmt.Errorf("token %q: empty name or token", name)
+		}
+		sum := sha256.Sum256([]byte(byName[name]))
+		if other, dup := seen[sum]; dup {
+			return fmt.Errorf("tokens %s and %s are the same token; give each holder its own", other, name)
+		}
+		seen[sum] = name
+		set = append(set, namedToken{name: name, sum: sum})
+	}
+	t.set.Store(&set)
+	return nil
+}
+
+// Names are the names of the accepted tokens, sorted.
+func (t *Tokens) Names() []string {
+	set := *t.set.Load()
+	out := make([]string, len(set))
+	for i, nt := range set {
+		out[i] = nt.name
+	}
+	return out
+}
+
+// match returns the name of the token given, comparing it with every
+// accepted token in constant time: how long it takes says nothing about
+// which token, or how much of one, matched.
+func (t *Tokens) match(given string) (name string, ok bool) {
+	sum := sha256.Sum256([]byte(given))
+	for _, nt := range *t.set.Load() {
+		if subtle.ConstantTimeCompare(sum[:], nt.sum[:]) == 1 {
+			name, ok = nt.name, true
+		}
+	}
+	return name, ok
+}

@@ -209,6 +209,15 @@ func EnvName(path string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(path, ".", "_"))
 }
 
+// File is the configuration file Load reads: --config, else OUTBOX_CONFIG;
+// "" for none.
+func File(flags *Flags, environ []string) string {
+	if flags != nil && flags.configFile != "" {
+		return flags.configFile
+	}
+	return envMap(environ)[EnvConfigFile]
+}
+
 // Error is a configuration that cannot be used. It lists every problem.
 type Error struct{ Problems []string }
 
@@ -233,10 +242,7 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	}
 	paths := leafPaths(reflect.TypeOf(def), "")
 
-	cfgFile := env[EnvConfigFile]
-	if flags != nil && flags.configFile != "" {
-		cfgFile = flags.configFile
-	}
+	cfgFile := File(flags, environ)
 	if cfgFile != "" {
 		if err := k.Load(file.Provider(cfgFile), yaml.Parser()); err != nil {
 			problems = append(problems, fmt.Sprintf("read %s: %v", cfgFile, err))

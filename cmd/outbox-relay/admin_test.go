@@ -23,14 +23,20 @@ import (
 const adminHost = "admin.outbox.test"
 
 // adminTLSFiles writes a certificate for adminHost signed by a new CA and
-// its key, and returns their paths and a client that trusts the CA.
+// its key into dir, replacing those there, and returns their paths and a
+// client that trusts the CA.
 func adminTLSFiles(t *testing.T, dir string) (certFile, keyFile string, client *http.Client) {
 	t.Helper()
 	ca := tlstest.NewCA(t, "admin test CA")
 	cert, key := tlstest.PEM(t, ca.Server(t, adminHost))
 	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	for path, b := range map[string][]byte{certFile: cert, keyFile: key} {
-		if err := os.WriteFile(path, b, 0o600); err != nil {
+		if err := os.WriteFile(path+".new", b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, path := range []string{keyFile, certFile} {
+		if err := os.Rename(path+".new", path); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -58,7 +64,7 @@ func logged(t *testing.T, p *relayProcess, msg string) string {
 // The admin surface as an operator locks it down: probes and metrics on
 // one listener, the dead-letter API on another, both over HTTPS; several
 // named tokens accepted at once, and the audit naming the one each change
-// came with.
+// came with. A renewed certificate is served without a restart.
 func TestAdminListenersTLSAndNamedTokens(t *testing.T) {
 	t.Parallel()
 	dsn, pool := migrated(t)
@@ -137,6 +143,13 @@ func TestAdminListenersTLSAndNamedTokens(t *testing.T) {
 	cl := &cli{t: t, env: []string{"OUTBOX_DATABASE_URL=" + dsn, "OUTBOX_ACTOR=alice"}}
 	if out := cl.ok("dlq", "audit"); !regexp.MustCompile(`nightly-job\s+api \(token ci\)\s+discard`).MatchString(out) {
 		t.Fatalf("the audit does not name the token:\n%s", out)
+	}
+
+	// A renewed certificate, from another CA.
+	_, _, client = adminTLSFiles(t, dir)
+	p.waitForLog(t, `msg=reloaded parts="[admin certificate]"`)
+	if code, body := do("GET", ops+"/livez", "", ""); code != 200 {
+		t.Fatalf("with the renewed certificate: %d %s", code, body)
 	}
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {

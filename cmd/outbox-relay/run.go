@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -119,7 +122,7 @@ func (a *app) run(ctx context.Context) error {
 		headerBytes = traceHeaderBytes
 		a.log.Info("tracing deliveries")
 	}
-	destinations, routes, closeAll, err := buildDestinations(cfg, wrap, headerBytes)
+	destinations, routes, publishers, closeAll, err := buildDestinations(cfg, wrap, headerBytes)
 	if err != nil {
 		return err
 	}
@@ -196,6 +199,18 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	defer stopAdmin()
+	// Secrets and certificates are read again when their files change,
+	// or on SIGHUP.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reloadCtx, stopReload := context.WithCancel(ctx)
+	reloaded := make(chan struct{})
+	go func() {
+		defer close(reloaded)
+		newReloader(a, config.NeedDatabase|config.NeedDestinations, tokens, certs, publishers).run(reloadCtx, hup)
+	}()
+	defer func() { stopReload(); <-reloaded }()
 	if cfg.Relay.StrictOrder {
 		watch, err := metrics.NewOrderHoldWatch(reg, store, a.log)
 		if err != nil {
@@ -280,8 +295,10 @@ const traceHeaderBytes = 96
 
 // buildDestinations opens a publisher for every configured destination,
 // wrapped by wrap (with the sink's messaging system); closeAll releases
-// them. headerBytes is what the wrappers add to each record.
-func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, headerBytes int) (_ []relay.Destination, _ []relay.Route, closeAll func(), err error) {
+// them. headerBytes is what the wrappers add to each record. publishers
+// are the sinks' own, unwrapped, by destination name.
+func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, headerBytes int) (
+	_ []relay.Destination, _ []relay.Route, publishers map[string]relay.Publisher, closeAll func(), err error) {
 	settings, routes := cfg.DestinationList()
 	var closers []io.Closer
 	closeAll = func() {
@@ -295,11 +312,13 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 		}
 	}()
 	out := make([]relay.Destination, 0, len(settings))
+	publishers = make(map[string]relay.Publisher, len(settings))
 	for _, s := range settings {
 		p, err := s.Settings.Open(sink.Options{Name: s.Name, MaxBatchBytes: cfg.Relay.MaxBatchBytes, HeaderBytes: headerBytes})
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
+			return nil, nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
 		}
+		publishers[s.Name] = p
 		if c, ok := p.(io.Closer); ok {
 			closers = append(closers, c)
 		}
@@ -310,5 +329,5 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 		}
 		out = append(out, d)
 	}
-	return out, routes, closeAll, nil
+	return out, routes, publishers, closeAll, nil
 }

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -111,8 +112,8 @@ type Config struct {
 type Publisher struct {
 	sasl      bool
 	createdAt bool // messages carry their rows' created_at
-	transport *kafkago.Transport
-	client    *kafkago.Client
+	cfg       Config
+	conn      atomic.Pointer[connection]
 	maxBytes  int
 
 	mu         sync.Mutex
@@ -122,6 +123,38 @@ type Publisher struct {
 
 	closing sync.RWMutex // held to read by each publish
 	closed  bool
+}
+
+// connection is how a Publisher reaches the brokers, with the TLS and SASL
+// settings Reload replaces.
+type connection struct {
+	transport *kafkago.Transport
+	client    *kafkago.Client
+}
+
+func (p *Publisher) connect(tlsConf *tls.Config, mech sasl.Mechanism) *connection {
+	transport := &kafkago.Transport{
+		ClientID:    p.cfg.ClientID,
+		TLS:         tlsConf,
+		SASL:        mech,
+		DialTimeout: p.cfg.DialTimeout,
+		MetadataTTL: partitionsTTL,
+	}
+	return &connection{transport: transport,
+		client: &kafkago.Client{Addr: kafkago.TCP(p.cfg.Brokers...), Transport: transport, Timeout: requestTimeout}}
+}
+
+// Reload replaces the TLS configuration and the SASL mechanism (a rotated
+// password, a renewed certificate or CA bundle). Requests under way finish
+// on the connections they have; new connections use the new settings.
+// Turning SASL on or off needs a new Publisher.
+func (p *Publisher) Reload(tlsConf *tls.Config, mech sasl.Mechanism) error {
+	if (mech != nil) != p.sasl {
+		return errors.New("kafka: SASL cannot be turned on or off while running; restart")
+	}
+	old := p.conn.Swap(p.connect(tlsConf, mech))
+	old.transport.CloseIdleConnections()
+	return nil
 }
 
 type topicPartitions struct {
@@ -154,25 +187,19 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("kafka: unknown timestamp %q", cfg.Timestamp)
 	}
 	createdAt := cfg.Timestamp == TimestampCreatedAt
-	transport := &kafkago.Transport{
-		ClientID:    cfg.ClientID,
-		TLS:         cfg.TLS,
-		SASL:        cfg.SASL,
-		DialTimeout: cfg.DialTimeout,
-		MetadataTTL: partitionsTTL,
-	}
-	return &Publisher{
+	p := &Publisher{
 		sasl:       cfg.SASL != nil,
 		createdAt:  createdAt,
-		transport:  transport,
-		client:     &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: transport, Timeout: requestTimeout},
+		cfg:        cfg,
 		maxBytes:   cfg.MaxMessageBytes,
 		partitions: map[string]topicPartitions{},
 		failing:    map[string]map[int]time.Time{},
 		buffers: sync.Pool{New: func() any {
 			return &encodeBuffer{enc: batchEncoder{codec: codec, createdAt: createdAt}}
 		}},
-	}, nil
+	}
+	p.conn.Store(p.connect(cfg.TLS, cfg.SASL))
+	return p, nil
 }
 
 // Close waits for publishes under way, then closes the connections to the
@@ -181,7 +208,7 @@ func (p *Publisher) Close() error {
 	p.closing.Lock()
 	defer p.closing.Unlock()
 	p.closed = true
-	p.transport.CloseIdleConnections()
+	p.conn.Load().transport.CloseIdleConnections()
 	return nil
 }
 
@@ -300,7 +327,7 @@ func (p *Publisher) topicPartitions(ctx context.Context, topic string) ([]int, e
 	if ok && time.Since(cached.at) < partitionsTTL {
 		return cached.ids, nil
 	}
-	meta, err := p.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	meta, err := p.conn.Load().client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return nil, err
 	}
@@ -446,7 +473,7 @@ func (p *Publisher) produce(ctx context.Context, records []outbox.Record, topic 
 	buf := p.buffers.Get().(*encodeBuffer)
 	buf.data = buf.enc.encode(buf.data[:0], records, idx, time.Now())
 	buf.reader.Reset(buf.data)
-	res, err := p.client.RawProduce(ctx, &kafkago.RawProduceRequest{
+	res, err := p.conn.Load().client.RawProduce(ctx, &kafkago.RawProduceRequest{
 		Topic:        topic,
 		Partition:    partition,
 		RequiredAcks: kafkago.RequireAll,

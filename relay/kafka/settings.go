@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
+
+var _ sink.Reloader = (*Settings)(nil)
 
 func init() {
 	sink.Register(sink.Sink{
@@ -164,19 +167,46 @@ func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
 			return nil, fmt.Errorf("compression: %w", err)
 		}
 	}
+	var err error
+	if c.TLS, c.SASL, err = s.credentials(); err != nil {
+		return nil, err
+	}
+	return New(c)
+}
+
+// credentials builds the TLS configuration and SASL mechanism of s.
+func (s *Settings) credentials() (*tls.Config, sasl.Mechanism, error) {
+	var tc *tls.Config
 	if s.TLS.Enabled {
-		tc, err := s.TLS.ClientConfig()
-		if err != nil {
-			return nil, err
+		var err error
+		if tc, err = s.TLS.ClientConfig(); err != nil {
+			return nil, nil, err
 		}
-		c.TLS = tc
 	}
 	mech, err := s.SASL.mechanism()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c.SASL = mech
-	return New(c)
+	return tc, mech, nil
+}
+
+// Files are the files s reads: the SASL password and TLS material.
+func (s *Settings) Files() []string {
+	return append([]string{s.SASL.PasswordFile}, s.TLS.Files()...)
+}
+
+// Reload gives p the TLS configuration and SASL mechanism of s, which
+// Resolve has read anew.
+func (s *Settings) Reload(p relay.Publisher) error {
+	kp, ok := p.(*Publisher)
+	if !ok {
+		return fmt.Errorf("kafka: cannot reload a %T", p)
+	}
+	tc, mech, err := s.credentials()
+	if err != nil {
+		return err
+	}
+	return kp.Reload(tc, mech)
 }
 
 func (s SASL) mechanism() (sasl.Mechanism, error) {

@@ -56,6 +56,9 @@ type TLS struct {
 	InsecureSkipVerify bool `koanf:"insecure_skip_verify"`
 }
 
+// Files are the files t names.
+func (t TLS) Files() []string { return []string{t.CAFile, t.CertFile, t.KeyFile} }
+
 // Customised reports whether any setting but Enabled is given.
 func (t TLS) Customised() bool {
 	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify

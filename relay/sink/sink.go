@@ -34,6 +34,20 @@ type Config interface {
 	Open(Options) (relay.Publisher, error)
 }
 
+// Reloader is implemented by settings whose secrets and TLS material a
+// running destination can take without being opened again: tokens and
+// passwords rotated, certificates renewed.
+type Reloader interface {
+	// Files are the files the settings read ("" for those not set), so
+	// that the relay can read them again when they change.
+	Files() []string
+	// Reload gives p, opened from this destination's settings before,
+	// the secrets and TLS material of these settings, resolved and
+	// validated anew. Other settings need the destination opened again
+	// (a restart). On error p keeps what it had.
+	Reload(p relay.Publisher) error
+}
+
 // Options are what a sink is told when it opens a destination.
 type Options struct {
 	// Name is the destination's name, for errors and logs.

@@ -16,6 +16,8 @@ import (
 // one: endpoints are rarely sized for a backlog delivered at once.
 const DefaultMaxInFlight = 64
 
+var _ sink.Reloader = (*Settings)(nil)
+
 func init() {
 	sink.Register(sink.Sink{
 		Kind:        "http",
@@ -104,6 +106,25 @@ func (s *Settings) Validate() error {
 		errs = append(errs, errors.New("tls.enabled is not used: an https URL turns TLS on"))
 	}
 	return errors.Join(errs...)
+}
+
+// Files are the files s reads: secrets and TLS material.
+func (s *Settings) Files() []string {
+	return append([]string{s.Auth.BearerTokenFile, s.Auth.PasswordFile, s.Signing.SecretsFile}, s.TLS.Files()...)
+}
+
+// Reload gives p the secrets and TLS configuration of s, which Resolve has
+// read anew.
+func (s *Settings) Reload(p relay.Publisher) error {
+	wp, ok := p.(*Publisher)
+	if !ok {
+		return fmt.Errorf("webhook: cannot reload a %T", p)
+	}
+	c, err := s.Config(wp.cfg.Name)
+	if err != nil {
+		return err
+	}
+	return wp.Reload(c)
 }
 
 // Open returns a Publisher for the destination s describes.

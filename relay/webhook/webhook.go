@@ -23,6 +23,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -141,11 +142,19 @@ func (c *Config) Validate() error {
 
 // Publisher POSTs rows to one endpoint. It is safe for concurrent use.
 type Publisher struct {
-	cfg     Config
-	url     string // redacted, for errors
-	secrets [][]byte
-	client  *http.Client
-	tr      *http.Transport
+	cfg   Config
+	url   string // redacted, for errors
+	creds atomic.Pointer[credentials]
+}
+
+// credentials are what a request authenticates and signs with, and the
+// transport holding the TLS client configuration: all that Reload
+// replaces.
+type credentials struct {
+	bearerToken, username, password string
+	secrets                         [][]byte
+	client                          *http.Client
+	tr                              *http.Transport
 }
 
 // New returns a Publisher for cfg.
@@ -175,38 +184,60 @@ func New(cfg Config) (*Publisher, error) {
 		cfg.Now = time.Now
 	}
 	p := &Publisher{cfg: cfg, url: RedactURL(cfg.URL)}
-	for _, s := range cfg.SigningSecrets {
+	p.creds.Store(p.credentials(cfg))
+	return p, nil
+}
+
+// credentials builds what requests authenticate, sign and connect with
+// from the secrets and TLS configuration of c.
+func (p *Publisher) credentials(c Config) *credentials {
+	cr := &credentials{bearerToken: c.BearerToken, username: c.Username, password: c.Password}
+	for _, s := range c.SigningSecrets {
 		key, _ := decodeSecret(s)
-		p.secrets = append(p.secrets, key)
+		cr.secrets = append(cr.secrets, key)
 	}
-	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-	if !cfg.AllowPrivateNetworks {
+	dialer := &net.Dialer{Timeout: p.cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	if !p.cfg.AllowPrivateNetworks {
 		dialer.Control = guard
 	}
-	p.tr = &http.Transport{
+	cr.tr = &http.Transport{
 		// No proxy: the SSRF guard checks the address actually dialled.
 		Proxy:                 nil,
 		DialContext:           dialer.DialContext,
-		TLSClientConfig:       cfg.TLS,
-		TLSHandshakeTimeout:   cfg.TLSHandshakeTimeout,
-		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
-		MaxIdleConns:          cfg.Concurrency * 2,
-		MaxIdleConnsPerHost:   cfg.Concurrency * 2,
+		TLSClientConfig:       c.TLS,
+		TLSHandshakeTimeout:   p.cfg.TLSHandshakeTimeout,
+		ResponseHeaderTimeout: p.cfg.ResponseHeaderTimeout,
+		MaxIdleConns:          p.cfg.Concurrency * 2,
+		MaxIdleConnsPerHost:   p.cfg.Concurrency * 2,
 		IdleConnTimeout:       90 * time.Second,
 		ForceAttemptHTTP2:     true,
 	}
-	p.client = &http.Client{
-		Transport: p.tr,
+	cr.client = &http.Client{
+		Transport: cr.tr,
 		// A redirect is answered as it is: following it could leave the
 		// configured endpoint.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	return p, nil
+	return cr
+}
+
+// Reload replaces the bearer token, basic-auth credentials, signing
+// secrets and TLS client configuration with those of c (other settings
+// stay as they were opened). It refuses a c that does not validate and
+// keeps the old ones. Requests under way finish with the old ones; new
+// requests, on new connections, use the new ones.
+func (p *Publisher) Reload(c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	old := p.creds.Swap(p.credentials(c))
+	old.tr.CloseIdleConnections()
+	return nil
 }
 
 // Close releases idle connections.
 func (p *Publisher) Close() error {
-	p.tr.CloseIdleConnections()
+	p.creds.Load().tr.CloseIdleConnections()
 	return nil
 }
 
@@ -272,11 +303,12 @@ func (p *Publisher) Publish(ctx context.Context, recs []outbox.Record) []error {
 func (p *Publisher) send(parent context.Context, rec outbox.Record) error {
 	ctx, cancel := context.WithTimeout(parent, p.cfg.Timeout)
 	defer cancel()
-	req, err := p.request(ctx, rec)
+	creds := p.creds.Load()
+	req, err := p.request(ctx, rec, creds)
 	if err != nil {
 		return err
 	}
-	resp, err := p.client.Do(req)
+	resp, err := creds.client.Do(req)
 	if err != nil {
 		return p.classifyTransport(ctx, parent, err)
 	}
@@ -300,7 +332,7 @@ func (p *Publisher) send(parent context.Context, rec outbox.Record) error {
 }
 
 // request builds the POST for rec.
-func (p *Publisher) request(ctx context.Context, rec outbox.Record) (*http.Request, error) {
+func (p *Publisher) request(ctx context.Context, rec outbox.Record, creds *credentials) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(rec.Payload))
 	if err != nil {
 		return nil, fmt.Errorf("build request to %s: %w", p.url, err)
@@ -332,16 +364,16 @@ func (p *Publisher) request(ctx context.Context, rec outbox.Record) (*http.Reque
 	req.Header.Set("User-Agent", userAgent)
 	req.Header.Set("Idempotency-Key", id)
 	switch {
-	case p.cfg.BearerToken != "":
-		req.Header.Set("Authorization", "Bearer "+p.cfg.BearerToken)
-	case p.cfg.Username != "":
-		req.SetBasicAuth(p.cfg.Username, p.cfg.Password)
+	case creds.bearerToken != "":
+		req.Header.Set("Authorization", "Bearer "+creds.bearerToken)
+	case creds.username != "":
+		req.SetBasicAuth(creds.username, creds.password)
 	}
-	if len(p.secrets) > 0 {
+	if len(creds.secrets) > 0 {
 		ts := p.cfg.Now().Unix()
 		req.Header.Set("webhook-id", id)
 		req.Header.Set("webhook-timestamp", fmt.Sprint(ts))
-		req.Header.Set("webhook-signature", Sign(p.secrets, id, ts, rec.Payload))
+		req.Header.Set("webhook-signature", Sign(creds.secrets, id, ts, rec.Payload))
 	}
 	return req, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/internal/tlstest"
 )
 
 // mountedSecret is a directory laid out as Kubernetes mounts a Secret:
@@ -239,6 +241,32 @@ func TestRunReloadsTheKafkaPassword(t *testing.T) {
 	secret.update(map[string]string{"password": "right-password"})
 	p.waitForLog(t, `msg=reloaded parts="[destination kafka]"`)
 	testwait.Within(t, 60*time.Second, "rows delivered with the new password", func() bool { return countRows(t, pool, "true") == 0 })
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d; output:\n%s", code, p.output)
+	}
+}
+
+// A CA bundle replaced in its file reaches the running relay: brokers whose
+// certificate it could not verify are reached once the file holds their
+// CA.
+func TestRunReloadsTheKafkaCABundle(t *testing.T) {
+	t.Parallel()
+	const host = "kafka.outbox.test"
+	ca := tlstest.NewCA(t, "outbox test CA")
+	c := kafkatest.NewCluster(t, []string{"orders"}, kfake.TLS(&tls.Config{MinVersion: tls.VersionTLS12,
+		Certificates: []tls.Certificate{ca.Server(t, host)}}))
+	dsn, pool := migrated(t)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || g, 'x' FROM generate_series(1, 20) g`); err != nil {
+		t.Fatal(err)
+	}
+	secret := newMountedSecret(t, map[string]string{"ca.pem": string(tlstest.NewCA(t, "someone else's CA").PEM())})
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
+		"OUTBOX_KAFKA_TLS_CA_FILE="+secret.path("ca.pem")))
+	p.waitForLog(t, "certificate signed by unknown authority")
+	secret.update(map[string]string{"ca.pem": string(ca.PEM())})
+	p.waitForLog(t, `msg=reloaded parts="[destination kafka]"`)
+	testwait.Within(t, 60*time.Second, "rows delivered once the CA bundle is right", func() bool { return countRows(t, pool, "true") == 0 })
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("exit code %d; output:\n%s", code, p.output)

@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// ClaimBegin starts a claim's transaction, in the same round trip, with
-// settings that keep its plans right whatever the statistics say. An
-// outbox that keeps up is mostly dead rows, so an ANALYZE can leave the
+// ClaimBegin returns the statement that starts a claim's transaction, in
+// the same round trip, with settings that keep its plans right whatever
+// the statistics say. An outbox that keeps up is mostly dead rows, so an ANALYZE can leave the
 // planner believing that no row is pending while thousands are.
 //   - With sorts priced out, the key check's probe is served in (key, id)
 //     order by the key index, not by scanning the pending rows once per

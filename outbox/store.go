@@ -567,6 +567,9 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 		unsentIDs = append(unsentIDs, o.ID)
 		unsentTokens = append(unsentTokens, o.Token)
 	}
+	if len(sentIDs) == 0 && fails.Len() == 0 && len(unsentIDs) == 0 && len(keys) == 0 {
+		return nil, nil
+	}
 	b := &pgx.Batch{}
 	outboxdb.QueueAsyncCommit(b)
 	applied := map[int64]bool{}
@@ -580,9 +583,6 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 	}
 	if len(keys) > 0 {
 		s.q.QueuePullForward(b, keys)
-	}
-	if b.Len() == 1 { // nothing to write beyond the commit setting
-		return nil, nil
 	}
 	// One implicit transaction: all or nothing.
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,19 +25,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 )
 
-var adminLine = regexp.MustCompile(`msg="admin listener started" address=(\S+)`)
-
 // adminAddr waits for the relay to log its admin listener's address.
 func adminAddr(t *testing.T, p *relayProcess) string {
 	t.Helper()
-	var addr string
-	testwait.Within(t, 30*time.Second, "the admin listener", func() bool {
-		if m := adminLine.FindStringSubmatch(p.output.String()); m != nil {
-			addr = m[1]
-		}
-		return addr != ""
-	})
-	return addr
+	return logged(t, p, "admin listener started")
 }
 
 // get fetches http://addr/path and returns the status and body.

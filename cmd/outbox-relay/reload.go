@@ -47,16 +47,24 @@ const reloadDebounce = 200 * time.Millisecond
 
 func newReloader(a *app, need config.Need, tokens *deadletter.Tokens, certs *certificate, publishers map[string]relay.Publisher) *reloader {
 	r := &reloader{a: a, need: need, tokens: tokens, certs: certs, publishers: publishers, cfg: a.cfg, log: a.log}
-	r.sums = r.digests(a.cfg)
+	byName, _ := r.readTokens(a.cfg)
+	r.sums = r.digests(a.cfg, byName)
 	return r
 }
 
+// readTokens reads the API's tokens of cfg; none when the API is off.
+func (r *reloader) readTokens(cfg *config.Config) (map[string]string, []string) {
+	if r.tokens == nil {
+		return nil, nil
+	}
+	return cfg.Admin.ReadTokens()
+}
+
 // digests fingerprints each part of cfg that a reload may apply, with the
-// contents of the files it reads.
-func (r *reloader) digests(cfg *config.Config) map[string]string {
+// contents of the files it reads; byName are its API tokens.
+func (r *reloader) digests(cfg *config.Config, byName map[string]string) map[string]string {
 	out := map[string]string{"configuration file": fileDigest(config.File(r.a.flags, r.a.env))}
 	if r.tokens != nil {
-		byName, _ := cfg.Admin.ReadTokens()
 		names := make([]string, 0, len(byName))
 		for n := range byName {
 			names = append(names, n)
@@ -114,7 +122,8 @@ func (r *reloader) reload(trigger string) {
 			slog.String("error", oneLine(config.Redact(err.Error(), r.cfg.Database.URL))))
 		return
 	}
-	sums := r.digests(cfg)
+	byName, problems := r.readTokens(cfg)
+	sums := r.digests(cfg, byName)
 	var applied, kept []string
 	apply := func(part string, do func() error) {
 		if sums[part] == r.sums[part] {
@@ -129,8 +138,7 @@ func (r *reloader) reload(trigger string) {
 	}
 	if r.tokens != nil {
 		apply("admin tokens", func() error {
-			byName, problems := cfg.Admin.ReadTokens()
-			if len(problems) > 0 {
+			if len(problems) > 0 { // changed since Load read them
 				return &config.Error{Problems: problems}
 			}
 			return r.tokens.Replace(byName)
@@ -198,25 +206,28 @@ func (r *reloader) watched() []string {
 // run reloads after the watched files change, and on every value of hup,
 // until ctx ends.
 func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
+	// Without a watcher, events and errs stay nil and SIGHUP still works.
+	var (
+		events <-chan fsnotify.Event
+		errs   <-chan error
+		watch  = func() {}
+	)
+	if w, err := fsnotify.NewWatcher(); err != nil {
 		r.log.Warn("cannot watch the configuration's files; reload with SIGHUP", slog.Any("error", err))
-		w = &fsnotify.Watcher{} // no events: SIGHUP still works
 	} else {
 		defer w.Close()
-	}
-	watch := func() {
-		for _, d := range r.watched() {
-			// Again after each reload: a watched directory replaced by
-			// a new one (a Secret's swapped data) is watched anew.
-			if err := w.Add(d); err != nil {
-				r.log.Debug("cannot watch a directory of the configuration's files", slog.String("directory", d), slog.Any("error", err))
+		events, errs = w.Events, w.Errors
+		watch = func() {
+			for _, d := range r.watched() {
+				// Again after each reload: a watched directory replaced
+				// by a new one (a Secret's swapped data) is watched anew.
+				if err := w.Add(d); err != nil {
+					r.log.Debug("cannot watch a directory of the configuration's files", slog.String("directory", d), slog.Any("error", err))
+				}
 			}
 		}
 	}
-	if w.Events != nil {
-		watch()
-	}
+	watch()
 	var settle <-chan time.Time
 	for {
 		select {
@@ -224,14 +235,14 @@ func (r *reloader) run(ctx context.Context, hup <-chan os.Signal) {
 			return
 		case <-hup:
 			r.reload("SIGHUP")
-		case _, ok := <-w.Events:
+		case _, ok := <-events:
 			if !ok {
 				return
 			}
 			if settle == nil {
 				settle = time.After(reloadDebounce)
 			}
-		case err, ok := <-w.Errors:
+		case err, ok := <-errs:
 			if ok {
 				r.log.Warn("watching the configuration's files failed; reload with SIGHUP", slog.Any("error", err))
 			}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -252,16 +251,13 @@ func TestRunReloadsTheKafkaPassword(t *testing.T) {
 // CA.
 func TestRunReloadsTheKafkaCABundle(t *testing.T) {
 	t.Parallel()
-	const host = "kafka.outbox.test"
-	ca := tlstest.NewCA(t, "outbox test CA")
-	c := kafkatest.NewCluster(t, []string{"orders"}, kfake.TLS(&tls.Config{MinVersion: tls.VersionTLS12,
-		Certificates: []tls.Certificate{ca.Server(t, host)}}))
+	ca, c := tlsCluster(t)
 	dsn, pool := migrated(t)
 	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || g, 'x' FROM generate_series(1, 20) g`); err != nil {
 		t.Fatal(err)
 	}
 	secret := newMountedSecret(t, map[string]string{"ca.pem": string(tlstest.NewCA(t, "someone else's CA").PEM())})
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+tlsHost,
 		"OUTBOX_KAFKA_TLS_CA_FILE="+secret.path("ca.pem")))
 	p.waitForLog(t, "certificate signed by unknown authority")
 	secret.update(map[string]string{"ca.pem": string(ca.PEM())})

@@ -26,16 +26,25 @@ func writeFile(t *testing.T, name string, b []byte) string {
 	return path
 }
 
+// tlsHost is the name in the certificate of tlsCluster's brokers.
+const tlsHost = "kafka.outbox.test"
+
+// tlsCluster starts brokers with the topic orders that serve TLS with a
+// certificate for tlsHost, signed by the CA it returns.
+func tlsCluster(t *testing.T) (*tlstest.CA, *kfake.Cluster) {
+	t.Helper()
+	ca := tlstest.NewCA(t, "outbox test CA")
+	return ca, kafkatest.NewCluster(t, []string{"orders"}, kfake.TLS(&tls.Config{MinVersion: tls.VersionTLS12,
+		Certificates: []tls.Certificate{ca.Server(t, tlsHost)}}))
+}
+
 // The relay reaches brokers over TLS as users configure it: a CA file and
 // the name in the brokers' certificate. A broker whose certificate the
 // relay cannot verify is an outage of the whole cluster: the breaker
 // opens, the rows wait without counting attempts, and the log says why.
 func TestRunOverTLS(t *testing.T) {
 	t.Parallel()
-	const host = "kafka.outbox.test"
-	ca := tlstest.NewCA(t, "outbox test CA")
-	c := kafkatest.NewCluster(t, []string{"orders"}, kfake.TLS(&tls.Config{MinVersion: tls.VersionTLS12,
-		Certificates: []tls.Certificate{ca.Server(t, host)}}))
+	ca, c := tlsCluster(t)
 	dsn, pool := migrated(t)
 	if _, err := pool.Exec(t.Context(), `INSERT INTO outbox (topic, key, payload)
 SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != nil {
@@ -43,7 +52,7 @@ SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != ni
 	}
 
 	stranger := tlstest.NewCA(t, "someone else's CA")
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+tlsHost,
 		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "stranger.pem", stranger.PEM())))
 	testwait.Within(t, 30*time.Second, "the breaker opened on the unverifiable certificate", func() bool {
 		out := p.output.String()
@@ -57,7 +66,7 @@ SELECT 'orders', 'k' || (g % 10), 'x' FROM generate_series(1, 50) g`); err != ni
 		t.Fatalf("%d rows counted attempts or left pending while the brokers' certificate could not be verified", n)
 	}
 
-	p = startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+host,
+	p = startRelay(t, relayEnv(dsn, c, "OUTBOX_KAFKA_TLS_ENABLED=true", "OUTBOX_KAFKA_TLS_SERVER_NAME="+tlsHost,
 		"OUTBOX_KAFKA_TLS_CA_FILE="+writeFile(t, "ca.pem", ca.PEM())))
 	testwait.Within(t, 30*time.Second, "every row delivered over TLS", func() bool { return countRows(t, pool, "true") == 0 })
 	p.signal(t, syscall.SIGTERM)

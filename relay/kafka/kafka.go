@@ -111,9 +111,9 @@ type Config struct {
 // straight into the request's record batch (see batchEncoder).
 type Publisher struct {
 	sasl      bool
-	createdAt bool // messages carry their rows' created_at
-	cfg       Config
-	conn      atomic.Pointer[connection]
+	createdAt bool                       // messages carry their rows' created_at
+	cfg       Config                     // as opened: brokers, client id, dial timeout
+	conn      atomic.Pointer[connection] // with the TLS and SASL in use
 	maxBytes  int
 
 	mu         sync.Mutex

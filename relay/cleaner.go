@@ -28,12 +28,6 @@ type cleanerConfig struct {
 	BatchSize int
 }
 
-// cleanerTestSignals tell tests what the cleaner did.
-type cleanerTestSignals struct {
-	// DeletedBatch is sent after every delete, with what it removed.
-	DeletedBatch testsignal.Signal[cleanedBatch]
-}
-
 type cleanedBatch struct {
 	What    string // "sent rows", "dead letters", "discarded rows" or "audit records"
 	Deleted int64
@@ -44,10 +38,10 @@ type cleanedBatch struct {
 // bounded batches, on one replica at a time (the store's deletes take the
 // maintenance lock and report busy when another replica holds it).
 type cleaner struct {
-	config      cleanerConfig
-	store       *outbox.Store
-	log         *slog.Logger
-	TestSignals cleanerTestSignals
+	config  cleanerConfig
+	store   *outbox.Store
+	log     *slog.Logger
+	signals *testsignal.Signal[cleanedBatch] // tells tests of each delete
 }
 
 // cleanerResult is what one run deleted.
@@ -115,7 +109,7 @@ func (c *cleaner) runOnce(ctx context.Context) cleanerResult {
 				break
 			}
 			*tk.total += n
-			c.TestSignals.DeletedBatch.Send(cleanedBatch{What: tk.what, Deleted: n})
+			c.signals.Send(cleanedBatch{What: tk.what, Deleted: n})
 			if busy || n < int64(c.config.BatchSize) {
 				break
 			}

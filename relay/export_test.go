@@ -22,11 +22,11 @@ type TestSignals struct {
 // InitTestSignals starts the relay's test signals; call it before Run.
 func (r *Relay) InitTestSignals() TestSignals {
 	r.breakerChanged.Init()
-	r.cleaner.TestSignals.DeletedBatch.Init()
-	r.leases.written.Init()
+	r.cleaned.Init()
+	r.leaseWritten.Init()
 	return TestSignals{
 		BreakerChanged: &r.breakerChanged,
-		Cleaned:        &r.cleaner.TestSignals.DeletedBatch,
-		LeaseWritten:   &r.leases.written,
+		Cleaned:        &r.cleaned,
+		LeaseWritten:   &r.leaseWritten,
 	}
 }

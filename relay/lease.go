@@ -27,7 +27,7 @@ type leaser struct {
 	wake           func() // the workers, once keys are free again
 	wg             sync.WaitGroup
 	// written tells tests the rows a leased write-back settled.
-	written testsignal.Signal[int]
+	written *testsignal.Signal[int]
 }
 
 // start delivers g in the background; its keys stay in flight until its

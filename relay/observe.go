@@ -69,6 +69,15 @@ func (t *tally) settled(outcomes []outbox.Outcome, groups []*group, deferredByCl
 	t.observe(outcomes, groups, deferredByClaim)
 }
 
+func (s *Stats) add(o Stats) {
+	s.Claims += o.Claims
+	s.Batches += o.Batches
+	s.Delivered += o.Delivered
+	s.Retried += o.Retried
+	s.Deferred += o.Deferred
+	s.DeadLettered += o.DeadLettered
+}
+
 func (t *tally) stats() Stats {
 	return Stats{
 		Claims:       t.claims.Load(),

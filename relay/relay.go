@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -77,8 +76,12 @@ const (
 
 // Config configures a Relay. Zero values take the defaults.
 type Config struct {
-	// Store claims rows and writes outcomes back. Required.
+	// Store claims rows and writes outcomes back: the relay's one
+	// outbox, named DefaultOutbox. Either give Store or Outboxes.
 	Store *outbox.Store
+	// Outboxes are the outbox tables the relay delivers from, each with
+	// its own workers, listener and maintenance.
+	Outboxes []Outbox
 	// Destinations are where rows go, chosen by Routes. Either give
 	// Destinations and Routes, or a single Publisher: a destination named
 	// "default" that every topic is routed to.
@@ -88,20 +91,23 @@ type Config struct {
 	Routes []Route
 	// Publisher is the single destination of a relay without Destinations.
 	Publisher Publisher
-	// Listener wakes the workers when rows are inserted; without one they
-	// only poll.
+	// Listener wakes Store's workers when rows are inserted; without one
+	// they only poll.
 	Listener *outbox.Listener
 	// Policy decides what happens to failed rows. Default retry defaults.
 	Policy *retry.Policy
 	// Logger receives the relay's logs. Default discards.
 	Logger *slog.Logger
-	// Observer is told of claims and outcomes, for metrics. Optional.
+	// Observer is told of claims and outcomes, for metrics, for the
+	// outboxes without an Observer of their own. Optional.
 	Observer Observer
 
-	// Workers is the number of batches published at once. While a
-	// backlog lasts, each worker also claims its next batch while it
-	// publishes, when the pool has connections to spare: it holds two
-	// batches at most. Default 2.
+	// Workers is the number of batches published at once, by all
+	// outboxes together; each outbox runs this many workers unless it sets
+	// its own, and they take turns fairly (see turns). While a backlog
+	// lasts, each worker also claims its next batch while it publishes,
+	// when the pool has connections to spare: it holds two batches at
+	// most. Default 2.
 	Workers int
 	// BatchSize is the most rows claimed per batch. Default 500.
 	BatchSize int
@@ -156,10 +162,7 @@ type Config struct {
 
 // Validate reports every problem of c at once, or nil.
 func (c *Config) Validate() error {
-	var errs []error
-	if c.Store == nil {
-		errs = append(errs, errors.New("relay: a store is required"))
-	}
+	errs := c.outboxProblems()
 	switch {
 	case c.Publisher == nil && len(c.Destinations) == 0:
 		errs = append(errs, errors.New("relay: a publisher or destinations are required"))
@@ -215,19 +218,19 @@ func (c *Config) Validate() error {
 // settlement, then complete the claim; leased deliveries, the cleaner and
 // the wake-up listener run beside them.
 type Relay struct {
-	cfg      Config
-	log      *slog.Logger
-	dests    []*dest
-	planner  *planner
-	workers  []*worker
-	leases   *leaser
-	cleaner  *cleaner
-	inflight inflightKeys
-	sqlBusy  atomic.Int32 // claims and write-backs under way
-	epoch    time.Time    // a monotonic origin for the workers' busySince
-	tally    tally
-	// breakerChanged tells tests of the destinations' breakers.
+	cfg     Config
+	log     *slog.Logger
+	dests   []*dest
+	planner *planner
+	sources []*source // one per outbox
+	turns   *turns
+	epoch   time.Time // a monotonic origin for the workers' busySince
+	// breakerChanged, cleaned and leaseWritten tell tests of the
+	// destinations' breakers, the cleaners' deletes and the leased
+	// write-backs.
 	breakerChanged testsignal.Signal[breakerChange]
+	cleaned        testsignal.Signal[cleanedBatch]
+	leaseWritten   testsignal.Signal[int]
 }
 
 // New returns a Relay for cfg.
@@ -238,21 +241,15 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, tally: tally{obs: cfg.Observer}, epoch: time.Now()}
+	r := &Relay{cfg: cfg, log: cfg.Logger, epoch: time.Now()}
 	for _, d := range cfg.Destinations {
 		r.dests = append(r.dests, newDest(d, &r.cfg, &r.breakerChanged))
 	}
 	r.planner = newPlanner(&r.cfg, r.dests)
-	for i := range cfg.Workers {
-		r.workers = append(r.workers, newWorker(r, i))
+	for i, o := range r.cfg.Outboxes {
+		r.sources = append(r.sources, newSource(r, i, o))
 	}
-	r.leases = &leaser{store: cfg.Store, inflight: &r.inflight, tally: &r.tally, log: r.log,
-		publishTimeout: cfg.PublishTimeout, queryTimeout: cfg.QueryTimeout, wake: r.wakeAll}
-	r.cleaner = &cleaner{store: cfg.Store, log: r.log, config: cleanerConfig{
-		SentRetention: cfg.SentRetention, DeadLetterRetention: cfg.DeadLetterRetention,
-		DiscardedRetention: cfg.DiscardedRetention, AuditRetention: cfg.AuditRetention,
-		Interval: cfg.CleanupInterval, Timeout: cfg.QueryTimeout, BatchSize: DefaultCleanupBatch,
-	}}
+	r.turns = newTurns(cfg.Workers, len(r.sources))
 	return r, nil
 }
 
@@ -295,6 +292,7 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	c.Outboxes = c.outboxes()
 	if len(c.Destinations) == 0 {
 		c.Destinations = []Destination{{Name: "default", Publisher: c.Publisher}}
 		c.Routes = []Route{{Topics: []string{"*"}, Destination: "default"}}
@@ -302,8 +300,14 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
-// Stats returns what the relay has done so far.
-func (r *Relay) Stats() Stats { return r.tally.stats() }
+// Stats returns what the relay has done so far, in all outboxes.
+func (r *Relay) Stats() Stats {
+	var sum Stats
+	for _, s := range r.sources {
+		sum.add(s.tally.stats())
+	}
+	return sum
+}
 
 // Run delivers rows until ctx ends, then stops claiming and lets in-flight
 // batches finish for up to DrainTimeout before abandoning them (their rows
@@ -325,32 +329,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stopDrain()
 
 	g := &errgroup.Group{}
-	for _, w := range r.workers {
-		g.Go(func() error { return w.run(ctx, inflight) })
-	}
 	listenCtx, stopListen := context.WithCancel(ctx)
 	defer stopListen()
-	if r.cfg.Listener != nil {
-		g.Go(func() error { return r.cfg.Listener.Run(listenCtx, r.wakeAll) })
+	for _, s := range r.sources {
+		s.run(g, ctx, listenCtx, inflight)
 	}
-	if r.cleaner.enabled() {
-		g.Go(func() error { return r.cleaner.Run(listenCtx) })
-	}
-	r.log.Info("relay started", slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
+	r.log.Info("relay started", slog.Int("outboxes", len(r.sources)), slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
 	err := g.Wait()
-	r.leases.wait()
-	r.log.Info("relay stopped", slog.Int64("delivered", r.tally.delivered.Load()))
-	return err
-}
-
-// wakeAll nudges every idle worker.
-func (r *Relay) wakeAll() {
-	for _, w := range r.workers {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+	for _, s := range r.sources {
+		s.leases.wait()
 	}
+	r.log.Info("relay stopped", slog.Int64("delivered", r.Stats().Delivered))
+	return err
 }
 
 // writeBackContext bounds a write-back by timeout, detached from ctx: a publish that
@@ -428,10 +418,16 @@ func (r *Relay) WedgedAfter() time.Duration {
 func (r *Relay) Wedged() error {
 	bound := r.WedgedAfter()
 	now := int64(time.Since(r.epoch)) + 1
-	for _, w := range r.workers {
-		if since := w.busySince.Load(); since != 0 && time.Duration(now-since) > bound {
-			return fmt.Errorf("worker %d has been on one batch for %s, longer than any batch can take (%s): wedged",
-				w.id, time.Duration(now-since).Round(time.Second), bound)
+	for _, s := range r.sources {
+		for _, w := range s.workers {
+			if since := w.busySince.Load(); since != 0 && time.Duration(now-since) > bound {
+				who := fmt.Sprintf("worker %d", w.id)
+				if len(r.sources) > 1 {
+					who = fmt.Sprintf("worker %d of outbox %s", w.id, s.name)
+				}
+				return fmt.Errorf("%s has been on one batch for %s, longer than any batch can take (%s): wedged",
+					who, time.Duration(now-since).Round(time.Second), bound)
+			}
 		}
 	}
 	return nil

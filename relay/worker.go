@@ -17,7 +17,8 @@ import (
 // batches. Its claims run one at a time, so they share its state without
 // a lock.
 type worker struct {
-	r           *Relay // what the workers share
+	s           *source // the outbox it works on
+	r           *Relay  // what the outboxes share
 	id          int
 	wake        chan struct{}
 	owner       int // in the in-flight registry; a batch claimed ahead of another has its owner^1
@@ -29,8 +30,8 @@ type worker struct {
 	busySince atomic.Int64
 }
 
-func newWorker(r *Relay, id int) *worker {
-	return &worker{r: r, id: id, wake: make(chan struct{}, 1), owner: 2 * id, avoid: avoidKeys{}}
+func newWorker(s *source, id int) *worker {
+	return &worker{s: s, r: s.r, id: id, wake: make(chan struct{}, 1), owner: 2 * id, avoid: avoidKeys{}}
 }
 
 // run is the worker's loop: claim, plan, publish, decide, complete; sleep
@@ -39,7 +40,7 @@ func newWorker(r *Relay, id int) *worker {
 // delivers the current one (see claimAhead), so the database does not wait
 // on the destination.
 func (w *worker) run(ctx, inflight context.Context) error {
-	r := w.r
+	r, s := w.r, w.s
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	var ahead chan taken // the next batch, being claimed
@@ -84,7 +85,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 				return nil
 			}
 			errDelay = min(max(errDelay*2, 100*time.Millisecond), 30*time.Second)
-			r.batchFailed(w.id, err, errDelay)
+			s.batchFailed(w.id, err, errDelay)
 			w.busySince.Store(0)
 			if !sleep(ctx, errDelay) {
 				return nil
@@ -119,24 +120,6 @@ func (w *worker) run(ctx, inflight context.Context) error {
 	}
 }
 
-// batchFailed reports a batch that failed as a whole, which only the
-// database does: a failure the relay waits out (out of connections, a
-// timeout, a read-only server after a failover) with what it means, and
-// with fresh connections when the old ones lead to a server that cannot
-// take the relay's writes.
-func (r *Relay) batchFailed(worker int, err error, retryIn time.Duration) {
-	p, ok := outbox.ExplainDBError(err)
-	if !ok {
-		r.log.Error("batch failed", slog.Int("worker", worker), slog.Any("error", err), slog.Duration("retry_in", retryIn))
-		return
-	}
-	r.log.Warn("database: "+p.Hint, slog.String("problem", p.Kind), slog.Int("worker", worker), slog.Any("error", err),
-		slog.Duration("query_timeout", r.cfg.QueryTimeout), slog.Duration("retry_in", retryIn))
-	if p.Reconnect {
-		r.cfg.Store.Reconnect()
-	}
-}
-
 // heldRecheck is the shortest wait before a worker claims again while
 // rows wait for older transactions (strict order).
 const heldRecheck = 2 * time.Millisecond
@@ -167,28 +150,28 @@ type taken struct {
 // claimed.
 func (w *worker) claimAhead(t taken) bool {
 	return t.claim.Claimed == t.limit && len(t.claim.Records) > 0 &&
-		w.r.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.r.cfg.Store.SpareConns() >= 2
+		w.s.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.s.store.SpareConns() >= 2
 }
 
 // claim claims a batch, its keys in flight under owner until the batch is
 // delivered or dropped.
 func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
-	r := w.r
+	r, s := w.r, w.s
 	start := time.Now()
 	limit := w.claimLimit()
 	closed, closedFor := r.closedTopics(start)
-	r.sqlBusy.Add(1)
+	s.sqlBusy.Add(1)
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	claim, err := r.cfg.Store.Claim(claimCtx, outbox.ClaimParams{
-		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: r.inflight.elsewhere(owner, w.avoid.keys(start)),
+	claim, err := s.store.Claim(claimCtx, outbox.ClaimParams{
+		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: s.inflight.elsewhere(owner, w.avoid.keys(start)),
 		ExcludeTopics: closed, ExcludeFor: closedFor,
 	})
 	cancel()
-	r.sqlBusy.Add(-1)
+	s.sqlBusy.Add(-1)
 	if err != nil {
 		return taken{err: err}
 	}
-	r.tally.claimed(time.Since(start), len(claim.Records))
+	s.tally.claimed(time.Since(start), len(claim.Records))
 	// Size the next claim by the rows that will be published: oversized
 	// rows are never loaded and must not shrink it.
 	total, n := 0, 0
@@ -202,7 +185,7 @@ func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
 		w.avgRowBytes = total / n
 	}
 	w.avoid.add(claim.SkippedKeys, start)
-	id := r.inflight.add(owner, claim.Records)
+	id := s.inflight.add(owner, claim.Records)
 	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: ahead}
 }
 
@@ -210,11 +193,11 @@ func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
 // found: no more rows than MaxBatchBytes can carry (with some margin), so a
 // worker does not load payloads it cannot publish.
 func (w *worker) claimLimit() int {
-	cfg := &w.r.cfg
+	batch := w.s.batchSize
 	if w.avgRowBytes <= 0 {
-		return cfg.BatchSize
+		return batch
 	}
-	return min(cfg.BatchSize, max(1, cfg.MaxBatchBytes/w.avgRowBytes*5/4))
+	return min(batch, max(1, w.r.cfg.MaxBatchBytes/w.avgRowBytes*5/4))
 }
 
 // drop gives a batch back undelivered: its rows stay as they were.
@@ -222,11 +205,11 @@ func (w *worker) drop(ctx context.Context, t taken) {
 	if t.err != nil {
 		return
 	}
-	w.r.inflight.remove(t.inflight)
+	w.s.inflight.remove(t.inflight)
 	writeCtx, cancel := writeBackContext(ctx, w.r.cfg.QueryTimeout)
 	defer cancel()
 	if err := t.claim.Release(writeCtx); err != nil {
-		w.r.log.Warn("releasing a claim failed; its rows are unlocked when the connection closes", slog.Any("error", err))
+		w.s.log.Warn("releasing a claim failed; its rows are unlocked when the connection closes", slog.Any("error", err))
 	}
 }
 
@@ -236,9 +219,9 @@ func (w *worker) drop(ctx context.Context, t taken) {
 // commits. more reports that it delivered something, so the worker should
 // look again before sleeping.
 func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err error) {
-	r := w.r
+	r, s := w.r, w.s
 	claim, start, limit := t.claim, t.start, t.limit
-	defer r.inflight.remove(t.inflight)
+	defer s.inflight.remove(t.inflight)
 	if len(claim.Records) == 0 {
 		writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 		defer cancel()
@@ -247,12 +230,26 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 			if err := claim.Complete(writeCtx, nil); err != nil {
 				return false, err
 			}
-			r.tally.settled(nil, nil, claim.Deferred)
+			s.tally.settled(nil, nil, claim.Deferred)
 			return true, nil
 		}
 		return false, claim.Release(writeCtx)
 	}
 
+	// Planning and publishing take one of the turns the outboxes share;
+	// the write-back, on this outbox's own database, does not.
+	if err := r.turns.acquire(ctx, s.index); err != nil {
+		w.drop(ctx, t)
+		return false, err
+	}
+	turn := true
+	giveBack := func() {
+		if turn {
+			r.turns.release(s.index)
+			turn = false
+		}
+	}
+	defer giveBack()
 	all, outcomes := r.planner.plan(claim.Records, time.Now())
 	var groups, leased []*group
 	for _, g := range all {
@@ -288,30 +285,31 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	for _, g := range groups {
 		outcomes = append(outcomes, g.d.settle(g, abandoned)...)
 	}
+	giveBack()
 	writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 	defer cancel()
-	r.sqlBusy.Add(1)
+	s.sqlBusy.Add(1)
 	err = claim.Complete(writeCtx, outcomes)
-	r.sqlBusy.Add(-1)
+	s.sqlBusy.Add(-1)
 	if err != nil {
 		return false, err
 	}
 	for _, g := range leased {
-		r.leases.start(inflight, g, claim.LeaseExpiry)
+		s.leases.start(inflight, g, claim.LeaseExpiry)
 	}
 	handedOff = true
-	r.tally.batches.Add(1)
-	r.tally.settled(outcomes, groups, claim.Deferred)
+	s.tally.batches.Add(1)
+	s.tally.settled(outcomes, groups, claim.Deferred)
 	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
-		r.wakeAll()
+		s.wakeAll()
 	}
 	// Claim again at once after any outcome or rescheduling: rows
 	// committed meanwhile may not have notified (one notifier at a time),
 	// and a claim that finds nothing is cheap.
 	more = len(outcomes) > 0 || claim.Deferred > 0
-	r.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
+	s.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
 	return more, nil
 }

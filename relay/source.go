@@ -1,0 +1,197 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// Outbox is one outbox table a relay delivers from: a schema in a
+// database. A relay with several serves each with workers, a listener and
+// maintenance of its own, and shares its destinations, routes and worker
+// budget between them.
+type Outbox struct {
+	// Name identifies the outbox in logs, metrics and readiness: letters,
+	// digits, '_' and '-'. Required.
+	Name string
+	// Store claims the outbox's rows and writes outcomes back. Required.
+	Store *outbox.Store
+	// Listener wakes the outbox's workers when rows are inserted; without
+	// one they only poll.
+	Listener *outbox.Listener
+	// Observer is told of the outbox's claims and outcomes. Default the
+	// relay's Observer.
+	Observer Observer
+	// Workers is the most batches of this outbox delivered at once.
+	// Default the relay's Workers, which bounds all outboxes together.
+	Workers int
+	// BatchSize is the most rows claimed per batch. Default the relay's.
+	BatchSize int
+}
+
+// DefaultOutbox names the outbox of a relay configured with a Store
+// rather than Outboxes.
+const DefaultOutbox = "default"
+
+var outboxName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
+
+// validate reports every problem of o.
+func (o *Outbox) validate() []error {
+	var errs []error
+	name := o.Name
+	if !outboxName.MatchString(name) {
+		errs = append(errs, fmt.Errorf("relay: outbox name %q: use letters, digits, '_' and '-'", name))
+	}
+	if o.Store == nil {
+		errs = append(errs, fmt.Errorf("relay: outbox %s needs a store", name))
+	}
+	if o.Workers < 0 || o.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("relay: outbox %s: workers and batch_size must not be negative", name))
+	}
+	return errs
+}
+
+// source is an outbox at work: its workers, leased deliveries, cleaner,
+// and the keys it has in flight. Outboxes are separate tables, so none of
+// this is shared between them.
+type source struct {
+	r         *Relay
+	index     int // in Relay.sources and turns
+	name      string
+	store     *outbox.Store
+	listener  *outbox.Listener
+	log       *slog.Logger
+	batchSize int
+	workers   []*worker
+	leases    *leaser
+	cleaner   *cleaner
+	inflight  inflightKeys
+	sqlBusy   atomic.Int32 // claims and write-backs under way
+	tally     tally
+}
+
+func newSource(r *Relay, index int, o Outbox) *source {
+	cfg := &r.cfg
+	s := &source{r: r, index: index, name: o.Name, store: o.Store, listener: o.Listener, log: r.log,
+		batchSize: o.BatchSize, tally: tally{obs: o.Observer}}
+	if len(cfg.Outboxes) > 1 {
+		s.log = r.log.With(slog.String("outbox", o.Name))
+	}
+	if s.batchSize == 0 {
+		s.batchSize = cfg.BatchSize
+	}
+	if s.tally.obs == nil {
+		s.tally.obs = cfg.Observer
+	}
+	workers := o.Workers
+	if workers == 0 {
+		workers = cfg.Workers
+	}
+	for i := range workers {
+		s.workers = append(s.workers, newWorker(s, i))
+	}
+	s.leases = &leaser{store: o.Store, inflight: &s.inflight, tally: &s.tally, log: s.log, written: &r.leaseWritten,
+		publishTimeout: cfg.PublishTimeout, queryTimeout: cfg.QueryTimeout, wake: s.wakeAll}
+	s.cleaner = &cleaner{store: o.Store, log: s.log, signals: &r.cleaned, config: cleanerConfig{
+		SentRetention: cfg.SentRetention, DeadLetterRetention: cfg.DeadLetterRetention,
+		DiscardedRetention: cfg.DiscardedRetention, AuditRetention: cfg.AuditRetention,
+		Interval: cfg.CleanupInterval, Timeout: cfg.QueryTimeout, BatchSize: DefaultCleanupBatch,
+	}}
+	return s
+}
+
+// run runs the outbox's workers, listener and cleaner in g until ctx
+// ends; publishes use inflight.
+func (s *source) run(g *errgroup.Group, ctx, listenCtx, inflight context.Context) {
+	for _, w := range s.workers {
+		g.Go(func() error { return w.run(ctx, inflight) })
+	}
+	if s.listener != nil {
+		g.Go(func() error { return s.listener.Run(listenCtx, s.wakeAll) })
+	}
+	if s.cleaner.enabled() {
+		g.Go(func() error { return s.cleaner.Run(listenCtx) })
+	}
+}
+
+// wakeAll nudges every idle worker of the outbox.
+func (s *source) wakeAll() {
+	for _, w := range s.workers {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// batchFailed reports a batch that failed as a whole, which only the
+// database does: a failure the relay waits out (out of connections, a
+// timeout, a read-only server after a failover) with what it means, and
+// with fresh connections when the old ones lead to a server that cannot
+// take the relay's writes.
+func (s *source) batchFailed(worker int, err error, retryIn time.Duration) {
+	p, ok := outbox.ExplainDBError(err)
+	if !ok {
+		s.log.Error("batch failed", slog.Int("worker", worker), slog.Any("error", err), slog.Duration("retry_in", retryIn))
+		return
+	}
+	s.log.Warn("database: "+p.Hint, slog.String("problem", p.Kind), slog.Int("worker", worker), slog.Any("error", err),
+		slog.Duration("query_timeout", s.r.cfg.QueryTimeout), slog.Duration("retry_in", retryIn))
+	if p.Reconnect {
+		s.store.Reconnect()
+	}
+}
+
+// outboxes returns the outboxes of c: Outboxes, or one named DefaultOutbox
+// made of Store, Listener and Observer.
+func (c *Config) outboxes() []Outbox {
+	if len(c.Outboxes) > 0 || c.Store == nil {
+		return c.Outboxes
+	}
+	return []Outbox{{Name: DefaultOutbox, Store: c.Store, Listener: c.Listener, Observer: c.Observer}}
+}
+
+// outboxProblems reports every problem of c's outboxes.
+func (c *Config) outboxProblems() []error {
+	if c.Store != nil && len(c.Outboxes) > 0 {
+		return []error{errors.New("relay: give a store or outboxes, not both")}
+	}
+	all := c.outboxes()
+	if len(all) == 0 {
+		return []error{errors.New("relay: a store or outboxes are required")}
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for i := range all {
+		errs = append(errs, all[i].validate()...)
+		if seen[all[i].Name] {
+			errs = append(errs, fmt.Errorf("relay: outbox %s is defined twice", all[i].Name))
+		}
+		seen[all[i].Name] = true
+	}
+	return errs
+}
+
+// OutboxStatus is what an outbox's workers are doing.
+type OutboxStatus struct {
+	Name  string
+	Stats Stats
+}
+
+// Outboxes reports what the relay has done per outbox, in the order of
+// Config.Outboxes.
+func (r *Relay) Outboxes() []OutboxStatus {
+	out := make([]OutboxStatus, 0, len(r.sources))
+	for _, s := range r.sources {
+		out = append(out, OutboxStatus{Name: s.name, Stats: s.tally.stats()})
+	}
+	return out
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -24,7 +25,12 @@ const APIPrefix = "/api/v1/"
 
 // HandlerConfig configures the dead-letter HTTP API.
 type HandlerConfig struct {
+	// Store is the outbox served at APIPrefix: the relay's only one.
+	// Without it, only the paths of Outboxes are served.
 	Store *Store
+	// Outboxes are the relay's outboxes by name, each served under
+	// APIPrefix + "outboxes/{outbox}/".
+	Outboxes map[string]*Store
 	// Tokens are the bearer tokens a request may carry, by name. Required:
 	// the API is off without one.
 	Tokens *Tokens
@@ -39,7 +45,7 @@ type HandlerConfig struct {
 // command line, as JSON over HTTP, each request authenticated with the
 // bearer token. Mount it at APIPrefix.
 func NewHandler(cfg HandlerConfig) (http.Handler, error) {
-	if cfg.Store == nil {
+	if cfg.Store == nil && len(cfg.Outboxes) == 0 {
 		return nil, errors.New("dead-letter API: no store")
 	}
 	if cfg.Tokens == nil {
@@ -51,9 +57,14 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	h := &api{cfg: cfg}
 	mux := http.NewServeMux()
 	p := strings.TrimSuffix(APIPrefix, "/")
-	mux.HandleFunc("GET "+p+"/dead-letters", h.list)
-	mux.HandleFunc("GET "+p+"/dead-letters/{ref}", h.show)
-	mux.HandleFunc("GET "+p+"/parked-keys", h.keys)
+	handle := func(route string, handler http.HandlerFunc) {
+		method, path, _ := strings.Cut(route, " ")
+		mux.HandleFunc(method+" "+p+path, h.in(handler))
+		mux.HandleFunc(method+" "+p+"/outboxes/{outbox}"+path, h.in(handler))
+	}
+	handle("GET /dead-letters", h.list)
+	handle("GET /dead-letters/{ref}", h.show)
+	handle("GET /parked-keys", h.keys)
 	actions := map[string]http.HandlerFunc{
 		ActionReplay: h.replay, ActionEdit: h.edit, ActionDiscard: h.discard, ActionRelease: h.release,
 	}
@@ -63,10 +74,10 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 		if !ok {
 			return nil, fmt.Errorf("dead-letter API: no handler for action %s", a.Name)
 		}
-		mux.HandleFunc(method+" "+p+path, handler)
+		handle(method+" "+path, handler)
 	}
-	mux.HandleFunc("GET "+p+"/audit", h.audit)
-	mux.HandleFunc("GET "+p+"/stats", h.stats)
+	handle("GET /audit", h.audit)
+	handle("GET /stats", h.stats)
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -78,6 +89,37 @@ type api struct {
 }
 
 type tokenNameKey struct{}
+
+type storeKey struct{}
+
+// in runs next on the store of the request's outbox: the one its path
+// names, or Store.
+func (h *api) in(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		st := h.cfg.Store
+		if name := r.PathValue("outbox"); name != "" {
+			st = h.cfg.Outboxes[name]
+			if st == nil {
+				writeError(w, http.StatusNotFound, fmt.Sprintf("no outbox %q; this relay serves %s", name, strings.Join(h.outboxNames(), ", ")))
+				return
+			}
+		} else if st == nil {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("this relay serves several outboxes (%s): name one, as in %soutboxes/{outbox}%s",
+				strings.Join(h.outboxNames(), ", "), APIPrefix, strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(APIPrefix, "/"))))
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), storeKey{}, st)))
+	}
+}
+
+func (h *api) outboxNames() []string {
+	names := slices.Collect(maps.Keys(h.cfg.Outboxes))
+	slices.Sort(names)
+	return names
+}
+
+// store is the store of the request's outbox.
+func store(r *http.Request) *Store { return r.Context().Value(storeKey{}).(*Store) }
 
 // authenticate answers 401 to any request without an accepted token,
 // before anything else is looked at, and passes on the token's name.
@@ -110,7 +152,7 @@ func (h *api) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	page, err := h.cfg.Store.List(r.Context(), ListParams{Filter: f, Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor")})
+	page, err := store(r).List(r.Context(), ListParams{Filter: f, Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor")})
 	h.reply(w, r, page, err)
 }
 
@@ -124,7 +166,7 @@ func (h *api) show(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	d, err := h.cfg.Store.Get(r.Context(), ref)
+	d, err := store(r).Get(r.Context(), ref)
 	h.reply(w, r, d, err)
 }
 
@@ -191,7 +233,7 @@ func (h *api) replay(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := h.cfg.Store.Replay(r.Context(), ReplayParams{BulkParams: p, At: req.At})
+	res, err := store(r).Replay(r.Context(), ReplayParams{BulkParams: p, At: req.At})
 	h.reply(w, r, res, err)
 }
 
@@ -200,7 +242,7 @@ func (h *api) discard(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := h.cfg.Store.Discard(r.Context(), p)
+	res, err := store(r).Discard(r.Context(), p)
 	h.reply(w, r, res, err)
 }
 
@@ -256,7 +298,7 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, &InputError{Problems: []string{"give the payload once: payload, payload_text or payload_base64"}})
 		return
 	}
-	res, err := h.cfg.Store.Edit(r.Context(), p)
+	res, err := store(r).Edit(r.Context(), p)
 	h.reply(w, r, res, err)
 }
 
@@ -265,7 +307,7 @@ func (h *api) keys(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	keys, err := h.cfg.Store.Keys(r.Context(), 0)
+	keys, err := store(r).Keys(r.Context(), 0)
 	// At most MaxListLimit keys are listed; limited says the list may
 	// have been cut there.
 	h.reply(w, r, map[string]any{"parked_keys": keys, "limited": len(keys) == MaxListLimit}, err)
@@ -282,7 +324,7 @@ func (h *api) release(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	res, err := h.cfg.Store.Release(r.Context(), ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(r, req.Actor)})
+	res, err := store(r).Release(r.Context(), ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(r, req.Actor)})
 	h.reply(w, r, res, err)
 }
 
@@ -310,7 +352,7 @@ func (h *api) audit(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, &InputError{Problems: problems})
 		return
 	}
-	page, err := h.cfg.Store.Audit(r.Context(), p)
+	page, err := store(r).Audit(r.Context(), p)
 	h.reply(w, r, page, err)
 }
 
@@ -319,7 +361,7 @@ func (h *api) stats(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	st, err := h.cfg.Store.Stats(r.Context())
+	st, err := store(r).Stats(r.Context())
 	h.reply(w, r, st, err)
 }
 

@@ -315,3 +315,51 @@ func TestAPIOperations(t *testing.T) {
 		t.Fatalf("discard all: %d", code)
 	}
 }
+
+// A relay with several outboxes serves each under its name; the paths
+// without one say how to name one, and an unknown name is refused.
+func TestAPIServesEachOutbox(t *testing.T) {
+	t.Parallel()
+	a, b := pgtest.NewSchema(t), pgtest.NewSchema(t)
+	idA, _ := addDead(t, a, dead{Topic: "orders.a"})
+	addDead(t, b, dead{Topic: "orders.b"})
+	tokens, err := deadletter.NewTokens(map[string]string{"ops": apiToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := deadletter.NewHandler(deadletter.HandlerConfig{
+		Outboxes: map[string]*deadletter.Store{"tenant-a": newStore(t, a), "tenant-b": newStore(t, b)},
+		Tokens:   tokens,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"tenant-a": "orders.a", "tenant-b": "orders.b"} {
+		code, body := call(h, "GET", "/api/v1/outboxes/"+name+"/dead-letters", "")
+		if code != 200 || !strings.Contains(body, want) || strings.Contains(body, map[string]string{"orders.a": "orders.b", "orders.b": "orders.a"}[want]) {
+			t.Errorf("%s: %d %s; want only %s", name, code, body, want)
+		}
+	}
+	before := snapshot(t, b)
+	code, body := call(h, "POST", "/api/v1/outboxes/tenant-a/dead-letters/discard", fmt.Sprintf(`{"ids":[%d],"reason":"wrong tenant"}`, idA))
+	if code != 200 {
+		t.Fatalf("discard in tenant-a: %d %s", code, body)
+	}
+	if got := rowState(t, a, idA).Status; got != "discarded" {
+		t.Errorf("tenant-a's row is %s after its discard, want discarded", got)
+	}
+	checkUnchanged(t, b, before)
+
+	for path, want := range map[string]string{
+		"/api/v1/dead-letters":                   `several outboxes (tenant-a, tenant-b): name one, as in /api/v1/outboxes/{outbox}/dead-letters`,
+		"/api/v1/outboxes/tenant-c/dead-letters": `no outbox \"tenant-c\"; this relay serves tenant-a, tenant-b`,
+	} {
+		code, body := call(h, "GET", path, "")
+		if code != 404 || !strings.Contains(body, want) {
+			t.Errorf("GET %s: %d %s; want 404 with %s", path, code, body, want)
+		}
+	}
+	if code, _ := call(h, "GET", "/api/v1/outboxes/tenant-a/dead-letters", "", "wrong-token-0123456789"); code != 401 {
+		t.Errorf("a wrong token got %d, want 401", code)
+	}
+}

@@ -67,6 +67,9 @@ type Config struct {
 	// Routes map topics to destinations, first match first. Without
 	// routes every topic goes to the kafka destination.
 	Routes []Route `koanf:"routes"`
+	// OutboxList lists the outbox tables to deliver from (outboxes in the
+	// file); without it, the one of the database section. See Outboxes.
+	OutboxList []Outbox `koanf:"outboxes"`
 }
 
 // Need says what a command requires of the configuration beyond what is
@@ -292,6 +295,10 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 		*into = v
 	}
 	readSecret("database.url_file", cfg.Database.URLFile, &cfg.Database.URL)
+	for i := range cfg.OutboxList {
+		o := &cfg.OutboxList[i]
+		readSecret(fmt.Sprintf("outboxes[%d].url_file", i), o.URLFile, &o.URL)
+	}
 	if cfg.Admin.Token == "" && cfg.Admin.TokenFile != "" {
 		cfg.Admin.tokenFromFile = true
 		readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
@@ -323,7 +330,7 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 func (c *Config) Validate(need Need) error {
 	var p []string
 	if c.Database.URL == "" {
-		if need&NeedDatabase != 0 {
+		if need&NeedDatabase != 0 && len(c.OutboxList) == 0 {
 			p = append(p, "database.url is required: set "+EnvName("database.url")+", database.url in the file, or database.url_file")
 		}
 	} else if _, err := pgxpool.ParseConfig(c.Database.URL); err != nil {
@@ -347,6 +354,7 @@ func (c *Config) Validate(need Need) error {
 	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
 		p = append(p, fmt.Sprintf("log.format is %q; use text or json", c.Log.Format))
 	}
+	p = append(p, c.outboxProblems(need)...)
 	p = append(p, c.Admin.problems()...)
 	p = append(p, foreverProblems("", reflect.ValueOf(*c))...)
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)

@@ -52,15 +52,15 @@ func exposed(t *testing.T) series {
 	if err != nil {
 		t.Fatalf("NewRelay: %v", err)
 	}
-	m.Destination("kafka")
-	m.Claimed(3*time.Millisecond, 10)
-	m.Settled("kafka", outbox.Sent, "", 250*time.Millisecond)
-	m.Settled("kafka", outbox.Retried, "", 0)
-	m.Settled("", outbox.Deferred, relay.DeferKeyWaiting, 0)
-	m.Settled("kafka", outbox.Deferred, relay.DeferCircuitOpen, 0)
-	m.Settled("kafka", outbox.DeadLettered, outbox.ReasonPermanent, 0)
-	m.Settled("", outbox.DeadLettered, outbox.ReasonNoRoute, 0)
-	m.Settled("kafka", outbox.Leased, "", 0)
+	o := m.Outbox("default", []string{"kafka"})
+	o.Claimed(3*time.Millisecond, 10)
+	o.Settled("kafka", outbox.Sent, "", 250*time.Millisecond)
+	o.Settled("kafka", outbox.Retried, "", 0)
+	o.Settled("", outbox.Deferred, relay.DeferKeyWaiting, 0)
+	o.Settled("kafka", outbox.Deferred, relay.DeferCircuitOpen, 0)
+	o.Settled("kafka", outbox.DeadLettered, outbox.ReasonPermanent, 0)
+	o.Settled("", outbox.DeadLettered, outbox.ReasonNoRoute, 0)
+	o.Settled("kafka", outbox.Leased, "", 0)
 	if errs := m.Publisher("kafka", nopPublisher{}).Publish(context.Background(), nil); len(errs) != 0 {
 		t.Fatalf("Publish: %v", errs)
 	}
@@ -71,12 +71,15 @@ func exposed(t *testing.T) series {
 				{Topic: "orders", Partition: 3, State: relay.BreakerOpen},
 			}}, {Name: "hooks", Breaker: relay.BreakerClosed}}
 		}),
-		metrics.NewBacklog(metrics.BacklogConfig{Backlog: fakeBacklog{}, DeadLetters: fakeDeadLetters{}, MaxAge: -1}),
 		metrics.NewBuildInfo("v1.2.3", "0123abc"),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
-	if _, err := metrics.NewOrderHoldWatch(reg, nil, nil); err != nil {
+	// The outbox's own collectors carry its name, as the relay registers
+	// them.
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"outbox": "default"}, reg)
+	labelled.MustRegister(metrics.NewBacklog(metrics.BacklogConfig{Backlog: fakeBacklog{}, DeadLetters: fakeDeadLetters{}, MaxAge: -1}))
+	if _, err := metrics.NewOrderHoldWatch(labelled, nil, nil); err != nil {
 		t.Fatalf("NewOrderHoldWatch: %v", err)
 	}
 	families, err := reg.Gather()

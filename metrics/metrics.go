@@ -2,8 +2,8 @@
 // it claims and delivers, how long publishes take, the state of each
 // destination's circuit, and the backlog and dead letters in the table.
 //
-// Every name starts with outbox_; labels are destination names, topics
-// (capped), outcomes and reasons, never row ids or URLs. Ages and lags are
+// Every name starts with outbox_; labels are outbox and destination
+// names, topics (capped), outcomes and reasons, never row ids or URLs. Ages and lags are
 // measured by the database clock.
 package metrics
 
@@ -33,8 +33,9 @@ var (
 	BatchSizeBuckets = []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
 )
 
-// Relay counts what the relay does. It is a relay.Observer, and wraps
-// publishers to time them.
+// Relay counts what the relay does: what each outbox claims and
+// delivers (Outbox, a relay.Observer), and how long publishes take
+// (Publisher).
 type Relay struct {
 	delivered    *prometheus.CounterVec
 	retried      *prometheus.CounterVec
@@ -42,11 +43,9 @@ type Relay struct {
 	deadLettered *prometheus.CounterVec
 	lag          *prometheus.HistogramVec
 	publish      *prometheus.HistogramVec
-	claim        prometheus.Histogram
-	batch        prometheus.Histogram
+	claim        *prometheus.HistogramVec
+	batch        *prometheus.HistogramVec
 }
-
-var _ relay.Observer = (*Relay)(nil)
 
 // NewRelay registers the relay's metrics with reg.
 func NewRelay(reg prometheus.Registerer) (*Relay, error) {
@@ -54,91 +53,103 @@ func NewRelay(reg prometheus.Registerer) (*Relay, error) {
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "delivered_total",
 			Help: "Rows delivered: acknowledged by the destination and written back.",
-		}, []string{"destination"}),
+		}, []string{"outbox", "destination"}),
 		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "retried_total",
 			Help: "Failed attempts that will be retried after a backoff.",
-		}, []string{"destination"}),
+		}, []string{"outbox", "destination"}),
 		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "deferred_total",
 			Help: "Deferrals: rows put off without counting an attempt, by reason (key_waiting, circuit_open, retry_budget, destination_failing). A row held back behind its key is counted each time it is rescheduled.",
-		}, []string{"destination", "reason"}),
+		}, []string{"outbox", "destination", "reason"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "dead_lettered_total",
 			Help: "Rows moved to the dead-letter status, by reason.",
-		}, []string{"destination", "reason"}),
+		}, []string{"outbox", "destination", "reason"}),
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "delivery_lag_seconds",
 			Help:    "Time from a row's creation to the destination's acknowledgement, by the database clock.",
 			Buckets: LagBuckets,
-		}, []string{"destination"}),
+		}, []string{"outbox", "destination"}),
 		publish: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "publish_duration_seconds",
 			Help:    "Duration of one publish of a batch's records to a destination.",
 			Buckets: PublishBuckets,
 		}, []string{"destination"}),
-		claim: prometheus.NewHistogram(prometheus.HistogramOpts{
+		claim: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "claim_duration_seconds",
 			Help:    "Duration of one claim of ready rows.",
 			Buckets: ClaimBuckets,
-		}),
-		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"outbox"}),
+		batch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "batch_rows",
 			Help:    "Rows returned by one claim (empty claims included).",
 			Buckets: BatchSizeBuckets,
-		}),
+		}, []string{"outbox"}),
 	}
 	for _, c := range []prometheus.Collector{m.delivered, m.retried, m.deferred, m.deadLettered, m.lag, m.publish, m.claim, m.batch} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	// Rows without a destination: held back behind their key, or
-	// dead-lettered before routing.
-	m.deferred.WithLabelValues(NoDestination, relay.DeferKeyWaiting)
-	for _, r := range deadLetterReasons {
-		m.deadLettered.WithLabelValues(NoDestination, r)
-	}
 	return m, nil
 }
 
-// Destination makes a destination's series exist from the start, at
-// zero, so that rates and increase() see the first delivery, retry or
-// dead letter.
-func (m *Relay) Destination(name string) {
-	m.delivered.WithLabelValues(name)
-	m.retried.WithLabelValues(name)
-	m.lag.WithLabelValues(name)
-	m.publish.WithLabelValues(name)
-	for _, r := range []string{relay.DeferCircuitOpen, relay.DeferRetryBudget, relay.DeferDestinationFailing, relay.DeferTopicPaused, relay.DeferPartitionPaused} {
-		m.deferred.WithLabelValues(name, r)
-	}
+// Outbox returns the observer of the named outbox, whose rows go to
+// destinations, with its series made at zero from the start, so that
+// rates and increase() see the first delivery, retry or dead letter.
+func (m *Relay) Outbox(name string, destinations []string) relay.Observer {
+	o := outboxMetrics{m: m, name: name, claim: m.claim.WithLabelValues(name), batch: m.batch.WithLabelValues(name)}
+	// Rows without a destination: held back behind their key, or
+	// dead-lettered before routing.
+	m.deferred.WithLabelValues(name, NoDestination, relay.DeferKeyWaiting)
 	for _, r := range deadLetterReasons {
-		m.deadLettered.WithLabelValues(name, r)
+		m.deadLettered.WithLabelValues(name, NoDestination, r)
 	}
+	for _, d := range destinations {
+		m.delivered.WithLabelValues(name, d)
+		m.retried.WithLabelValues(name, d)
+		m.lag.WithLabelValues(name, d)
+		m.publish.WithLabelValues(d)
+		for _, r := range []string{relay.DeferCircuitOpen, relay.DeferRetryBudget, relay.DeferDestinationFailing, relay.DeferTopicPaused, relay.DeferPartitionPaused} {
+			m.deferred.WithLabelValues(name, d, r)
+		}
+		for _, r := range deadLetterReasons {
+			m.deadLettered.WithLabelValues(name, d, r)
+		}
+	}
+	return o
+}
+
+// outboxMetrics is one outbox's relay.Observer.
+type outboxMetrics struct {
+	m            *Relay
+	name         string
+	claim, batch prometheus.Observer
 }
 
 // Claimed implements relay.Observer.
-func (m *Relay) Claimed(elapsed time.Duration, rows int) {
-	m.claim.Observe(elapsed.Seconds())
-	m.batch.Observe(float64(rows))
+func (o outboxMetrics) Claimed(elapsed time.Duration, rows int) {
+	o.claim.Observe(elapsed.Seconds())
+	o.batch.Observe(float64(rows))
 }
 
 // Settled implements relay.Observer.
-func (m *Relay) Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration) {
+func (o outboxMetrics) Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration) {
+	m := o.m
 	if destination == "" {
 		destination = NoDestination
 	}
 	switch kind {
 	case outbox.Sent:
-		m.delivered.WithLabelValues(destination).Inc()
-		m.lag.WithLabelValues(destination).Observe(lag.Seconds())
+		m.delivered.WithLabelValues(o.name, destination).Inc()
+		m.lag.WithLabelValues(o.name, destination).Observe(lag.Seconds())
 	case outbox.Retried:
-		m.retried.WithLabelValues(destination).Inc()
+		m.retried.WithLabelValues(o.name, destination).Inc()
 	case outbox.Deferred:
-		m.deferred.WithLabelValues(destination, reason).Inc()
+		m.deferred.WithLabelValues(o.name, destination, reason).Inc()
 	case outbox.DeadLettered:
-		m.deadLettered.WithLabelValues(destination, reason).Inc()
+		m.deadLettered.WithLabelValues(o.name, destination, reason).Inc()
 	}
 }
 

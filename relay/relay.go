@@ -314,6 +314,8 @@ func (r *Relay) Stats() Stats {
 // stay pending and are delivered again later). It returns nil after a
 // clean stop.
 func (r *Relay) Run(ctx context.Context) error {
+	// An outbox that cannot be prepared stops the others.
+	g, ctx := errgroup.WithContext(ctx)
 	// inflight outlives ctx by the drain timeout: publishes use it.
 	inflight, abandon := context.WithCancel(context.WithoutCancel(ctx))
 	defer abandon()
@@ -328,7 +330,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	defer stopDrain()
 
-	g := &errgroup.Group{}
 	listenCtx, stopListen := context.WithCancel(ctx)
 	defer stopListen()
 	for _, s := range r.sources {

@@ -35,6 +35,12 @@ type Outbox struct {
 	Workers int
 	// BatchSize is the most rows claimed per batch. Default the relay's.
 	BatchSize int
+	// Prepare, when set, runs before the outbox's workers, listener and
+	// cleaner start, while the other outboxes already deliver: it waits
+	// for what the outbox needs (its database, its schema) until ctx
+	// ends, and returns an error only for what waiting cannot fix, which
+	// stops the relay.
+	Prepare func(ctx context.Context) error
 }
 
 // DefaultOutbox names the outbox of a relay configured with a Store
@@ -65,6 +71,7 @@ func (o *Outbox) validate() []error {
 type source struct {
 	r         *Relay
 	index     int // in Relay.sources and turns
+	prepare   func(context.Context) error
 	name      string
 	store     *outbox.Store
 	listener  *outbox.Listener
@@ -76,11 +83,12 @@ type source struct {
 	inflight  inflightKeys
 	sqlBusy   atomic.Int32 // claims and write-backs under way
 	tally     tally
+	ready     atomic.Bool // prepared, its workers started
 }
 
 func newSource(r *Relay, index int, o Outbox) *source {
 	cfg := &r.cfg
-	s := &source{r: r, index: index, name: o.Name, store: o.Store, listener: o.Listener, log: r.log,
+	s := &source{r: r, index: index, prepare: o.Prepare, name: o.Name, store: o.Store, listener: o.Listener, log: r.log,
 		batchSize: o.BatchSize, tally: tally{obs: o.Observer}}
 	if len(cfg.Outboxes) > 1 {
 		s.log = r.log.With(slog.String("outbox", o.Name))
@@ -109,8 +117,28 @@ func newSource(r *Relay, index int, o Outbox) *source {
 }
 
 // run runs the outbox's workers, listener and cleaner in g until ctx
-// ends; publishes use inflight.
+// ends, once it is prepared; publishes use inflight.
 func (s *source) run(g *errgroup.Group, ctx, listenCtx, inflight context.Context) {
+	if s.prepare != nil {
+		g.Go(func() error {
+			if err := s.prepare(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil // stopped while preparing
+				}
+				return fmt.Errorf("outbox %s: %w", s.name, err)
+			}
+			if ctx.Err() == nil {
+				s.start(g, ctx, listenCtx, inflight)
+			}
+			return nil
+		})
+		return
+	}
+	s.start(g, ctx, listenCtx, inflight)
+}
+
+func (s *source) start(g *errgroup.Group, ctx, listenCtx, inflight context.Context) {
+	s.ready.Store(true)
 	for _, w := range s.workers {
 		g.Go(func() error { return w.run(ctx, inflight) })
 	}
@@ -182,8 +210,10 @@ func (c *Config) outboxProblems() []error {
 
 // OutboxStatus is what an outbox's workers are doing.
 type OutboxStatus struct {
-	Name  string
-	Stats Stats
+	Name string
+	// Started reports that the outbox is prepared and its workers run.
+	Started bool
+	Stats   Stats
 }
 
 // Outboxes reports what the relay has done per outbox, in the order of
@@ -191,7 +221,7 @@ type OutboxStatus struct {
 func (r *Relay) Outboxes() []OutboxStatus {
 	out := make([]OutboxStatus, 0, len(r.sources))
 	for _, s := range r.sources {
-		out = append(out, OutboxStatus{Name: s.name, Stats: s.tally.stats()})
+		out = append(out, OutboxStatus{Name: s.name, Started: s.ready.Load(), Stats: s.tally.stats()})
 	}
 	return out
 }

@@ -9,16 +9,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -45,14 +45,11 @@ func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) err
 
 // admin is what the admin listener serves.
 type admin struct {
-	pool     *pgxpool.Pool
-	dead     *deadletter.Store
+	outboxes []*runOutbox
 	registry *prometheus.Registry
 	relay    *relay.Relay
-	// listener is nil when wake-up notifications are off.
-	listener *outbox.Listener
-	// dsn is redacted from errors.
-	dsn string
+	// redact takes the database URLs' passwords out of errors.
+	redact func(string) string
 	// draining is closed when the relay begins to stop.
 	draining <-chan struct{}
 	// tokens are the dead-letter API's; nil turns it off.
@@ -82,8 +79,17 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	var api http.Handler
 	if ad.tokens != nil {
 		maxPayload, checkTopic := editChecks(a.cfg)
+		stores := make(map[string]*deadletter.Store, len(ad.outboxes))
+		for _, o := range ad.outboxes {
+			stores[o.name] = o.dead
+		}
+		var only *deadletter.Store
+		if len(ad.outboxes) == 1 {
+			only = ad.outboxes[0].dead
+		}
 		api, err = deadletter.NewHandler(deadletter.HandlerConfig{
-			Store:      ad.dead,
+			Store:      only,
+			Outboxes:   stores,
 			Tokens:     ad.tokens,
 			MaxPayload: maxPayload,
 			CheckTopic: checkTopic,
@@ -221,11 +227,22 @@ func (ad admin) livez(w http.ResponseWriter, _ *http.Request) {
 type readiness struct {
 	Ready bool `json:"ready"`
 	// Problems say why it is not ready, a line each.
-	Problems      []string           `json:"problems,omitempty"`
-	Draining      bool               `json:"draining"`
-	Database      string             `json:"database"`
-	Notifications notifications      `json:"notifications"`
+	Problems []string `json:"problems,omitempty"`
+	Draining bool     `json:"draining"`
+	// Database and Notifications are the only outbox's, when there is
+	// one; Outboxes lists every outbox's.
+	Database      string             `json:"database,omitempty"`
+	Notifications *notifications     `json:"notifications,omitempty"`
+	Outboxes      []outboxState      `json:"outboxes"`
 	Destinations  []destinationState `json:"destinations"`
+}
+
+type outboxState struct {
+	Name string `json:"name"`
+	// Database is ok, "not reachable: …", or "starting" while the relay
+	// waits for it or checks its schema.
+	Database      string        `json:"database"`
+	Notifications notifications `json:"notifications"`
 }
 
 type notifications struct {
@@ -263,7 +280,7 @@ type pausedState struct {
 // topic or partition is a fault of its rows' producers or of the cluster's
 // set-up, not of this replica: it stays ready, and says so.
 func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
-	rd := readiness{Database: "ok", Notifications: notifications{State: "off"}, Destinations: []destinationState{}}
+	rd := readiness{Outboxes: []outboxState{}, Destinations: []destinationState{}}
 	select {
 	case <-ad.draining:
 		rd.Draining = true
@@ -272,12 +289,42 @@ func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 	defer cancel()
-	if err := ad.pool.Ping(ctx); err != nil {
-		rd.Database = "not reachable: " + config.Redact(oneLine(err.Error()), ad.dsn)
-		rd.Problems = append(rd.Problems, "database: not reachable")
+	started := map[string]bool{}
+	for _, o := range ad.relay.Outboxes() {
+		started[o.Name] = o.Started
 	}
-	if ad.listener != nil {
-		rd.Notifications.State, rd.Notifications.Error = ad.listener.Status()
+	states := make([]outboxState, len(ad.outboxes))
+	var wg sync.WaitGroup
+	for i, o := range ad.outboxes {
+		wg.Go(func() {
+			st := outboxState{Name: o.name, Database: "ok", Notifications: notifications{State: "off"}}
+			if err := o.pool.Ping(ctx); err != nil {
+				st.Database = "not reachable: " + ad.redact(oneLine(err.Error()))
+			} else if !started[o.name] {
+				st.Database = "starting"
+			}
+			if o.listener != nil {
+				st.Notifications.State, st.Notifications.Error = o.listener.Status()
+			}
+			states[i] = st
+		})
+	}
+	wg.Wait()
+	for _, st := range states {
+		what := "database"
+		if len(states) > 1 {
+			what = "outbox " + st.Name + ": database"
+		}
+		switch {
+		case strings.HasPrefix(st.Database, "not reachable"):
+			rd.Problems = append(rd.Problems, what+": not reachable")
+		case st.Database == "starting":
+			rd.Problems = append(rd.Problems, what+": starting")
+		}
+		rd.Outboxes = append(rd.Outboxes, st)
+	}
+	if len(states) == 1 {
+		rd.Database, rd.Notifications = states[0].Database, &states[0].Notifications
 	}
 	for _, d := range ad.relay.Destinations() {
 		ds := destinationState{Name: d.Name, Circuit: d.Breaker.String(), LastError: d.LastError}

@@ -67,6 +67,7 @@ Exit codes: 0 done, 1 failed or bad input (nothing changed), 2 bad usage.`,
 	}
 	cmd.PersistentFlags().StringVar(&d.actor, "actor", "", "who is acting, for the audit trail (env "+envActor+", default the OS user)")
 	cmd.PersistentFlags().BoolVar(&d.json, "json", false, "print JSON instead of text")
+	cmd.PersistentFlags().StringVar(&d.outbox, "outbox", "", "the outbox to act on, by its name in outboxes (needed when there are several)")
 	cmd.AddCommand(d.listCmd(), d.showCmd(), d.replayCmd(), d.editCmd(), d.discardCmd(),
 		d.keysCmd(), d.releaseCmd(), d.auditCmd(), d.statsCmd())
 	return cmd
@@ -76,15 +77,19 @@ func (d *dlq) open(ctx context.Context) error {
 	if err := d.load(config.NeedDatabase); err != nil {
 		return err
 	}
-	pool, err := d.connect(ctx)
+	o, err := d.cfg.Outbox(d.outbox)
 	if err != nil {
 		return err
 	}
-	if err := checkSchema(ctx, pool, d.cfg.Database.Schema, d.log); err != nil {
+	pool, err := d.connect(ctx, o.Database)
+	if err != nil {
+		return err
+	}
+	if err := checkSchema(ctx, pool, o.Database.Schema, d.log); err != nil {
 		pool.Close()
 		return err
 	}
-	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: d.cfg.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads})
+	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: o.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads})
 	if err != nil {
 		pool.Close()
 		return err

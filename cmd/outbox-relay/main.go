@@ -82,6 +82,7 @@ type app struct {
 	stderr io.Writer
 	cfg    *config.Config // set by load
 	log    *slog.Logger
+	outbox string   // --outbox of migrate and dlq
 	atExit []func() // run when the command is done, last first
 }
 
@@ -119,9 +120,9 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 	if err == nil {
 		return exitOK
 	}
-	dsn := ""
+	redact := func(s string) string { return s }
 	if a.cfg != nil {
-		dsn = a.cfg.Database.URL
+		redact = a.cfg.RedactURLs
 	}
 	var ce *config.Error
 	switch {
@@ -147,7 +148,7 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 		fmt.Fprintln(stderr, "Run 'outbox-relay --help' for usage.")
 		return exitUsage
 	default:
-		fmt.Fprintln(stderr, "outbox-relay:", oneLine(config.Redact(err.Error(), dsn)))
+		fmt.Fprintln(stderr, "outbox-relay:", oneLine(redact(err.Error())))
 		return exitFailed
 	}
 }
@@ -170,11 +171,24 @@ func (a *app) load(need config.Need) error {
 	return nil
 }
 
-// connect opens a pool and checks that the database answers. It sends no
+// connect opens a pool to db and checks that the database answers.
+func (a *app) connect(ctx context.Context, db config.Database) (*pgxpool.Pool, error) {
+	pool, err := newPool(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+// newPool opens a pool to db without connecting yet. It sends no
 // startup parameter beyond application_name, which PgBouncer passes on:
 // it refuses the others.
-func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	pc, err := a.cfg.Database.PoolConfig()
+func newPool(ctx context.Context, db config.Database) (*pgxpool.Pool, error) {
+	pc, err := db.PoolConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -184,10 +198,6 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
 	return pool, nil

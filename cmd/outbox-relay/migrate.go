@@ -17,18 +17,20 @@ func (a *app) migrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create, upgrade or inspect the outbox schema",
-		Long: `Create, upgrade or inspect the outbox schema in the configured database schema.
+		Long: `Create, upgrade or inspect the outbox schema in the configured database schema,
+or in each outbox's of the outboxes list (one of them with --outbox).
 
 Safe to run from several replicas at once: an advisory lock lets one apply the
 migrations while the others wait and then find nothing to do.`,
 		Args: noArgs,
 	}
+	cmd.PersistentFlags().StringVar(&a.outbox, "outbox", "", "the outbox to migrate, by its name in outboxes (default every one; down needs one)")
 	cmd.AddCommand(
 		&cobra.Command{
 			Use:   "up",
 			Short: "Apply every pending migration",
 			Args:  noArgs,
-			RunE: a.withMigrator(func(ctx context.Context, m *migrations.Migrator) error {
+			RunE: a.withMigrator(true, func(ctx context.Context, o config.OutboxSettings, m *migrations.Migrator) error {
 				res, err := m.Up(ctx)
 				for _, r := range res {
 					fmt.Fprintf(a.stdout, "applied %s (%s)\n", r.Source.Path, r.Duration.Round(time.Millisecond))
@@ -37,7 +39,7 @@ migrations while the others wait and then find nothing to do.`,
 					return err
 				}
 				if len(res) == 0 {
-					fmt.Fprintf(a.stdout, "schema %s is up to date\n", a.cfg.Database.Schema)
+					fmt.Fprintf(a.stdout, "schema %s is up to date\n", o.Database.Schema)
 				}
 				return nil
 			}),
@@ -46,7 +48,7 @@ migrations while the others wait and then find nothing to do.`,
 			Use:   "down",
 			Short: "Revert the most recent migration (never drops a table that holds rows)",
 			Args:  noArgs,
-			RunE: a.withMigrator(func(ctx context.Context, m *migrations.Migrator) error {
+			RunE: a.withMigrator(false, func(ctx context.Context, _ config.OutboxSettings, m *migrations.Migrator) error {
 				r, err := m.Down(ctx)
 				if err != nil {
 					return err
@@ -59,7 +61,7 @@ migrations while the others wait and then find nothing to do.`,
 			Use:   "status",
 			Short: "List the migrations and whether each is applied",
 			Args:  noArgs,
-			RunE: a.withMigrator(func(ctx context.Context, m *migrations.Migrator) error {
+			RunE: a.withMigrator(true, func(ctx context.Context, _ config.OutboxSettings, m *migrations.Migrator) error {
 				st, err := m.Status(ctx)
 				if err != nil {
 					return err
@@ -80,23 +82,47 @@ migrations while the others wait and then find nothing to do.`,
 	return cmd
 }
 
-func (a *app) withMigrator(fn func(context.Context, *migrations.Migrator) error) func(*cobra.Command, []string) error {
+// withMigrator runs fn on the migrator of the --outbox outbox, or, with
+// every, of each outbox when none is named.
+func (a *app) withMigrator(every bool, fn func(context.Context, config.OutboxSettings, *migrations.Migrator) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
 		if err := a.load(config.NeedDatabase); err != nil {
 			return err
 		}
-		ctx := cmd.Context()
-		pool, err := a.connect(ctx)
-		if err != nil {
-			return err
+		outboxes := a.cfg.Outboxes()
+		if a.outbox != "" || !every {
+			o, err := a.cfg.Outbox(a.outbox)
+			if err != nil {
+				return err
+			}
+			outboxes = []config.OutboxSettings{o}
 		}
-		defer pool.Close()
-		db := stdlib.OpenDBFromPool(pool)
-		defer db.Close()
-		m, err := migrations.New(db, a.cfg.Database.Schema)
-		if err != nil {
-			return err
+		for _, o := range outboxes {
+			if len(a.cfg.OutboxList) > 0 {
+				fmt.Fprintf(a.stdout, "outbox %s (schema %s):\n", o.Name, o.Database.Schema)
+			}
+			if err := a.migrate(cmd.Context(), o, fn); err != nil {
+				if len(a.cfg.OutboxList) > 0 {
+					return fmt.Errorf("outbox %s: %w", o.Name, err)
+				}
+				return err
+			}
 		}
-		return fn(ctx, m)
+		return nil
 	}
+}
+
+func (a *app) migrate(ctx context.Context, o config.OutboxSettings, fn func(context.Context, config.OutboxSettings, *migrations.Migrator) error) error {
+	pool, err := a.connect(ctx, o.Database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	m, err := migrations.New(db, o.Database.Schema)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, o, m)
 }

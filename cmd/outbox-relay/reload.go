@@ -119,7 +119,7 @@ func (r *reloader) reload(trigger string) {
 	cfg, err := config.Load(r.a.flags, r.a.env, r.need)
 	if err != nil {
 		r.log.Warn("configuration not reloaded: the running one is kept", slog.String("trigger", trigger),
-			slog.String("error", oneLine(config.Redact(err.Error(), r.cfg.Database.URL))))
+			slog.String("error", oneLine(r.cfg.RedactURLs(err.Error()))))
 		return
 	}
 	byName, problems := r.readTokens(cfg)

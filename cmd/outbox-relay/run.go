@@ -51,31 +51,6 @@ are delivered again later. A second signal exits at once.`,
 
 func (a *app) run(ctx context.Context) error {
 	cfg := a.cfg
-	pool, err := a.connectWaiting(ctx)
-	if err != nil || pool == nil {
-		return err
-	}
-	defer pool.Close()
-	if err := checkSchema(ctx, pool, cfg.Database.Schema, a.log); err != nil {
-		return err
-	}
-	store, err := outbox.NewStore(pool, outbox.StoreConfig{
-		Schema: cfg.Database.Schema, KeepSent: cfg.Relay.SentRetention > 0, StrictOrder: cfg.Relay.StrictOrder,
-		// A claim's transaction stays open while its batch is published,
-		// and a batch claimed ahead also waits for the one before it: two
-		// publishes at most. If the relay vanishes behind a network black
-		// hole, the server ends the transaction and releases the rows
-		// rather than waiting for TCP.
-		IdleInTransactionTimeout: 2*cfg.Relay.PublishTimeout + idleGrace,
-	})
-	if err != nil {
-		return err
-	}
-	if cfg.Relay.StrictOrder {
-		if err := store.CheckStrictOrder(ctx); err != nil {
-			return err
-		}
-	}
 	policy, err := retry.NewPolicy(retry.PolicyConfig{
 		MaxAttempts:   cfg.Retry.MaxAttempts,
 		MaxAge:        cfg.Retry.MaxAge,
@@ -127,22 +102,32 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	defer closeAll()
+	names := make([]string, 0, len(destinations))
+	for _, d := range destinations {
+		names = append(names, d.Name)
+	}
 
-	var listener *outbox.Listener
-	if cfg.Relay.Listen {
-		listener, err = outbox.NewListener(pool, outbox.ListenerConfig{Schema: cfg.Database.Schema, Logger: a.log})
+	var outboxes []*runOutbox
+	defer func() {
+		for _, o := range outboxes {
+			o.close()
+		}
+	}()
+	var relayOutboxes []relay.Outbox
+	for _, settings := range cfg.Outboxes() {
+		o, err := a.openOutbox(ctx, settings, reg, relayMetrics, names)
 		if err != nil {
 			return err
 		}
+		outboxes = append(outboxes, o)
+		relayOutboxes = append(relayOutboxes, o.relay)
 	}
 	r, err := relay.New(relay.Config{
-		Store:               store,
+		Outboxes:            relayOutboxes,
 		Destinations:        destinations,
 		Routes:              routes,
-		Listener:            listener,
 		Policy:              policy,
 		Logger:              a.log,
-		Observer:            relayMetrics,
 		Workers:             cfg.Relay.Workers,
 		BatchSize:           cfg.Relay.BatchSize,
 		MaxBatchBytes:       cfg.Relay.MaxBatchBytes,
@@ -163,19 +148,7 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dead, err := deadletter.NewStore(pool, deadletter.Config{Schema: cfg.Database.Schema, AuditPayloads: cfg.Relay.AuditPayloads})
-	if err != nil {
-		return err
-	}
-	reg.MustRegister(
-		metrics.NewDestinations(r.Destinations),
-		metrics.NewBacklog(metrics.BacklogConfig{Backlog: store, DeadLetters: dead, Logger: a.log}),
-	)
-	names := make([]string, 0, len(destinations))
-	for _, d := range destinations {
-		names = append(names, d.Name)
-		relayMetrics.Destination(d.Name)
-	}
+	reg.MustRegister(metrics.NewDestinations(r.Destinations))
 	tokens, err := adminTokens(cfg.Admin)
 	if err != nil {
 		return err
@@ -185,12 +158,10 @@ func (a *app) run(ctx context.Context) error {
 		return err
 	}
 	stopAdmin, err := a.startAdmin(admin{
-		pool:     pool,
-		dead:     dead,
+		outboxes: outboxes,
 		registry: reg,
 		relay:    r,
-		listener: listener,
-		dsn:      cfg.Database.URL,
+		redact:   cfg.RedactURLs,
 		draining: ctx.Done(),
 		tokens:   tokens,
 		certs:    certs,
@@ -211,45 +182,147 @@ func (a *app) run(ctx context.Context) error {
 		newReloader(a, config.NeedDatabase|config.NeedDestinations, tokens, certs, publishers).run(reloadCtx, hup)
 	}()
 	defer func() { stopReload(); <-reloaded }()
-	if cfg.Relay.StrictOrder {
-		watch, err := metrics.NewOrderHoldWatch(reg, store, a.log)
-		if err != nil {
-			return err
+	for _, o := range outboxes {
+		if o.watch == nil {
+			continue
 		}
 		watchCtx, stopWatch := context.WithCancel(ctx)
 		watched := make(chan struct{})
-		go func() { defer close(watched); watch.Run(watchCtx) }()
+		go func() { defer close(watched); o.watch.Run(watchCtx) }()
 		defer func() { stopWatch(); <-watched }()
 	}
-	a.log.Info("delivering outbox rows", slog.String("schema", cfg.Database.Schema), slog.Any("destinations", names),
-		slog.Bool("strict_order", cfg.Relay.StrictOrder))
+	attrs := []any{slog.Any("destinations", names), slog.Bool("strict_order", cfg.Relay.StrictOrder)}
+	if len(cfg.OutboxList) > 0 {
+		outboxNames := make([]string, 0, len(outboxes))
+		for _, o := range outboxes {
+			outboxNames = append(outboxNames, o.name)
+		}
+		attrs = append(attrs, slog.Any("outboxes", outboxNames))
+	} else {
+		attrs = append([]any{slog.String("schema", cfg.Database.Schema)}, attrs...)
+	}
+	a.log.Info("delivering outbox rows", attrs...)
 	return r.Run(ctx)
 }
 
-// connectWaiting connects to the database, and waits while it cannot take
-// the relay yet: down, starting up, failing over, or out of connection
-// slots. A restart would not help with those, and a relay that exits
-// leaves Kubernetes to restart it in a loop. Refused credentials and a
-// database that does not exist are configuration problems and fail at
-// once. It returns nil, nil when ctx ends first.
-func (a *app) connectWaiting(ctx context.Context) (*pgxpool.Pool, error) {
+// runOutbox is an outbox of the running relay, with what serves it.
+type runOutbox struct {
+	name     string
+	settings config.OutboxSettings
+	pool     *pgxpool.Pool
+	store    *outbox.Store
+	dead     *deadletter.Store
+	// listener is nil when wake-up notifications are off.
+	listener *outbox.Listener
+	// watch measures strict order's holds; nil without strict order.
+	watch *metrics.OrderHoldWatch
+	relay relay.Outbox
+}
+
+func (o *runOutbox) close() { o.pool.Close() }
+
+// openOutbox sets up an outbox: its pool, store, listener, dead-letter
+// store and metrics, labelled with its name. Nothing connects yet: the
+// relay prepares each outbox (connect, check the schema) on its own, so
+// that a database that is down holds only its own outbox.
+func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prometheus.Registerer, m *metrics.Relay, destinations []string) (_ *runOutbox, err error) {
+	cfg := a.cfg
+	log := a.log
+	if len(cfg.OutboxList) > 0 {
+		log = log.With(slog.String("outbox", s.Name))
+	}
+	pool, err := newPool(ctx, s.Database)
+	if err != nil {
+		return nil, fmt.Errorf("outbox %s: %w", s.Name, err)
+	}
+	defer func() {
+		if err != nil {
+			pool.Close()
+		}
+	}()
+	o := &runOutbox{name: s.Name, settings: s, pool: pool}
+	schema := s.Database.Schema
+	o.store, err = outbox.NewStore(pool, outbox.StoreConfig{
+		Schema: schema, KeepSent: cfg.Relay.SentRetention > 0, StrictOrder: cfg.Relay.StrictOrder,
+		// A claim's transaction stays open while its batch is published,
+		// and a batch claimed ahead also waits for the one before it: two
+		// publishes at most. If the relay vanishes behind a network black
+		// hole, the server ends the transaction and releases the rows
+		// rather than waiting for TCP.
+		IdleInTransactionTimeout: 2*cfg.Relay.PublishTimeout + idleGrace,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Relay.Listen {
+		o.listener, err = outbox.NewListener(pool, outbox.ListenerConfig{Schema: schema, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+	}
+	o.dead, err = deadletter.NewStore(pool, deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads})
+	if err != nil {
+		return nil, err
+	}
+	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"outbox": s.Name}, reg)
+	if err := labelled.Register(metrics.NewBacklog(metrics.BacklogConfig{Backlog: o.store, DeadLetters: o.dead, Logger: log})); err != nil {
+		return nil, err
+	}
+	if cfg.Relay.StrictOrder {
+		if o.watch, err = metrics.NewOrderHoldWatch(labelled, o.store, log); err != nil {
+			return nil, err
+		}
+	}
+	observer := m.Outbox(s.Name, destinations)
+	o.relay = relay.Outbox{Name: s.Name, Store: o.store, Listener: o.listener, Observer: observer,
+		Workers: s.Workers, BatchSize: s.BatchSize,
+		Prepare: func(ctx context.Context) error { return a.prepareOutbox(ctx, o, log) },
+	}
+	return o, nil
+}
+
+// prepareOutbox waits for the outbox's database, then checks its schema
+// and, with strict order, the server's setting for it.
+func (a *app) prepareOutbox(ctx context.Context, o *runOutbox, log *slog.Logger) error {
+	if up, err := waitForDatabase(ctx, o.pool, log); !up {
+		return err
+	}
+	if err := checkSchema(ctx, o.pool, o.settings.Database.Schema, log); err != nil {
+		return err
+	}
+	if a.cfg.Relay.StrictOrder {
+		return o.store.CheckStrictOrder(ctx)
+	}
+	return nil
+}
+
+// waitForDatabase waits until the pool's database answers, while it
+// cannot take the relay yet: down, starting up, failing over, or out of
+// connection slots. A restart would not help with those, and a relay that
+// exits leaves Kubernetes to restart it in a loop. Refused credentials and
+// a database that does not exist are configuration problems and fail at
+// once. It reports false when ctx ends first.
+func waitForDatabase(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (bool, error) {
 	delay := time.Second
 	for {
-		pool, err := a.connect(ctx)
-		if err == nil || !worthWaiting(err) {
-			return pool, err
-		}
+		err := pool.Ping(ctx)
 		if ctx.Err() != nil {
-			return nil, nil
+			return false, nil
+		}
+		if err == nil {
+			return true, nil
+		}
+		if !worthWaiting(err) {
+			return false, fmt.Errorf("connect to database: %w", err)
 		}
 		hint := "the database cannot be reached"
 		if p, ok := outbox.ExplainDBError(err); ok {
 			hint = p.Hint
 		}
-		a.log.Warn("waiting for the database: "+hint, slog.Any("error", err), slog.Duration("retry_in", delay))
+		log.Warn("waiting for the database: "+hint, slog.Any("error", err), slog.Duration("retry_in", delay))
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return false, nil
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 30*time.Second)

@@ -1,0 +1,163 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Outbox is one outbox table the relay delivers from, an entry of the
+// outboxes list: a schema in a database. Settings left unset take the
+// database and relay sections' values, so outboxes in one database need
+// only a name and a schema.
+type Outbox struct {
+	// Name identifies the outbox in logs, metrics, readiness, the
+	// dead-letter command line (--outbox) and API paths. Required.
+	Name string `koanf:"name"`
+	// URL and URLFile: the outbox's database, as database.url and
+	// database.url_file. Default database.url.
+	URL     string `koanf:"url"`
+	URLFile string `koanf:"url_file"`
+	// Schema holds the outbox table. Default database.schema.
+	Schema string `koanf:"schema"`
+	// MaxConns bounds the connections to this outbox's database: each
+	// outbox has a pool of its own. Default database.max_conns.
+	MaxConns int32 `koanf:"max_conns"`
+	// Workers is the most batches of this outbox delivered at once.
+	// Default relay.workers, which bounds all outboxes together.
+	Workers int `koanf:"workers"`
+	// BatchSize is the most rows claimed per batch. Default
+	// relay.batch_size.
+	BatchSize int `koanf:"batch_size"`
+}
+
+// OutboxSettings is an outbox with every setting resolved.
+type OutboxSettings struct {
+	Name string
+	// Database is the outbox's: its URL, schema and pool size, with the
+	// database section's timeouts.
+	Database Database
+	// Workers and BatchSize are the outbox's own; 0 takes the relay's.
+	Workers, BatchSize int
+}
+
+// Outboxes returns the outboxes to deliver from, in the order of the
+// configuration; without an outboxes list, one named relay.DefaultOutbox
+// made of the database section.
+func (c *Config) Outboxes() []OutboxSettings {
+	if len(c.OutboxList) == 0 {
+		return []OutboxSettings{{Name: relay.DefaultOutbox, Database: c.Database}}
+	}
+	out := make([]OutboxSettings, 0, len(c.OutboxList))
+	for _, o := range c.OutboxList {
+		db := c.Database
+		if o.URL != "" {
+			db.URL, db.URLFile = o.URL, o.URLFile
+		}
+		if o.Schema != "" {
+			db.Schema = o.Schema
+		}
+		if o.MaxConns != 0 {
+			db.MaxConns = o.MaxConns
+		}
+		out = append(out, OutboxSettings{Name: o.Name, Database: db, Workers: o.Workers, BatchSize: o.BatchSize})
+	}
+	return out
+}
+
+// Outbox returns the outbox named name, or the only one when name is
+// empty.
+func (c *Config) Outbox(name string) (OutboxSettings, error) {
+	all := c.Outboxes()
+	names := make([]string, 0, len(all))
+	for _, o := range all {
+		if o.Name == name || (name == "" && len(all) == 1) {
+			return o, nil
+		}
+		names = append(names, o.Name)
+	}
+	if name == "" {
+		return OutboxSettings{}, &Error{Problems: []string{fmt.Sprintf("the configuration lists several outboxes: choose one with --outbox (%s)", strings.Join(names, ", "))}}
+	}
+	return OutboxSettings{}, &Error{Problems: []string{fmt.Sprintf("--outbox %s: no such outbox; the configuration lists %s", name, strings.Join(names, ", "))}}
+}
+
+// RedactURLs replaces in s the password of every database URL of c.
+func (c *Config) RedactURLs(s string) string {
+	s = Redact(s, c.Database.URL)
+	for _, o := range c.OutboxList {
+		s = Redact(s, o.URL)
+	}
+	return s
+}
+
+var outboxNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
+
+// outboxProblems reports every problem of the outboxes list. need says
+// whether each outbox must have a database URL.
+func (c *Config) outboxProblems(need Need) []string {
+	var p []string
+	seen := map[string]bool{}
+	tables := map[string]string{}
+	for i, o := range c.OutboxList {
+		at := fmt.Sprintf("outboxes[%d]", i)
+		if o.Name != "" {
+			at = fmt.Sprintf("outboxes[%d] (%s)", i, o.Name)
+		}
+		switch {
+		case o.Name == "":
+			p = append(p, at+": name is required")
+		case !outboxNameRE.MatchString(o.Name):
+			p = append(p, fmt.Sprintf("%s: name %q: use letters, digits, '_' and '-'", at, o.Name))
+		case seen[o.Name]:
+			p = append(p, fmt.Sprintf("%s: the name %s is used twice", at, o.Name))
+		}
+		seen[o.Name] = true
+		url := o.URL
+		if url == "" {
+			url = c.Database.URL
+		}
+		if o.URL != "" {
+			if _, err := pgxpool.ParseConfig(o.URL); err != nil {
+				p = append(p, at+": url: "+Redact(err.Error(), o.URL))
+			}
+		} else if url == "" && need&NeedDatabase != 0 {
+			p = append(p, at+": url is required: set url or url_file, or database.url for every outbox")
+		}
+		schema := o.Schema
+		if schema == "" {
+			schema = c.Database.Schema
+		}
+		if o.Schema != "" {
+			if err := migrations.ValidateSchema(o.Schema); err != nil {
+				p = append(p, at+": schema: "+err.Error())
+			}
+		}
+		if other, ok := tables[url+"\x00"+schema]; ok && url != "" {
+			p = append(p, fmt.Sprintf("%s: schema %s of the same database as outbox %s: one table, one outbox", at, schema, other))
+		}
+		tables[url+"\x00"+schema] = o.Name
+		if o.Workers < 0 || o.BatchSize < 0 || o.MaxConns < 0 {
+			p = append(p, at+": workers, batch_size and max_conns must not be negative")
+		}
+		if o.BatchSize > 10000 {
+			p = append(p, fmt.Sprintf("%s: batch_size is %d; at most 10000 rows fit one claim", at, o.BatchSize))
+		}
+		conns, workers := o.MaxConns, o.Workers
+		if conns == 0 {
+			conns = c.Database.MaxConns
+		}
+		if workers == 0 {
+			workers = c.Relay.Workers
+		}
+		if conns >= 2 && workers >= 1 && int(conns) < workers+2 {
+			p = append(p, fmt.Sprintf("%s: max_conns %d is below its workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", at, conns, workers+2))
+		}
+	}
+	return p
+}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgserver"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -172,7 +171,7 @@ func TestBusyOutboxTakesOnlyItsShare(t *testing.T) {
 			map[*pgtest.Schema]string{big: "big", small: "small"}[s], n)
 	}
 	bigWhenSmallDone := make(chan int, 1)
-	pub := &byTopic{delay: 20 * time.Millisecond, at: func(counts map[string]int) {
+	pub := &byTopic{delay: 50 * time.Millisecond, at: func(counts map[string]int) {
 		if counts["small"] == 2000 {
 			select {
 			case bigWhenSmallDone <- counts["big"]:
@@ -204,11 +203,7 @@ func TestBusyOutboxTakesOnlyItsShare(t *testing.T) {
 func TestDownDatabaseHoldsOnlyItsOutbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, pgserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
+	srv := pgtest.NewServer(t)
 	down := pgtest.NewSchemaIn(t, srv.DSN("postgres"))
 	up := pgtest.NewSchema(t)
 	keyed(t, down, "down", 100)
@@ -228,5 +223,10 @@ func TestDownDatabaseHoldsOnlyItsOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyed(t, down, "down", 100)
-	testwait.For(t, "the stopped outbox to catch up", func() bool { return pub.distinct("down") == 200 })
+	// A worker backs off while its database is down, up to 30s between
+	// claims, and may be asleep when it comes back.
+	testwait.State(t, time.Minute, func() (bool, string) {
+		n := pub.distinct("down")
+		return n == 200, fmt.Sprintf("the stopped outbox did not catch up: %d of 200 rows published, %d pending", n, count(t, down.Pool, "true"))
+	})
 }

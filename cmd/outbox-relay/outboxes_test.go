@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
-	"github.com/outbox-relay/outbox-relay/internal/pgserver"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
@@ -65,11 +64,7 @@ func searchPathPool(t *testing.T, dsn, schema string) *pgxpool.Pool {
 func TestRunSeveralOutboxesThroughKills(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv, err := pgserver.Start(ctx, pgserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
+	srv := pgtest.NewServer(t)
 	shared := pgtest.NewDatabase(t)
 	other := srv.DSN("postgres")
 	outboxes := []outboxSchema{

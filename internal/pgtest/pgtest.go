@@ -227,3 +227,16 @@ func randomSuffix() string {
 	}
 	return hex.EncodeToString(b[:])
 }
+
+// NewServer starts a throwaway PostgreSQL cluster of the test's own,
+// beside the package's server, and stops it when the test ends: for tests
+// that stop a database while another keeps running.
+func NewServer(tb testing.TB) *pgserver.Server {
+	tb.Helper()
+	srv, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() { _ = srv.Stop() })
+	return srv
+}

@@ -497,7 +497,7 @@ func TestWedgedWorkerIsReported(t *testing.T) {
 	pub := &stuckPublisher{got: make(chan struct{}, 1), release: make(chan struct{})}
 	h := start(t, s, pub, options{cfg: relay.Config{Workers: 2, PublishTimeout: 50 * time.Millisecond, QueryTimeout: 300 * time.Millisecond,
 		PollInterval: 10 * time.Millisecond}})
-	if bound := h.relay.WedgedAfter(); bound != 2*(2*50*time.Millisecond+3*300*time.Millisecond) {
+	if bound := h.relay.WedgedAfter(); bound != 2*(3*50*time.Millisecond+3*300*time.Millisecond) {
 		t.Fatalf("WedgedAfter = %s", bound)
 	}
 	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
@@ -506,7 +506,7 @@ func TestWedgedWorkerIsReported(t *testing.T) {
 		t.Fatalf("wedged at once: %v", err)
 	}
 	testwait.For(t, "the stuck worker reported", func() bool { return h.relay.Wedged() != nil })
-	if err := h.relay.Wedged(); !strings.Contains(err.Error(), "has been on one batch for") || !strings.Contains(err.Error(), "longer than any batch can take (2s): wedged") {
+	if err := h.relay.Wedged(); !strings.Contains(err.Error(), "has been on one batch for") || !strings.Contains(err.Error(), "longer than any batch can take (2.1s): wedged") {
 		t.Fatalf("Wedged = %v", err)
 	}
 	close(pub.release)

@@ -123,7 +123,8 @@ type Config struct {
 	// and no wake-up. Default 1s.
 	PollInterval time.Duration
 	// PublishTimeout bounds one publish; a publish that times out has an
-	// unknown outcome and is retried. Default 15s.
+	// unknown outcome and is retried. It bounds a batch's wait for a turn
+	// too. Default 15s.
 	PublishTimeout time.Duration
 	// DrainTimeout is how long in-flight batches may finish after Run's
 	// context ends before they are abandoned (their rows stay pending).
@@ -406,10 +407,11 @@ func (r *Relay) nextReopen() time.Time {
 
 // WedgedAfter is how long a worker may be on one batch before Wedged
 // reports it: twice the longest a batch can take, which is its claim, two
-// publishes (a batch claimed ahead waits for the one before it) and two
-// write-backs, each bounded by its timeout.
+// publishes (a batch claimed ahead waits for the one before it), the wait
+// for a turn (bounded by the publish timeout) and two write-backs, each
+// bounded by its timeout.
 func (r *Relay) WedgedAfter() time.Duration {
-	return 2 * (2*r.cfg.PublishTimeout + 3*r.cfg.QueryTimeout)
+	return 2 * (3*r.cfg.PublishTimeout + 3*r.cfg.QueryTimeout)
 }
 
 // Wedged reports a worker that has been on one batch for longer than

@@ -237,10 +237,20 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	}
 
 	// Planning and publishing take one of the turns the outboxes share;
-	// the write-back, on this outbox's own database, does not.
-	if err := r.turns.acquire(ctx, s.index); err != nil {
+	// the write-back, on this outbox's own database, does not. The claim's
+	// transaction waits meanwhile, so the wait is bounded like a publish:
+	// a batch that gets no turn within it is given back untouched, and
+	// claimed again.
+	turnCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	err = r.turns.acquire(turnCtx, s.index)
+	cancel()
+	if err != nil {
 		w.drop(ctx, t)
-		return false, err
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(claim.Records)))
+		return true, nil
 	}
 	turn := true
 	giveBack := func() {

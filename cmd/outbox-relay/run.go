@@ -244,12 +244,12 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 	schema := s.Database.Schema
 	o.store, err = outbox.NewStore(pool, outbox.StoreConfig{
 		Schema: schema, KeepSent: cfg.Relay.SentRetention > 0, StrictOrder: cfg.Relay.StrictOrder,
-		// A claim's transaction stays open while its batch is published,
-		// and a batch claimed ahead also waits for the one before it: two
-		// publishes at most. If the relay vanishes behind a network black
-		// hole, the server ends the transaction and releases the rows
-		// rather than waiting for TCP.
-		IdleInTransactionTimeout: 2*cfg.Relay.PublishTimeout + idleGrace,
+		// A claim's transaction stays open while its batch waits for a
+		// turn and is published, and a batch claimed ahead also waits for
+		// the one before it: three publish timeouts at most. If the relay
+		// vanishes behind a network black hole, the server ends the
+		// transaction and releases the rows rather than waiting for TCP.
+		IdleInTransactionTimeout: 3*cfg.Relay.PublishTimeout + idleGrace,
 	})
 	if err != nil {
 		return nil, err

@@ -1,8 +1,8 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -96,67 +96,57 @@ func (c *Config) RedactURLs(s string) string {
 	return s
 }
 
-var outboxNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
-
-// outboxProblems reports every problem of the outboxes list. need says
-// whether each outbox must have a database URL.
+// outboxProblems reports every problem of the outboxes list, on the
+// settings as Outboxes resolves them. need says whether each outbox must
+// have a database URL.
 func (c *Config) outboxProblems(need Need) []string {
+	if len(c.OutboxList) == 0 {
+		return nil // the database section, checked on its own
+	}
 	var p []string
 	seen := map[string]bool{}
 	tables := map[string]string{}
-	for i, o := range c.OutboxList {
+	for i, r := range c.Outboxes() {
+		o := c.OutboxList[i]
 		at := fmt.Sprintf("outboxes[%d]", i)
 		if o.Name != "" {
 			at = fmt.Sprintf("outboxes[%d] (%s)", i, o.Name)
 		}
-		switch {
-		case o.Name == "":
+		if o.Name == "" {
 			p = append(p, at+": name is required")
-		case !outboxNameRE.MatchString(o.Name):
-			p = append(p, fmt.Sprintf("%s: name %q: use letters, digits, '_' and '-'", at, o.Name))
-		case seen[o.Name]:
+		} else if err := relay.ValidateOutboxName(o.Name); err != nil {
+			p = append(p, at+": "+err.Error())
+		} else if seen[o.Name] {
 			p = append(p, fmt.Sprintf("%s: the name %s is used twice", at, o.Name))
 		}
 		seen[o.Name] = true
-		url := o.URL
-		if url == "" {
-			url = c.Database.URL
-		}
+		db := r.Database
 		if o.URL != "" {
 			if _, err := pgxpool.ParseConfig(o.URL); err != nil {
 				p = append(p, at+": url: "+Redact(err.Error(), o.URL))
 			}
-		} else if url == "" && need&NeedDatabase != 0 {
+		} else if db.URL == "" && need&NeedDatabase != 0 {
 			p = append(p, at+": url is required: set url or url_file, or database.url for every outbox")
-		}
-		schema := o.Schema
-		if schema == "" {
-			schema = c.Database.Schema
 		}
 		if o.Schema != "" {
 			if err := migrations.ValidateSchema(o.Schema); err != nil {
 				p = append(p, at+": schema: "+err.Error())
 			}
 		}
-		if other, ok := tables[url+"\x00"+schema]; ok && url != "" {
-			p = append(p, fmt.Sprintf("%s: schema %s of the same database as outbox %s: one table, one outbox", at, schema, other))
+		table := db.URL + "\x00" + db.Schema
+		if other, ok := tables[table]; ok && db.URL != "" {
+			p = append(p, fmt.Sprintf("%s: schema %s of the same database as outbox %s: one table, one outbox", at, db.Schema, other))
 		}
-		tables[url+"\x00"+schema] = o.Name
+		tables[table] = o.Name
 		if o.Workers < 0 || o.BatchSize < 0 || o.MaxConns < 0 {
 			p = append(p, at+": workers, batch_size and max_conns must not be negative")
 		}
 		if o.BatchSize > 10000 {
 			p = append(p, fmt.Sprintf("%s: batch_size is %d; at most 10000 rows fit one claim", at, o.BatchSize))
 		}
-		conns, workers := o.MaxConns, o.Workers
-		if conns == 0 {
-			conns = c.Database.MaxConns
-		}
-		if workers == 0 {
-			workers = c.Relay.Workers
-		}
-		if conns >= 2 && workers >= 1 && int(conns) < workers+2 {
-			p = append(p, fmt.Sprintf("%s: max_conns %d is below its workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", at, conns, workers+2))
+		workers := cmp.Or(r.Workers, c.Relay.Workers)
+		if db.MaxConns >= 2 && workers >= 1 && int(db.MaxConns) < workers+2 {
+			p = append(p, fmt.Sprintf("%s: max_conns %d is below its workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", at, db.MaxConns, workers+2))
 		}
 	}
 	return p

@@ -110,7 +110,6 @@ func (m *Relay) Outbox(name string, destinations []string) relay.Observer {
 		m.delivered.WithLabelValues(name, d)
 		m.retried.WithLabelValues(name, d)
 		m.lag.WithLabelValues(name, d)
-		m.publish.WithLabelValues(d)
 		for _, r := range []string{relay.DeferCircuitOpen, relay.DeferRetryBudget, relay.DeferDestinationFailing, relay.DeferTopicPaused, relay.DeferPartitionPaused} {
 			m.deferred.WithLabelValues(name, d, r)
 		}

@@ -49,12 +49,21 @@ const DefaultOutbox = "default"
 
 var outboxName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
 
+// ValidateOutboxName checks an outbox's name, which labels its metrics
+// and names it in API paths.
+func ValidateOutboxName(name string) error {
+	if !outboxName.MatchString(name) {
+		return fmt.Errorf("name %q: use letters, digits, '_' and '-'", name)
+	}
+	return nil
+}
+
 // validate reports every problem of o.
 func (o *Outbox) validate() []error {
 	var errs []error
 	name := o.Name
-	if !outboxName.MatchString(name) {
-		errs = append(errs, fmt.Errorf("relay: outbox name %q: use letters, digits, '_' and '-'", name))
+	if err := ValidateOutboxName(name); err != nil {
+		errs = append(errs, fmt.Errorf("relay: outbox %w", err))
 	}
 	if o.Store == nil {
 		errs = append(errs, fmt.Errorf("relay: outbox %s needs a store", name))

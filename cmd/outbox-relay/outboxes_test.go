@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
@@ -122,35 +121,7 @@ outboxes:
 		})
 	}
 	go func() { prodWG.Wait(); close(producing) }()
-	var chaosWG sync.WaitGroup
-	for i := range 3 {
-		chaosWG.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(i), 11))
-			for kills := 0; ; kills++ {
-				p, err := spawnRelay(t, env)
-				if err != nil {
-					t.Errorf("start relay %d: %v", i, err)
-					return
-				}
-				select {
-				case <-p.done:
-					t.Errorf("relay %d exited by itself: %v\n%s", i, p.err, p.output)
-					return
-				case <-time.After(time.Duration(200+rng.IntN(800)) * time.Millisecond):
-				}
-				_ = p.cmd.Process.Signal(syscall.SIGKILL)
-				<-p.done
-				select {
-				case <-producing:
-					if kills >= 2 {
-						return
-					}
-				default:
-				}
-			}
-		})
-	}
-	chaosWG.Wait()
+	killAtRandom(t, env, 3, 3, producing)
 	if t.Failed() {
 		return
 	}

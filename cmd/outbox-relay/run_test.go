@@ -381,43 +381,7 @@ func checkKillRestart(t *testing.T, strict bool) {
 
 	// Chaos: each relay is SIGKILLed at a random moment and restarted,
 	// until the producers are done and every relay died minKills times.
-	var chaosWG sync.WaitGroup
-	kills := make([]int, relays)
-	for i := range relays {
-		chaosWG.Add(1)
-		go func() {
-			defer chaosWG.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 7))
-			for {
-				p, err := spawnRelay(t, env)
-				if err != nil {
-					t.Errorf("start relay %d: %v", i, err)
-					return
-				}
-				lifetime := time.Duration(150+rng.IntN(1000)) * time.Millisecond
-				select {
-				case <-p.done:
-					t.Errorf("relay %d exited by itself: %v\n%s", i, p.err, p.output)
-					return
-				case <-time.After(lifetime):
-				}
-				if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-					t.Errorf("kill relay %d: %v", i, err)
-					return
-				}
-				<-p.done
-				kills[i]++
-				select {
-				case <-producing:
-					if kills[i] >= minKills {
-						return
-					}
-				default:
-				}
-			}
-		}()
-	}
-	chaosWG.Wait()
+	kills := killAtRandom(t, env, relays, minKills, producing)
 	if t.Failed() {
 		return
 	}
@@ -488,6 +452,48 @@ func checkKillRestart(t *testing.T, strict bool) {
 			t.Errorf("relay %d was killed %d times, want at least %d", i, k, minKills)
 		}
 	}
+}
+
+// killAtRandom runs relays relay processes with env, SIGKILLs each at a
+// random moment and starts it again, until producing is closed and each
+// was killed at least minKills times. It returns the kills per relay.
+func killAtRandom(t *testing.T, env []string, relays, minKills int, producing <-chan struct{}) []int {
+	var wg sync.WaitGroup
+	kills := make([]int, relays)
+	for i := range relays {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for {
+				p, err := spawnRelay(t, env)
+				if err != nil {
+					t.Errorf("start relay %d: %v", i, err)
+					return
+				}
+				lifetime := time.Duration(150+rng.IntN(1000)) * time.Millisecond
+				select {
+				case <-p.done:
+					t.Errorf("relay %d exited by itself: %v\n%s", i, p.err, p.output)
+					return
+				case <-time.After(lifetime):
+				}
+				if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Errorf("kill relay %d: %v", i, err)
+					return
+				}
+				<-p.done
+				kills[i]++
+				select {
+				case <-producing:
+					if kills[i] >= minKills {
+						return
+					}
+				default:
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return kills
 }
 
 var errRollback = fmt.Errorf("rolled back on purpose")

@@ -76,7 +76,19 @@ type breaker struct {
 	probing  bool // a probe is in flight
 	gen      int  // bumped at every state change: results of older admissions are stale
 	lastErr  string
-	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string)
+	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool)
+
+	// Shared with the fleet (see fleet.go): while shared, the fleet's
+	// state is adopted at each sync and a half-open breaker probes only
+	// while it holds the fleet's probe.
+	wakeFleet  func() // nil: not in a fleet
+	shared     bool
+	fleetProbe bool  // this replica holds the fleet's probe
+	fleetGen   int64 // the fleet's generation last adopted
+	event      FleetEvent
+	cooldown   time.Duration // of an Opened event
+	evSeq      uint64        // bumped with every event
+	byFleet    bool          // set while a change comes from the fleet
 }
 
 // failWindow gathers the rows that failed on their own since the
@@ -120,7 +132,7 @@ func (b *breaker) admit(now time.Time) admission {
 	case BreakerOpen:
 		return admission{until: b.until, gen: b.gen}
 	case BreakerHalfOpen:
-		if b.probing {
+		if b.probing || !b.mayProbe() {
 			return admission{until: now.Add(b.base), gen: b.gen}
 		}
 		b.probing = true
@@ -134,8 +146,15 @@ func (b *breaker) admit(now time.Time) admission {
 func (b *breaker) cooled(now time.Time) {
 	if b.state == BreakerOpen && !now.Before(b.until) {
 		b.set(BreakerHalfOpen, 0)
+		if b.shared {
+			b.wakeFleet() // to ask for the probe
+		}
 	}
 }
+
+// mayProbe reports whether a half-open breaker may send a probe: always
+// on its own, and in a fleet only while it holds the fleet's probe.
+func (b *breaker) mayProbe() bool { return !b.shared || b.fleetProbe }
 
 // blocked reports whether the breaker is taking no rows now, and until when.
 func (b *breaker) blocked(now time.Time) (bool, time.Time) {
@@ -145,7 +164,7 @@ func (b *breaker) blocked(now time.Time) (bool, time.Time) {
 	switch {
 	case b.state == BreakerOpen && now.Before(b.until):
 		return true, b.until
-	case b.state != BreakerClosed && b.probing:
+	case b.state != BreakerClosed && (b.probing || !b.mayProbe()):
 		return true, now.Add(b.base)
 	}
 	return false, time.Time{}
@@ -201,6 +220,7 @@ func (b *breaker) feed(now time.Time, ev evidence) {
 			if b.probed >= b.successes {
 				b.streak = 0
 				b.set(BreakerClosed, 0)
+				b.tell(FleetClosed, 0)
 			}
 			return
 		}
@@ -235,6 +255,75 @@ func (b *breaker) open(now time.Time) {
 	b.streak++
 	b.until = now.Add(d)
 	b.set(BreakerOpen, d)
+	b.tell(FleetOpened, d)
+}
+
+// tell records a change the fleet should know of, and asks for a sync.
+func (b *breaker) tell(e FleetEvent, cooldown time.Duration) {
+	if b.wakeFleet == nil {
+		return
+	}
+	b.event, b.cooldown = e, cooldown
+	b.evSeq++
+	b.wakeFleet()
+}
+
+// fleetEvent fills in fd what the breaker has to tell the fleet, and
+// returns the sequence of the events it covers.
+func (b *breaker) fleetEvent(now time.Time, fd *FleetDestination) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cooled(now)
+	fd.Event, fd.Cooldown, fd.Streak, fd.LastError = b.event, b.cooldown, b.streak, b.lastErr
+	fd.Probe = b.state == BreakerHalfOpen
+	return b.evSeq
+}
+
+// adopt takes the fleet's state of the breaker, found by a sync that told
+// the fleet the events up to seq; now and dbNow are the local and the
+// fleet's clocks at the sync. It reports whether the breaker lets rows go
+// that it held. A breaker with an event newer than seq waits for the next
+// sync, which tells the fleet first.
+func (b *breaker) adopt(v FleetBreaker, seq uint64, now, dbNow time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.evSeq != seq {
+		return false
+	}
+	b.event = FleetNothing
+	freed := v.Probe && !b.fleetProbe
+	b.shared, b.fleetProbe = true, v.Probe
+	if v.Generation == b.fleetGen {
+		return freed
+	}
+	b.fleetGen = v.Generation
+	until := now.Add(v.OpenUntil.Sub(dbNow))
+	b.byFleet = true
+	defer func() { b.byFleet = false }()
+	switch {
+	case v.Open && b.state == BreakerClosed:
+		b.streak, b.until, b.lastErr = v.Streak, until, v.LastError
+		b.set(BreakerOpen, until.Sub(now))
+	case v.Open:
+		// Open here too: take the fleet's cool-down, and go back to open
+		// if another replica's probe failed.
+		b.streak, b.until = v.Streak, until
+		if b.state == BreakerHalfOpen && now.Before(until) {
+			b.set(BreakerOpen, until.Sub(now))
+		}
+	case b.state != BreakerClosed:
+		b.streak = 0
+		b.set(BreakerClosed, 0)
+		freed = true
+	}
+	return freed
+}
+
+// unshare returns the breaker to its own state: the fleet is out of reach.
+func (b *breaker) unshare() {
+	b.mu.Lock()
+	b.shared, b.fleetProbe = false, false
+	b.mu.Unlock()
 }
 
 func (b *breaker) set(to BreakerState, cooldown time.Duration) {
@@ -243,7 +332,7 @@ func (b *breaker) set(to BreakerState, cooldown time.Duration) {
 	b.window = failWindow{}
 	b.gen++
 	if from != to && b.onChange != nil {
-		b.onChange(from, to, cooldown, b.lastErr)
+		b.onChange(from, to, cooldown, b.lastErr, b.byFleet)
 	}
 }
 

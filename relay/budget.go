@@ -11,8 +11,9 @@ import (
 // RateLimitConfig is a token bucket of rows per destination: PerSecond
 // rows a second on average, Burst at once after a quiet spell. Rows past
 // it stay pending, untouched and without counting an attempt, and while
-// it is spent the destination's topics are not claimed. It is per relay
-// process: N replicas send up to N times PerSecond.
+// it is spent the destination's topics are not claimed. In a fleet it is
+// the fleet's: each of N live replicas sends up to PerSecond/N; on its
+// own, a relay process sends up to PerSecond.
 type RateLimitConfig struct {
 	// PerSecond is the rows per second. 0 is unlimited.
 	PerSecond float64
@@ -21,8 +22,14 @@ type RateLimitConfig struct {
 	Burst int
 }
 
-// rateLimit is a destination's token bucket of rows.
-type rateLimit struct{ lim *rate.Limiter }
+// rateLimit is a destination's token bucket of rows. In a fleet, each
+// of k live replicas has 1/k of the rate and burst.
+type rateLimit struct {
+	lim       *rate.Limiter
+	perSecond float64
+	burst     int
+	k         int // the replicas it is shared by
+}
 
 // newRateLimit returns c's bucket, full, or nil when c is unlimited.
 func newRateLimit(c RateLimitConfig) *rateLimit {
@@ -33,7 +40,18 @@ func newRateLimit(c RateLimitConfig) *rateLimit {
 	if burst == 0 {
 		burst = max(1, int(math.Ceil(c.PerSecond)))
 	}
-	return &rateLimit{lim: rate.NewLimiter(rate.Limit(c.PerSecond), burst)}
+	return &rateLimit{lim: rate.NewLimiter(rate.Limit(c.PerSecond), burst), perSecond: c.PerSecond, burst: burst, k: 1}
+}
+
+// share gives this replica its share of the rate among k replicas. Only
+// the fleet's sync calls it.
+func (r *rateLimit) share(k int) {
+	if r == nil || k < 1 || k == r.k {
+		return
+	}
+	r.k = k
+	r.lim.SetLimit(rate.Limit(r.perSecond / float64(k)))
+	r.lim.SetBurst(max(1, r.burst/k))
 }
 
 // take spends a token if there is one.
@@ -66,27 +84,46 @@ type RetryBudgetConfig struct {
 	Disabled bool
 }
 
-// bulkhead counts a destination's rows in flight.
+// bulkhead counts a destination's rows in flight. In a fleet, the
+// destination's limit is shared among the replicas, and this one may use
+// only its share (slots); it tells the fleet, as its floor, the most it
+// may be using, so that the shares never add up to more than the limit.
 type bulkhead struct {
-	max int // 0: unlimited
-	mu  sync.Mutex
-	n   int
+	max     int  // per process; 0: unlimited
+	limited bool // a limit of its own or the fleet's
+	mu      sync.Mutex
+	n       int
+	shared  bool
+	slots   int // this replica's share, while shared
+}
+
+// limit is the most rows in flight now, and whether there is a limit.
+func (h *bulkhead) limit() (int, bool) {
+	if !h.shared {
+		return h.max, h.max > 0
+	}
+	if h.max > 0 {
+		return min(h.max, h.slots), true
+	}
+	return h.slots, true
 }
 
 // take grants up to n slots and returns how many.
 func (h *bulkhead) take(n int) int {
-	if h.max == 0 {
+	if !h.limited {
 		return n
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n = min(n, h.max-h.n)
+	if lim, ok := h.limit(); ok {
+		n = max(0, min(n, lim-h.n))
+	}
 	h.n += n
 	return n
 }
 
 func (h *bulkhead) give(n int) {
-	if h.max == 0 || n == 0 {
+	if !h.limited || n == 0 {
 		return
 	}
 	h.mu.Lock()
@@ -95,12 +132,43 @@ func (h *bulkhead) give(n int) {
 }
 
 func (h *bulkhead) full() bool {
-	if h.max == 0 {
+	if !h.limited {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.n >= h.max
+	lim, ok := h.limit()
+	return ok && h.n >= lim
+}
+
+// floor is the share the fleet must keep for this replica: its share, or
+// more while rows taken under a larger one are still in flight; 0 when it
+// has no share.
+func (h *bulkhead) floor() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.shared {
+		return 0
+	}
+	return max(h.slots, h.n)
+}
+
+// share sets this replica's share of the fleet's limit, and reports
+// whether the limit grew.
+func (h *bulkhead) share(slots int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	before, was := h.limit()
+	h.shared, h.slots = true, slots
+	after, _ := h.limit()
+	return was && after > before
+}
+
+// unshare returns to the per-process limit.
+func (h *bulkhead) unshare() {
+	h.mu.Lock()
+	h.shared = false
+	h.mu.Unlock()
 }
 
 // retryBudget is a token bucket of retries. See RetryBudgetConfig.
@@ -111,6 +179,10 @@ type retryBudget struct {
 	mu          sync.Mutex
 	tokens      float64
 	last        time.Time
+	// In a fleet of k replicas, each earns 1/k of the floor and holds
+	// 1/k of the capacity; the ratio is earned on its own first attempts.
+	minRate, maxTokens float64
+	k                  int
 }
 
 func newRetryBudget(c RetryBudgetConfig) *retryBudget {
@@ -121,7 +193,24 @@ func newRetryBudget(c RetryBudgetConfig) *retryBudget {
 		c.MinPerSecond = DefaultRetryBudgetMinRate
 	}
 	capacity := max(1, c.MinPerSecond*DefaultRetryBudgetDuration.Seconds())
-	return &retryBudget{disabled: c.Disabled, ratio: c.Ratio, rate: c.MinPerSecond, capacity: capacity, tokens: capacity}
+	return &retryBudget{disabled: c.Disabled, ratio: c.Ratio, rate: c.MinPerSecond, capacity: capacity, tokens: capacity,
+		minRate: c.MinPerSecond, maxTokens: capacity, k: 1}
+}
+
+// share gives this replica its share of the budget among k replicas.
+func (b *retryBudget) share(k int) {
+	if b.disabled || k < 1 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if k == b.k {
+		return
+	}
+	b.k = k
+	b.rate = b.minRate / float64(k)
+	b.capacity = max(1, b.maxTokens/float64(k))
+	b.tokens = min(b.tokens, b.capacity)
 }
 
 func (b *retryBudget) refill(now time.Time) {

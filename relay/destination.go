@@ -29,13 +29,14 @@ type Destination struct {
 	// Breaker configures the destination's circuit breaker.
 	Breaker BreakerConfig
 	// MaxInFlight is the bulkhead: the most rows of this destination being
-	// delivered at once across all workers. Rows past it wait, and while it
-	// is full the destination's topics are not claimed. 0 is unlimited.
+	// delivered at once across all workers, and in a fleet across all
+	// replicas. Rows past it wait, and while it is full the destination's
+	// topics are not claimed. 0 is unlimited.
 	MaxInFlight int
 	// RetryBudget limits retries while they keep failing.
 	RetryBudget RetryBudgetConfig
-	// RateLimit bounds the rows per second this relay sends to the
-	// destination, for receivers with a published quota.
+	// RateLimit bounds the rows per second this relay, or its fleet, sends
+	// to the destination, for receivers with a published quota.
 	RateLimit RateLimitConfig
 	// Partitioner tells the partition of a row, so that a paused
 	// partition holds only its own rows. Default the Publisher, when it
@@ -145,9 +146,12 @@ type dest struct {
 	pauses  *pauseSet
 	parts   Partitioner // nil: partitions are not known
 	bulk    bulkhead
-	rate    *rateLimit // nil: unlimited
-	budget  *retryBudget
-	policy  *retry.Policy
+	// fleetMax is MaxInFlight as configured, shared by the fleet; 0 when
+	// unlimited or not in a fleet.
+	fleetMax int
+	rate     *rateLimit // nil: unlimited
+	budget   *retryBudget
+	policy   *retry.Policy
 	// pauseBase is how long a deferred row waits when no breaker says.
 	pauseBase time.Duration
 	log       *slog.Logger
@@ -173,6 +177,10 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 	if d.Partitioner == nil {
 		d.Partitioner, _ = d.Publisher.(Partitioner)
 	}
+	fleetMax := 0
+	if cfg.Fleet != nil {
+		fleetMax = d.MaxInFlight
+	}
 	if d.VisibilityTimeout > 0 {
 		// Leased deliveries outlive their batch: bound them as the
 		// workers' batches are, so memory stays bounded.
@@ -185,7 +193,8 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 		Destination: d,
 		block:       d.OnDeadLetter == OnDeadLetterBlock,
 		parts:       d.Partitioner,
-		bulk:        bulkhead{max: d.MaxInFlight},
+		bulk:        bulkhead{max: d.MaxInFlight, limited: d.MaxInFlight > 0},
+		fleetMax:    fleetMax,
 		budget:      newRetryBudget(d.RetryBudget),
 		rate:        newRateLimit(d.RateLimit),
 		policy:      cfg.Policy,
@@ -195,15 +204,22 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 	}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
 		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.PauseBase, max: cfg.PauseMax,
-		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string) {
+		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool) {
 			changed.Send(breakerChange{Destination: d.Name, From: from, To: to})
-			switch to {
-			case BreakerOpen:
+			switch {
+			case to == BreakerOpen && byFleet && from == BreakerHalfOpen:
+				log.Info("another replica's probe failed; circuit open again", slog.Duration("cooldown", cooldown))
+			case to == BreakerOpen && byFleet:
+				log.Warn("destination failing at another replica; circuit opened, its rows wait without counting attempts",
+					slog.Duration("cooldown", cooldown), slog.String("error", lastErr))
+			case to == BreakerOpen:
 				log.Warn("destination failing; circuit opened, its rows wait without counting attempts",
 					slog.Duration("cooldown", cooldown), slog.String("error", lastErr))
-			case BreakerHalfOpen:
-				log.Info("circuit half-open; probing the destination")
-			case BreakerClosed:
+			case to == BreakerHalfOpen:
+				log.Info("circuit half-open; the destination may be probed")
+			case to == BreakerClosed && byFleet:
+				log.Info("destination recovered, probed by another replica; circuit closed")
+			case to == BreakerClosed:
 				log.Info("destination recovered; circuit closed")
 			}
 		}}

@@ -243,7 +243,7 @@ func (p *pauseSet) newBreaker(s subject) *breaker {
 	attrs := s.attrs()
 	kind := s.kind()
 	return &breaker{failures: 1, successes: 1, base: p.base, max: p.max,
-		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string) {
+		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string, _ bool) {
 			switch to {
 			case BreakerOpen:
 				p.log.Warn(kind+" failing; paused, its rows wait while the rest of the destination flows",

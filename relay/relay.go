@@ -159,6 +159,10 @@ type Config struct {
 	// circuit breaker: how long it stays open before a probe. It doubles
 	// while probes fail. Defaults 1s and 30s.
 	PauseBase, PauseMax time.Duration
+	// Fleet, when set, shares each destination's flow control with the
+	// relay's other replicas (see FleetConfig). Without it, each relay
+	// process has its own.
+	Fleet *FleetConfig
 }
 
 // Validate reports every problem of c at once, or nil.
@@ -210,6 +214,9 @@ func (c *Config) Validate() error {
 	if err := ValidateOnDeadLetter(c.OnDeadLetter); err != nil {
 		errs = append(errs, fmt.Errorf("relay: %w", err))
 	}
+	if c.Fleet != nil {
+		errs = append(errs, c.Fleet.problems()...)
+	}
 	return errors.Join(errs...)
 }
 
@@ -225,6 +232,7 @@ type Relay struct {
 	planner *planner
 	sources []*source // one per outbox
 	turns   *turns
+	fleet   *fleet    // nil: flow control per process
 	epoch   time.Time // a monotonic origin for the workers' busySince
 	// breakerChanged, cleaned and leaseWritten tell tests of the
 	// destinations' breakers, the cleaners' deletes and the leased
@@ -251,6 +259,14 @@ func New(cfg Config) (*Relay, error) {
 		r.sources = append(r.sources, newSource(r, i, o))
 	}
 	r.turns = newTurns(cfg.Workers, len(r.sources))
+	if cfg.Fleet != nil {
+		r.fleet = newFleet(*cfg.Fleet, r.dests, r.cfg.QueryTimeout, r.log)
+		r.fleet.wakeWorkers = func() {
+			for _, s := range r.sources {
+				s.wakeAll()
+			}
+		}
+	}
 	return r, nil
 }
 
@@ -333,6 +349,12 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	listenCtx, stopListen := context.WithCancel(ctx)
 	defer stopListen()
+	if r.fleet != nil {
+		// The first sync comes before any claim: a replica that starts
+		// while a destination's breaker is open elsewhere sends it nothing.
+		r.fleet.sync(ctx)
+		g.Go(func() error { return r.fleet.run(ctx) })
+	}
 	for _, s := range r.sources {
 		s.run(g, ctx, listenCtx, inflight)
 	}
@@ -434,6 +456,15 @@ func (r *Relay) Wedged() error {
 		}
 	}
 	return nil
+}
+
+// Fleet reports the relay's view of its fleet, and false when it has
+// none.
+func (r *Relay) Fleet() (FleetStatus, bool) {
+	if r.fleet == nil {
+		return FleetStatus{}, false
+	}
+	return r.fleet.snapshot(), true
 }
 
 // Destinations reports the state of every destination.

@@ -1,0 +1,231 @@
+// Package fleet keeps the state that a relay's replicas share, in three
+// small tables of one outbox schema (migration 12): the live replicas,
+// each destination's breaker, and each replica's share of a destination's
+// in-flight limit. It implements relay.Fleet: a replica syncs every
+// interval in one short transaction that renews its lease, forgets
+// replicas whose lease ended, writes what its breakers learnt and reads
+// the fleet's state back.
+//
+// The rules live here, applied under the destination rows' locks:
+//   - The first replica whose breaker opens opens the fleet's; the others
+//     adopt it. Only the replica holding the probe may reopen or close it.
+//   - After the cool-down, one replica at a time holds the probe, on a
+//     lease it renews at every sync; a replica that dies loses it when its
+//     lease ends.
+//   - A destination's in-flight limit is split evenly among the live
+//     replicas. A replica grows only into slots no one holds, and the
+//     fleet records for it at least what it may be using (its floor), so
+//     the shares never add up to more than the limit while the replicas
+//     are in touch.
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// Store is the fleet's state in one schema.
+type Store struct {
+	pool *pgxpool.Pool
+	q    queries
+}
+
+// New returns the Store of the coordination tables in schemaName on pool.
+// The caller keeps the pool.
+func New(pool *pgxpool.Pool, schemaName string) (*Store, error) {
+	if schemaName == "" {
+		schemaName = schema.Default
+	}
+	if err := schema.Validate(schemaName); err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, q: newQueries(schemaName)}, nil
+}
+
+type queries struct {
+	heartbeat, forget, members, ensure, breakers, update, shares, share string
+}
+
+func newQueries(s string) queries {
+	return queries{
+		heartbeat: `INSERT INTO ` + s + `.outbox_fleet_replicas AS r (replica, expires_at)
+			VALUES ($1, now() + $2 * interval '1 microsecond')
+			ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at
+			RETURNING now()`,
+		forget:  `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE expires_at < now()`,
+		members: `SELECT count(*), count(*) FILTER (WHERE replica < $1) FROM ` + s + `.outbox_fleet_replicas`,
+		ensure: `INSERT INTO ` + s + `.outbox_fleet_breakers (destination)
+			SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`,
+		// Every sync locks its destinations' rows, in one order: the rows
+		// serialize the breaker rules and the shares of their destination.
+		breakers: `SELECT destination, state = 'open', coalesce(open_until, now()), streak, generation,
+				coalesce(probe_by, ''), coalesce(probe_until, now()), coalesce(last_error, '')
+			FROM ` + s + `.outbox_fleet_breakers
+			WHERE destination = ANY($1) ORDER BY destination FOR UPDATE`,
+		update: `UPDATE ` + s + `.outbox_fleet_breakers SET
+				state = CASE WHEN $2 THEN 'open' ELSE 'closed' END,
+				open_until = CASE WHEN $2 THEN $3::timestamptz END,
+				streak = $4, generation = $5, probe_by = nullif($6, ''),
+				probe_until = CASE WHEN $6 <> '' THEN $7::timestamptz END,
+				last_error = nullif($8, ''), changed_by = $9, changed_at = now()
+			WHERE destination = $1`,
+		shares: `SELECT destination, coalesce(sum(slots), 0) FROM ` + s + `.outbox_fleet_shares
+			WHERE destination = ANY($1) AND replica <> $2 GROUP BY destination`,
+		share: `INSERT INTO ` + s + `.outbox_fleet_shares (destination, replica, slots)
+			SELECT unnest($1::text[]), $2, unnest($3::int[])
+			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots`,
+	}
+}
+
+// breakerRow is a destination's row of outbox_fleet_breakers.
+type breakerRow struct {
+	open       bool
+	openUntil  time.Time
+	streak     int
+	generation int64
+	probeBy    string
+	probeUntil time.Time
+	lastError  string
+}
+
+// Sync implements relay.Fleet.
+func (s *Store) Sync(ctx context.Context, req relay.FleetSync) (relay.FleetView, error) {
+	var view relay.FleetView
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		view, err = s.sync(ctx, tx, req)
+		return err
+	})
+	if err != nil {
+		return relay.FleetView{}, fmt.Errorf("fleet sync: %w", err)
+	}
+	return view, nil
+}
+
+func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay.FleetView, error) {
+	names := make([]string, len(req.Destinations))
+	for i, d := range req.Destinations {
+		names[i] = d.Name
+	}
+	var b pgx.Batch
+	var view relay.FleetView
+	var rank int
+	b.Queue(s.q.heartbeat, req.Replica, req.Lease.Microseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Now) })
+	b.Queue(s.q.forget)
+	b.Queue(s.q.members, req.Replica).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Replicas, &rank) })
+	b.Queue(s.q.ensure, names)
+	rows := map[string]breakerRow{}
+	b.Queue(s.q.breakers, names).Query(func(rs pgx.Rows) error {
+		for rs.Next() {
+			var name string
+			var r breakerRow
+			if err := rs.Scan(&name, &r.open, &r.openUntil, &r.streak, &r.generation, &r.probeBy, &r.probeUntil, &r.lastError); err != nil {
+				return err
+			}
+			rows[name] = r
+		}
+		return rs.Err()
+	})
+	held := map[string]int{}
+	b.Queue(s.q.shares, names, req.Replica).Query(func(rs pgx.Rows) error {
+		for rs.Next() {
+			var name string
+			var n int
+			if err := rs.Scan(&name, &n); err != nil {
+				return err
+			}
+			held[name] = n
+		}
+		return rs.Err()
+	})
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return view, err
+	}
+
+	var writes pgx.Batch
+	var shareNames []string
+	var shareSlots []int32
+	view.Destinations = make([]relay.FleetBreaker, len(req.Destinations))
+	for i, d := range req.Destinations {
+		r, ok := rows[d.Name]
+		if !ok {
+			return view, fmt.Errorf("destination %s has no breaker row", d.Name)
+		}
+		if apply(&r, d, req, view.Now) {
+			writes.Queue(s.q.update, d.Name, r.open, r.openUntil, r.streak, r.generation, r.probeBy, r.probeUntil, r.lastError, req.Replica)
+		}
+		v := relay.FleetBreaker{Generation: r.generation, Open: r.open, Streak: r.streak, LastError: r.lastError,
+			Probe: r.probeBy == req.Replica}
+		if r.open {
+			v.OpenUntil = r.openUntil
+		}
+		if d.MaxInFlight > 0 {
+			v.Slots = Share(d.MaxInFlight, view.Replicas, rank, held[d.Name])
+			shareNames, shareSlots = append(shareNames, d.Name), append(shareSlots, int32(max(v.Slots, d.Floor)))
+		}
+		view.Destinations[i] = v
+	}
+	if len(shareNames) > 0 {
+		writes.Queue(s.q.share, shareNames, req.Replica, shareSlots)
+	}
+	if writes.Len() > 0 {
+		if err := tx.SendBatch(ctx, &writes).Close(); err != nil {
+			return view, err
+		}
+	}
+	return view, nil
+}
+
+// apply applies one replica's report on a destination to its row at now,
+// and reports whether the row changed.
+func apply(r *breakerRow, d relay.FleetDestination, req relay.FleetSync, now time.Time) bool {
+	changed := false
+	mine := r.probeBy == req.Replica
+	if r.probeBy != "" && !now.Before(r.probeUntil) {
+		// The holder's lease ended: the probe is free.
+		r.probeBy, mine, changed = "", false, true
+	}
+	switch d.Event {
+	case relay.FleetOpened:
+		// The first to open opens the fleet's breaker; once open, only
+		// the probe's holder reopens it (its probe failed).
+		if !r.open || mine {
+			r.open, r.openUntil, r.streak, r.lastError = true, now.Add(d.Cooldown), d.Streak, d.LastError
+			r.generation++
+			r.probeBy, mine, changed = "", false, true
+		}
+	case relay.FleetClosed:
+		if r.open && mine {
+			r.open, r.streak = false, 0
+			r.generation++
+			r.probeBy, mine, changed = "", false, true
+		}
+	}
+	if d.Probe && r.open && !now.Before(r.openUntil) && (r.probeBy == "" || mine) {
+		r.probeBy, r.probeUntil, changed = req.Replica, now.Add(req.Lease), true
+	}
+	return changed
+}
+
+// Share is what a replica may have in flight of limit, among replicas
+// live replicas, the rank-th by name, while the others hold others: an
+// even split, the remainder to the first, but only slots that the others
+// do not hold. What the fleet records for the replica is at least what it
+// may be using (its floor), so that a share shrinks in two syncs: the
+// replica first stops taking more, then the fleet records the smaller
+// share.
+func Share(limit, replicas, rank, others int) int {
+	replicas = max(replicas, 1)
+	fair := limit / replicas
+	if rank < limit%replicas {
+		fair++
+	}
+	return max(0, min(fair, limit-others))
+}

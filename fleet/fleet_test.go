@@ -1,0 +1,213 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/fleet"
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestShare(t *testing.T) {
+	for _, c := range []struct{ limit, replicas, rank, others, want int }{
+		{limit: 10, replicas: 1, want: 10},
+		{limit: 10, replicas: 3, rank: 0, want: 4},
+		{limit: 10, replicas: 3, rank: 1, want: 3},
+		{limit: 10, replicas: 3, rank: 2, want: 3},
+		{limit: 10, replicas: 3, rank: 2, others: 8, want: 2}, // only the free slots
+		{limit: 10, replicas: 2, rank: 1, others: 10, want: 0},
+		{limit: 10, replicas: 2, rank: 1, others: 12, want: 0}, // over-held after a fallback
+		{limit: 2, replicas: 3, rank: 2, want: 0},
+	} {
+		if got := fleet.Share(c.limit, c.replicas, c.rank, c.others); got != c.want {
+			t.Errorf("Share(%d, %d, %d, %d) = %d, want %d", c.limit, c.replicas, c.rank, c.others, got, c.want)
+		}
+	}
+}
+
+// replica syncs one destination, d, as one replica.
+type replica struct {
+	t     *testing.T
+	store *fleet.Store
+	name  string
+	lease time.Duration
+}
+
+func (r replica) sync(d relay.FleetDestination) relay.FleetBreaker {
+	r.t.Helper()
+	v, err := r.store.Sync(context.Background(), r.request(d))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return v.Destinations[0]
+}
+
+func (r replica) request(d relay.FleetDestination) relay.FleetSync {
+	if d.Name == "" {
+		d.Name = "d"
+	}
+	lease := r.lease
+	if lease == 0 {
+		lease = time.Minute
+	}
+	return relay.FleetSync{Replica: r.name, Lease: lease, Destinations: []relay.FleetDestination{d}}
+}
+
+func newStore(t *testing.T) (*fleet.Store, *pgtest.Schema) {
+	s := pgtest.NewSchema(t)
+	store, err := fleet.New(s.Pool, s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, s
+}
+
+func TestBreakerAcrossReplicas(t *testing.T) {
+	store, _ := newStore(t)
+	a, b, c := replica{t: t, store: store, name: "a"}, replica{t: t, store: store, name: "b"}, replica{t: t, store: store, name: "c"}
+
+	if v := a.sync(relay.FleetDestination{}); v.Open || v.Generation != 0 {
+		t.Fatalf("a new destination is %+v, want closed", v)
+	}
+	// a opens it for a minute; b's own opening later changes nothing.
+	v := a.sync(relay.FleetDestination{Event: relay.FleetOpened, Cooldown: time.Minute, Streak: 1, LastError: "refused"})
+	if !v.Open || v.Generation != 1 || v.LastError != "refused" || v.Streak != 1 {
+		t.Fatalf("after a opened it: %+v", v)
+	}
+	w := b.sync(relay.FleetDestination{Event: relay.FleetOpened, Cooldown: time.Second, Streak: 1, LastError: "reset"})
+	if !w.OpenUntil.Equal(v.OpenUntil) || w.Generation != 1 || w.LastError != "refused" {
+		t.Fatalf("b's opening of an open breaker changed it: %+v, was %+v", w, v)
+	}
+	// No probe before the cool-down ends; nobody closes it without one.
+	if w := b.sync(relay.FleetDestination{Probe: true}); w.Probe {
+		t.Fatal("b got the probe during the cool-down")
+	}
+	if w := c.sync(relay.FleetDestination{Event: relay.FleetClosed}); !w.Open {
+		t.Fatal("c closed a breaker it did not probe")
+	}
+
+	// Opened with no cool-down: one probe at a time.
+	d := replica{t: t, store: store, name: "d"}
+	a.sync(relay.FleetDestination{Name: "e", Event: relay.FleetOpened, Streak: 1})
+	if w := b.sync(relay.FleetDestination{Name: "e", Probe: true}); !w.Probe {
+		t.Fatalf("b did not get the probe after the cool-down: %+v", w)
+	}
+	if w := c.sync(relay.FleetDestination{Name: "e", Probe: true}); w.Probe {
+		t.Fatal("c got the probe b holds")
+	}
+	if w := b.sync(relay.FleetDestination{Name: "e", Probe: true}); !w.Probe {
+		t.Fatal("b lost the probe it renewed")
+	}
+	// b's probe failed: it reopens, doubled, and the probe is free.
+	w = b.sync(relay.FleetDestination{Name: "e", Event: relay.FleetOpened, Cooldown: time.Minute, Streak: 2})
+	if !w.Open || w.Probe || w.Streak != 2 || w.Generation != 2 {
+		t.Fatalf("after b's probe failed: %+v", w)
+	}
+	if w := d.sync(relay.FleetDestination{Name: "e", Probe: true}); w.Probe {
+		t.Fatal("d got a probe during the new cool-down")
+	}
+
+	// A probe held by a replica that stops syncing ends with its lease.
+	a.sync(relay.FleetDestination{Name: "f", Event: relay.FleetOpened, Streak: 1})
+	short := replica{t: t, store: store, name: "short", lease: time.Microsecond}
+	if w := short.sync(relay.FleetDestination{Name: "f", Probe: true}); !w.Probe {
+		t.Fatal("short did not get the probe")
+	}
+	if w := c.sync(relay.FleetDestination{Name: "f", Probe: true}); !w.Probe {
+		t.Fatal("the probe of a replica whose lease ended was not freed")
+	}
+	// c's probes succeed: closed for everyone.
+	if w := c.sync(relay.FleetDestination{Name: "f", Event: relay.FleetClosed}); w.Open || w.Probe || w.Streak != 0 {
+		t.Fatalf("after c's probes succeeded: %+v", w)
+	}
+	if w := a.sync(relay.FleetDestination{Name: "f"}); w.Open || w.Generation != 2 {
+		t.Fatalf("a sees %+v, want closed at generation 2", w)
+	}
+}
+
+func TestSharesNeverExceedTheLimit(t *testing.T) {
+	store, s := newStore(t)
+	const limit = 7
+	// Each replica uses its whole share until told a smaller one, as a
+	// busy replica does, and syncs at random with the others.
+	type state struct{ slots, inUse int }
+	states := map[string]*state{}
+	var mu sync.Mutex
+	check := func() {
+		var sum int
+		if err := s.Pool.QueryRow(context.Background(), "SELECT coalesce(sum(slots), 0) FROM outbox_fleet_shares WHERE destination = 'd'").Scan(&sum); err != nil {
+			t.Fatal(err)
+		}
+		var using int
+		mu.Lock()
+		for _, st := range states {
+			using += st.inUse
+		}
+		mu.Unlock()
+		if sum > limit || using > limit {
+			t.Errorf("recorded %d, in use %d, limit %d", sum, using, limit)
+		}
+	}
+	syncOne := func(name string) int {
+		mu.Lock()
+		st := states[name]
+		floor := max(st.slots, st.inUse)
+		mu.Unlock()
+		r := replica{t: t, store: store, name: name}
+		v := r.sync(relay.FleetDestination{MaxInFlight: limit, Floor: floor})
+		mu.Lock()
+		st.slots = v.Slots
+		st.inUse = min(st.inUse, v.Slots) // rows finish; no new ones past the share
+		mu.Unlock()
+		return v.Slots
+	}
+	var wg sync.WaitGroup
+	for i := range 3 {
+		name := fmt.Sprintf("r%d", i)
+		states[name] = &state{}
+		wg.Go(func() {
+			for range 40 {
+				slots := syncOne(name)
+				mu.Lock()
+				states[name].inUse = slots
+				mu.Unlock()
+				check()
+			}
+		})
+	}
+	wg.Wait()
+	// Settled: an even split, the remainder to the first by name.
+	for range 2 {
+		for _, name := range []string{"r0", "r1", "r2"} {
+			syncOne(name)
+		}
+	}
+	got := []int{states["r0"].slots, states["r1"].slots, states["r2"].slots}
+	if got[0] != 3 || got[1] != 2 || got[2] != 2 {
+		t.Errorf("settled shares %v, want [3 2 2]", got)
+	}
+
+	// A replica whose lease ends is forgotten, with its share.
+	short := replica{t: t, store: store, name: "r3", lease: time.Microsecond}
+	short.sync(relay.FleetDestination{MaxInFlight: limit})
+	v, err := store.Sync(context.Background(), replica{name: "r0"}.request(relay.FleetDestination{MaxInFlight: limit, Floor: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Replicas != 3 {
+		t.Errorf("after r3's lease ended the fleet has %d replicas, want 3", v.Replicas)
+	}
+	var left int
+	if err := s.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_fleet_shares WHERE replica = 'r3'").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("r3 left %d shares behind", left)
+	}
+}

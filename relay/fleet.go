@@ -1,0 +1,290 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Fleet is where a relay's replicas share each destination's flow
+// control: its breaker (one probe at a time across the fleet), its
+// in-flight limit and, by counting the live replicas, its rate limit and
+// retry budget. The fleet package keeps it in a PostgreSQL table.
+type Fleet interface {
+	// Sync renews the replica's lease, records what it learnt about its
+	// destinations, and returns the fleet's view of them, in one
+	// transaction.
+	Sync(ctx context.Context, req FleetSync) (FleetView, error)
+}
+
+// FleetConfig shares flow control with the relay's other replicas.
+type FleetConfig struct {
+	// Fleet is the coordination store. Required.
+	Fleet Fleet
+	// Replica names this process in the fleet; unique among the
+	// replicas. Required.
+	Replica string
+	// Interval is how often the replica syncs with the fleet: how long
+	// another replica's breaker takes to reach it. A breaker that opens,
+	// or waits for the probe, syncs at once. Default 200ms.
+	Interval time.Duration
+	// Lease is how long a replica's share of the fleet outlives its last
+	// sync: a replica that dies holds its share of an in-flight limit,
+	// and a probe it held, for this long. A replica that cannot sync for
+	// this long falls back to per-process flow control. Default 5s.
+	Lease time.Duration
+}
+
+// Defaults of FleetConfig.
+const (
+	DefaultFleetInterval = 200 * time.Millisecond
+	DefaultFleetLease    = 5 * time.Second
+)
+
+func (c *FleetConfig) problems() []error {
+	var errs []error
+	if c.Fleet == nil {
+		errs = append(errs, errors.New("relay: fleet: a coordination store is required"))
+	}
+	if c.Replica == "" {
+		errs = append(errs, errors.New("relay: fleet: the replica needs a name"))
+	}
+	if c.Interval < 0 || c.Lease < 0 {
+		errs = append(errs, errors.New("relay: fleet: interval and lease must not be negative"))
+	}
+	if c.Interval > 0 && c.Lease > 0 && c.Lease < 3*c.Interval {
+		errs = append(errs, errors.New("relay: fleet: lease must be at least three intervals"))
+	}
+	return errs
+}
+
+// FleetSync is one replica's sync: its lease and, per destination, what
+// it learnt since its last sync.
+type FleetSync struct {
+	Replica string
+	// Lease is how long the replica's entry lasts from now.
+	Lease        time.Duration
+	Destinations []FleetDestination
+}
+
+// FleetEvent is a change of a replica's breaker that the fleet should
+// know of.
+type FleetEvent int
+
+// Breaker events.
+const (
+	FleetNothing FleetEvent = iota
+	// FleetOpened: the replica's breaker opened (or reopened after its
+	// probe failed) for Cooldown.
+	FleetOpened
+	// FleetClosed: the replica's probes succeeded.
+	FleetClosed
+)
+
+// FleetDestination is one destination in a sync.
+type FleetDestination struct {
+	Name  string
+	Event FleetEvent
+	// Cooldown, Streak and LastError describe an opening: how long until
+	// a probe, the openings since the breaker was last closed, and why.
+	Cooldown  time.Duration
+	Streak    int
+	LastError string
+	// Probe asks for the fleet's probe (or keeps it): the replica's
+	// breaker has cooled down.
+	Probe bool
+	// MaxInFlight is the destination's in-flight limit across the fleet,
+	// 0 for none. Floor is the share the replica cannot go below now
+	// (slots in use or allowed), 0 when it had none.
+	MaxInFlight int
+	Floor       int
+}
+
+// FleetView is the fleet as one sync found it.
+type FleetView struct {
+	// Now is the coordination database's clock, for OpenUntil.
+	Now time.Time
+	// Replicas is the number of live replicas, this one included.
+	Replicas int
+	// Destinations are in the order of the sync's.
+	Destinations []FleetBreaker
+}
+
+// FleetBreaker is a destination's shared state.
+type FleetBreaker struct {
+	// Generation changes with every opening and closing.
+	Generation int64
+	Open       bool
+	OpenUntil  time.Time
+	Streak     int
+	LastError  string
+	// Probe reports that this replica holds the destination's probe.
+	Probe bool
+	// Slots is this replica's share of MaxInFlight.
+	Slots int
+}
+
+// FleetStatus is a replica's view of the fleet, for metrics.
+type FleetStatus struct {
+	// Up reports that flow control is shared: the last sync is within
+	// the lease. Otherwise each replica has its own.
+	Up bool
+	// Replicas is the number of live replicas at the last sync.
+	Replicas int
+	// Syncs and SyncTime count the syncs and their total time.
+	Syncs    int64
+	SyncTime time.Duration
+}
+
+// fleet runs a replica's syncs: it gathers what the destinations learnt,
+// syncs, and hands each destination the fleet's view.
+type fleet struct {
+	cfg   FleetConfig
+	dests []*dest
+	wakeC chan struct{}
+	// wakeWorkers nudges the workers of every outbox, when a sync lets
+	// rows go that were held.
+	wakeWorkers func()
+	log         *slog.Logger
+	timeout     time.Duration
+
+	mu     sync.Mutex
+	status FleetStatus
+	lastOK time.Time // the local clock when the last good sync began
+}
+
+func newFleet(cfg FleetConfig, dests []*dest, queryTimeout time.Duration, log *slog.Logger) *fleet {
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultFleetInterval
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = max(DefaultFleetLease, 3*cfg.Interval)
+	}
+	f := &fleet{cfg: cfg, dests: dests, wakeC: make(chan struct{}, 1), log: log.With(slog.String("replica", cfg.Replica)),
+		timeout: min(queryTimeout, cfg.Lease/2)}
+	for _, d := range dests {
+		d.breaker.wakeFleet = f.wake
+	}
+	return f
+}
+
+// wake asks for a sync now.
+func (f *fleet) wake() {
+	select {
+	case f.wakeC <- struct{}{}:
+	default:
+	}
+}
+
+// run syncs every interval, or at once when woken, until ctx ends.
+func (f *fleet) run(ctx context.Context) error {
+	t := time.NewTimer(f.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-f.wakeC:
+		}
+		f.sync(ctx)
+		t.Reset(f.cfg.Interval)
+	}
+}
+
+// sync runs one sync and applies its view; past the lease without a good
+// sync, it falls back to per-process flow control.
+func (f *fleet) sync(ctx context.Context) {
+	start := time.Now()
+	req := FleetSync{Replica: f.cfg.Replica, Lease: f.cfg.Lease, Destinations: make([]FleetDestination, len(f.dests))}
+	seqs := make([]uint64, len(f.dests))
+	for i, d := range f.dests {
+		req.Destinations[i], seqs[i] = d.fleetRequest()
+	}
+	sctx, cancel := context.WithTimeout(ctx, f.timeout)
+	view, err := f.cfg.Fleet.Sync(sctx, req)
+	cancel()
+	took := time.Since(start)
+	if err == nil && len(view.Destinations) != len(f.dests) {
+		err = errors.New("the fleet's view does not match the destinations")
+	}
+
+	f.mu.Lock()
+	f.status.Syncs++
+	f.status.SyncTime += took
+	if err == nil {
+		f.lastOK, f.status.Replicas = start, view.Replicas
+	}
+	wasUp, first := f.status.Up, f.status.Syncs == 1
+	f.status.Up = err == nil || (wasUp && time.Since(f.lastOK) < f.cfg.Lease)
+	nowUp := f.status.Up
+	f.mu.Unlock()
+
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return
+	case err == nil:
+		if !wasUp {
+			f.log.Info("sharing flow control with the fleet", slog.Int("replicas", view.Replicas))
+		}
+		freed := false
+		for i, d := range f.dests {
+			if d.fleetApply(view.Destinations[i], seqs[i], view.Replicas, start, view.Now) {
+				freed = true
+			}
+		}
+		if freed && f.wakeWorkers != nil {
+			f.wakeWorkers()
+		}
+	case wasUp && !nowUp:
+		f.log.Warn("fleet coordination unreachable; flow control is per process until it returns",
+			slog.Duration("since", time.Since(f.lastOK).Round(time.Millisecond)), slog.String("error", err.Error()))
+		for _, d := range f.dests {
+			d.fleetLost()
+		}
+		if f.wakeWorkers != nil {
+			f.wakeWorkers()
+		}
+	case first:
+		f.log.Warn("fleet coordination unreachable; flow control is per process until it returns", slog.String("error", err.Error()))
+	}
+}
+
+func (f *fleet) snapshot() FleetStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.status
+}
+
+// fleetRequest is what d tells the fleet in this sync, and the sequence
+// of its breaker's events it covers.
+func (d *dest) fleetRequest() (FleetDestination, uint64) {
+	fd := FleetDestination{Name: d.Name, MaxInFlight: d.fleetMax}
+	seq := d.breaker.fleetEvent(time.Now(), &fd)
+	if d.fleetMax > 0 {
+		fd.Floor = d.bulk.floor()
+	}
+	return fd, seq
+}
+
+// fleetApply hands d the fleet's view. It reports whether rows that were
+// held may go now.
+func (d *dest) fleetApply(v FleetBreaker, seq uint64, replicas int, now, dbNow time.Time) bool {
+	freed := d.breaker.adopt(v, seq, now, dbNow)
+	if d.fleetMax > 0 && d.bulk.share(v.Slots) {
+		freed = true
+	}
+	d.rate.share(replicas)
+	d.budget.share(replicas)
+	return freed
+}
+
+// fleetLost returns d to per-process flow control.
+func (d *dest) fleetLost() {
+	d.breaker.unshare()
+	d.bulk.unshare()
+	d.rate.share(1)
+	d.budget.share(1)
+}

@@ -1,0 +1,222 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/fleet"
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// endpoint is one destination that several replicas publish to: it
+// counts the rows in flight across all of them, and each replica's
+// attempts.
+type endpoint struct {
+	mu        sync.Mutex
+	delay     time.Duration
+	failing   bool
+	inFlight  int
+	most      int // the most rows in flight at once
+	publishes int // publishes in flight now
+	mostPubs  int // the most publishes in flight at once while failing
+	attempts  map[string]int
+	first     map[string]time.Time // each replica's first attempt
+	delivered map[int64]bool
+}
+
+func newEndpoint(delay time.Duration, failing bool) *endpoint {
+	return &endpoint{delay: delay, failing: failing, attempts: map[string]int{}, first: map[string]time.Time{}, delivered: map[int64]bool{}}
+}
+
+func (e *endpoint) replica(name string) relay.Publisher { return endpointReplica{e, name} }
+
+type endpointReplica struct {
+	e    *endpoint
+	name string
+}
+
+func (p endpointReplica) Publish(ctx context.Context, recs []outbox.Record) []error {
+	e := p.e
+	e.mu.Lock()
+	e.inFlight += len(recs)
+	e.most = max(e.most, e.inFlight)
+	e.publishes++
+	failing := e.failing
+	if failing {
+		e.mostPubs = max(e.mostPubs, e.publishes)
+	}
+	e.attempts[p.name] += len(recs)
+	if e.first[p.name].IsZero() {
+		e.first[p.name] = time.Now()
+	}
+	delay := e.delay
+	e.mu.Unlock()
+	time.Sleep(delay) // the endpoint's round trip
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.inFlight -= len(recs)
+	e.publishes--
+	errs := make([]error, len(recs))
+	for i, r := range recs {
+		if failing {
+			errs[i] = retry.Systemic(errors.New("connection refused"))
+			continue
+		}
+		e.delivered[r.ID] = true
+	}
+	return errs
+}
+
+func (e *endpoint) snapshot() (attempts map[string]int, delivered int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	attempts = map[string]int{}
+	for k, v := range e.attempts {
+		attempts[k] = v
+	}
+	return attempts, len(e.delivered)
+}
+
+// replicas starts n relays named r0, r1, … on s, sharing flow control
+// through the coordination tables of coord, each publishing to e.
+func startReplicas(t *testing.T, s, coord *pgtest.Schema, e *endpoint, names []string, dest relay.Destination, pause time.Duration) []*harness {
+	t.Helper()
+	store, err := fleet.New(coord.Pool, coord.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []*harness
+	for _, name := range names {
+		d := dest
+		d.Name, d.Publisher = "endpoint", e.replica(name)
+		cfg := relay.Config{
+			Destinations: []relay.Destination{d},
+			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "endpoint"}},
+			Workers:      3, BatchSize: 10,
+			PauseBase: pause, PauseMax: pause,
+			Fleet: &relay.FleetConfig{Fleet: store, Replica: name, Interval: 20 * time.Millisecond, Lease: 2 * time.Second},
+		}
+		hs = append(hs, start(t, s, nil, options{cfg: cfg}))
+	}
+	return hs
+}
+
+func TestFleetSharesTheInFlightLimit(t *testing.T) {
+	s := pgtest.NewSchema(t)
+	e := newEndpoint(10*time.Millisecond, false)
+	const limit = 4
+	startReplicas(t, s, s, e, []string{"r0", "r1", "r2"}, relay.Destination{MaxInFlight: limit}, time.Second)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 50), 'x' FROM generate_series(1, 600) g`)
+	testwait.For(t, "every row delivered", func() bool { _, n := e.snapshot(); return n == 600 })
+	attempts, _ := e.snapshot()
+	if e.most > limit {
+		t.Errorf("%d rows were in flight at once across the replicas; the fleet's limit is %d", e.most, limit)
+	}
+	for name, n := range attempts {
+		if n == 0 {
+			t.Errorf("replica %s delivered nothing: %v", name, attempts)
+		}
+	}
+	t.Logf("most in flight %d of %d; rows per replica %v", e.most, limit, attempts)
+}
+
+func TestFleetSharesTheBreaker(t *testing.T) {
+	s := pgtest.NewSchema(t)
+	e := newEndpoint(5*time.Millisecond, true)
+	const pause = 500 * time.Millisecond
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 100) g`)
+
+	// r0 alone finds the endpoint down and opens the fleet's breaker.
+	first := startReplicas(t, s, s, e, []string{"r0"}, relay.Destination{}, pause)[0]
+	first.breakerBecomes("endpoint", relay.BreakerOpen)
+	var until time.Time
+	testwait.For(t, "the fleet's breaker to open", func() bool {
+		return s.Pool.QueryRow(context.Background(), "SELECT open_until FROM outbox_fleet_breakers WHERE destination = 'endpoint' AND state = 'open'").Scan(&until) == nil
+	})
+
+	// Replicas that start now send nothing until the cool-down ends: their
+	// first sync, before any claim, finds the breaker open.
+	rest := startReplicas(t, s, s, e, []string{"r1", "r2"}, relay.Destination{}, pause)
+	for _, h := range rest {
+		h.breakerBecomes("endpoint", relay.BreakerOpen)
+	}
+	rest[0].signals.BreakerChanged.WaitFor(t, "the cool-down to end", func(c relay.BreakerChange) bool { return c.To == relay.BreakerHalfOpen })
+	e.mu.Lock()
+	e.mostPubs = 0 // r0's publishes before it opened the breaker
+	e.mu.Unlock()
+
+	// Probes fail for a while: never more than one at a time, from
+	// whichever replica holds the probe.
+	total := func() int {
+		attempts, _ := e.snapshot()
+		var n int
+		for _, v := range attempts {
+			n += v
+		}
+		return n
+	}
+	before := total()
+	testwait.For(t, "a few probes", func() bool { return total() >= before+2*8 })
+	e.mu.Lock()
+	most := e.mostPubs
+	firsts := maps.Clone(e.first)
+	e.failing = false
+	e.mu.Unlock()
+	if most > 1 {
+		t.Errorf("%d probes ran at once across the fleet; want one", most)
+	}
+	for _, name := range []string{"r1", "r2"} {
+		if at := firsts[name]; !at.IsZero() && at.Before(until) {
+			t.Errorf("replica %s, started while the fleet's breaker was open, sent a row %s before the cool-down ended", name, until.Sub(at))
+		}
+	}
+	testwait.For(t, "every row delivered after the endpoint recovers", func() bool { _, n := e.snapshot(); return n == 100 })
+	for i, h := range append(rest, first) {
+		testwait.For(t, fmt.Sprintf("replica %d's breaker to close", i), func() bool { return h.breaker("endpoint") == relay.BreakerClosed })
+	}
+}
+
+func TestFleetOutOfReachFallsBackToPerProcess(t *testing.T) {
+	s := pgtest.NewSchema(t)
+	srv := pgtest.NewServer(t)
+	coord := pgtest.NewSchemaIn(t, srv.DSN("postgres"))
+	e := newEndpoint(time.Millisecond, false)
+	hs := startReplicas(t, s, coord, e, []string{"r0", "r1"}, relay.Destination{MaxInFlight: 4}, time.Second)
+	up := func(want bool) func() bool {
+		return func() bool {
+			for _, h := range hs {
+				if st, ok := h.relay.Fleet(); !ok || st.Up != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	testwait.For(t, "both replicas to share flow control", up(true))
+	if st, _ := hs[0].relay.Fleet(); st.Replicas != 2 {
+		t.Errorf("the fleet has %d replicas, want 2", st.Replicas)
+	}
+
+	// The coordination database stops answering: past the lease, each
+	// replica has its own flow control, and rows keep going.
+	if err := srv.Halt(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "both replicas to fall back to per-process flow control", up(false))
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 10), 'x' FROM generate_series(1, 200) g`)
+	testwait.For(t, "rows delivered without the fleet", func() bool { _, n := e.snapshot(); return n == 200 })
+
+	if err := srv.Resume(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "both replicas to share flow control again", up(true))
+}

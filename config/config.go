@@ -70,6 +70,8 @@ type Config struct {
 	// OutboxList lists the outbox tables to deliver from (outboxes in the
 	// file); without it, the one of the database section. See Outboxes.
 	OutboxList []Outbox `koanf:"outboxes"`
+	// Coordination shares flow control among the relay's replicas.
+	Coordination Coordination `koanf:"coordination"`
 }
 
 // Need says what a command requires of the configuration beyond what is
@@ -154,6 +156,7 @@ func defaults() Config {
 		},
 		Kafka: kafka.Settings{ClientID: kafka.DefaultClientID, DialTimeout: kafka.DefaultDialTimeout,
 			Compression: kafka.DefaultCompression, Timestamp: string(kafka.TimestampPublish)},
+		Coordination: defaultCoordination(),
 	}
 }
 
@@ -355,6 +358,7 @@ func (c *Config) Validate(need Need) error {
 		p = append(p, fmt.Sprintf("log.format is %q; use text or json", c.Log.Format))
 	}
 	p = append(p, c.outboxProblems(need)...)
+	p = append(p, c.coordinationProblems()...)
 	p = append(p, c.Admin.problems()...)
 	p = append(p, foreverProblems("", reflect.ValueOf(*c))...)
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)

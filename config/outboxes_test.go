@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/config"
 )
@@ -116,5 +117,42 @@ outboxes:
 	_, err = config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDatabase)
 	if err == nil || !strings.Contains(err.Error(), "outboxes[1] (b): url is required") || strings.Contains(err.Error(), "database.url is required") {
 		t.Errorf("err = %v, want only outbox b's missing url", err)
+	}
+}
+
+func TestCoordination(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+outboxes:
+  - {name: tenant-a, schema: tenant_a}
+  - {name: tenant-b, schema: tenant_b}
+`)
+	env := []string{"OUTBOX_CONFIG=" + path, "OUTBOX_DATABASE_URL=postgres://db/app"}
+	c, err := config.Load(nil, env, config.NeedDatabase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Coordination.Enabled || c.Coordination.Interval != 200*time.Millisecond || c.Coordination.Lease != 5*time.Second {
+		t.Errorf("defaults: %+v, want enabled, 200ms and 5s", c.Coordination)
+	}
+	if o, err := c.CoordinationOutbox(); err != nil || o.Name != "tenant-a" || o.Database.Schema != "tenant_a" {
+		t.Errorf("the coordination outbox is %+v (%v), want the first", o, err)
+	}
+	c, err = config.Load(nil, append(env, "OUTBOX_COORDINATION_OUTBOX=tenant-b"), config.NeedDatabase)
+	if o, _ := c.CoordinationOutbox(); err != nil || o.Name != "tenant-b" {
+		t.Errorf("the coordination outbox is %s (%v), want tenant-b", o.Name, err)
+	}
+
+	_, err = config.Load(nil, append(env, "OUTBOX_COORDINATION_OUTBOX=tenant-c", "OUTBOX_COORDINATION_INTERVAL=2s"), config.NeedDatabase)
+	for _, want := range []string{
+		`coordination.outbox is "tenant-c"; it must name an outbox: tenant-a, tenant-b`,
+		"coordination.lease is 5s; it must be at least three intervals (6s)",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+	if _, err := config.Load(nil, append(env, "OUTBOX_COORDINATION_ENABLED=false", "OUTBOX_COORDINATION_OUTBOX=tenant-c"), config.NeedDatabase); err != nil {
+		t.Errorf("with coordination off, its settings are not checked: %v", err)
 	}
 }

@@ -211,3 +211,34 @@ func TestSharesNeverExceedTheLimit(t *testing.T) {
 		t.Errorf("r3 left %d shares behind", left)
 	}
 }
+
+// BenchmarkSync measures one replica's sync among ten, with twenty
+// destinations that each have an in-flight limit: the coordination's cost
+// per sync, on an idle database.
+func BenchmarkSync(b *testing.B) {
+	s := pgtest.NewSchema(b)
+	store, err := fleet.New(s.Pool, s.Name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := func(name string) relay.FleetSync {
+		var ds []relay.FleetDestination
+		for i := range 20 {
+			ds = append(ds, relay.FleetDestination{Name: fmt.Sprintf("d%02d", i), MaxInFlight: 64, Floor: 6})
+		}
+		return relay.FleetSync{Replica: name, Lease: time.Minute, Destinations: ds}
+	}
+	ctx := context.Background()
+	for i := range 10 {
+		if _, err := store.Sync(ctx, req(fmt.Sprintf("r%d", i))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	r := req("r0")
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := store.Sync(ctx, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -71,6 +71,7 @@ func exposed(t *testing.T) series {
 				{Topic: "orders", Partition: 3, State: relay.BreakerOpen},
 			}}, {Name: "hooks", Breaker: relay.BreakerClosed}}
 		}),
+		metrics.NewFleet(func() (relay.FleetStatus, bool) { return relay.FleetStatus{Up: true, Replicas: 3, Syncs: 10}, true }),
 		metrics.NewBuildInfo("v1.2.3", "0123abc"),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -257,3 +257,43 @@ func NewBuildInfo(version, revision string) prometheus.Collector {
 	g.Set(1)
 	return g
 }
+
+// NewFleet returns a collector of the relay's view of its fleet (see
+// relay.Relay.Fleet); it reports nothing when replicas do not share flow
+// control.
+func NewFleet(status func() (relay.FleetStatus, bool)) prometheus.Collector {
+	return &fleet{
+		status: status,
+		up: prometheus.NewDesc(Namespace+"_fleet_coordination_up",
+			"1 while this replica shares flow control with the fleet through the coordination tables; 0 while it cannot reach them and has flow control of its own.", nil, nil),
+		replicas: prometheus.NewDesc(Namespace+"_fleet_replicas",
+			"Live replicas at this replica's last sync with the fleet, itself included.", nil, nil),
+		syncs: prometheus.NewDesc(Namespace+"_fleet_syncs_total",
+			"Syncs with the fleet's coordination tables, failed ones included.", nil, nil),
+		seconds: prometheus.NewDesc(Namespace+"_fleet_sync_seconds_total",
+			"Time spent syncing with the fleet: its cost, with outbox_fleet_syncs_total.", nil, nil),
+	}
+}
+
+type fleet struct {
+	status                       func() (relay.FleetStatus, bool)
+	up, replicas, syncs, seconds *prometheus.Desc
+}
+
+func (f *fleet) Describe(ch chan<- *prometheus.Desc) {
+	ch <- f.up
+	ch <- f.replicas
+	ch <- f.syncs
+	ch <- f.seconds
+}
+
+func (f *fleet) Collect(ch chan<- prometheus.Metric) {
+	st, ok := f.status()
+	if !ok {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(f.up, prometheus.GaugeValue, boolValue(st.Up))
+	ch <- prometheus.MustNewConstMetric(f.replicas, prometheus.GaugeValue, float64(st.Replicas))
+	ch <- prometheus.MustNewConstMetric(f.syncs, prometheus.CounterValue, float64(st.Syncs))
+	ch <- prometheus.MustNewConstMetric(f.seconds, prometheus.CounterValue, st.SyncTime.Seconds())
+}

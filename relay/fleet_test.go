@@ -201,10 +201,14 @@ func TestFleetOutOfReachFallsBackToPerProcess(t *testing.T) {
 			return true
 		}
 	}
-	testwait.For(t, "both replicas to share flow control", up(true))
-	if st, _ := hs[0].relay.Fleet(); st.Replicas != 2 {
-		t.Errorf("the fleet has %d replicas, want 2", st.Replicas)
-	}
+	testwait.For(t, "both replicas to share flow control and see each other", func() bool {
+		for _, h := range hs {
+			if st, _ := h.relay.Fleet(); !st.Up || st.Replicas != 2 {
+				return false
+			}
+		}
+		return true
+	})
 
 	// The coordination database stops answering: past the lease, each
 	// replica has its own flow control, and rows keep going.

@@ -113,6 +113,11 @@ func (a *app) run(ctx context.Context) error {
 			o.close()
 		}
 	}()
+	fleetCfg, closeFleet, err := a.openFleet(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeFleet()
 	var relayOutboxes []relay.Outbox
 	for _, settings := range cfg.Outboxes() {
 		o, err := a.openOutbox(ctx, settings, reg, relayMetrics, names)
@@ -144,11 +149,12 @@ func (a *app) run(ctx context.Context) error {
 		CleanupInterval:     cfg.Relay.CleanupInterval,
 		PauseBase:           cfg.Retry.PauseBase,
 		PauseMax:            cfg.Retry.PauseMax,
+		Fleet:               fleetCfg,
 	})
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(metrics.NewDestinations(r.Destinations))
+	reg.MustRegister(metrics.NewDestinations(r.Destinations), metrics.NewFleet(r.Fleet))
 	tokens, err := adminTokens(cfg.Admin)
 	if err != nil {
 		return err

@@ -55,8 +55,13 @@ type Config struct {
 	// transaction); it also stops after NaiveFor.
 	NaiveRows int
 	NaiveFor  time.Duration
+	// FairnessRows is the backlog of the busy outbox in the fairness
+	// scenario, and FairnessRate the rows per second offered to the quiet
+	// one meanwhile.
+	FairnessRows, FairnessRate int
 	// Only, when set, runs just the scenario groups it names
-	// (comma-separated: drain, latency, producer, baseline, claim).
+	// (comma-separated: drain, latency, producer, baseline, claim, fleet,
+	// fairness).
 	Only string
 	// BrokerStores has the in-process broker keep the records it
 	// acknowledges. By default it checks each produced batch (framing,
@@ -100,6 +105,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}{
 		{"drain", r.drains}, {"latency", r.latencies}, {"producer", r.producers},
 		{"baseline", r.naive}, {"claim", r.claimsUnderMaintenance},
+		{"fleet", r.fleetCost}, {"fairness", r.fairness},
 	}
 	for _, step := range steps {
 		if cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {
@@ -412,6 +418,13 @@ func list(v []float64) string {
 }
 
 func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers int) (float64, usage, error) {
+	return r.drainWith(ctx, keep, keyExpr, workers, nil, nil)
+}
+
+// drainWith is drain with the relay's configuration changed by tune, and
+// after told of the relay once the backlog is drained.
+func (r *runner) drainWith(ctx context.Context, keep bool, keyExpr string, workers int,
+	tune func(*relay.Config, *env) error, after func(*relay.Relay)) (float64, usage, error) {
 	e, err := r.newEnv(ctx, int32(workers+4))
 	if err != nil {
 		return 0, usage{}, err
@@ -437,6 +450,11 @@ func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers i
 	if keep {
 		cfg.SentRetention = time.Hour
 	}
+	if tune != nil {
+		if err := tune(&cfg, e); err != nil {
+			return 0, usage{}, err
+		}
+	}
 	rel, err := relay.New(cfg)
 	if err != nil {
 		return 0, usage{}, err
@@ -453,6 +471,9 @@ func (r *runner) drain(ctx context.Context, keep bool, keyExpr string, workers i
 	}
 	if err != nil {
 		return 0, usage{}, fmt.Errorf("drain: %w (delivered %d of %d)", err, rel.Stats().Delivered, r.cfg.Rows)
+	}
+	if after != nil {
+		after(rel)
 	}
 	return float64(r.cfg.Rows) / elapsed.Seconds(), use, nil
 }

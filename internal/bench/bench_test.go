@@ -22,6 +22,7 @@ func TestSmoke(t *testing.T) {
 		URL: pgtest.URL(t), Rows: 2000, Pairs: 2, BatchSize: 200, PayloadBytes: 100,
 		Rates: []int{500}, LatencyFor: time.Second, ProducersFor: 300 * time.Millisecond,
 		NaiveRows: 200, NaiveFor: 5 * time.Second,
+		FairnessRows: 3000, FairnessRate: 500,
 		Logf: t.Logf,
 	})
 	if err != nil {
@@ -47,7 +48,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s / %s = %v: %q, want a latency and the failing rows retried", r.Group, r.Name, r.Value, r.Detail)
 		}
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2} {
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 2, "fairness": 3} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

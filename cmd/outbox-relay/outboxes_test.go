@@ -95,6 +95,7 @@ outboxes:
 		"OUTBOX_RETRY_BASE_DELAY=5ms",
 		"OUTBOX_RETRY_MAX_DELAY=100ms",
 		"OUTBOX_LOG_LEVEL=warn",
+		"OUTBOX_COORDINATION_LEASE=2s",
 	)
 	if r := runBinary(t, env, "migrate", "up"); r.code != 0 {
 		t.Fatalf("migrate up: %d %s %s", r.code, r.stdout, r.stderr)
@@ -137,6 +138,12 @@ outboxes:
 	for _, o := range outboxes {
 		testwait.Within(t, 2*time.Minute, o.name+" to drain", func() bool { return countRows(t, o.pool, "true") == 0 })
 	}
+	// The killed replicas left their entries in the coordination tables;
+	// their leases end and the fleet is the three that run.
+	testwait.Within(t, time.Minute, "the fleet to forget the killed replicas", func() bool {
+		_, metrics := get(t, adminAddr(t, final[0]), "/metrics")
+		return strings.Contains(metrics, "outbox_fleet_replicas 3\n") && strings.Contains(metrics, "outbox_fleet_coordination_up 1\n")
+	})
 
 	// The second cluster stops: the outboxes of the first go on.
 	if err := srv.Halt(ctx); err != nil {

@@ -50,7 +50,7 @@ func New(pool *pgxpool.Pool, schemaName string) (*Store, error) {
 }
 
 type queries struct {
-	heartbeat, forget, members, ensure, breakers, update, shares, share string
+	heartbeat, forget, members, ensure, breakers, update, shares, share, leave, release string
 }
 
 func newQueries(s string) queries {
@@ -78,10 +78,24 @@ func newQueries(s string) queries {
 			WHERE destination = $1`,
 		shares: `SELECT destination, coalesce(sum(slots), 0) FROM ` + s + `.outbox_fleet_shares
 			WHERE destination = ANY($1) AND replica <> $2 GROUP BY destination`,
+		leave:   `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE replica = $1`,
+		release: `UPDATE ` + s + `.outbox_fleet_breakers SET probe_by = NULL, probe_until = NULL WHERE probe_by = $1`,
 		share: `INSERT INTO ` + s + `.outbox_fleet_shares (destination, replica, slots)
 			SELECT unnest($1::text[]), $2, unnest($3::int[])
 			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots`,
 	}
+}
+
+// Leave implements relay.Fleet: the replica's row goes, its shares with
+// it, and the probes it held are free.
+func (s *Store) Leave(ctx context.Context, replica string) error {
+	var b pgx.Batch
+	b.Queue(s.q.leave, replica)
+	b.Queue(s.q.release, replica)
+	if err := s.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("leave the fleet: %w", err)
+	}
+	return nil
 }
 
 // breakerRow is a destination's row of outbox_fleet_breakers.

@@ -167,10 +167,12 @@ func TestSharesNeverExceedTheLimit(t *testing.T) {
 		mu.Unlock()
 		return v.Slots
 	}
+	for i := range 3 {
+		states[fmt.Sprintf("r%d", i)] = &state{}
+	}
 	var wg sync.WaitGroup
 	for i := range 3 {
 		name := fmt.Sprintf("r%d", i)
-		states[name] = &state{}
 		wg.Go(func() {
 			for range 40 {
 				slots := syncOne(name)
@@ -209,6 +211,28 @@ func TestSharesNeverExceedTheLimit(t *testing.T) {
 	}
 	if left != 0 {
 		t.Errorf("r3 left %d shares behind", left)
+	}
+}
+
+func TestLeave(t *testing.T) {
+	store, s := newStore(t)
+	a, b := replica{t: t, store: store, name: "a"}, replica{t: t, store: store, name: "b"}
+	a.sync(relay.FleetDestination{Event: relay.FleetOpened, Streak: 1, MaxInFlight: 4})
+	if v := a.sync(relay.FleetDestination{Probe: true, MaxInFlight: 4}); !v.Probe || v.Slots != 4 {
+		t.Fatalf("a has %+v, want the probe and every slot", v)
+	}
+	if v := b.sync(relay.FleetDestination{Probe: true, MaxInFlight: 4}); v.Probe || v.Slots != 0 {
+		t.Fatalf("b has %+v while a holds the probe and every slot", v)
+	}
+	if err := store.Leave(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if v := b.sync(relay.FleetDestination{Probe: true, MaxInFlight: 4}); !v.Probe || v.Slots != 4 {
+		t.Errorf("after a left, b has %+v, want the probe and every slot", v)
+	}
+	var left int
+	if err := s.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_fleet_replicas WHERE replica = 'a'").Scan(&left); err != nil || left != 0 {
+		t.Errorf("a is still in the fleet: %d (%v)", left, err)
 	}
 }
 

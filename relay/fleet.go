@@ -17,6 +17,9 @@ type Fleet interface {
 	// destinations, and returns the fleet's view of them, in one
 	// transaction.
 	Sync(ctx context.Context, req FleetSync) (FleetView, error)
+	// Leave removes a replica that stops, with its shares and any probe
+	// it holds, so that the others need not wait for its lease to end.
+	Leave(ctx context.Context, replica string) error
 }
 
 // FleetConfig shares flow control with the relay's other replicas.
@@ -249,6 +252,16 @@ func (f *fleet) sync(ctx context.Context) {
 		}
 	case first:
 		f.log.Warn("fleet coordination unreachable; flow control is per process until it returns", slog.String("error", err.Error()))
+	}
+}
+
+// leave tells the fleet this replica is gone, once its deliveries are
+// over; a replica that cannot is forgotten when its lease ends.
+func (f *fleet) leave(ctx context.Context) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.timeout)
+	defer cancel()
+	if err := f.cfg.Fleet.Leave(lctx, f.cfg.Replica); err != nil {
+		f.log.Warn("could not leave the fleet; the others forget this replica when its lease ends", slog.String("error", err.Error()))
 	}
 }
 

@@ -363,6 +363,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, s := range r.sources {
 		s.leases.wait()
 	}
+	if r.fleet != nil {
+		r.fleet.leave(ctx)
+	}
 	r.log.Info("relay stopped", slog.Int64("delivered", r.Stats().Delivered))
 	return err
 }

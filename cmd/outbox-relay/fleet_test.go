@@ -161,4 +161,9 @@ routes:
 			t.Fatalf("exit code %d; output:\n%s", code, p.output)
 		}
 	}
+	// Replicas that stop cleanly leave the fleet at once.
+	var left int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_fleet_replicas").Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d replicas still in the fleet after every relay stopped (%v)", left, err)
+	}
 }

@@ -56,13 +56,18 @@ type Config struct {
 	// transaction); it also stops after NaiveFor.
 	NaiveRows int
 	NaiveFor  time.Duration
+	// UserRows are the backlogs drained by the outbox-relay binary with
+	// its default configuration, against the raw SQL ceiling; Binary is
+	// the binary, built from this module when empty.
+	UserRows []int
+	Binary   string
 	// FairnessRows is the backlog of the busy outbox in the fairness
 	// scenario, and FairnessRate the rows per second offered to the quiet
 	// one meanwhile.
 	FairnessRows, FairnessRate int
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: drain, latency, producer, baseline, claim, fleet,
-	// fairness).
+	// fairness, binary).
 	Only string
 	// BrokerStores has the in-process broker keep the records it
 	// acknowledges. By default it checks each produced batch (framing,
@@ -106,7 +111,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}{
 		{"drain", r.drains}, {"latency", r.latencies}, {"producer", r.producers},
 		{"baseline", r.naive}, {"claim", r.claimsUnderMaintenance},
-		{"fleet", r.fleetCost}, {"fairness", r.fairness},
+		{"fleet", r.fleetCost}, {"fairness", r.fairness}, {"binary", r.users},
 	}
 	for _, step := range steps {
 		if cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {

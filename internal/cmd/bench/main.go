@@ -33,7 +33,7 @@ func main() {
 	batch := flag.Int("batch", 1000, "claim batch size")
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
-	only := flag.String("only", "", "run only these scenario groups: drain, latency, producer, baseline, claim, fleet, fairness (comma-separated)")
+	only := flag.String("only", "", "run only these scenario groups: drain, latency, producer, baseline, claim, fleet, fairness, binary (comma-separated)")
 	match := flag.String("match", "", "run only the drain scenarios whose name contains this, such as \"10k keys, 2 worker\"")
 	stores := flag.Bool("broker-stores", false, "have the in-process broker keep the records it acknowledges, on the cores the relay and PostgreSQL share (by default it checks and acknowledges each batch, then discards it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
@@ -91,7 +91,8 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
 		FairnessRows: 1_000_000, FairnessRate: 2000,
-		Only: only, Match: match, BrokerStores: stores,
+		UserRows: []int{200_000, 1_000_000},
+		Only:     only, Match: match, BrokerStores: stores,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})
 	if err != nil {

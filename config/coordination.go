@@ -65,8 +65,8 @@ func (c *Config) coordinationProblems() []string {
 	if k.Interval <= 0 {
 		p = append(p, fmt.Sprintf("coordination.interval is %s; it must be positive", k.Interval))
 	}
-	if k.Lease < 3*k.Interval {
-		p = append(p, fmt.Sprintf("coordination.lease is %s; it must be at least three intervals (%s)", k.Lease, 3*k.Interval))
+	if k.Lease < relay.MinFleetLease(k.Interval) {
+		p = append(p, fmt.Sprintf("coordination.lease is %s; it must be at least three intervals (%s)", k.Lease, relay.MinFleetLease(k.Interval)))
 	}
 	return p
 }

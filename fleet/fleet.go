@@ -80,9 +80,12 @@ func newQueries(s string) queries {
 			WHERE destination = ANY($1) AND replica <> $2 GROUP BY destination`,
 		leave:   `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE replica = $1`,
 		release: `UPDATE ` + s + `.outbox_fleet_breakers SET probe_by = NULL, probe_until = NULL WHERE probe_by = $1`,
+		// A share that did not change is not written again: no new row
+		// version every sync.
 		share: `INSERT INTO ` + s + `.outbox_fleet_shares (destination, replica, slots)
 			SELECT unnest($1::text[]), $2, unnest($3::int[])
-			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots`,
+			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots
+			WHERE outbox_fleet_shares.slots <> excluded.slots`,
 	}
 }
 

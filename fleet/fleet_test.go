@@ -195,6 +195,20 @@ func TestSharesNeverExceedTheLimit(t *testing.T) {
 		t.Errorf("settled shares %v, want [3 2 2]", got)
 	}
 
+	// A share that did not change is not written again.
+	version := func() string {
+		var xmin string
+		if err := s.Pool.QueryRow(context.Background(), "SELECT xmin::text FROM outbox_fleet_shares WHERE replica = 'r0'").Scan(&xmin); err != nil {
+			t.Fatal(err)
+		}
+		return xmin
+	}
+	before := version()
+	syncOne("r0")
+	if after := version(); after != before {
+		t.Errorf("r0's unchanged share was written again (row version %s, then %s)", before, after)
+	}
+
 	// A replica whose lease ends is forgotten, with its share.
 	short := replica{t: t, store: store, name: "r3", lease: time.Microsecond}
 	short.sync(relay.FleetDestination{MaxInFlight: limit})

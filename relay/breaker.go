@@ -273,9 +273,10 @@ func (b *breaker) tell(e FleetEvent, cooldown time.Duration) {
 func (b *breaker) fleetEvent(now time.Time, fd *FleetDestination) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.cooled(now)
 	fd.Event, fd.Cooldown, fd.Streak, fd.LastError = b.event, b.cooldown, b.streak, b.lastErr
-	fd.Probe = b.state == BreakerHalfOpen
+	// Cooled down, whether or not a worker has asked since: asking here
+	// through cooled would wake the sync under way for another.
+	fd.Probe = b.state == BreakerHalfOpen || (b.state == BreakerOpen && !now.Before(b.until))
 	return b.evSeq
 }
 

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -57,11 +58,16 @@ func (c *FleetConfig) problems() []error {
 	if c.Interval < 0 || c.Lease < 0 {
 		errs = append(errs, errors.New("relay: fleet: interval and lease must not be negative"))
 	}
-	if c.Interval > 0 && c.Lease > 0 && c.Lease < 3*c.Interval {
-		errs = append(errs, errors.New("relay: fleet: lease must be at least three intervals"))
+	if c.Interval > 0 && c.Lease > 0 && c.Lease < MinFleetLease(c.Interval) {
+		errs = append(errs, fmt.Errorf("relay: fleet: lease %s is under three intervals (%s)", c.Lease, MinFleetLease(c.Interval)))
 	}
 	return errs
 }
+
+// MinFleetLease is the shortest lease for a sync interval: three
+// intervals, so that one slow or failed sync does not drop a live replica
+// from the fleet.
+func MinFleetLease(interval time.Duration) time.Duration { return 3 * interval }
 
 // FleetSync is one replica's sync: its lease and, per destination, what
 // it learnt since its last sync.
@@ -163,7 +169,7 @@ func newFleet(cfg FleetConfig, dests []*dest, queryTimeout time.Duration, log *s
 		cfg.Interval = DefaultFleetInterval
 	}
 	if cfg.Lease == 0 {
-		cfg.Lease = max(DefaultFleetLease, 3*cfg.Interval)
+		cfg.Lease = max(DefaultFleetLease, MinFleetLease(cfg.Interval))
 	}
 	f := &fleet{cfg: cfg, dests: dests, wakeC: make(chan struct{}, 1), log: log.With(slog.String("replica", cfg.Replica)),
 		timeout: min(queryTimeout, cfg.Lease/2)}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/fleet"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -168,16 +167,10 @@ func (r *runner) fairness(ctx context.Context) error {
 		for i := range msgs {
 			msgs[i] = outbox.Message{Topic: "bench", Key: "key-" + uuid.NewString()[:4], Payload: payload}
 		}
-		var ids []uuid.UUID
-		err := pgx.BeginFunc(ctx, quiet.pool, func(tx pgx.Tx) error {
-			var err error
-			ids, err = producer.Write(ctx, tx, msgs...)
-			return err
-		})
+		ids, now, err := commit(ctx, quiet.pool, producer, msgs)
 		if err != nil {
 			return err
 		}
-		now := time.Now()
 		for _, id := range ids {
 			committed[id] = now
 		}

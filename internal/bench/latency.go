@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -146,16 +147,10 @@ func (r *runner) latency(ctx context.Context, rate, failEvery int, strict bool) 
 					msgs[i] = outbox.Message{Topic: "bench-missing", Payload: payload}
 				}
 			}
-			var ids []uuid.UUID
-			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				var err error
-				ids, err = producer.Write(ctx, tx, msgs...)
-				return err
-			})
+			ids, now, err := commit(ctx, e.pool, producer, msgs)
 			if err != nil {
 				return err
 			}
-			now := time.Now()
 			mu.Lock()
 			for i, id := range ids {
 				if msgs[i].Topic == "bench" {
@@ -185,4 +180,16 @@ func (r *runner) latency(ctx context.Context, rate, failEvery int, strict bool) 
 		lat = append(lat, max(0, a.Sub(c)))
 	}
 	return lat, rel.Stats(), nil
+}
+
+// commit writes msgs through producer in one transaction, and returns
+// their event ids and when the commit returned.
+func commit(ctx context.Context, pool *pgxpool.Pool, producer *outbox.Producer, msgs []outbox.Message) ([]uuid.UUID, time.Time, error) {
+	var ids []uuid.UUID
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = producer.Write(ctx, tx, msgs...)
+		return err
+	})
+	return ids, time.Now(), err
 }

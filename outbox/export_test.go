@@ -38,6 +38,14 @@ const (
 func SetKeyCheck(s *Store, f keyCheckForm) { s.keyCheck = f }
 func CleanupLockID(s *Store) int64         { return s.lockID }
 
+// HeadClaimDue makes the next claim of s start from the head, as it does
+// once every HeadEvery during a backlog.
+func HeadClaimDue(s *Store) {
+	s.frontier.mu.Lock()
+	s.frontier.head = time.Time{}
+	s.frontier.mu.Unlock()
+}
+
 // Deferrals describes what an open claim did to the rows it held back:
 // each pending row's next attempt, as the claim's own transaction sees
 // it, with the dead letter it is parked behind, and the lease each row deferred behind one waits

@@ -99,6 +99,7 @@ type Store struct {
 	tableName    string       // and as people write it
 	strictOrder  bool
 	strict       watermark
+	frontier     frontier
 	claimBegin   string // see outboxdb.ClaimBegin
 }
 
@@ -171,6 +172,7 @@ type Claim struct {
 	HeldSince time.Time
 
 	behindLeases []behindLease // rows deferred behind leased rows
+	firstSkipped int64         // the lowest of the Skipped rows
 }
 
 // SpareConns is how many more connections the store's pool could hand out
@@ -193,6 +195,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
 	}
 	c := &Claim{store: s, tx: tx}
 	if err := c.claim(ctx, p); err != nil {
+		s.frontier.reset()
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -204,9 +207,50 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	if err != nil {
 		return err
 	}
+	s := c.store
+	from := s.frontier.start(time.Now())
 	recs := make([]Record, 0, p.Limit)
-	res, err := c.store.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
-		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MaxID: bound}, func(row *outboxdb.ClaimedRow) {
+	res, err := s.claimRows(ctx, c.tx, p, from, bound, &recs)
+	if err != nil {
+		return err
+	}
+	if from > 0 && len(recs) < p.Limit {
+		// The frontier's side ran short: the rest from the head, below
+		// it, in front of the rows claimed (the records stay in id order).
+		var head []Record
+		if _, err := s.claimRows(ctx, c.tx, ClaimParams{Limit: p.Limit - len(recs), PayloadCap: p.PayloadCap,
+			ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics}, 0, min(bound, from), &head); err != nil {
+			return err
+		}
+		recs = append(head, recs...)
+	}
+	c.Now, c.minPending = res.Now, res.MinPending
+	c.Records = recs
+	c.Claimed = len(recs)
+	if len(recs) == 0 {
+		s.frontier.reset()
+		return nil
+	}
+	last := recs[len(recs)-1].ID
+	if err := c.keepKeyOrder(ctx, p); err != nil {
+		return err
+	}
+	switch {
+	case c.Claimed < p.Limit:
+		s.frontier.reset()
+	case c.Skipped > 0:
+		s.frontier.advance(min(last, c.firstSkipped-1))
+	default:
+		s.frontier.advance(last)
+	}
+	return nil
+}
+
+// claimRows runs the claim statement for ids in (from, to], appending the
+// rows to recs.
+func (s *Store) claimRows(ctx context.Context, tx pgx.Tx, p ClaimParams, from, to int64, recs *[]Record) (outboxdb.ClaimResult, error) {
+	res, err := s.q.Claim(ctx, tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
+		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: from, MaxID: to}, func(row *outboxdb.ClaimedRow) {
 		r := Record{ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, HasKey: row.HasKey,
 			Payload: row.Payload, PayloadSize: row.PayloadSize, Headers: row.Headers, CreatedAt: row.CreatedAt,
 			RetryCount: row.RetryCount, LastDelay: row.LastDelay}
@@ -217,18 +261,12 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 			r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, p.PayloadCap)
 			r.UndeliverableReason = ReasonTooLarge
 		}
-		recs = append(recs, r)
+		*recs = append(*recs, r)
 	})
 	if err != nil {
-		return fmt.Errorf("claim outbox rows: %w", err)
+		return res, fmt.Errorf("claim outbox rows: %w", err)
 	}
-	c.Now, c.minPending = res.Now, res.MinPending
-	c.Records = recs
-	c.Claimed = len(recs)
-	if len(recs) == 0 {
-		return nil
-	}
-	return c.keepKeyOrder(ctx, p)
+	return res, nil
 }
 
 // keepKeyOrder drops the claimed rows that an earlier row of their key,
@@ -299,6 +337,9 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 				c.behindLeases = append(c.behindLeases, behindLease{id: r.ID, lease: b.id, until: b.until})
 			}
 		default:
+			if c.Skipped == 0 {
+				c.firstSkipped = r.ID
+			}
 			if c.Skipped == 0 || c.SkippedKeys[len(c.SkippedKeys)-1] != r.Key {
 				c.SkippedKeys = append(c.SkippedKeys, r.Key)
 			}
@@ -509,11 +550,13 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	}
 	if b.Len() > 0 {
 		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
+			c.store.frontier.reset()
 			_ = c.tx.Rollback(context.WithoutCancel(ctx))
 			return fmt.Errorf("write back %d outcomes: %w", len(outcomes), err)
 		}
 	}
 	if err := c.tx.Commit(ctx); err != nil {
+		c.store.frontier.reset()
 		return fmt.Errorf("commit %d outcomes: %w", len(outcomes), err)
 	}
 	if len(c.behindLeases) > 0 {
@@ -601,6 +644,7 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 // was before the claim, including rows the claim deferred. Use Complete
 // with no outcomes to keep those deferrals.
 func (c *Claim) Release(ctx context.Context) error {
+	c.store.frontier.reset() // its rows are ready again
 	if err := c.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("release claim: %w", err)
 	}

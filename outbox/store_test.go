@@ -726,7 +726,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 
 	explain := preparedPlans(t, s, "force_generic_plan")
 	plan := func(sql, args string) string { return explain("", sql, args) }
-	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807")
+	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 0")
 	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
 		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
 	}

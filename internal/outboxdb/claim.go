@@ -52,6 +52,7 @@ type ClaimArgs struct {
 	PayloadCap    int      // larger payloads are not loaded
 	ExcludeKeys   []string // not claimed
 	ExcludeTopics []string // not claimed
+	MinID         int64    // claimed ids are above it
 	MaxID         int64    // the highest id claimed
 }
 
@@ -93,7 +94,7 @@ func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*
 	if excludeTopics == nil {
 		excludeTopics = []string{}
 	}
-	rows, err := tx.Query(ctx, q.claim, a.Limit, a.PayloadCap, exclude, excludeTopics, a.MaxID)
+	rows, err := tx.Query(ctx, q.claim, a.Limit, a.PayloadCap, exclude, excludeTopics, a.MaxID, a.MinID)
 	if err != nil {
 		return res, err
 	}

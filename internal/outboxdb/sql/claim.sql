@@ -18,7 +18,7 @@ FROM {{.Outbox}}
 WHERE status = 'pending' AND next_attempt_at <= now()
   AND (key IS NULL OR NOT key = ANY($3::text[]))
   AND NOT topic = ANY($4::text[])
-  AND id <= $5
+  AND id > $6 AND id <= $5
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED

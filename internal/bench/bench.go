@@ -1,12 +1,14 @@
 // Package bench measures the relay end to end against a real PostgreSQL and
-// an in-process Kafka-protocol broker: backlog drain throughput beside the
-// SQL ceiling of its own claim and write-back, commit-to-ack latency under
-// offered load, the wake-up trigger's cost to producers, a naive relay as a
-// baseline, claim times while ANALYZE and VACUUM run, what sharing flow
-// control with a fleet costs, and two outboxes' fairness.
+// an in-process Kafka-protocol broker: backlog drain throughput of the
+// outbox-relay binary as users run it, beside the raw SQL ceiling of the
+// table and the ceiling of the relay's own claim, commit-to-ack latency
+// under offered load, the wake-up trigger's cost to producers, a naive
+// relay as a baseline, claim times while ANALYZE and VACUUM run, what
+// sharing flow control with a fleet costs, and two outboxes' fairness.
 //
 // bench.go holds the run, the scenarios' environment and backlog fill;
-// drain.go the drains and ceilings, latency.go the latency runs, costs.go
+// binary.go the binary's drains and the ceilings; drain.go the relay's
+// drains in process, latency.go the latency runs, costs.go
 // the triggers' cost, the naive baseline and claims under maintenance,
 // fleet.go the fleet and fairness runs, report.go the table and chart.
 package bench
@@ -61,13 +63,18 @@ type Config struct {
 	// the binary, built from this module when empty.
 	UserRows []int
 	Binary   string
+	// LargeRows, when set, is one more backlog drained by the binary, with
+	// 10k keys, compared with the first of UserRows.
+	LargeRows int
 	// FairnessRows is the backlog of the busy outbox in the fairness
 	// scenario, and FairnessRate the rows per second offered to the quiet
 	// one meanwhile.
 	FairnessRows, FairnessRate int
 	// Only, when set, runs just the scenario groups it names
-	// (comma-separated: drain, latency, producer, baseline, claim, fleet,
-	// fairness, binary).
+	// (comma-separated: binary, drain, latency, producer, baseline, claim,
+	// fleet, fairness). Without it every group runs but drain, the
+	// relay's drains in process, beside its own claim: the binary's
+	// measure what users run.
 	Only string
 	// BrokerStores has the in-process broker keep the records it
 	// acknowledges. By default it checks each produced batch (framing,
@@ -77,7 +84,7 @@ type Config struct {
 	// cores the relay and PostgreSQL share.
 	BrokerStores bool
 	// Match, when set, runs just the drain scenarios whose name (such as
-	// "delete-on-send, 10k keys, 2 worker(s)") contains it.
+	// "1M rows, 10k keys, delete-on-send, 2 processes") contains it.
 	Match string
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)
@@ -106,15 +113,16 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	r := &runner{cfg: cfg}
 	steps := []struct {
-		group string
-		run   func(context.Context) error
+		group     string
+		run       func(context.Context) error
+		byDefault bool
 	}{
-		{"drain", r.drains}, {"latency", r.latencies}, {"producer", r.producers},
-		{"baseline", r.naive}, {"claim", r.claimsUnderMaintenance},
-		{"fleet", r.fleetCost}, {"fairness", r.fairness}, {"binary", r.users},
+		{"binary", r.users, true}, {"drain", r.drains, false}, {"latency", r.latencies, true},
+		{"producer", r.producers, true}, {"baseline", r.naive, true}, {"claim", r.claimsUnderMaintenance, true},
+		{"fleet", r.fleetCost, true}, {"fairness", r.fairness, true},
 	}
 	for _, step := range steps {
-		if cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {
+		if cfg.Only == "" && !step.byDefault || cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {
 			continue
 		}
 		if err := step.run(ctx); err != nil {

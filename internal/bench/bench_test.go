@@ -23,8 +23,9 @@ func TestSmoke(t *testing.T) {
 		Rates: []int{500}, LatencyFor: time.Second, ProducersFor: 300 * time.Millisecond,
 		NaiveRows: 200, NaiveFor: 5 * time.Second,
 		FairnessRows: 3000, FairnessRate: 500,
-		UserRows: []int{2000},
-		Logf:     t.Logf,
+		UserRows: []int{2000}, LargeRows: 3000,
+		Only: "binary,drain,latency,producer,baseline,claim,fleet,fairness",
+		Logf: t.Logf,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +50,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s / %s = %v: %q, want a latency and the failing rows retried", r.Group, r.Name, r.Value, r.Detail)
 		}
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 2, "fairness": 3, "binary": 4, "raw ceiling": 4} {
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 2, "fairness": 3, "binary": 7, "raw ceiling": 4, "order ceiling": 3} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

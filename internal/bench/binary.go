@@ -10,19 +10,34 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // users measures what users run: the outbox-relay binary with its
 // default configuration, against the raw claim+delete SQL on the same
 // table in the same run (the table's physical limit, see rawCeiling).
-// Each backlog and key distribution is drained by one relay process
-// between two raw ceilings, on a fresh table each; the 10k-keys backlogs
-// are drained by two processes too. It reports the share of the mean of
-// the two ceilings and the processes' peak resident memory.
+//
+// Each backlog size, key distribution and write-back mode is a series:
+// a raw ceiling, then each drain followed by another ceiling, on a fresh
+// table each; a drain's share is of the mean of the ceilings beside it,
+// so a change in the machine's speed weighs on both sides alike. With 10k
+// keys, one, two and four processes drain in turn. A delete-on-send
+// series ends with the order ceiling: the relay's own claim, with its
+// per-key order check, and write-back through the library on one
+// connection, without publishing, whose distance to the raw ceiling is
+// the cost of order. Peak resident memory is the largest process's.
+//
+// The LargeRows backlog is drained once, by one process, with 10k keys:
+// it is compared with the smallest backlog's drain, the same but for its
+// size, rather than with a ceiling of its own, which would need a second
+// fill as long as the drain.
 func (r *runner) users(ctx context.Context) error {
 	if len(r.cfg.UserRows) == 0 {
 		return nil
@@ -32,38 +47,136 @@ func (r *runner) users(ctx context.Context) error {
 		return err
 	}
 	defer cleanup()
+	var smallest float64 // the first backlog's 10k-keys drain by one process
 	for _, rows := range r.cfg.UserRows {
 		for _, dist := range distributions {
-			procs := []int{1}
-			if dist.name == "10k keys" {
-				procs = append(procs, 2)
-			}
-			for _, n := range procs {
-				name := fmt.Sprintf("%s rows, %s, %d process(es)", count(rows), dist.name, n)
-				if !strings.Contains(name, r.cfg.Match) {
+			for _, keep := range []bool{false, true} {
+				procs := []int{1}
+				if dist.name == "10k keys" && !keep {
+					procs = []int{1, 2, 4}
+				}
+				if keep && dist.name != "10k keys" {
 					continue
 				}
-				before, err := r.rawCeiling(ctx, rows, dist.expr)
+				got, err := r.userSeries(ctx, bin, rows, dist.expr, dist.name, keep, procs)
 				if err != nil {
-					return fmt.Errorf("%s: raw ceiling: %w", name, err)
+					return err
 				}
-				got, rss, err := r.binaryDrain(ctx, bin, rows, dist.expr, n)
-				if err != nil {
-					return fmt.Errorf("%s: %w", name, err)
+				if smallest == 0 && dist.name == "10k keys" && !keep && len(got) > 0 {
+					smallest = got[0]
 				}
-				after, err := r.rawCeiling(ctx, rows, dist.expr)
-				if err != nil {
-					return fmt.Errorf("%s: raw ceiling: %w", name, err)
-				}
-				ceiling := (before + after) / 2
-				r.add(Result{Group: "raw ceiling", Name: name, Value: ceiling, Unit: "rows/s",
-					Detail: fmt.Sprintf("mean of %.0f before and %.0f after the drain", before, after)})
-				r.add(Result{Group: "binary", Name: name, Value: got, Unit: "rows/s",
-					Detail: fmt.Sprintf("%.0f%% of the raw ceiling; peak RSS %.0f MB", 100*got/ceiling, float64(rss)/(1<<20))})
 			}
 		}
 	}
+	if r.cfg.LargeRows == 0 {
+		return nil
+	}
+	name := fmt.Sprintf("%s rows, 10k keys, delete-on-send, 1 process", count(r.cfg.LargeRows))
+	if !strings.Contains(name, r.cfg.Match) {
+		return nil
+	}
+	got, rss, err := r.binaryDrain(ctx, bin, r.cfg.LargeRows, distributions[0].expr, false, 1)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	detail := fmt.Sprintf("peak RSS %.0f MB", float64(rss)/(1<<20))
+	if smallest > 0 {
+		detail = fmt.Sprintf("%.0f%% of the %s-row drain; %s", 100*got/smallest, count(r.cfg.UserRows[0]), detail)
+	}
+	r.add(Result{Group: "binary", Name: name, Value: got, Unit: "rows/s", Detail: detail})
 	return nil
+}
+
+// userSeries runs one series of users: the drains by procs processes in
+// turn between raw ceilings, then, deleting, the order ceiling. It
+// returns the drains' rates; none when the series does not match.
+func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, keys string, keep bool, procs []int) ([]float64, error) {
+	mode := "delete-on-send"
+	if keep {
+		mode = "mark-sent"
+	}
+	series := fmt.Sprintf("%s rows, %s, %s", count(rows), keys, mode)
+	names := make([]string, len(procs))
+	matched := false
+	for i, n := range procs {
+		names[i] = fmt.Sprintf("%s, %d process", series, n)
+		if n > 1 {
+			names[i] += "es"
+		}
+		matched = matched || strings.Contains(names[i], r.cfg.Match)
+	}
+	if !matched {
+		return nil, nil
+	}
+	ceilings := make([]float64, 0, len(procs)+1)
+	c, err := r.rawCeiling(ctx, rows, keyExpr, keep)
+	if err != nil {
+		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
+	}
+	ceilings = append(ceilings, c)
+	var rates []float64
+	for i, n := range procs {
+		got, rss, err := r.binaryDrain(ctx, bin, rows, keyExpr, keep, n)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", names[i], err)
+		}
+		c, err := r.rawCeiling(ctx, rows, keyExpr, keep)
+		if err != nil {
+			return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
+		}
+		ceilings = append(ceilings, c)
+		ceiling := (ceilings[i] + ceilings[i+1]) / 2
+		rates = append(rates, got)
+		detail := fmt.Sprintf("%.0f%% of the raw ceiling", 100*got/ceiling)
+		if i > 0 {
+			detail += fmt.Sprintf(", %.2f× one process", got/rates[0])
+		}
+		r.add(Result{Group: "binary", Name: names[i], Value: got, Unit: "rows/s",
+			Detail: fmt.Sprintf("%s; peak RSS %.0f MB", detail, float64(rss)/(1<<20))})
+	}
+	var mean float64
+	for _, c := range ceilings {
+		mean += c / float64(len(ceilings))
+	}
+	r.add(Result{Group: "raw ceiling", Name: series, Value: mean, Unit: "rows/s",
+		Detail: "mean of " + list(ceilings) + ", before, between and after the drains"})
+	if keep {
+		return rates, nil
+	}
+	order, err := r.orderCeiling(ctx, rows, keyExpr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: order ceiling: %w", series, err)
+	}
+	r.add(Result{Group: "order ceiling", Name: series, Value: order, Unit: "rows/s",
+		Detail: fmt.Sprintf("%.0f%% of the raw ceiling: the relay's claim, key check and write-back, batch %d, one connection", 100*order/mean, relay.DefaultBatchSize)})
+	return rates, nil
+}
+
+// orderCeiling drains a backlog of rows with the relay's own claim (with
+// its per-key order check) and delete, through the library, on one
+// connection, at the relay's default batch size: the raw ceiling plus
+// what keeping order costs the database.
+func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (float64, error) {
+	e, err := r.newEnv(ctx, 2)
+	if err != nil {
+		return 0, err
+	}
+	defer e.close()
+	if err := r.fill(ctx, e, rows, keyExpr); err != nil {
+		return 0, err
+	}
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
+	if err != nil {
+		return 0, err
+	}
+	var done atomic.Int64
+	start := time.Now()
+	for done.Load() < int64(rows) {
+		if _, err := claimAndAck(ctx, store, relay.DefaultBatchSize, &done); err != nil {
+			return 0, err
+		}
+	}
+	return float64(rows) / time.Since(start).Seconds(), nil
 }
 
 // count writes 200000 as 200k and 1000000 as 1M.
@@ -95,11 +208,12 @@ func (r *runner) binary(ctx context.Context) (string, func(), error) {
 	return bin, func() { os.RemoveAll(dir) }, nil
 }
 
-// rawCeiling drains a backlog of rows with the bare claim and delete,
-// on one connection with synchronous_commit off as the relay's: select
-// what a relay reads of a batch of 1000 ready rows in id order, locking
-// them, then delete them by id, and commit. No key order, no publish.
-func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string) (float64, error) {
+// rawCeiling drains a backlog of rows with the bare claim and delete
+// (or, keep, the mark as sent), on one connection with
+// synchronous_commit off as the relay's: select what a relay reads of a
+// batch of 1000 ready rows in id order, locking them, then delete them by
+// id, and commit. No key order, no publish.
+func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool) (float64, error) {
 	e, err := r.newEnv(ctx, 2)
 	if err != nil {
 		return 0, err
@@ -116,6 +230,10 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string) (floa
 	const claim = `SELECT id, event_id, topic, key, payload, headers, created_at, retry_count
 		FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
 		ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`
+	write := "DELETE FROM outbox WHERE id = ANY($1)"
+	if keep {
+		write = "UPDATE outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1)"
+	}
 	start := time.Now()
 	done := 0
 	for done < rows {
@@ -135,7 +253,7 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string) (floa
 			if err := rs.Err(); err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, "DELETE FROM outbox WHERE id = ANY($1)", ids)
+			_, err = tx.Exec(ctx, write, ids)
 			return err
 		})
 		if err != nil {
@@ -150,10 +268,11 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string) (floa
 }
 
 // binaryDrain fills a backlog of rows and times procs outbox-relay run
-// processes with the default configuration delivering it, from the first
+// processes with the default configuration (but, keep, for a sent
+// retention of an hour) delivering it, from the first
 // process's start of delivery to an empty table. It returns rows/s and
 // the largest peak resident memory of the processes.
-func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr string, procs int) (float64, int64, error) {
+func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr string, keep bool, procs int) (float64, int64, error) {
 	e, err := r.newEnv(ctx, 2)
 	if err != nil {
 		return 0, 0, err
@@ -169,6 +288,9 @@ func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr 
 		"OUTBOX_ADMIN_LISTEN=127.0.0.1:0",
 		"OUTBOX_LOG_LEVEL=info",
 	)
+	if keep {
+		env = append(env, "OUTBOX_RELAY_SENT_RETENTION=1h")
+	}
 	started := make(chan time.Time, procs)
 	var cmds []*exec.Cmd
 	defer func() {

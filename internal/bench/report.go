@@ -46,22 +46,33 @@ func WriteJSON(path string, results []Result) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// WriteChart draws drain throughput (relay beside its SQL ceiling) and
-// latency percentiles into one PNG.
+// WriteChart draws the binary's drain throughput beside its series' raw
+// SQL ceiling, and latency percentiles, into one PNG.
 func WriteChart(path string, results []Result) error {
+	ceilings := map[string]float64{}
+	for _, r := range results {
+		if r.Group == "raw ceiling" {
+			ceilings[r.Name] = r.Value
+		}
+	}
 	var names []string
 	var relay, ceiling plotter.Values
 	for _, r := range results {
-		switch r.Group {
-		case "drain":
-			names = append(names, r.Name)
-			relay = append(relay, r.Value)
-		case "ceiling":
-			ceiling = append(ceiling, r.Value)
+		if r.Group != "binary" {
+			continue
 		}
+		names = append(names, r.Name)
+		relay = append(relay, r.Value)
+		var c float64 // none for a backlog drained without a series
+		for series, v := range ceilings {
+			if strings.HasPrefix(r.Name, series+",") {
+				c = v
+			}
+		}
+		ceiling = append(ceiling, c)
 	}
 	top := plot.New()
-	top.Title.Text = "Backlog drain (rows/s)"
+	top.Title.Text = "Backlog drain by outbox-relay run (rows/s)"
 	top.Y.Label.Text = "rows/s"
 	if len(relay) > 0 && len(ceiling) == len(relay) {
 		w := vg.Points(7)
@@ -78,8 +89,8 @@ func WriteChart(path string, results []Result) error {
 		r.Color = color.RGBA{R: 40, G: 110, B: 200, A: 255}
 		r.Offset = w / 2
 		top.Add(c, r)
-		top.Legend.Add("SQL ceiling", c)
-		top.Legend.Add("relay", r)
+		top.Legend.Add("raw SQL ceiling", c)
+		top.Legend.Add("outbox-relay", r)
 		top.Legend.Top = true
 		short := make([]string, len(names))
 		for i, n := range names {
@@ -130,6 +141,7 @@ func WriteChart(path string, results []Result) error {
 }
 
 func abbreviate(name string) string {
-	r := strings.NewReplacer("delete-on-send", "delete", "mark-sent", "mark", " worker(s)", "w", ", ", " ")
+	r := strings.NewReplacer("delete-on-send", "delete", "mark-sent", "mark", " worker(s)", "w",
+		" processes", "p", " process", "p", " rows", "", ", ", " ")
 	return r.Replace(name)
 }

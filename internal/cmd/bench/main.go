@@ -33,8 +33,10 @@ func main() {
 	batch := flag.Int("batch", 1000, "claim batch size")
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
-	only := flag.String("only", "", "run only these scenario groups: drain, latency, producer, baseline, claim, fleet, fairness, binary (comma-separated)")
-	match := flag.String("match", "", "run only the drain scenarios whose name contains this, such as \"10k keys, 2 worker\"")
+	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness (comma-separated)")
+	match := flag.String("match", "", "run only the drain scenarios whose name contains this, such as \"1M rows, 10k keys, delete-on-send, 1 process\"")
+	binary := flag.String("binary", "", "the outbox-relay binary the binary group runs (default: built from this module), to compare versions")
+	quick := flag.Bool("quick", false, "drain 200k-row backlogs only (no 1M and 10M), for a run of a few minutes")
 	stores := flag.Bool("broker-stores", false, "have the in-process broker keep the records it acknowledges, on the cores the relay and PostgreSQL share (by default it checks and acknowledges each batch, then discards it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
@@ -52,13 +54,13 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(ctx, *rows, *batch, *payload, *only, *match, *stores, *out); err != nil {
+	if err := run(ctx, *rows, *batch, *payload, *only, *match, *stores, *quick, *binary, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, rows, batch, payload int, only, match string, stores bool, out string) error {
+func run(ctx context.Context, rows, batch, payload int, only, match string, stores, quick bool, binary, out string) error {
 	url := os.Getenv("OUTBOX_BENCH_DATABASE_URL")
 	if url == "" {
 		srv, err := pgserver.Start(ctx, pgserver.Options{Durable: true, Settings: map[string]string{
@@ -84,15 +86,19 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 	fmt.Println("machine:", machine)
 	fmt.Printf("backlog %d rows, batch %d, payload %d bytes\n\n", rows, batch, payload)
 
+	userRows, largeRows, fairnessRows := []int{200_000, 1_000_000}, 10_000_000, 1_000_000
+	if quick {
+		userRows, largeRows, fairnessRows = []int{200_000}, 0, 200_000
+	}
 	start := time.Now()
 	results, err := bench.Run(ctx, bench.Config{
 		URL: url, Rows: rows, Pairs: 5, BatchSize: batch, PayloadBytes: payload,
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
-		FairnessRows: 1_000_000, FairnessRate: 2000,
-		UserRows: []int{200_000, 1_000_000},
-		Only:     only, Match: match, BrokerStores: stores,
+		FairnessRows: fairnessRows, FairnessRate: 2000,
+		UserRows: userRows, LargeRows: largeRows, Binary: binary,
+		Only: only, Match: match, BrokerStores: stores,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})
 	if err != nil {

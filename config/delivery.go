@@ -20,7 +20,7 @@ type Relay struct {
 	// publishes, when the pool has connections to spare: it holds two
 	// batches at most. Default 2.
 	Workers int `koanf:"workers"`
-	// BatchSize is the most rows claimed per batch. Default 500.
+	// BatchSize is the most rows claimed per batch. Default 2000.
 	BatchSize int `koanf:"batch_size"`
 	// MaxBatchBytes bounds the bytes of one batch: payloads, keys, headers
 	// and 128 bytes per record for Kafka's own overhead. Default 921600

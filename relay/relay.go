@@ -43,8 +43,12 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultWorkers   = 2
-	DefaultBatchSize = 500
+	DefaultWorkers = 2
+	// DefaultBatchSize is the fastest measured with the default workers
+	// (docs/performance.md): a claim's fixed costs, its start on the
+	// pending index among them, are paid per batch. MaxBatchBytes still
+	// bounds a batch of large rows.
+	DefaultBatchSize = 2000
 	// DefaultMaxBatchBytes keeps a full batch, with the per-record
 	// overhead counted, well under a broker's default max.message.bytes
 	// (1 MiB).

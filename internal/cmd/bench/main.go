@@ -29,8 +29,8 @@ import (
 func main() {
 	// The relay as it ships: its binary does the same.
 	gctune.Apply()
-	rows := flag.Int("rows", 200_000, "backlog rows per drain scenario")
-	batch := flag.Int("batch", 1000, "claim batch size")
+	rows := flag.Int("rows", 200_000, "backlog rows of the in-process drains (groups drain and fleet)")
+	batch := flag.Int("batch", 1000, "claim batch size of the in-process scenarios (the binary runs with its default)")
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
 	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness (comma-separated)")
@@ -84,7 +84,7 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 	machine := fmt.Sprintf("%d CPUs (%s), %s, PostgreSQL %s (fsync on), Go %s, %s",
 		runtime.NumCPU(), cpuModel(), memTotal(), pgVersion, strings.TrimPrefix(runtime.Version(), "go"), time.Now().UTC().Format("2006-01-02"))
 	fmt.Println("machine:", machine)
-	fmt.Printf("backlog %d rows, batch %d, payload %d bytes\n\n", rows, batch, payload)
+	fmt.Printf("payload %d bytes; the binary with its default configuration; in process: backlog %d rows, batch %d\n\n", payload, rows, batch)
 
 	userRows, largeRows, fairnessRows := []int{200_000, 1_000_000}, 10_000_000, 1_000_000
 	if quick {
@@ -109,8 +109,8 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 	if stores {
 		broker = "keeps the records it acknowledges, in memory"
 	}
-	fmt.Fprintf(&table, "Machine: %s. Backlog %d rows, batch %d, payload %d bytes. The in-process broker %s. Run took %s.\n\n",
-		machine, rows, batch, payload, broker, time.Since(start).Round(time.Second))
+	fmt.Fprintf(&table, "Machine: %s. Payload %d bytes. The binary runs with its default configuration; the scenarios in process drain %d rows, batch %d. The in-process broker %s. Run took %s.\n\n",
+		machine, payload, rows, batch, broker, time.Since(start).Round(time.Second))
 	if err := bench.WriteTable(&table, results); err != nil {
 		return err
 	}

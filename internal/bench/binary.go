@@ -157,14 +157,11 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 // connection, at the relay's default batch size: the raw ceiling plus
 // what keeping order costs the database.
 func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (float64, error) {
-	e, err := r.newEnv(ctx, 2)
+	e, err := r.filled(ctx, rows, keyExpr)
 	if err != nil {
 		return 0, err
 	}
 	defer e.close()
-	if err := r.fill(ctx, e, rows, keyExpr); err != nil {
-		return 0, err
-	}
 	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
 	if err != nil {
 		return 0, err
@@ -177,6 +174,19 @@ func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (fl
 		}
 	}
 	return float64(rows) / time.Since(start).Seconds(), nil
+}
+
+// filled returns a fresh environment with a backlog of rows.
+func (r *runner) filled(ctx context.Context, rows int, keyExpr string) (*env, error) {
+	e, err := r.newEnv(ctx, 2)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.fill(ctx, e, rows, keyExpr); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
 }
 
 // count writes 200000 as 200k and 1000000 as 1M.
@@ -214,14 +224,11 @@ func (r *runner) binary(ctx context.Context) (string, func(), error) {
 // batch of 1000 ready rows in id order, locking them, then delete them by
 // id, and commit. No key order, no publish.
 func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool) (float64, error) {
-	e, err := r.newEnv(ctx, 2)
+	e, err := r.filled(ctx, rows, keyExpr)
 	if err != nil {
 		return 0, err
 	}
 	defer e.close()
-	if err := r.fill(ctx, e, rows, keyExpr); err != nil {
-		return 0, err
-	}
 	conn, err := e.relayPool.Acquire(ctx)
 	if err != nil {
 		return 0, err
@@ -273,14 +280,11 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 // process's start of delivery to an empty table. It returns rows/s and
 // the largest peak resident memory of the processes.
 func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr string, keep bool, procs int) (float64, int64, error) {
-	e, err := r.newEnv(ctx, 2)
+	e, err := r.filled(ctx, rows, keyExpr)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer e.close()
-	if err := r.fill(ctx, e, rows, keyExpr); err != nil {
-		return 0, 0, err
-	}
 	env := append(os.Environ(),
 		"OUTBOX_DATABASE_URL="+r.cfg.URL,
 		"OUTBOX_DATABASE_SCHEMA="+e.schema,

@@ -1,0 +1,195 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
+)
+
+// keepKeyOrder drops the claimed rows that an earlier row of their key,
+// outside the claim, must precede, and defers them when that row is
+// waiting rather than in flight.
+func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
+	var keys []string
+	var ids []int64
+	for _, r := range c.Records {
+		if r.HasKey {
+			keys = append(keys, r.Key)
+			ids = append(ids, r.ID)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	last := ids[len(ids)-1]
+	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, MinPending: c.minPending,
+		BySpan: c.store.keyCheck.bySpan(last-c.minPending+1, keys)})
+	if err != nil {
+		return fmt.Errorf("check key order: %w", err)
+	}
+	excluded := make(map[string]bool, len(p.ExcludeTopics))
+	for _, t := range p.ExcludeTopics {
+		excluded[t] = true
+	}
+	blocked := map[string]blocker{}
+	for _, h := range holders {
+		if b, seen := blocked[h.Key]; seen && b.id < h.ID {
+			continue // only the key's lowest blocker counts
+		}
+		b := blocker{id: h.ID, waiting: h.Parked || h.Waiting, parked: h.Parked, leased: h.Leased && h.Waiting, until: h.NextAttemptAt}
+		switch {
+		case h.Parked:
+			b.until = c.Now.Add(ParkedRecheck)
+		case !h.Waiting && excluded[h.Topic]:
+			b.waiting, b.until = true, c.Now.Add(max(p.ExcludeFor, time.Millisecond))
+		}
+		blocked[h.Key] = b
+	}
+	if len(blocked) == 0 {
+		return nil
+	}
+	kept := c.Records[:0]
+	var deferIDs, parkedIDs []int64
+	var deferAt, parkedAt []time.Time
+	var parkers []int64
+	for _, r := range c.Records {
+		b, ok := blocked[r.Key]
+		// A blocker above the row (the key check by span may find one)
+		// does not hold it back.
+		if !r.HasKey || !ok || r.ID < b.id {
+			kept = append(kept, r)
+			continue
+		}
+		switch {
+		case b.parked:
+			parkedIDs = append(parkedIDs, r.ID)
+			parkedAt = append(parkedAt, b.until)
+			parkers = append(parkers, b.id)
+			c.Deferred++
+		case b.waiting:
+			deferIDs = append(deferIDs, r.ID)
+			deferAt = append(deferAt, b.until)
+			c.Deferred++
+			if b.leased {
+				c.behindLeases = append(c.behindLeases, behindLease{id: r.ID, lease: b.id, until: b.until})
+			}
+		default:
+			if c.Skipped == 0 {
+				c.firstSkipped = r.ID
+			}
+			if c.Skipped == 0 || c.SkippedKeys[len(c.SkippedKeys)-1] != r.Key {
+				c.SkippedKeys = append(c.SkippedKeys, r.Key)
+			}
+			c.Skipped++
+		}
+	}
+	c.Records = kept
+	if len(deferIDs) > 0 {
+		if err := c.store.q.Defer(ctx, c.tx, deferIDs, deferAt); err != nil {
+			return fmt.Errorf("defer rows behind a waiting key: %w", err)
+		}
+	}
+	if len(parkedIDs) > 0 {
+		if err := c.store.q.DeferParked(ctx, c.tx, parkedIDs, parkedAt, parkers); err != nil {
+			return fmt.Errorf("defer rows behind a parked key: %w", err)
+		}
+	}
+	return nil
+}
+
+// keyCheckForm is how a claim's key check looks for blockers.
+type keyCheckForm int
+
+const (
+	keyCheckAuto keyCheckForm = iota
+	keyCheckBySpan
+	keyCheckByKey
+)
+
+// spanEntriesPerKey is how many entries of the span the key check reads
+// for the price of one key's probe. A probe, a descent of the key index,
+// costs about 6 µs, and an entry along the pending index about 0.7 µs
+// (claims of 1000 rows and 1000 keys): some 8 entries. Half that makes
+// the span the choice only where it is clearly the cheaper.
+const spanEntriesPerKey = 4
+
+// bySpan says whether to read the claim's id span, span ids wide, rather
+// than probe each of the claimed keys (one per claimed keyed row). Both
+// read the claimed rows' entries; the span reads the rows passed over
+// too, and the probes descend the key index once a key. Keys are counted
+// only as far as the answer needs: a hash of 1000 keys costs more than
+// the rest of the choice.
+func (f keyCheckForm) bySpan(span int64, keys []string) bool {
+	switch f {
+	case keyCheckBySpan:
+		return true
+	case keyCheckByKey:
+		return false
+	}
+	passed := span - int64(len(keys)) // at most, the rows passed over
+	if passed <= 0 {
+		return true
+	}
+	// The distinct keys whose probes would cost more than the rows passed.
+	need := (passed + spanEntriesPerKey - 1) / spanEntriesPerKey
+	if need > int64(len(keys)) {
+		return false
+	}
+	seen := make(map[string]struct{}, need)
+	for _, k := range keys {
+		seen[k] = struct{}{}
+		if int64(len(seen)) >= need {
+			return true
+		}
+	}
+	return false
+}
+
+// blocker is the lowest row outside a claim that holds a claimed key.
+type blocker struct {
+	id      int64
+	waiting bool      // parked or not yet due, rather than in flight
+	parked  bool      // a dead letter that parks the key
+	leased  bool      // being delivered under a lease
+	until   time.Time // when its rows may be looked at again
+}
+
+// behindLease is a row a claim deferred to the end of a leased row's lease.
+type behindLease struct {
+	id, lease int64
+	until     time.Time
+}
+
+// releaseEndedLeases, once a claim has committed, makes ready the rows it
+// deferred behind leases that have ended meanwhile. A lease's write-back
+// pulls forward the rows deferred behind it, but one that ran between the
+// claim's key check and its commit could not see them, and they would
+// wait for the whole lease. Now either the write-back comes after the
+// commit and finds them, or it is over (waited for, if under way) and this
+// finds it over. Best effort: if it fails, the rows wait for the lease's
+// end, as they would have.
+func (c *Claim) releaseEndedLeases(ctx context.Context) {
+	over := map[int64]bool{}
+	var ids []int64
+	var at []time.Time
+	for _, b := range c.behindLeases {
+		ended, seen := over[b.lease]
+		if !seen {
+			still, err := c.store.q.StillLeased(ctx, c.store.pool, b.lease, b.until)
+			if err != nil {
+				return
+			}
+			ended = !still
+			over[b.lease] = ended
+		}
+		if ended {
+			ids = append(ids, b.id)
+			at = append(at, b.until)
+		}
+	}
+	if len(ids) > 0 {
+		_ = c.store.q.LeaseOver(ctx, c.store.pool, ids, at)
+	}
+}

@@ -9,19 +9,34 @@ import (
 )
 
 // keepKeyOrder drops the claimed rows that an earlier row of their key,
-// outside the claim, must precede, and defers them when that row is
-// waiting rather than in flight.
+// outside the claim and p.Follows, must precede, and defers them when
+// that row is waiting rather than in flight. The rows followed are
+// checked as if claimed: they are no blockers, and what holds them back
+// holds back the claimed rows of their keys too.
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
+	claimed := map[string]bool{}
+	for _, r := range c.Records {
+		if r.HasKey {
+			claimed[r.Key] = true
+		}
+	}
+	if len(claimed) == 0 {
+		return nil
+	}
+	// The rows followed come first: the span's end is the last id.
+	for _, f := range p.Follows {
+		if claimed[f.Key] {
+			keys = append(keys, f.Key)
+			ids = append(ids, f.ID)
+		}
+	}
 	for _, r := range c.Records {
 		if r.HasKey {
 			keys = append(keys, r.Key)
 			ids = append(ids, r.ID)
 		}
-	}
-	if len(keys) == 0 {
-		return nil
 	}
 	last := ids[len(ids)-1]
 	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, MinPending: c.minPending,

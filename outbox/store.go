@@ -137,6 +137,19 @@ type ClaimParams struct {
 	// rather than claimed again and again.
 	ExcludeTopics []string
 	ExcludeFor    time.Duration
+	// Follows are the keyed rows of the caller's claim still in flight
+	// before this one: rows of their keys are claimed behind them rather
+	// than held back by them. The caller must publish those only once
+	// every row of their key in Follows was sent, and otherwise leave them
+	// without an outcome, for a later claim to hold back behind the rows
+	// that failed. Unset, every row outside the claim holds its key.
+	Follows []KeyedRow
+}
+
+// KeyedRow is a claimed row's key and id.
+type KeyedRow struct {
+	Key string
+	ID  int64
 }
 
 // Claim is a batch of rows locked by one open transaction. Finish it with

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -16,13 +17,15 @@ func keyed(keys ...string) []outbox.Record {
 	return recs
 }
 
-// A worker learns which of the keys it asks about another owner holds,
-// until that owner's batch is removed; its own batches and keyless rows
+// A worker learns which of the keys it asks about another worker holds,
+// until that worker's batch is removed; its own batches (owners 2i and
+// 2i+1: the one it delivers, the one it claims ahead) and keyless rows
 // never count, and batches of one owner are told apart.
 func TestInflightKeysElsewhere(t *testing.T) {
 	t.Parallel()
 	var f inflightKeys
 	mine := f.add(0, keyed("a", "b"))
+	mineAhead := f.add(1, keyed("g"))
 	other := f.add(2, keyed("c", "", "d"))
 	leasedOne := f.add(leasedOwner, keyed("e"))
 	leasedTwo := f.add(leasedOwner, keyed("f", "e"))
@@ -37,6 +40,12 @@ func TestInflightKeysElsewhere(t *testing.T) {
 	if got := elsewhere(2, "d", "b", "a"); got != "[b a]" {
 		t.Errorf("worker 2 sees %s, want [b a], in the order asked", got)
 	}
+	if got := elsewhere(1, "g", "a", "c"); got != "[c]" {
+		t.Errorf("worker 0 claiming ahead sees %s, want [c]: g and a are its own", got)
+	}
+	if got := elsewhere(3, "g"); got != "[g]" {
+		t.Errorf("worker 2 claiming ahead sees %s, want [g]", got)
+	}
 	if got := f.elsewhere(0, nil); got != nil {
 		t.Errorf("no keys asked: %v", got)
 	}
@@ -48,7 +57,32 @@ func TestInflightKeysElsewhere(t *testing.T) {
 	}
 	f.remove(leasedTwo)
 	f.remove(mine)
+	f.remove(mineAhead)
 	if got := elsewhere(2, "a", "e"); got != "[]" || len(f.batches) != 0 {
 		t.Errorf("after removing every batch: %s, %d batches left", got, len(f.batches))
+	}
+}
+
+// Calls for help wake idle workers, but not one held off: its last claim
+// found only rows of keys in flight elsewhere. Notifications wake it.
+func TestHeldOffWorkerSitsOutCallsForHelp(t *testing.T) {
+	t.Parallel()
+	idle, heldOff := &worker{wake: make(chan struct{}, 1)}, &worker{wake: make(chan struct{}, 1)}
+	heldOff.heldOff.Store(time.Now().Add(time.Hour).UnixNano())
+	s := &source{workers: []*worker{idle, heldOff}}
+	s.askHelp()
+	if len(idle.wake) != 1 || len(heldOff.wake) != 0 {
+		t.Fatalf("after a call for help: idle worker woken %d, held-off worker woken %d; want 1 and 0", len(idle.wake), len(heldOff.wake))
+	}
+	<-idle.wake
+	s.wakeAll()
+	if len(idle.wake) != 1 || len(heldOff.wake) != 1 {
+		t.Fatalf("after a notification: woken %d and %d, want both", len(idle.wake), len(heldOff.wake))
+	}
+	<-heldOff.wake
+	heldOff.heldOff.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	s.askHelp()
+	if len(heldOff.wake) != 1 {
+		t.Fatal("a worker whose holding off has ended was not woken by a call for help")
 	}
 }

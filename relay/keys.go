@@ -29,6 +29,17 @@ func (a avoidKeys) add(keys []string, now time.Time) {
 	}
 }
 
+// until returns when the avoidance of every key ends.
+func (a avoidKeys) until() time.Time {
+	var last time.Time
+	for _, t := range a {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
 func (a avoidKeys) keys(now time.Time) []string {
 	var out []string
 	for k, until := range a {
@@ -81,9 +92,10 @@ func (f *inflightKeys) remove(id inflightID) {
 	delete(f.batches, id)
 }
 
-// elsewhere returns those of keys that another owner than worker has in
-// flight, in their order.
-func (f *inflightKeys) elsewhere(worker int, keys []string) []string {
+// elsewhere returns those of keys that another worker than the owner's
+// has in flight, in their order: a worker's batch and the one it claims
+// ahead of it (owners 2i and 2i+1) are both its own.
+func (f *inflightKeys) elsewhere(owner int, keys []string) []string {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -93,7 +105,7 @@ func (f *inflightKeys) elsewhere(worker int, keys []string) []string {
 	}
 	f.mu.Lock()
 	for _, b := range f.batches {
-		if b.owner == worker {
+		if b.owner>>1 == owner>>1 {
 			continue
 		}
 		for i := range b.recs {

@@ -169,6 +169,22 @@ func (s *source) wakeAll() {
 	}
 }
 
+// askHelp nudges the idle workers of the outbox to claim beside a
+// worker that found a full batch, but not those held off: their last
+// claim found only rows of keys in flight elsewhere.
+func (s *source) askHelp() {
+	now := time.Now().UnixNano()
+	for _, w := range s.workers {
+		if w.heldOff.Load() > now {
+			continue
+		}
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // batchFailed reports a batch that failed as a whole, which only the
 // database does: a failure the relay waits out (out of connections, a
 // timeout, a read-only server after a failover) with what it means, and

@@ -25,6 +25,10 @@ type worker struct {
 	avoid       avoidKeys
 	avgRowBytes int
 	aheadPaused time.Time // no claiming ahead before then
+	// heldOff is when the worker, whose last claim found only rows of
+	// keys in flight elsewhere, answers calls for help again, as
+	// nanoseconds since the Unix epoch (see source.askHelp).
+	heldOff atomic.Int64
 	// busySince is when the batch under way began, as time since the
 	// relay's epoch plus one; 0 while the worker waits (see Relay.Wedged).
 	busySince atomic.Int64
@@ -44,6 +48,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	var ahead chan taken // the next batch, being claimed
+	var unsent keySet    // keys of the last batch delivered not all sent
 	defer func() {
 		if ahead != nil {
 			w.drop(ctx, <-ahead)
@@ -57,24 +62,30 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		}
 		w.busySince.Store(int64(time.Since(r.epoch)) + 1)
 		var t taken
+		held := false // rows of the batch claimed ahead held back
 		if ahead != nil {
 			t, ahead = <-ahead, nil
-			if t.err == nil && 2*len(t.claim.Records) < t.limit {
-				// Not worth it: the backlog is ending, or its rows are
-				// held behind the batch before it (a hot key).
-				w.aheadPaused = time.Now().Add(avoidFor)
+			if t.err == nil {
+				if 2*len(t.claim.Records) < t.limit {
+					// Not worth it: the backlog is ending, or its rows
+					// are held behind another worker's batch (a hot key).
+					w.aheadPaused = time.Now().Add(avoidFor)
+				}
+				held = t.holdBack(unsent)
 			}
 		} else {
-			t = w.claim(ctx, w.owner, false)
+			t = w.claim(ctx, w.owner, nil)
 		}
 		more, err := false, t.err
 		if err == nil {
 			if w.claimAhead(t) {
 				next := make(chan taken, 1)
-				go func() { next <- w.claim(ctx, t.owner^1, true) }()
+				follows := keyedRows(t.claim.Records)
+				go func() { next <- w.claim(ctx, t.owner^1, follows) }()
 				ahead = next
 			}
-			more, err = w.deliver(ctx, inflight, t)
+			more, unsent, err = w.deliver(ctx, inflight, t)
+			more = more || held
 		}
 		if err != nil {
 			if ahead != nil {
@@ -97,6 +108,13 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		// before it was full.
 		if more || ahead != nil || t.ahead {
 			continue
+		}
+		if len(t.claim.Records) == 0 && t.claim.Skipped > 0 {
+			// All it found is in flight elsewhere, a hot key's rows
+			// most likely: claiming past them again, or excluding them,
+			// which scans the rest of the backlog, would only cost the
+			// database. Notifications still wake it.
+			w.heldOff.Store(w.avoid.until().UnixNano())
 		}
 		// Wake up when a breaker may let a probe through, too.
 		wait := r.cfg.PollInterval
@@ -124,6 +142,47 @@ func (w *worker) run(ctx, inflight context.Context) error {
 // rows wait for older transactions (strict order).
 const heldRecheck = 2 * time.Millisecond
 
+// keySet is a set of keys.
+type keySet map[string]bool
+
+// keyedRows returns the keys and ids of recs' keyed rows.
+func keyedRows(recs []outbox.Record) []outbox.KeyedRow {
+	out := make([]outbox.KeyedRow, 0, len(recs))
+	for i := range recs {
+		if r := &recs[i]; r.HasKey {
+			out = append(out, outbox.KeyedRow{Key: r.Key, ID: r.ID})
+		}
+	}
+	return out
+}
+
+// unsentKeys returns the keys of recs' keyed rows without a Sent outcome;
+// nil when every row was sent.
+func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome) keySet {
+	n := 0
+	for i := range outcomes {
+		if outcomes[i].Kind == outbox.Sent {
+			n++
+		}
+	}
+	if n == len(recs) {
+		return nil
+	}
+	sent := make(map[int64]bool, n)
+	for i := range outcomes {
+		if outcomes[i].Kind == outbox.Sent {
+			sent[outcomes[i].ID] = true
+		}
+	}
+	out := keySet{}
+	for i := range recs {
+		if r := &recs[i]; r.HasKey && !sent[r.ID] {
+			out[r.Key] = true
+		}
+	}
+	return out
+}
+
 // taken is a claimed batch not yet delivered.
 type taken struct {
 	claim    *outbox.Claim
@@ -133,6 +192,28 @@ type taken struct {
 	start    time.Time // when the claim began
 	ahead    bool      // claimed while the batch before it was delivered
 	err      error
+}
+
+// holdBack leaves out of t, a batch claimed ahead, the rows of keys that
+// the batch before it did not all send: they followed rows that failed
+// (or were given back), so they must not go out now. Left without an
+// outcome, they stay ready as they were, and the next claim holds them
+// back behind the failed rows, as it would have without following. It
+// reports whether it held back any row.
+func (t *taken) holdBack(unsent keySet) bool {
+	if len(unsent) == 0 {
+		return false
+	}
+	// A new slice: the in-flight registry holds the claimed one.
+	kept := make([]outbox.Record, 0, len(t.claim.Records))
+	for _, r := range t.claim.Records {
+		if !r.HasKey || !unsent[r.Key] {
+			kept = append(kept, r)
+		}
+	}
+	held := len(kept) < len(t.claim.Records)
+	t.claim.Records = kept
+	return held
 }
 
 // claimAhead reports whether the worker should claim its next batch while
@@ -154,8 +235,9 @@ func (w *worker) claimAhead(t taken) bool {
 }
 
 // claim claims a batch, its keys in flight under owner until the batch is
-// delivered or dropped.
-func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
+// delivered or dropped. A batch claimed ahead follows the keyed rows of
+// the one being delivered (see outbox.ClaimParams.Follows).
+func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow) taken {
 	r, s := w.r, w.s
 	start := time.Now()
 	limit := w.claimLimit()
@@ -164,7 +246,7 @@ func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	claim, err := s.store.Claim(claimCtx, outbox.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: s.inflight.elsewhere(owner, w.avoid.keys(start)),
-		ExcludeTopics: closed, ExcludeFor: closedFor,
+		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows,
 	})
 	cancel()
 	s.sqlBusy.Add(-1)
@@ -186,7 +268,7 @@ func (w *worker) claim(ctx context.Context, owner int, ahead bool) taken {
 	}
 	w.avoid.add(claim.SkippedKeys, start)
 	id := s.inflight.add(owner, claim.Records)
-	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: ahead}
+	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil}
 }
 
 // claimLimit sizes the next claim from the size of the rows the last one
@@ -217,8 +299,9 @@ func (w *worker) drop(ctx context.Context, t taken) {
 // and completes the claim with them. Groups of destinations with a
 // visibility timeout are leased instead, and delivered after the claim
 // commits. more reports that it delivered something, so the worker should
-// look again before sleeping.
-func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err error) {
+// look again before sleeping. unsent are the keys of its rows not all
+// sent, which a batch claimed ahead of it must hold back.
+func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, unsent keySet, err error) {
 	r, s := w.r, w.s
 	claim, start, limit := t.claim, t.start, t.limit
 	defer s.inflight.remove(t.inflight)
@@ -228,12 +311,12 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 		if claim.Deferred > 0 {
 			// The claim's rows were rescheduled: look again at once.
 			if err := claim.Complete(writeCtx, nil); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			s.tally.settled(nil, nil, claim.Deferred)
-			return true, nil
+			return true, nil, nil
 		}
-		return false, claim.Release(writeCtx)
+		return false, nil, claim.Release(writeCtx)
 	}
 
 	// Planning and publishing take one of the turns the outboxes share;
@@ -247,10 +330,10 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	if err != nil {
 		w.drop(ctx, t)
 		if ctx.Err() != nil {
-			return false, ctx.Err()
+			return false, nil, ctx.Err()
 		}
 		s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(claim.Records)))
-		return true, nil
+		return true, unsentKeys(claim.Records, nil), nil
 	}
 	turn := true
 	giveBack := func() {
@@ -302,7 +385,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	err = claim.Complete(writeCtx, outcomes)
 	s.sqlBusy.Add(-1)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	for _, g := range leased {
 		s.leases.start(inflight, g, claim.LeaseExpiry)
@@ -313,7 +396,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
-		s.wakeAll()
+		s.askHelp()
 	}
 	// Claim again at once after any outcome or rescheduling: rows
 	// committed meanwhile may not have notified (one notifier at a time),
@@ -321,7 +404,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, err
 	more = len(outcomes) > 0 || claim.Deferred > 0
 	s.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
-	return more, nil
+	return more, unsentKeys(claim.Records, outcomes), nil
 }
 
 // publish hands each group to its destination, the destinations in

@@ -129,7 +129,8 @@ func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*
 
 // HoldersArgs name a claim's keyed rows, for the key check.
 type HoldersArgs struct {
-	// Keys and IDs are the claimed keyed rows, in id order.
+	// Keys and IDs are the claimed keyed rows, in id order, after any
+	// rows the claim follows: the last id ends the claim's span.
 	Keys []string
 	IDs  []int64
 	// MinPending is the lowest pending id at the claim.

@@ -125,9 +125,11 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if cfg.Only == "" && !step.byDefault || cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {
 			continue
 		}
+		began := time.Now()
 		if err := step.run(ctx); err != nil {
 			return r.results, err
 		}
+		cfg.Logf("%s: %s", step.group, time.Since(began).Round(time.Second))
 	}
 	return r.results, nil
 }

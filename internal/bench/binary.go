@@ -25,10 +25,10 @@ import (
 // table in the same run (the table's physical limit, see rawCeiling).
 //
 // Each backlog size, key distribution and write-back mode is a series:
-// a raw ceiling, then each drain followed by another ceiling, on a fresh
-// table each; a drain's share is of the mean of the ceilings beside it,
-// so a change in the machine's speed weighs on both sides alike. With 10k
-// keys, one, two and four processes drain in turn. A delete-on-send
+// a raw ceiling, the drains, and another ceiling, on a fresh table each;
+// a drain's share is of the mean of the two ceilings, so a change in the
+// machine's speed weighs on both sides alike. With 10k keys, one, two
+// and four processes drain in turn. A delete-on-send
 // series ends with the order ceiling: the relay's own claim, with its
 // per-key order check, and write-back through the library on one
 // connection, without publishing, whose distance to the raw ceiling is
@@ -87,8 +87,9 @@ func (r *runner) users(ctx context.Context) error {
 	return nil
 }
 
-// userSeries runs one series of users: the drains by procs processes in
-// turn between raw ceilings, then, deleting, the order ceiling. It
+// userSeries runs one series of users: a raw ceiling, the drains by
+// procs processes in turn, another raw ceiling, then, deleting, the order
+// ceiling. It
 // returns the drains' rates; none when the series does not match.
 func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, keys string, keep bool, procs []int) ([]float64, error) {
 	mode := "delete-on-send"
@@ -108,38 +109,32 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 	if !matched {
 		return nil, nil
 	}
-	ceilings := make([]float64, 0, len(procs)+1)
-	c, err := r.rawCeiling(ctx, rows, keyExpr, keep)
+	before, err := r.rawCeiling(ctx, rows, keyExpr, keep)
 	if err != nil {
 		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
 	}
-	ceilings = append(ceilings, c)
-	var rates []float64
+	rates := make([]float64, len(procs))
+	rss := make([]int64, len(procs))
 	for i, n := range procs {
-		got, rss, err := r.binaryDrain(ctx, bin, rows, keyExpr, keep, n)
-		if err != nil {
+		if rates[i], rss[i], err = r.binaryDrain(ctx, bin, rows, keyExpr, keep, n); err != nil {
 			return nil, fmt.Errorf("%s: %w", names[i], err)
 		}
-		c, err := r.rawCeiling(ctx, rows, keyExpr, keep)
-		if err != nil {
-			return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
-		}
-		ceilings = append(ceilings, c)
-		ceiling := (ceilings[i] + ceilings[i+1]) / 2
-		rates = append(rates, got)
-		detail := fmt.Sprintf("%.0f%% of the raw ceiling", 100*got/ceiling)
+	}
+	after, err := r.rawCeiling(ctx, rows, keyExpr, keep)
+	if err != nil {
+		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
+	}
+	mean := (before + after) / 2
+	for i, got := range rates {
+		detail := fmt.Sprintf("%.0f%% of the raw ceiling", 100*got/mean)
 		if i > 0 {
 			detail += fmt.Sprintf(", %.2f× one process", got/rates[0])
 		}
 		r.add(Result{Group: "binary", Name: names[i], Value: got, Unit: "rows/s",
-			Detail: fmt.Sprintf("%s; peak RSS %.0f MB", detail, float64(rss)/(1<<20))})
-	}
-	var mean float64
-	for _, c := range ceilings {
-		mean += c / float64(len(ceilings))
+			Detail: fmt.Sprintf("%s; peak RSS %.0f MB", detail, float64(rss[i])/(1<<20))})
 	}
 	r.add(Result{Group: "raw ceiling", Name: series, Value: mean, Unit: "rows/s",
-		Detail: "mean of " + list(ceilings) + ", before, between and after the drains"})
+		Detail: "mean of " + list([]float64{before, after}) + ", before and after the drains"})
 	if keep {
 		return rates, nil
 	}

@@ -16,27 +16,31 @@ import (
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
-	claimed := map[string]bool{}
-	for _, r := range c.Records {
-		if r.HasKey {
-			claimed[r.Key] = true
-		}
-	}
-	if len(claimed) == 0 {
-		return nil
-	}
-	// The rows followed come first: the span's end is the last id.
-	for _, f := range p.Follows {
-		if claimed[f.Key] {
-			keys = append(keys, f.Key)
-			ids = append(ids, f.ID)
-		}
-	}
 	for _, r := range c.Records {
 		if r.HasKey {
 			keys = append(keys, r.Key)
 			ids = append(ids, r.ID)
 		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if len(p.Follows) > 0 {
+		// The followed rows of the claimed keys come first: the span's
+		// end is the last id.
+		claimed := make(map[string]bool, len(keys))
+		for _, k := range keys {
+			claimed[k] = true
+		}
+		var fk []string
+		var fi []int64
+		for _, f := range p.Follows {
+			if claimed[f.Key] {
+				fk = append(fk, f.Key)
+				fi = append(fi, f.ID)
+			}
+		}
+		keys, ids = append(fk, keys...), append(fi, ids...)
 	}
 	last := ids[len(ids)-1]
 	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, MinPending: c.minPending,

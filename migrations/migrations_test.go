@@ -749,3 +749,34 @@ func TestCheckVersion(t *testing.T) {
 		t.Fatalf("one down: %v", err)
 	}
 }
+
+// The outbox table is vacuumed without throttling, and migrating down
+// gives it back the server's setting.
+func TestOutboxVacuumedUnthrottled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m := migrateUp(t, db)
+	options := func() string {
+		var opts sql.NullString
+		if err := db.QueryRow(`SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&opts); err != nil {
+			t.Fatal(err)
+		}
+		return opts.String
+	}
+	if got := options(); got != "autovacuum_vacuum_cost_delay=0" {
+		t.Fatalf("outbox table options %q, want autovacuum_vacuum_cost_delay=0", got)
+	}
+	for {
+		res, err := m.Down(ctx)
+		if err != nil {
+			t.Fatalf("down: %v", err)
+		}
+		if res.Source.Version == 13 {
+			break
+		}
+	}
+	if got := options(); got != "" {
+		t.Fatalf("after migrating down, outbox table options %q, want none", got)
+	}
+}

@@ -45,6 +45,20 @@ func migrateUp(t *testing.T, db *sql.DB) *migrations.Migrator {
 	return m
 }
 
+// downThrough migrates down until migration version is undone.
+func downThrough(t *testing.T, m *migrations.Migrator, version int64) {
+	t.Helper()
+	for {
+		res, err := m.Down(context.Background())
+		if err != nil {
+			t.Fatalf("down: %v", err)
+		}
+		if res.Source.Version == version {
+			return
+		}
+	}
+}
+
 func tableExists(t *testing.T, db *sql.DB, schema, table string) bool {
 	t.Helper()
 	var ok bool
@@ -680,15 +694,7 @@ func TestParkedNoteBecomesColumn(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	db := openDB(t, dsn)
 	m := migrateUp(t, db)
-	for {
-		res, err := m.Down(ctx)
-		if err != nil {
-			t.Fatalf("down: %v", err)
-		}
-		if res.Source.Version == 7 {
-			break
-		}
-	}
+	downThrough(t, m, 7)
 	if _, err := db.Exec(`INSERT INTO outbox (topic, key, payload, status, dead_letter_reason, dead_lettered_at, key_parked)
 VALUES ('t', 'K', 'x', 'dead_lettered', 'permanent', now(), true)`); err != nil {
 		t.Fatal(err)
@@ -754,7 +760,6 @@ func TestCheckVersion(t *testing.T) {
 // gives it back the server's setting.
 func TestOutboxVacuumedUnthrottled(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := openDB(t, pgtest.NewDatabase(t))
 	m := migrateUp(t, db)
 	options := func() string {
@@ -767,15 +772,7 @@ func TestOutboxVacuumedUnthrottled(t *testing.T) {
 	if got := options(); got != "autovacuum_vacuum_cost_delay=0" {
 		t.Fatalf("outbox table options %q, want autovacuum_vacuum_cost_delay=0", got)
 	}
-	for {
-		res, err := m.Down(ctx)
-		if err != nil {
-			t.Fatalf("down: %v", err)
-		}
-		if res.Source.Version == 13 {
-			break
-		}
-	}
+	downThrough(t, m, 13)
 	if got := options(); got != "" {
 		t.Fatalf("after migrating down, outbox table options %q, want none", got)
 	}

@@ -162,10 +162,7 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, inflight context.Conte
 // wakeAll nudges every idle worker of the outbox.
 func (s *source) wakeAll() {
 	for _, w := range s.workers {
-		select {
-		case w.wake <- struct{}{}:
-		default:
-		}
+		w.nudge()
 	}
 }
 
@@ -175,12 +172,8 @@ func (s *source) wakeAll() {
 func (s *source) askHelp() {
 	now := time.Now().UnixNano()
 	for _, w := range s.workers {
-		if w.heldOff.Load() > now {
-			continue
-		}
-		select {
-		case w.wake <- struct{}{}:
-		default:
+		if w.heldOff.Load() <= now {
+			w.nudge()
 		}
 	}
 }

@@ -138,6 +138,14 @@ func (w *worker) run(ctx, inflight context.Context) error {
 	}
 }
 
+// nudge wakes the worker if it is idle; a wake-up already pending will do.
+func (w *worker) nudge() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
 // heldRecheck is the shortest wait before a worker claims again while
 // rows wait for older transactions (strict order).
 const heldRecheck = 2 * time.Millisecond

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -88,9 +90,10 @@ func (r *runner) users(ctx context.Context) error {
 }
 
 // userSeries runs one series of users: a raw ceiling, the drains by
-// procs processes in turn, another raw ceiling, then, deleting, the order
-// ceiling. It
-// returns the drains' rates; none when the series does not match.
+// procs processes in turn, another raw ceiling, where several process
+// counts are compared the raw ceiling on their workers' connections, then,
+// deleting, the order ceiling. It returns the drains' rates; none when the
+// series does not match.
 func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, keys string, keep bool, procs []int) ([]float64, error) {
 	mode := "delete-on-send"
 	if keep {
@@ -109,7 +112,7 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 	if !matched {
 		return nil, nil
 	}
-	before, err := r.rawCeiling(ctx, rows, keyExpr, keep)
+	before, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
 	}
@@ -120,11 +123,23 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 			return nil, fmt.Errorf("%s: %w", names[i], err)
 		}
 	}
-	after, err := r.rawCeiling(ctx, rows, keyExpr, keep)
+	after, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
 	}
 	mean := (before + after) / 2
+	// Where processes are compared, the same bare SQL on as many
+	// connections as their workers: what more claimers get from the
+	// database on this machine, without key order.
+	wide := make([]float64, len(procs))
+	for i, n := range procs {
+		if len(procs) == 1 {
+			break
+		}
+		if wide[i], err = r.rawCeiling(ctx, rows, keyExpr, keep, n*relay.DefaultWorkers); err != nil {
+			return nil, fmt.Errorf("%s: raw ceiling on %d connections: %w", series, n*relay.DefaultWorkers, err)
+		}
+	}
 	for i, got := range rates {
 		detail := fmt.Sprintf("%.0f%% of the raw ceiling", 100*got/mean)
 		if i > 0 {
@@ -135,6 +150,12 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 	}
 	r.add(Result{Group: "raw ceiling", Name: series, Value: mean, Unit: "rows/s",
 		Detail: "mean of " + list([]float64{before, after}) + ", before and after the drains"})
+	for i, n := range procs {
+		if wide[i] > 0 {
+			r.add(Result{Group: "raw ceiling", Name: fmt.Sprintf("%s, %d connections", series, n*relay.DefaultWorkers), Value: wide[i], Unit: "rows/s",
+				Detail: fmt.Sprintf("%.2f× one connection: the bare SQL of %s", wide[i]/mean, workersOf(n))})
+		}
+	}
 	if keep {
 		return rates, nil
 	}
@@ -152,7 +173,7 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 // connection, at the relay's default batch size: the raw ceiling plus
 // what keeping order costs the database.
 func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (float64, error) {
-	e, err := r.filled(ctx, rows, keyExpr)
+	e, err := r.filled(ctx, rows, keyExpr, 2)
 	if err != nil {
 		return 0, err
 	}
@@ -171,9 +192,10 @@ func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (fl
 	return float64(rows) / time.Since(start).Seconds(), nil
 }
 
-// filled returns a fresh environment with a backlog of rows.
-func (r *runner) filled(ctx context.Context, rows int, keyExpr string) (*env, error) {
-	e, err := r.newEnv(ctx, 2)
+// filled returns a fresh environment with a backlog of rows, and conns
+// connections for the relay (at least two).
+func (r *runner) filled(ctx context.Context, rows int, keyExpr string, conns int) (*env, error) {
+	e, err := r.newEnv(ctx, int32(max(2, conns)))
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +204,14 @@ func (r *runner) filled(ctx context.Context, rows int, keyExpr string) (*env, er
 		return nil, err
 	}
 	return e, nil
+}
+
+// workersOf names n processes' workers.
+func workersOf(n int) string {
+	if n == 1 {
+		return "one process's workers"
+	}
+	return fmt.Sprintf("%d processes' workers", n)
 }
 
 // count writes 200000 as 200k and 1000000 as 1M.
@@ -214,21 +244,17 @@ func (r *runner) binary(ctx context.Context) (string, func(), error) {
 }
 
 // rawCeiling drains a backlog of rows with the bare claim and delete
-// (or, keep, the mark as sent), on one connection with
+// (or, keep, the mark as sent) on conns connections at once, each with
 // synchronous_commit off as the relay's: select what a relay reads of a
-// batch of 1000 ready rows in id order, locking them, then delete them by
-// id, and commit. No key order, no publish.
-func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool) (float64, error) {
-	e, err := r.filled(ctx, rows, keyExpr)
+// batch of 1000 ready rows in id order, locking them (skipping the rows
+// another connection holds), then delete them by id, and commit. No key
+// order, no publish.
+func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool, conns int) (float64, error) {
+	e, err := r.filled(ctx, rows, keyExpr, conns)
 	if err != nil {
 		return 0, err
 	}
 	defer e.close()
-	conn, err := e.relayPool.Acquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Release()
 	const claim = `SELECT id, event_id, topic, key, payload, headers, created_at, retry_count
 		FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
 		ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`
@@ -236,35 +262,51 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 	if keep {
 		write = "UPDATE outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1)"
 	}
+	held := make([]*pgxpool.Conn, conns)
+	for i := range held {
+		if held[i], err = e.relayPool.Acquire(ctx); err != nil {
+			return 0, err
+		}
+		defer held[i].Release()
+	}
+	var done atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
 	start := time.Now()
-	done := 0
-	for done < rows {
-		var ids []int64
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			rs, err := tx.Query(ctx, claim)
-			if err != nil {
-				return err
-			}
-			for rs.Next() {
-				vals, err := rs.Values()
+	for _, conn := range held {
+		g.Go(func() error {
+			for done.Load() < int64(rows) {
+				var ids []int64
+				err := pgx.BeginFunc(gctx, conn, func(tx pgx.Tx) error {
+					rs, err := tx.Query(gctx, claim)
+					if err != nil {
+						return err
+					}
+					for rs.Next() {
+						vals, err := rs.Values()
+						if err != nil {
+							return err
+						}
+						ids = append(ids, vals[0].(int64))
+					}
+					if err := rs.Err(); err != nil {
+						return err
+					}
+					_, err = tx.Exec(gctx, write, ids)
+					return err
+				})
 				if err != nil {
 					return err
 				}
-				ids = append(ids, vals[0].(int64))
+				if len(ids) == 0 && conns == 1 {
+					return fmt.Errorf("the claim found nothing after %d of %d rows", done.Load(), rows)
+				}
+				done.Add(int64(len(ids)))
 			}
-			if err := rs.Err(); err != nil {
-				return err
-			}
-			_, err = tx.Exec(ctx, write, ids)
-			return err
+			return nil
 		})
-		if err != nil {
-			return 0, err
-		}
-		if len(ids) == 0 {
-			return 0, fmt.Errorf("the claim found nothing after %d of %d rows", done, rows)
-		}
-		done += len(ids)
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
 	}
 	return float64(rows) / time.Since(start).Seconds(), nil
 }
@@ -275,7 +317,7 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 // process's start of delivery to an empty table. It returns rows/s and
 // the largest peak resident memory of the processes.
 func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr string, keep bool, procs int) (float64, int64, error) {
-	e, err := r.filled(ctx, rows, keyExpr)
+	e, err := r.filled(ctx, rows, keyExpr, 2)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -164,23 +164,49 @@ func (m *Migrator) Status(ctx context.Context) ([]*Status, error) {
 
 // ensureSchema creates the schema under the migration lock, because two
 // concurrent CREATE SCHEMA IF NOT EXISTS can still collide on the catalog's
-// unique index.
+// unique index. It polls for the lock rather than wait in a transaction:
+// a replica migrating meanwhile may build an index concurrently, which
+// waits for every transaction with a snapshot, and a transaction waiting
+// for that replica's lock would deadlock with it.
 func (m *Migrator) ensureSchema(ctx context.Context) error {
+	for {
+		created, err := m.tryCreateSchema(ctx)
+		if err != nil {
+			return fmt.Errorf("create schema %s: %w", m.schema, err)
+		}
+		if created {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create schema %s: waiting for another migration: %w", m.schema, ctx.Err())
+		case <-time.After(schemaLockPoll):
+		}
+	}
+}
+
+// schemaLockPoll is how often ensureSchema tries the migration lock.
+const schemaLockPoll = 100 * time.Millisecond
+
+// tryCreateSchema creates the schema if the migration lock is free, and
+// reports whether it was.
+func (m *Migrator) tryCreateSchema(ctx context.Context) (bool, error) {
 	tx, err := m.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("create schema %s: %w", m.schema, err)
+		return false, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", m.lockID); err != nil {
-		return fmt.Errorf("create schema %s: lock: %w", m.schema, err)
+	var locked bool
+	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", m.lockID).Scan(&locked); err != nil {
+		return false, fmt.Errorf("lock: %w", err)
+	}
+	if !locked {
+		return false, nil
 	}
 	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
-		return fmt.Errorf("create schema %s: %w", m.schema, err)
+		return false, err
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("create schema %s: %w", m.schema, err)
-	}
-	return nil
+	return true, tx.Commit()
 }
 
 // render returns the embedded migrations with the schema filled in.

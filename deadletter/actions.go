@@ -262,6 +262,11 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 		return res, nil
 	}
 
+	if p.Filter.Group != "" {
+		if err := s.groupRows(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var cutoff time.Time
 	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&cutoff); err != nil {
 		return nil, fmt.Errorf("%s: %w", action, err)

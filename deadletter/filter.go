@@ -43,6 +43,9 @@ type Filter struct {
 	// ErrorContains is text in last_error, matched without regard to
 	// case.
 	ErrorContains string `json:"error_contains,omitempty"`
+	// Group is a failure group's id (see Group): the dead letters of its
+	// destination and reason whose errors have its fingerprint.
+	Group string `json:"group,omitempty"`
 }
 
 // IsZero reports whether f matches every dead letter.
@@ -51,6 +54,9 @@ func (f Filter) IsZero() bool { return f == Filter{} }
 // Validate reports every problem of f at once.
 func (f Filter) Validate() error {
 	var p []string
+	if f.Group != "" && !groupIDPattern.MatchString(f.Group) {
+		p = append(p, fmt.Sprintf("group %q is not a failure group's id (12 hexadecimal digits, as dlq groups lists them)", f.Group))
+	}
 	if f.Reason != "" && !slices.Contains(Reasons, f.Reason) {
 		p = append(p, fmt.Sprintf("reason %q is not a dead-letter reason; use one of %s", f.Reason, strings.Join(Reasons, ", ")))
 	}
@@ -163,7 +169,7 @@ func formatAgo(d time.Duration) string {
 // rows is f as the outbox table's statements take it.
 func (f Filter) rows() outboxdb.LetterFilter {
 	return outboxdb.LetterFilter{Topic: f.Topic, Destination: f.Destination, Reason: f.Reason, Key: f.Key,
-		Since: outboxdb.Bound(f.Since), Until: outboxdb.Bound(f.Until), ErrorContains: f.ErrorContains}
+		Since: outboxdb.Bound(f.Since), Until: outboxdb.Bound(f.Until), ErrorContains: f.ErrorContains, Group: f.Group}
 }
 
 // InputError is input that cannot be used: a malformed filter, time,

@@ -64,6 +64,7 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	}
 	handle("GET /dead-letters", h.list)
 	handle("GET /dead-letters/{ref}", h.show)
+	handle("GET /dead-letter-groups", h.groups)
 	handle("GET /parked-keys", h.keys)
 	actions := map[string]http.HandlerFunc{
 		ActionReplay: h.replay, ActionEdit: h.edit, ActionDiscard: h.discard, ActionRelease: h.release,
@@ -137,7 +138,7 @@ func (h *api) authenticate(next http.Handler) http.Handler {
 }
 
 func (h *api) list(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, "topic", "destination", "reason", "key", "since", "until", "error", "status", "limit", "cursor")
+	q, err := query(r, append(filterParams, "status", "limit", "cursor")...)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -153,6 +154,29 @@ func (h *api) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := store(r).List(r.Context(), ListParams{Filter: f, Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor")})
+	h.reply(w, r, page, err)
+}
+
+// filterParams are the query parameters of a Filter.
+var filterParams = []string{"topic", "destination", "reason", "key", "since", "until", "error", "group"}
+
+func (h *api) groups(w http.ResponseWriter, r *http.Request) {
+	q, err := query(r, append(filterParams, "limit")...)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	f, err := filterFromQuery(q)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	limit, err := intParam(q, "limit")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	page, err := store(r).Groups(r.Context(), GroupParams{Filter: f, Limit: limit})
 	h.reply(w, r, page, err)
 }
 
@@ -401,7 +425,7 @@ func query(r *http.Request, allowed ...string) (url.Values, error) {
 
 func filterFromQuery(q url.Values) (Filter, error) {
 	f := Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
-		Key: q.Get("key"), ErrorContains: q.Get("error")}
+		Key: q.Get("key"), ErrorContains: q.Get("error"), Group: q.Get("group")}
 	var err error
 	f.Since, f.Until, err = ParseWindow(q.Get("since"), q.Get("until"))
 	return f, err

@@ -78,6 +78,7 @@ func TestAPIRequiresToken(t *testing.T) {
 		{"POST", "/api/v1/dead-letters/replay", fmt.Sprintf(`{"ids":[%d]}`, id)},
 		{"POST", "/api/v1/dead-letters/discard", fmt.Sprintf(`{"ids":[%d],"reason":"x"}`, id)},
 		{"POST", fmt.Sprintf("/api/v1/dead-letters/%d/edit", id), `{"topic":"orders"}`},
+		{"GET", "/api/v1/dead-letter-groups", ""},
 		{"GET", "/api/v1/parked-keys", ""},
 		{"POST", "/api/v1/parked-keys/release", `{"key":"customer-7"}`},
 		{"GET", "/api/v1/audit", ""},
@@ -361,5 +362,46 @@ func TestAPIServesEachOutbox(t *testing.T) {
 	}
 	if code, _ := call(h, "GET", "/api/v1/outboxes/tenant-a/dead-letters", "", "wrong-token-0123456789"); code != 401 {
 		t.Errorf("a wrong token got %d, want 401", code)
+	}
+}
+
+// Failure groups over the API: listed with the list's filters, and a
+// group's id selects its rows for a dry run and a replay.
+func TestAPIFailureGroups(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	a, _ := addDead(t, s, dead{Dest: "hook", LastError: "HTTP 400: order 17 has no 'amount'"})
+	b, _ := addDead(t, s, dead{Dest: "hook", LastError: "HTTP 400: order 18 has no 'currency'"})
+	addDead(t, s, dead{Dest: "hook", LastError: "HTTP 413: too large"})
+	h := newAPI(t, s)
+
+	code, body := call(h, "GET", "/api/v1/dead-letter-groups?destination=hook&limit=10", "")
+	var page deadletter.GroupPage
+	if err := json.Unmarshal([]byte(body), &page); code != 200 || err != nil {
+		t.Fatalf("groups: %d %s (%v)", code, body, err)
+	}
+	if page.Total != 2 || len(page.Groups) != 2 || page.Groups[0].Count != 2 || page.Groups[0].Fingerprint != "HTTP <n>: order <n> has no <q>" {
+		t.Fatalf("groups = %+v", page)
+	}
+	id := page.Groups[0].ID
+	for _, bad := range []string{"?group=xyz", "?limit=-1", "?colour=red", "?reason=bogus"} {
+		before := snapshot(t, s)
+		if code, body := call(h, "GET", "/api/v1/dead-letter-groups"+bad, ""); code != http.StatusBadRequest || !strings.Contains(body, "problems") {
+			t.Errorf("groups%s: %d %s, want 400 with the problems", bad, code, body)
+		}
+		checkUnchanged(t, s, before)
+	}
+	code, body = call(h, "POST", "/api/v1/dead-letters/replay", `{"filter":{"group":"`+id+`"},"dry_run":true}`)
+	if code != 200 || !strings.Contains(body, `"count": 2`) || !strings.Contains(body, `"dry_run": true`) {
+		t.Fatalf("dry run of group %s: %d %s", id, code, body)
+	}
+	if code, body := call(h, "POST", "/api/v1/dead-letters/replay", `{"filter":{"group":"`+id+`"}}`); code != 200 || !strings.Contains(body, `"count": 2`) {
+		t.Fatalf("replay of group %s: %d %s", id, code, body)
+	}
+	if n := count(t, s, "outbox", "status = 'pending' AND id = ANY($1)", []int64{a, b}); n != 2 {
+		t.Errorf("%d of the group's rows pending, want 2", n)
+	}
+	if code, body := call(h, "GET", "/api/v1/dead-letters?group="+id, ""); code != 200 || !strings.Contains(body, `"dead_letters": []`) {
+		t.Errorf("dead letters of the replayed group: %d %s, want none", code, body)
 	}
 }

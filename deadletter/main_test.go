@@ -73,6 +73,9 @@ type dead struct {
 	History string
 	Retries int
 	Parked  bool
+	// Legacy leaves out the failure group, as relays before migration
+	// 14 did.
+	Legacy bool
 }
 
 // addDead inserts a dead letter as the relay leaves one, and returns its id
@@ -114,6 +117,9 @@ func addDead(t *testing.T, s *pgtest.Schema, d dead) (int64, uuid.UUID) {
 	s.Exec(t, `UPDATE outbox SET status = $2, dead_letter_reason = $3, dead_lettered_at = $4, destination = $5,
     last_error = $6, error_history = $7, retry_count = $8, key_parked = $9, last_attempt_at = $4
 WHERE id = $1`, id, d.Status, d.Reason, d.At, nullable(d.Dest), d.LastError, d.History, d.Retries, d.Parked)
+	if !d.Legacy {
+		s.Exec(t, `UPDATE outbox SET error_group = outbox_error_group(destination, dead_letter_reason, last_error) WHERE id = $1`, id)
+	}
 	return id, ev
 }
 

@@ -305,6 +305,11 @@ func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
 		p.Filter.Since, p.Filter.Until = p.Filter.Since.at(anchor), p.Filter.Until.at(anchor)
 	}
 	args.Filter = p.Filter.rows()
+	if p.Filter.Group != "" {
+		if err := s.groupRows(ctx); err != nil {
+			return nil, err
+		}
+	}
 	letters, err := s.q.ListDeadLetters(ctx, s.pool, args)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)

@@ -608,6 +608,10 @@ func TestTableMigrationsDoNotStallProducers(t *testing.T) {
 		{6, "CREATE TRIGGER outbox_xid_first", `SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_xid_first'`},
 		{7, "ALTER TABLE \"public\".outbox ADD COLUMN parked_behind", `SELECT count(*) FROM information_schema.columns
 WHERE table_name = 'outbox' AND column_name = 'parked_behind'`},
+		{14, "ALTER TABLE \"public\".outbox ADD COLUMN error_group", `SELECT count(*) FROM information_schema.columns
+WHERE table_name = 'outbox' AND column_name = 'error_group'`},
+		{15, "CREATE INDEX CONCURRENTLY outbox_failure_group_idx", `SELECT count(*) FROM pg_index
+WHERE indexrelid = 'outbox_failure_group_idx'::regclass AND indisvalid`},
 	} {
 		t.Run(fmt.Sprint(c.version), func(t *testing.T) {
 			t.Parallel()
@@ -775,5 +779,45 @@ func TestOutboxVacuumedUnthrottled(t *testing.T) {
 	downThrough(t, m, 13)
 	if got := options(); got != "" {
 		t.Fatalf("after migrating down, outbox table options %q, want none", got)
+	}
+}
+
+// Rows dead-lettered before the failure groups get their group when the
+// migrations run, in batches; pending rows get none; the groups'
+// index is built valid, and both migrations go down and up again.
+func TestFailureGroupsMigrations(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m := migrateUp(t, db)
+	downThrough(t, m, 14)
+	if _, err := db.Exec(`INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at, last_error)
+SELECT 't', 'x', CASE WHEN g % 10 = 0 THEN 'discarded' ELSE 'dead_lettered' END, 'permanent', now(), 'HTTP 400 for order ' || g
+FROM generate_series(1, 12000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO outbox (topic, payload, last_error) VALUES ('t', 'x', 'HTTP 503 for order 1')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var done, pending, valid int
+	if err := db.QueryRow(`SELECT count(*) FILTER (WHERE error_group = outbox_error_group(NULL, 'permanent', 'HTTP 1 for order 2')
+        AND status <> 'pending'),
+    count(*) FILTER (WHERE error_group IS NOT NULL AND status = 'pending'),
+    (SELECT count(*) FROM pg_index WHERE indexrelid = 'outbox_failure_group_idx'::regclass AND indisvalid)
+FROM outbox`).Scan(&done, &pending, &valid); err != nil {
+		t.Fatal(err)
+	}
+	if done != 12000 || pending != 0 || valid != 1 {
+		t.Fatalf("after up: %d dead letters grouped (want 12000), %d pending rows (want 0), %d valid index (want 1)", done, pending, valid)
+	}
+	downThrough(t, m, 14)
+	var left int
+	if err := db.QueryRow(`SELECT count(*) FROM pg_proc WHERE proname = 'outbox_error_fingerprint'`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("after down: %d fingerprint functions (%v), want 0", left, err)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatalf("up again: %v", err)
 	}
 }

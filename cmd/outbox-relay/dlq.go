@@ -69,7 +69,7 @@ Exit codes: 0 done, 1 failed or bad input (nothing changed), 2 bad usage.`,
 	cmd.PersistentFlags().BoolVar(&d.json, "json", false, "print JSON instead of text")
 	cmd.PersistentFlags().StringVar(&d.outbox, "outbox", "", "the outbox to act on, by its name in outboxes (needed when there are several)")
 	cmd.AddCommand(d.listCmd(), d.showCmd(), d.replayCmd(), d.editCmd(), d.discardCmd(),
-		d.keysCmd(), d.releaseCmd(), d.auditCmd(), d.statsCmd())
+		d.keysCmd(), d.releaseCmd(), d.auditCmd(), d.statsCmd(), d.groupsCmd())
 	return cmd
 }
 
@@ -127,7 +127,7 @@ func lookupEnv(env []string, key string) string {
 
 // filterFlags are the flags that select dead letters.
 type filterFlags struct {
-	topic, destination, reason, key, since, until, errText string
+	topic, destination, reason, key, since, until, errText, group string
 }
 
 func (f *filterFlags) bind(fs *pflag.FlagSet) {
@@ -138,10 +138,11 @@ func (f *filterFlags) bind(fs *pflag.FlagSet) {
 	fs.StringVar(&f.since, "since", "", "dead-lettered at or after: RFC 3339 time, date, or duration ago (90m, 6h, 7d)")
 	fs.StringVar(&f.until, "until", "", "dead-lettered before: RFC 3339 time, date, or duration ago")
 	fs.StringVar(&f.errText, "error", "", "text in the last error, any case")
+	fs.StringVar(&f.group, "group", "", "failure group id, as 'dlq groups' lists them")
 }
 
 func (f *filterFlags) filter() (deadletter.Filter, error) {
-	out := deadletter.Filter{Topic: f.topic, Destination: f.destination, Reason: f.reason, Key: f.key, ErrorContains: f.errText}
+	out := deadletter.Filter{Topic: f.topic, Destination: f.destination, Reason: f.reason, Key: f.key, ErrorContains: f.errText, Group: f.group}
 	var err error
 	if out.Since, out.Until, err = deadletter.ParseWindow(f.since, f.until); err != nil {
 		return out, err

@@ -86,9 +86,9 @@ func deadLetter(t *testing.T, pool *pgxpool.Pool, l letter) int64 {
 	history := fmt.Sprintf(`[{"at":"2026-11-20T10:00:00Z","attempt":1,"class":"permanent","error":%q}]`, l.err)
 	var id int64
 	err := pool.QueryRow(context.Background(), `INSERT INTO outbox (topic, key, payload, headers, status, retry_count,
-    last_error, last_attempt_at, dead_letter_reason, dead_lettered_at, key_parked, destination, error_history)
+    last_error, last_attempt_at, dead_letter_reason, dead_lettered_at, key_parked, destination, error_history, error_group)
 VALUES ($1, $2, $3, '{"content-type":"application/json"}', 'dead_lettered', 1, $4, now(), $5,
-    now() - $6 * interval '1 microsecond', $7, $8, $9)
+    now() - $6 * interval '1 microsecond', $7, $8, $9, outbox_error_group($8, $5, $4))
 RETURNING id`, l.topic, key, []byte(l.payload), l.err, l.reason, l.ago.Microseconds(), l.parked, dest, history).Scan(&id)
 	if err != nil {
 		t.Fatal(err)
@@ -403,5 +403,48 @@ func TestDLQEditFromStdin(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT details->'before'->>'headers' FROM outbox_audit WHERE action = 'edit'`).Scan(&before); err != nil ||
 		!strings.Contains(before, "application/json") {
 		t.Fatalf("audit keeps the original headers: %q %v", before, err)
+	}
+}
+
+// dlq groups lists failure groups, the largest first, and --group selects
+// one group's rows for the other commands.
+func TestDLQGroups(t *testing.T) {
+	t.Parallel()
+	c, pool := newCLI(t)
+	a := deadLetter(t, pool, letter{topic: "orders", dest: "hook", err: "HTTP 400: order 17 has no 'amount'"})
+	b := deadLetter(t, pool, letter{topic: "orders", dest: "hook", err: "HTTP 400: order 18 has no 'currency'"})
+	deadLetter(t, pool, letter{topic: "orders", dest: "hook", err: "HTTP 413: too large"})
+
+	var page struct {
+		Groups []struct {
+			ID          string `json:"id"`
+			Count       int    `json:"count"`
+			Fingerprint string `json:"fingerprint"`
+			Example     string `json:"example"`
+		} `json:"groups"`
+		Total int `json:"total"`
+	}
+	c.json(&page, "dlq", "groups")
+	if page.Total != 2 || len(page.Groups) != 2 || page.Groups[0].Count != 2 || page.Groups[0].Fingerprint != "HTTP <n>: order <n> has no <q>" ||
+		page.Groups[0].Example != "HTTP 400: order 18 has no 'currency'" {
+		t.Fatalf("groups: %+v", page)
+	}
+	id := page.Groups[0].ID
+	out := c.ok("dlq", "groups", "--limit", "1")
+	if !strings.Contains(out, id) || !strings.Contains(out, "HTTP <n>: order <n> has no <q>") || !strings.Contains(out, "1 of 2 groups") {
+		t.Errorf("groups --limit 1:\n%s", out)
+	}
+	if out := c.ok("dlq", "replay", "--group", id, "--dry-run"); !strings.Contains(out, "would replay 2 rows") {
+		t.Fatalf("dry run: %s", out)
+	}
+	if out := c.ok("dlq", "replay", "--group", id, "--reason", "hook fixed"); !strings.Contains(out, "replayed 2 rows") {
+		t.Fatalf("replay: %s", out)
+	}
+	if n := countRows(t, pool, fmt.Sprintf("id IN (%d, %d) AND status = 'pending'", a, b)); n != 2 {
+		t.Errorf("%d of the group's rows pending, want 2", n)
+	}
+	r := c.run("", "dlq", "groups", "--group", "nope")
+	if r.code != 1 || !strings.Contains(r.stderr, "not a failure group's id") {
+		t.Errorf("a bad group id: exit %d\n%s", r.code, r.stderr)
 	}
 }

@@ -96,6 +96,8 @@ type LetterFilter struct {
 	Since, Until Bound
 	// ErrorContains is text in last_error, without regard to case.
 	ErrorContains string
+	// Group is a failure group's id.
+	Group string
 }
 
 func (w *where) letters(f LetterFilter) {
@@ -119,6 +121,9 @@ func (w *where) letters(f LetterFilter) {
 	w.bound("dead_lettered_at", "<", f.Until)
 	if f.ErrorContains != "" {
 		w.add("strpos(lower(last_error), lower(?)) > 0", f.ErrorContains)
+	}
+	if f.Group != "" {
+		w.add("error_group = ?", f.Group)
 	}
 }
 
@@ -235,6 +240,53 @@ func (q *Queries) CountDeadLetters(ctx context.Context, db DB) ([]LetterCount, e
 		return nil
 	})
 	return out, err
+}
+
+// FailureGroup is the dead letters of one destination and reason whose
+// errors have one fingerprint.
+type FailureGroup struct {
+	ID, Destination, Reason, Fingerprint string
+	N                                    int
+	First, Last                          time.Time
+	// Example is the error of the group's latest row.
+	Example string
+}
+
+// GroupArgs select failure groups: of the dead letters Filter matches,
+// the Limit largest.
+type GroupArgs struct {
+	Filter LetterFilter
+	Limit  int
+}
+
+// GroupRows gives the dead letters without a failure group theirs, and
+// returns how many it changed. Statement: group_rows.
+func (q *Queries) GroupRows(ctx context.Context, db DB) (int64, error) {
+	tag, err := db.Exec(ctx, q.groupRows)
+	return tag.RowsAffected(), err
+}
+
+// FailureGroups returns the largest failure groups, and how many groups
+// there are in all. Statement: failure_groups.
+func (q *Queries) FailureGroups(ctx context.Context, db DB, a GroupArgs) ([]FailureGroup, int, error) {
+	var w where
+	w.letters(a.Filter)
+	sql, args, err := q.dynamic("failure_groups", &w, a.Limit, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []FailureGroup
+	var g FailureGroup
+	total := 0
+	_, err = pgx.ForEachRow(rows, []any{&g.ID, &g.Destination, &g.Reason, &g.Fingerprint, &g.N, &g.First, &g.Last, &total, &g.Example}, func() error {
+		out = append(out, g)
+		return nil
+	})
+	return out, total, err
 }
 
 // CountParkedKeys counts the keys held back. Statement: parked_key_count.

@@ -74,11 +74,15 @@ type Queries struct {
 	lockForEdit, edit, releaseKey           string
 	lockBehindKeys, unpark                  string
 	insertAudit, auditedRows                string
+	groupRows                               string
 }
 
 // names are the quoted tables a statement is rendered with.
 type names struct {
 	Outbox, Audit string
+	// Fingerprint and Group are the functions that mask an error, and
+	// name a dead letter's failure group.
+	Fingerprint, Group string
 }
 
 // New renders the statements for the outbox in schema (default "public").
@@ -90,8 +94,10 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		return nil, err
 	}
 	q := &Queries{names: names{
-		Outbox: pgx.Identifier{schemaName, "outbox"}.Sanitize(),
-		Audit:  pgx.Identifier{schemaName, "outbox_audit"}.Sanitize(),
+		Outbox:      pgx.Identifier{schemaName, "outbox"}.Sanitize(),
+		Audit:       pgx.Identifier{schemaName, "outbox_audit"}.Sanitize(),
+		Fingerprint: pgx.Identifier{schemaName, "outbox_error_fingerprint"}.Sanitize(),
+		Group:       pgx.Identifier{schemaName, "outbox_error_group"}.Sanitize(),
 	}}
 	sent, leasedSent := "sent_delete", "leased_sent_delete"
 	if opts.KeepSent {
@@ -112,6 +118,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
 		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
 		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,
+		"group_rows": &q.groupRows,
 	} {
 		s, err := render(name, q.names)
 		if err != nil {

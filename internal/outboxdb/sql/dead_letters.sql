@@ -42,6 +42,39 @@ WHERE status IN ('dead_lettered', 'discarded')
 GROUP BY 1, 2, 3, 4
 {{end}}
 
+{{/*
+Failure groups: dead letters of one destination and reason whose errors
+have the same fingerprint, named by error_group (migration 14). The groups
+are counted on their index alone; destination, reason, fingerprint and an
+example come from each group's latest row (the highest id). A relay that
+predates migration 14 leaves error_group empty: group_rows fills it in
+before groups are read or selected.
+*/}}
+
+{{define "group_rows"}}
+UPDATE {{.Outbox}} SET error_group = {{.Group}}(destination, dead_letter_reason, last_error)
+WHERE status IN ('dead_lettered', 'discarded') AND error_group IS NULL
+{{end}}
+
+{{define "failure_groups"}}
+-- dynamic; .Where applies to the dead letters
+WITH g AS (
+    SELECT error_group AS id, count(*) AS n, min(dead_lettered_at) AS first, max(dead_lettered_at) AS last,
+           max(id) AS latest
+    FROM {{.Outbox}}
+    WHERE status = 'dead_lettered' AND {{.Where}}
+    GROUP BY 1),
+top AS (
+    SELECT *, count(*) OVER () AS total FROM g
+    ORDER BY n DESC, last DESC, id
+    LIMIT {{.Limit}})
+SELECT top.id, coalesce(o.destination, ''), coalesce(o.dead_letter_reason, ''),
+       coalesce({{.Fingerprint}}(o.last_error), ''), top.n, top.first, top.last, top.total,
+       coalesce(o.last_error, '')
+FROM top JOIN {{.Outbox}} AS o ON o.id = top.latest
+ORDER BY top.n DESC, top.last DESC, top.id
+{{end}}
+
 {{define "parked_key_count"}}SELECT count(DISTINCT key) FROM {{.Outbox}} WHERE key_parked{{end}}
 
 {{define "lock_refs"}}

@@ -28,6 +28,8 @@ UPDATE {{.Outbox}} AS o SET
     last_attempt_at = CASE WHEN f.attempted THEN statement_timestamp() ELSE o.last_attempt_at END,
     dead_letter_reason = f.reason,
     dead_lettered_at = CASE WHEN f.status = 'dead_lettered' THEN statement_timestamp() END,
+    error_group = CASE WHEN f.status = 'dead_lettered'
+                       THEN {{.Group}}(coalesce(f.dest, o.destination), f.reason, f.err) END,
     key_parked = f.park,
     parked_behind = NULL,
     lease_token = NULL,

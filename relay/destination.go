@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -155,6 +156,9 @@ type dest struct {
 	// pauseBase is how long a deferred row waits when no breaker says.
 	pauseBase time.Duration
 	log       *slog.Logger
+	// publishing counts the rows handed to the publisher and not yet
+	// answered.
+	publishing atomic.Int64
 }
 
 // newDest readies d under the relay's cfg, its defaults applied.
@@ -455,11 +459,13 @@ type DestinationStatus struct {
 	LastError string
 	// Paused are the destination's paused topics and partitions.
 	Paused []PauseStatus
+	// InFlight counts the rows being published to it now.
+	InFlight int
 }
 
 func (d *dest) status() DestinationStatus {
 	state, until := d.breaker.snapshot()
-	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status()}
+	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status(), InFlight: int(d.publishing.Load())}
 	if state == BreakerOpen {
 		st.OpenUntil = until
 	}

@@ -514,3 +514,29 @@ func TestWedgedWorkerIsReported(t *testing.T) {
 	testwait.For(t, "the worker no longer wedged", func() bool { return h.relay.Wedged() == nil })
 	h.stop()
 }
+
+// A destination reports the rows being published to it, and none once
+// they are answered.
+func TestDestinationReportsRowsInFlight(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'p' FROM generate_series(1, 7) g`)
+	publishing, release := make(chan struct{}), make(chan struct{})
+	pub := &gatedPublisher{before: func(call int) {
+		if call == 1 {
+			close(publishing)
+			<-release
+		}
+	}}
+	h := start(t, s, pub, options{cfg: relay.Config{Workers: 1, BatchSize: 10}})
+	<-publishing
+	if n := h.relay.Destinations()[0].InFlight; n != 7 {
+		t.Errorf("in flight while publishing = %d, want 7", n)
+	}
+	close(release)
+	testwait.For(t, "every row delivered", func() bool { return count(t, s.Pool, "true") == 0 })
+	if n := h.relay.Destinations()[0].InFlight; n != 0 {
+		t.Errorf("in flight after the publish = %d, want 0", n)
+	}
+	h.stop()
+}

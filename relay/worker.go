@@ -426,7 +426,9 @@ func publish(inflight context.Context, groups []*group, timeout time.Duration) {
 		}
 		ctx, cancel := context.WithTimeout(inflight, timeout)
 		defer cancel()
+		g.d.publishing.Add(int64(len(g.recs)))
 		g.errs = g.d.Publisher.Publish(ctx, g.recs)
+		g.d.publishing.Add(-int64(len(g.recs)))
 		g.done = time.Now()
 		if len(g.errs) != len(g.recs) {
 			err := fmt.Errorf("destination %s returned %d results for %d records", g.d.Name, len(g.errs), len(g.recs))

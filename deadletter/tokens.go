@@ -83,3 +83,20 @@ func (t *Tokens) match(given string) (name string, ok bool) {
 	}
 	return name, ok
 }
+
+// Match returns the name of the accepted token given, comparing it with
+// every accepted token in constant time.
+func (t *Tokens) Match(given string) (name string, ok bool) { return t.match(given) }
+
+// Secret returns a key derived from the accepted token named name, for
+// signing what its holder was handed (the console's sessions): it changes
+// when the token does, and goes with it.
+func (t *Tokens) Secret(name string) ([]byte, bool) {
+	for _, nt := range *t.set.Load() {
+		if nt.name == name {
+			key := sha256.Sum256(append([]byte("outbox-relay session key\x00"), nt.sum[:]...))
+			return key[:], true
+		}
+	}
+	return nil, false
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -76,7 +77,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		EnableOpenMetrics: true,
 	}))
 	apiState := "off (no admin token)"
-	var api http.Handler
+	var api, ui http.Handler
 	if ad.tokens != nil {
 		maxPayload, checkTopic := editChecks(a.cfg)
 		stores := make(map[string]*deadletter.Store, len(ad.outboxes))
@@ -99,6 +100,22 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			return nil, err
 		}
 		apiState = deadletter.APIPrefix
+		var outboxes []console.Outbox
+		for _, o := range ad.outboxes {
+			outboxes = append(outboxes, console.Outbox{Name: o.name, Dead: o.dead})
+		}
+		ui, err = console.New(console.Config{
+			Outboxes:   outboxes,
+			Tokens:     ad.tokens,
+			Status:     consoleStatus(ad.relay, ad.outboxes),
+			MaxPayload: maxPayload,
+			CheckTopic: checkTopic,
+			Secure:     ad.certs != nil,
+			Logger:     a.log,
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	var tlsConf *tls.Config
 	if ad.certs != nil {
@@ -122,13 +139,16 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	if api != nil && cfg.Admin.APIListen != "" {
 		only := http.NewServeMux()
 		only.Handle(deadletter.APIPrefix, api)
-		bound, err := serve("dead-letter API listener", cfg.Admin.APIListen, only, slog.Any("tokens", ad.tokens.Names()))
+		only.Handle(console.Prefix, ui)
+		bound, err := serve("dead-letter API listener", cfg.Admin.APIListen, only, slog.Any("tokens", ad.tokens.Names()),
+			slog.String("console", console.Prefix))
 		if err != nil {
 			return nil, err
 		}
 		apiState = "on " + bound
 	} else if api != nil {
 		ops.Handle(deadletter.APIPrefix, api)
+		ops.Handle(console.Prefix, ui)
 	}
 	if cfg.Admin.Listen != "" {
 		if _, err := serve("admin listener", cfg.Admin.Listen, ops, slog.String("dead_letter_api", apiState)); err != nil {

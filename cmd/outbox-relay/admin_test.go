@@ -124,10 +124,21 @@ func TestAdminListenersTLSAndNamedTokens(t *testing.T) {
 		{"GET", api + "/api/v1/stats", "not a token at all", 401},
 		{"GET", api + "/metrics", "", 404},
 		{"GET", api + "/livez", "", 404},
+		{"GET", api + "/console/login", "", 200}, // the console beside the API
+		{"GET", ops + "/console/login", "", 404},
 	} {
 		if code, body := do(tc.method, tc.url, tc.token, ""); code != tc.want {
 			t.Errorf("%s %s: %d, want %d: %s", tc.method, tc.url, code, tc.want, body)
 		}
+	}
+	// Over HTTPS the console's cookies are for HTTPS only.
+	resp, err := client.Get(api + "/console/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if c := resp.Header.Get("Set-Cookie"); !strings.Contains(c, "Secure") || !strings.Contains(c, "HttpOnly") {
+		t.Errorf("the console's cookie over HTTPS: %q, want Secure and HttpOnly", c)
 	}
 	// Plain HTTP reaches neither listener.
 	if resp, err := http.Get("http://" + strings.TrimPrefix(api, "https://") + "/api/v1/stats"); err == nil {

@@ -172,6 +172,12 @@ VALUES ('later', '{}', now() - interval '10 minutes', now() + interval '1 hour')
 
 	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfg))
 	addr := adminAddr(t, p)
+	// Without an admin token, neither the API nor the console is served.
+	for _, path := range []string{"/api/v1/stats", "/console/login", "/console/"} {
+		if code, _ := get(t, addr, path); code != http.StatusNotFound {
+			t.Errorf("%s without an admin token: %d, want 404", path, code)
+		}
+	}
 	testwait.Within(t, 60*time.Second, "all but the waiting row settled", func() bool {
 		return countRows(t, pool, "status = 'pending'") == 1 && countRows(t, pool, "status = 'dead_lettered'") == 2
 	})

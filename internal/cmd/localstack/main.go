@@ -121,6 +121,7 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	}()
 	fmt.Printf("relay started (pid %d); demo producer: %d order transactions/s over %d customers, 1 in 10 rolled back\n",
 		relay.Process.Pid, rate, customers)
+	fmt.Printf("console: http://%s/console/ (log in with the token %s)\n", adminAddr, token)
 	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")
 	fmt.Println()

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/console"
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// consoleTimeout bounds the backlog count behind one overview; backlogCache
+// is how long a count is shown again before the next, so that several
+// open consoles cost the database one count every few seconds.
+const (
+	consoleTimeout = 2 * time.Second
+	backlogCache   = 3 * time.Second
+)
+
+// consoleStatus reports the relay's state for the console's overview.
+func consoleStatus(r *relay.Relay, outboxes []*runOutbox) func(context.Context) console.Status {
+	var mu sync.Mutex
+	type counted struct {
+		at      time.Time
+		pending int64
+		oldest  time.Duration
+		err     string
+	}
+	cache := map[string]counted{}
+	backlog := func(ctx context.Context, o *runOutbox) counted {
+		mu.Lock()
+		defer mu.Unlock()
+		if c, ok := cache[o.name]; ok && time.Since(c.at) < backlogCache {
+			return c
+		}
+		c := counted{at: time.Now()}
+		cctx, cancel := context.WithTimeout(ctx, consoleTimeout)
+		topics, err := o.store.Backlog(cctx)
+		cancel()
+		if err != nil {
+			c.err = fmt.Sprintf("backlog unknown: %v", err)
+		}
+		for _, t := range topics {
+			c.pending += t.Pending
+			c.oldest = max(c.oldest, t.OldestAge)
+		}
+		cache[o.name] = c
+		return c
+	}
+	return func(ctx context.Context) console.Status {
+		var st console.Status
+		stats := map[string]relay.Stats{}
+		for _, o := range r.Outboxes() {
+			stats[o.Name] = o.Stats
+		}
+		for _, o := range outboxes {
+			b := backlog(ctx, o)
+			s := stats[o.name]
+			st.Outboxes = append(st.Outboxes, console.OutboxStatus{Name: o.name, Pending: b.pending,
+				OldestPending: b.oldest.Round(time.Millisecond), BacklogError: b.err,
+				Delivered: s.Delivered, Retried: s.Retried, DeadLettered: s.DeadLettered})
+		}
+		for _, d := range r.Destinations() {
+			ds := console.DestinationStatus{Name: d.Name, Breaker: d.Breaker.String(), OpenUntil: d.OpenUntil,
+				LastError: d.LastError, InFlight: d.InFlight}
+			for _, p := range d.Paused {
+				what := p.Topic
+				if p.Partition >= 0 {
+					what = fmt.Sprintf("%s[%d]", p.Topic, p.Partition)
+				}
+				ds.Paused = append(ds.Paused, what+" ("+p.State.String()+")")
+			}
+			st.Destinations = append(st.Destinations, ds)
+		}
+		return st
+	}
+}

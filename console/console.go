@@ -1,0 +1,415 @@
+// Package console is the relay's operator console: web pages, served by
+// the admin listener beside the dead-letter API and behind the same
+// tokens, that show the relay's state and act on dead letters: failure
+// groups replayed or discarded in bulk after a dry run, a row's payload
+// edited with a diff preview, parked keys released, the audit trail read.
+//
+// A token is given once, in a login form; the console answers with a
+// session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS) signed
+// with a key derived from that token, so any replica with the same tokens
+// accepts it and removing the token ends its sessions. Every change is a
+// POST from a page of the console: its Origin must be the console's own,
+// and it carries a CSRF token derived from the session. Nothing puts a
+// token in a URL.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+)
+
+// Prefix is the path the console is served under.
+const Prefix = "/console/"
+
+// SessionLength is how long a login lasts.
+const SessionLength = 12 * time.Hour
+
+const (
+	sessionCookie = "outbox_console"
+	loginCookie   = "outbox_console_login"
+)
+
+// Config configures the console.
+type Config struct {
+	// Outboxes are the relay's outboxes, in order; the first is shown
+	// unless a page names another. Required.
+	Outboxes []Outbox
+	// Tokens are the admin tokens a login may give. Required: the
+	// console is off without one.
+	Tokens *deadletter.Tokens
+	// Status reports the relay's live state for the overview; nil shows
+	// none.
+	Status func(context.Context) Status
+	// MaxPayload and CheckTopic vet an edit, as the API's.
+	MaxPayload int
+	CheckTopic func(topic string) error
+	// Secure marks the session cookie for HTTPS only: set it when the
+	// listener serves TLS.
+	Secure bool
+	Logger *slog.Logger
+	// now is the clock, for tests.
+	now func() time.Time
+}
+
+// Outbox is one outbox the console shows.
+type Outbox struct {
+	Name string
+	Dead *deadletter.Store
+}
+
+// Status is the relay's state, as the overview shows it.
+type Status struct {
+	Outboxes     []OutboxStatus
+	Destinations []DestinationStatus
+}
+
+// OutboxStatus is one outbox's backlog and what the relay did with it.
+type OutboxStatus struct {
+	Name string
+	// Pending counts the rows waiting; OldestPending is the age of the
+	// oldest. BacklogError says why they are unknown, if they are.
+	Pending       int64
+	OldestPending time.Duration
+	BacklogError  string
+	// Delivered, Retried and DeadLettered count rows since the relay
+	// started.
+	Delivered, Retried, DeadLettered int64
+}
+
+// DestinationStatus is one destination's flow control.
+type DestinationStatus struct {
+	Name string
+	// Breaker is closed, open or half-open; OpenUntil is when an open
+	// breaker lets a probe through.
+	Breaker   string
+	OpenUntil time.Time
+	LastError string
+	// Paused names the paused topics and partitions.
+	Paused   []string
+	InFlight int
+}
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// New returns the console's handler; mount it at Prefix.
+func New(cfg Config) (http.Handler, error) {
+	if len(cfg.Outboxes) == 0 {
+		return nil, errors.New("console: no outbox")
+	}
+	if cfg.Tokens == nil {
+		return nil, errors.New("console: no token; the console is off without one")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	c := &console{cfg: cfg, pages: pages}
+	static, err := fs.Sub(assets, "static")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	p := strings.TrimSuffix(Prefix, "/")
+	mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", cacheFor(time.Hour, http.FileServerFS(static))))
+	mux.HandleFunc("GET "+p+"/login", c.loginPage)
+	mux.HandleFunc("POST "+p+"/login", c.sameOrigin(c.login))
+	mux.HandleFunc("POST "+p+"/logout", c.change(c.logout))
+	mux.HandleFunc("GET "+p+"/{$}", c.view(c.overview))
+	mux.HandleFunc("GET "+p+"/live", c.view(c.live))
+	mux.HandleFunc("GET "+p+"/groups", c.view(c.groups))
+	mux.HandleFunc("GET "+p+"/groups/{group}/{action}", c.view(c.confirmGroup))
+	mux.HandleFunc("POST "+p+"/groups/{group}/{action}", c.change(c.actOnGroup))
+	mux.HandleFunc("GET "+p+"/dead-letters", c.view(c.letters))
+	mux.HandleFunc("GET "+p+"/dead-letters/{ref}", c.view(c.letter))
+	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/preview", c.change(c.preview))
+	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/edit", c.change(c.edit))
+	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/{action}", c.change(c.actOnRow))
+	mux.HandleFunc("GET "+p+"/parked-keys", c.view(c.keys))
+	mux.HandleFunc("POST "+p+"/parked-keys/release", c.change(c.release))
+	mux.HandleFunc("GET "+p+"/audit", c.view(c.audit))
+	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
+		c.fail(w, r, http.StatusNotFound, "No such page: "+r.Method+" "+r.URL.Path)
+	})
+	return securityHeaders(mux), nil
+}
+
+type console struct {
+	cfg   Config
+	pages map[string]*template.Template
+	rates rates
+}
+
+// session is a logged-in request's: who, and its CSRF token.
+type session struct {
+	Token string // the name of the token logged in with
+	CSRF  string
+}
+
+type sessionKey struct{}
+
+func sessionOf(r *http.Request) session {
+	s, _ := r.Context().Value(sessionKey{}).(session)
+	return s
+}
+
+// view serves a page to a logged-in browser, and sends others to log in.
+func (c *console) view(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s, ok := c.session(r)
+		if !ok {
+			http.Redirect(w, r, Prefix+"login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)))
+	}
+}
+
+// change runs a change: a POST from the console's own page (same origin),
+// in a session, with the session's CSRF token. Anything else changes
+// nothing.
+func (c *console) change(next http.HandlerFunc) http.HandlerFunc {
+	return c.sameOrigin(func(w http.ResponseWriter, r *http.Request) {
+		s, ok := c.session(r)
+		if !ok {
+			c.fail(w, r, http.StatusUnauthorized, "Your session has ended: log in again.")
+			return
+		}
+		if err := r.ParseForm(); err != nil {
+			c.fail(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
+			return
+		}
+		if !hmac.Equal([]byte(r.PostForm.Get("csrf")), []byte(s.CSRF)) {
+			c.fail(w, r, http.StatusForbidden, "This form is not from this session (CSRF check failed): reload the page and try again.")
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)))
+	})
+}
+
+// sameOrigin refuses a request that a browser says comes from another
+// site: by its Origin header, or without one, Sec-Fetch-Site.
+func (c *console) sameOrigin(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if origin := r.Header.Get("Origin"); origin != "" {
+			u, err := url.Parse(origin)
+			if err != nil || u.Host != r.Host {
+				c.fail(w, r, http.StatusForbidden, "Cross-site request refused.")
+				return
+			}
+		} else if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+			c.fail(w, r, http.StatusForbidden, "Cross-site request refused.")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// session checks the request's session cookie: the token it names must
+// still be accepted, the cookie signed with that token's key, and not
+// expired.
+func (c *console) session(r *http.Request) (session, bool) {
+	ck, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return session{}, false
+	}
+	parts := strings.Split(ck.Value, ".")
+	if len(parts) != 3 {
+		return session{}, false
+	}
+	nameBytes, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		return session{}, false
+	}
+	expires, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil || c.cfg.now().Unix() >= expires {
+		return session{}, false
+	}
+	name := string(nameBytes)
+	key, ok := c.cfg.Tokens.Secret(name)
+	if !ok {
+		return session{}, false
+	}
+	want := sign(key, "session", parts[0]+"."+parts[1])
+	if !hmac.Equal([]byte(parts[2]), []byte(want)) {
+		return session{}, false
+	}
+	return session{Token: name, CSRF: sign(key, "csrf", ck.Value)}, true
+}
+
+// sign is the hex HMAC-SHA256 of purpose and msg under key.
+func sign(key []byte, purpose, msg string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(purpose + "\x00" + msg))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
+	if _, ok := c.session(r); ok {
+		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
+		return
+	}
+	c.showLogin(w, r, http.StatusOK, "")
+}
+
+// showLogin renders the login form with a fresh login nonce: a cookie
+// and a hidden field that must match, so that no other site can log a
+// browser in.
+func (c *console) showLogin(w http.ResponseWriter, r *http.Request, status int, problem string) {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	nonce := hex.EncodeToString(b[:])
+	http.SetCookie(w, &http.Cookie{Name: loginCookie, Value: nonce, Path: Prefix, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure, MaxAge: 3600})
+	c.render(w, r, status, "login", map[string]any{"Nonce": nonce, "Next": safeNext(r.FormValue("next")), "Problem": problem})
+}
+
+func (c *console) login(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		c.showLogin(w, r, http.StatusBadRequest, "The form could not be read.")
+		return
+	}
+	nonce, err := r.Cookie(loginCookie)
+	if err != nil || nonce.Value == "" || !hmac.Equal([]byte(nonce.Value), []byte(r.PostForm.Get("nonce"))) {
+		c.showLogin(w, r, http.StatusForbidden, "The login form expired: try again.")
+		return
+	}
+	name, ok := c.cfg.Tokens.Match(r.PostForm.Get("token"))
+	if !ok {
+		c.cfg.Logger.Warn("console login refused: wrong token", slog.String("remote", r.RemoteAddr))
+		c.showLogin(w, r, http.StatusUnauthorized, "That token is not accepted.")
+		return
+	}
+	key, _ := c.cfg.Tokens.Secret(name)
+	expires := c.cfg.now().Add(SessionLength)
+	payload := base64.RawURLEncoding.EncodeToString([]byte(name)) + "." + strconv.FormatInt(expires.Unix(), 10)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: payload + "." + sign(key, "session", payload), Path: Prefix,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure, Expires: expires})
+	http.SetCookie(w, &http.Cookie{Name: loginCookie, Path: Prefix, MaxAge: -1})
+	c.cfg.Logger.Info("console login", slog.String("token", name), slog.String("remote", r.RemoteAddr))
+	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
+}
+
+func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Path: Prefix, MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure})
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// safeNext is where to go after logging in: a page of the console, or
+// its overview.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.Contains(next, `\`) {
+		return Prefix
+	}
+	return next
+}
+
+// outbox is the outbox a request names (form or query field "outbox"),
+// or the first.
+func (c *console) outbox(r *http.Request) (Outbox, error) {
+	name := r.FormValue("outbox")
+	if name == "" {
+		return c.cfg.Outboxes[0], nil
+	}
+	for _, o := range c.cfg.Outboxes {
+		if o.Name == name {
+			return o, nil
+		}
+	}
+	return Outbox{}, fmt.Errorf("no outbox %q", name)
+}
+
+// actor is who acts through the console: the token logged in with.
+func actor(r *http.Request) deadletter.Actor {
+	s := sessionOf(r)
+	return deadletter.Actor{Name: s.Token, Source: "console", Credential: s.Token}
+}
+
+// securityHeaders keeps the console's pages to themselves: no framing, no
+// scripts or styles but its own, no caching of rows.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("X-Frame-Options", "DENY")
+		if h.Get("Cache-Control") == "" {
+			h.Set("Cache-Control", "no-store")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func cacheFor(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", fmt.Sprintf("private, max-age=%d", int(d.Seconds())))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// rates turns the relay's counters into rows per second, against the
+// sample of a few seconds before.
+type rates struct {
+	mu      sync.Mutex
+	samples []rateSample
+}
+
+type rateSample struct {
+	at     time.Time
+	counts map[string][2]int64 // outbox → delivered, dead-lettered
+}
+
+// per returns, for each outbox, delivered and dead-lettered rows per
+// second since the oldest sample of the last ten seconds.
+func (rt *rates) per(now time.Time, st []OutboxStatus) map[string][2]float64 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	cur := rateSample{at: now, counts: map[string][2]int64{}}
+	for _, o := range st {
+		cur.counts[o.Name] = [2]int64{o.Delivered, o.DeadLettered}
+	}
+	keep := rt.samples[:0]
+	for _, s := range rt.samples {
+		if now.Sub(s.at) <= 10*time.Second {
+			keep = append(keep, s)
+		}
+	}
+	rt.samples = append(keep, cur)
+	out := map[string][2]float64{}
+	base := rt.samples[0]
+	dt := now.Sub(base.at).Seconds()
+	if dt < 0.5 {
+		return out
+	}
+	for name, c := range cur.counts {
+		b := base.counts[name]
+		out[name] = [2]float64{float64(c[0]-b[0]) / dt, float64(c[1]-b[1]) / dt}
+	}
+	return out
+}

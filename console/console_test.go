@@ -1,0 +1,486 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/console"
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const token = "console-test-token-0123456789"
+
+// env is a console on one outbox, served over HTTP.
+type env struct {
+	t      *testing.T
+	s      *pgtest.Schema
+	srv    *httptest.Server
+	tokens *deadletter.Tokens
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	s := pgtest.NewSchema(t)
+	dead, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := deadletter.NewTokens(map[string]string{"ops": token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := console.New(console.Config{
+		Outboxes: []console.Outbox{{Name: "main", Dead: dead}},
+		Tokens:   tokens,
+		Status: func(context.Context) console.Status {
+			return console.Status{
+				Outboxes: []console.OutboxStatus{{Name: "main", Pending: 12, OldestPending: 3 * time.Second, Delivered: 100}},
+				Destinations: []console.DestinationStatus{{Name: "hooks", Breaker: "open", LastError: "HTTP 503 from hooks",
+					Paused: []string{"orders (open)"}, InFlight: 4}},
+			}
+		},
+		MaxPayload: 1024,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &env{t: t, s: s, srv: srv, tokens: tokens}
+}
+
+// browser is a client with its own cookies, not following redirects.
+type browser struct {
+	e    *env
+	c    *http.Client
+	csrf string
+}
+
+func (e *env) browser() *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{e: e, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+// do sends a request with header pairs and returns the status, the
+// Location and the body.
+func (b *browser) do(method, path string, form url.Values, header ...string) (int, string, string) {
+	b.e.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, b.e.srv.URL+path, body)
+	if err != nil {
+		b.e.t.Fatal(err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	res, err := b.c.Do(req)
+	if err != nil {
+		b.e.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	out, _ := io.ReadAll(res.Body)
+	if m := csrfField.FindSubmatch(out); m != nil {
+		b.csrf = string(m[1])
+	}
+	return res.StatusCode, res.Header.Get("Location"), string(out)
+}
+
+var (
+	csrfField  = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	nonceField = regexp.MustCompile(`name="nonce" value="([^"]+)"`)
+)
+
+// login logs b in with tok and reports the status of the login POST.
+func (b *browser) login(tok string) int {
+	b.e.t.Helper()
+	_, _, page := b.do("GET", "/console/login", nil)
+	m := nonceField.FindStringSubmatch(page)
+	if m == nil {
+		b.e.t.Fatalf("no nonce in the login page:\n%s", page)
+	}
+	code, _, _ := b.do("POST", "/console/login", url.Values{"nonce": {m[1]}, "token": {tok}, "next": {"/console/groups"}},
+		"Origin", b.e.srv.URL)
+	return code
+}
+
+// post sends a form with the session's CSRF token, from the console's
+// origin.
+func (b *browser) post(path string, form url.Values) (int, string) {
+	b.e.t.Helper()
+	if form == nil {
+		form = url.Values{}
+	}
+	form.Set("csrf", b.csrf)
+	code, _, body := b.do("POST", path, form, "Origin", b.e.srv.URL)
+	return code, body
+}
+
+func (e *env) loggedIn() *browser {
+	e.t.Helper()
+	b := e.browser()
+	if code := b.login(token); code != http.StatusSeeOther {
+		e.t.Fatalf("login: %d", code)
+	}
+	if code, _, body := b.do("GET", "/console/", nil); code != http.StatusOK || b.csrf == "" {
+		e.t.Fatalf("overview after login: %d\n%s", code, body)
+	}
+	return b
+}
+
+// deadLetter inserts a row dead-lettered as the relay leaves one.
+func (e *env) deadLetter(dest, key, payload, lastError string) int64 {
+	e.t.Helper()
+	var id int64
+	err := e.s.Pool.QueryRow(context.Background(), `INSERT INTO outbox (topic, key, payload, headers, status, retry_count,
+    last_error, last_attempt_at, dead_letter_reason, dead_lettered_at, destination, error_history, error_group)
+VALUES ('orders', nullif($2, ''), $3, '{"content-type":"application/json"}', 'dead_lettered', 1, $4, now(), 'permanent', now(), $1,
+    jsonb_build_array(jsonb_build_object('at', now(), 'attempt', 1, 'class', 'permanent', 'error', $4::text)),
+    outbox_error_group($1, 'permanent', $4))
+RETURNING id`, dest, key, []byte(payload), lastError).Scan(&id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+func (e *env) snapshot() string {
+	e.t.Helper()
+	var rows, audit string
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT
+    coalesce((SELECT string_agg(row_to_json(o)::text, E'\n' ORDER BY id) FROM outbox AS o), ''),
+    coalesce((SELECT string_agg(row_to_json(a)::text, E'\n' ORDER BY id) FROM outbox_audit AS a), '')`).Scan(&rows, &audit); err != nil {
+		e.t.Fatal(err)
+	}
+	return rows + "\n--\n" + audit
+}
+
+func (e *env) status(id int64) string {
+	e.t.Helper()
+	var st string
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT status FROM outbox WHERE id = $1`, id).Scan(&st); err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+// Without a session every page sends to the login form, and every change
+// is refused before anything is looked at.
+func TestConsoleNeedsLogin(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "customer-7", `{"order":1}`, "HTTP 400: order 1 has no 'amount'")
+	before := e.snapshot()
+	b := e.browser()
+	for _, p := range []string{"/console/", "/console/live", "/console/groups", "/console/dead-letters",
+		"/console/dead-letters/" + strconv.FormatInt(id, 10), "/console/parked-keys", "/console/audit",
+		"/console/groups/0123456789ab/replay"} {
+		code, loc, body := b.do("GET", p, nil)
+		if code != http.StatusSeeOther || !strings.HasPrefix(loc, "/console/login?next=") {
+			t.Errorf("GET %s without a session: %d to %q", p, code, loc)
+		}
+		if strings.Contains(body, "customer-7") || strings.Contains(body, "amount") {
+			t.Errorf("GET %s without a session shows a row", p)
+		}
+	}
+	for _, p := range []string{"/console/dead-letters/" + strconv.FormatInt(id, 10) + "/replay", "/console/groups/0123456789ab/replay",
+		"/console/parked-keys/release", "/console/dead-letters/" + strconv.FormatInt(id, 10) + "/edit"} {
+		if code, _ := b.post(p, url.Values{"reason": {"x"}, "key": {"customer-7"}, "payload": {"{}"}}); code != http.StatusUnauthorized {
+			t.Errorf("POST %s without a session: %d, want 401", p, code)
+		}
+	}
+	if e.snapshot() != before {
+		t.Fatal("a request without a session changed the tables")
+	}
+	// Static assets need no session.
+	if code, _, body := b.do("GET", "/console/static/console.css", nil); code != 200 || !strings.Contains(body, "table") {
+		t.Errorf("stylesheet: %d", code)
+	}
+}
+
+// A login needs an accepted token, the nonce of the form it came from, and
+// the console's origin; the session cookie is HttpOnly and SameSite=Strict,
+// and ends with its token or its time.
+func TestConsoleLogin(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := e.browser()
+	if code := b.login("wrong-token-0123456789"); code != http.StatusUnauthorized {
+		t.Errorf("a wrong token: %d, want 401", code)
+	}
+	if code, loc, _ := b.do("GET", "/console/", nil); code != http.StatusSeeOther || !strings.HasPrefix(loc, "/console/login") {
+		t.Errorf("after a wrong token: %d %q, want no session", code, loc)
+	}
+	// Without the form's nonce, or from another site: refused.
+	if code, _, _ := b.do("POST", "/console/login", url.Values{"token": {token}}, "Origin", e.srv.URL); code != http.StatusForbidden {
+		t.Errorf("a login without the form's nonce: %d, want 403", code)
+	}
+	_, _, page := b.do("GET", "/console/login", nil)
+	nonce := nonceField.FindStringSubmatch(page)[1]
+	if code, _, _ := b.do("POST", "/console/login", url.Values{"token": {token}, "nonce": {nonce}}, "Origin", "https://evil.example"); code != http.StatusForbidden {
+		t.Errorf("a cross-site login: %d, want 403", code)
+	}
+
+	req, _ := http.NewRequest("GET", e.srv.URL+"/console/login", nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	var nonceCookie *http.Cookie
+	for _, c := range res.Cookies() {
+		nonceCookie = c
+	}
+	if code := b.login(token); code != http.StatusSeeOther {
+		t.Fatalf("login: %d", code)
+	}
+	u, _ := url.Parse(e.srv.URL + "/console/")
+	var session *http.Cookie
+	for _, c := range b.c.Jar.Cookies(u) {
+		if c.Name == "outbox_console" {
+			session = c
+		}
+	}
+	if session == nil || nonceCookie == nil {
+		t.Fatal("no session cookie after the login")
+	}
+	// The jar hides the attributes: log in once more by hand to see them.
+	form := url.Values{"token": {token}, "nonce": {nonceCookie.Value}}
+	req, _ = http.NewRequest("POST", e.srv.URL+"/console/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.AddCookie(nonceCookie)
+	res, err = (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	attrs := res.Header.Values("Set-Cookie")
+	if len(attrs) == 0 || !strings.Contains(attrs[0], "HttpOnly") || !strings.Contains(attrs[0], "SameSite=Strict") ||
+		!strings.Contains(attrs[0], "Path=/console/") || strings.Contains(attrs[0], token) {
+		t.Errorf("session cookie %q: want HttpOnly, SameSite=Strict, Path=/console/, without the token", attrs)
+	}
+	if code, _, _ := b.do("GET", "/console/groups", nil); code != http.StatusOK {
+		t.Errorf("with the session: %d", code)
+	}
+
+	// A tampered cookie is no session.
+	tampered := e.browser()
+	tampered.c.Jar.SetCookies(u, []*http.Cookie{{Name: "outbox_console", Value: session.Value + "0", Path: "/console/"}})
+	if code, _, _ := tampered.do("GET", "/console/groups", nil); code != http.StatusSeeOther {
+		t.Errorf("a tampered session: %d, want a redirect to log in", code)
+	}
+	// Removing the token ends its sessions.
+	if err := e.tokens.Replace(map[string]string{"other": "another-token-0123456789"}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := b.do("GET", "/console/groups", nil); code != http.StatusSeeOther {
+		t.Errorf("after the token was removed: %d, want a redirect to log in", code)
+	}
+}
+
+// A change needs the session's CSRF token and the console's origin; a
+// cross-site POST, or one without the token, changes nothing.
+func TestConsoleRefusesCrossSiteChanges(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "k1", `{"order":1}`, "HTTP 400")
+	b := e.loggedIn()
+	path := "/console/dead-letters/" + strconv.FormatInt(id, 10) + "/replay"
+	before := e.snapshot()
+	for _, c := range []struct {
+		name   string
+		form   url.Values
+		header []string
+	}{
+		{"no CSRF token", url.Values{}, []string{"Origin", e.srv.URL}},
+		{"a wrong CSRF token", url.Values{"csrf": {strings.Repeat("0", 64)}}, []string{"Origin", e.srv.URL}},
+		{"another site's origin", url.Values{"csrf": {b.csrf}}, []string{"Origin", "https://evil.example"}},
+		{"a cross-site fetch", url.Values{"csrf": {b.csrf}}, []string{"Sec-Fetch-Site", "cross-site"}},
+	} {
+		if code, _, _ := b.do("POST", path, c.form, c.header...); code != http.StatusForbidden {
+			t.Errorf("%s: %d, want 403", c.name, code)
+		}
+	}
+	if e.snapshot() != before {
+		t.Fatal("a refused change changed the tables")
+	}
+	if code, body := b.post(path, url.Values{"reason": {"fixed"}}); code != http.StatusOK || !strings.Contains(body, "replayed 1 row") {
+		t.Fatalf("replay with the token: %d\n%s", code, body)
+	}
+	if st := e.status(id); st != "pending" {
+		t.Fatalf("row %d is %s after the replay, want pending", id, st)
+	}
+}
+
+// Failure groups: listed, a dry run shown before acting, then replayed or
+// discarded whole, each recorded with the console's token.
+func TestConsoleFailureGroups(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.deadLetter("hooks", "k1", `{"order":17}`, "HTTP 400: order 17 has no 'amount'")
+	b2 := e.deadLetter("hooks", "k2", `{"order":18}`, "HTTP 400: order 18 has no 'currency'")
+	odd := e.deadLetter("hooks", "k3", `{"order":19}`, "HTTP 413: too large")
+	b := e.loggedIn()
+	code, _, page := b.do("GET", "/console/groups", nil)
+	if code != 200 || !strings.Contains(page, "HTTP &lt;n&gt;: order &lt;n&gt; has no &lt;q&gt;") || !strings.Contains(page, "2 groups") {
+		t.Fatalf("groups page: %d\n%s", code, page)
+	}
+	id := regexp.MustCompile(`id="group-([0-9a-f]{12})"`).FindStringSubmatch(page)[1]
+
+	before := e.snapshot()
+	code, _, confirm := b.do("GET", "/console/groups/"+id+"/replay", nil)
+	if code != 200 || !strings.Contains(confirm, `<strong id="dry-run-count">2</strong>`) {
+		t.Fatalf("confirm page: %d\n%s", code, confirm)
+	}
+	if e.snapshot() != before {
+		t.Fatal("the dry run changed the tables")
+	}
+	if code, body := b.post("/console/groups/"+id+"/replay", url.Values{"reason": {"hook fixed"}}); code != 200 || !strings.Contains(body, "replayed 2 rows") {
+		t.Fatalf("replay: %d\n%s", code, body)
+	}
+	if e.status(a) != "pending" || e.status(b2) != "pending" || e.status(odd) != "dead_lettered" {
+		t.Fatalf("after the replay: %s %s %s, want the group's two rows pending", e.status(a), e.status(b2), e.status(odd))
+	}
+	var actor, source, credential string
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT actor, source, credential FROM outbox_audit`).Scan(&actor, &source, &credential); err != nil {
+		t.Fatal(err)
+	}
+	if actor != "ops" || source != "console" || credential != "ops" {
+		t.Errorf("audit: %s %s %s, want ops through the console", actor, source, credential)
+	}
+
+	// Discarding needs a reason; a group that is gone is a 404.
+	_, _, page = b.do("GET", "/console/groups", nil)
+	other := regexp.MustCompile(`id="group-([0-9a-f]{12})"`).FindStringSubmatch(page)[1]
+	before = e.snapshot()
+	if code, body := b.post("/console/groups/"+other+"/discard", nil); code != http.StatusBadRequest || !strings.Contains(body, "say why") {
+		t.Errorf("discard without a reason: %d\n%s", code, body)
+	}
+	if code, _, _ := b.do("GET", "/console/groups/"+id+"/replay", nil); code != http.StatusNotFound {
+		t.Errorf("the replayed group: %d, want 404", code)
+	}
+	if code, _, _ := b.do("GET", "/console/groups/nothex/replay", nil); code != http.StatusBadRequest {
+		t.Errorf("a bad group id: %d, want 400", code)
+	}
+	if e.snapshot() != before {
+		t.Fatal("a refused action changed the tables")
+	}
+	if code, body := b.post("/console/groups/"+other+"/discard", url.Values{"reason": {"test traffic"}}); code != 200 || !strings.Contains(body, "discarded 1 row") {
+		t.Fatalf("discard: %d\n%s", code, body)
+	}
+	if st := e.status(odd); st != "discarded" {
+		t.Fatalf("row %d is %s, want discarded", odd, st)
+	}
+}
+
+// A row's page shows it; an edit is previewed as a diff, changing nothing,
+// then saved and replayed; a bad edit changes nothing and says why.
+func TestConsoleEditRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "k1", `{"order":17,"currency":"eur"}`, "HTTP 422: currency 'eur' unknown")
+	b := e.loggedIn()
+	row := "/console/dead-letters/" + strconv.FormatInt(id, 10)
+	code, _, page := b.do("GET", row, nil)
+	for _, want := range []string{"&#34;currency&#34;: &#34;eur&#34;", "content-type", "HTTP 422: currency &#39;eur&#39; unknown", "No operator action yet"} {
+		if code != 200 || !strings.Contains(page, want) {
+			t.Fatalf("row page: %d, want %q in\n%s", code, want, page)
+		}
+	}
+	before := e.snapshot()
+	edited := "{\n  \"order\": 17,\n  \"currency\": \"EUR\"\n}"
+	form := url.Values{"topic": {"orders"}, "headers": {"{\n  \"content-type\": \"application/json\"\n}"}, "payload": {edited}, "reason": {"currency fixed"}}
+	code, preview := b.post(row+"/preview", form)
+	if code != 200 || !strings.Contains(preview, `-  &#34;currency&#34;: &#34;eur&#34;`) || !strings.Contains(preview, `&#43;  &#34;currency&#34;: &#34;EUR&#34;`) ||
+		strings.Contains(preview, "headers (now)") {
+		t.Fatalf("preview: %d, want the payload's diff alone\n%s", code, preview)
+	}
+	if e.snapshot() != before {
+		t.Fatal("the preview changed the tables")
+	}
+	bad := url.Values{"topic": {"orders"}, "headers": {`{"n": 1}`}, "payload": {edited}}
+	if code, body := b.post(row+"/edit", bad); code != http.StatusBadRequest || !strings.Contains(body, "headers") {
+		t.Errorf("headers that are not strings: %d\n%s", code, body)
+	}
+	if code, body := b.post(row+"/edit", url.Values{"topic": {"orders"}, "headers": {"{\n  \"content-type\": \"application/json\"\n}"}, "payload": {"{\n  \"order\": 17,\n  \"currency\": \"eur\"\n}"}}); code != http.StatusBadRequest || !strings.Contains(body, "changes nothing") {
+		t.Errorf("an edit that changes nothing: %d\n%s", code, body)
+	}
+	if e.snapshot() != before {
+		t.Fatal("a refused edit changed the tables")
+	}
+	if code, body := b.post(row+"/edit", form); code != 200 || !strings.Contains(body, "edited and replayed 1 row") {
+		t.Fatalf("edit: %d\n%s", code, body)
+	}
+	var payload, status string
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8'), status FROM outbox WHERE id = $1`, id).Scan(&payload, &status); err != nil {
+		t.Fatal(err)
+	}
+	if payload != edited || status != "pending" {
+		t.Fatalf("after the edit: %s %q", status, payload)
+	}
+	if code, _, page := b.do("GET", "/console/audit?row="+strconv.FormatInt(id, 10), nil); code != 200 || !strings.Contains(page, "currency fixed") {
+		t.Errorf("audit of the row: %d\n%s", code, page)
+	}
+}
+
+// The other pages: the overview (live state), lists with filters, parked
+// keys and their release, and clear messages for bad input.
+func TestConsolePages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "customer-7", `{"order":1}`, "HTTP 400")
+	if _, err := e.s.Pool.Exec(context.Background(), `UPDATE outbox SET key_parked = true WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	b := e.loggedIn()
+	for path, want := range map[string][]string{
+		"/console/":                             {"hooks", "open", "HTTP 503 from hooks", "orders (open)", ">12<", ">4<"},
+		"/console/live":                         {`id="live"`, "hooks"},
+		"/console/dead-letters?key=customer-7":  {"customer-7", "parks key"},
+		"/console/dead-letters?key=nobody":      {"No dead letters match"},
+		"/console/parked-keys":                  {"customer-7", "Release"},
+		"/console/audit":                        {"Nothing recorded"},
+		"/console/dead-letters?since=yesterday": {"since: time"},
+		"/console/dead-letters?reason=bogus":    {"not a dead-letter reason"},
+		"/console/dead-letters/999999":          {"Not found"},
+		"/console/groups?outbox=elsewhere":      {"no outbox"},
+		"/console/nothing-here":                 {"No such page"},
+	} {
+		_, _, body := b.do("GET", path, nil)
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				t.Errorf("GET %s: no %q in\n%s", path, w, body)
+			}
+		}
+	}
+	if code, body := b.post("/console/parked-keys/release", url.Values{"key": {"customer-7"}, "reason": {"let go"}}); code != 200 || !strings.Contains(body, "released") {
+		t.Fatalf("release: %d\n%s", code, body)
+	}
+	var parked bool
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT key_parked FROM outbox WHERE id = $1`, id).Scan(&parked); err != nil || parked {
+		t.Fatalf("after the release the key is parked: %v %v", parked, err)
+	}
+	if code, _, _ := b.do("POST", "/console/logout", url.Values{"csrf": {b.csrf}}, "Origin", e.srv.URL); code != http.StatusSeeOther {
+		t.Errorf("logout: %d", code)
+	}
+	if code, _, _ := b.do("GET", "/console/", nil); code != http.StatusSeeOther {
+		t.Errorf("after logging out: %d, want a redirect to log in", code)
+	}
+}

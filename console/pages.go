@@ -1,0 +1,585 @@
+package console
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pmezard/go-difflib/difflib"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+)
+
+// parsePages parses each page's template with the layout, and the live
+// fragment alone.
+func parsePages() (map[string]*template.Template, error) {
+	funcs := template.FuncMap{
+		"ago":   ago,
+		"stamp": stamp,
+		"key": func(k *string) string {
+			if k == nil {
+				return "(none)"
+			}
+			return *k
+		},
+		"dash": func(s string) string {
+			if s == "" {
+				return "–"
+			}
+			return s
+		},
+		"clip": func(s string, n int) string {
+			if len(s) <= n {
+				return s
+			}
+			return strings.ToValidUTF8(s[:n], "") + "…"
+		},
+		"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	}
+	pages := map[string]*template.Template{}
+	for _, name := range []string{"login", "error", "overview", "groups", "confirm", "result", "letters", "letter", "preview", "keys", "audit"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/live.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: page %s: %w", name, err)
+		}
+		pages[name] = t
+	}
+	t, err := template.New("live.html").Funcs(funcs).ParseFS(assets, "templates/live.html")
+	if err != nil {
+		return nil, fmt.Errorf("console: live fragment: %w", err)
+	}
+	pages["live"] = t
+	return pages, nil
+}
+
+// page is what every page's layout needs.
+type page struct {
+	Title    string
+	Nav      string
+	Session  session
+	Outbox   string
+	Outboxes []string
+	Data     any
+}
+
+func (c *console) render(w http.ResponseWriter, r *http.Request, status int, name string, data any) {
+	t := c.pages[name]
+	p := page{Session: sessionOf(r), Data: data, Nav: name}
+	for _, o := range c.cfg.Outboxes {
+		p.Outboxes = append(p.Outboxes, o.Name)
+	}
+	if o, err := c.outbox(r); err == nil {
+		p.Outbox = o.Name
+	}
+	var b bytes.Buffer
+	exec := "layout.html"
+	if name == "live" {
+		exec = "live.html"
+	}
+	if err := t.ExecuteTemplate(&b, exec, p); err != nil {
+		c.cfg.Logger.Error("console page failed", "page", name, "error", err)
+		http.Error(w, "the page could not be drawn; see the relay's log", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
+}
+
+// fail shows what went wrong; nothing was changed.
+func (c *console) fail(w http.ResponseWriter, r *http.Request, status int, msg string, problems ...string) {
+	c.render(w, r, status, "error", map[string]any{"Status": status, "Message": msg, "Problems": problems})
+}
+
+// failErr shows err: input problems as a 400 with each problem, a missing
+// row as a 404, the rest as a 500 whose cause is in the log.
+func (c *console) failErr(w http.ResponseWriter, r *http.Request, err error) {
+	var ie *deadletter.InputError
+	switch {
+	case errors.As(err, &ie):
+		c.fail(w, r, http.StatusBadRequest, "Nothing was changed: the input is not valid.", ie.Problems...)
+	case errors.Is(err, deadletter.ErrNotFound), errors.Is(err, deadletter.ErrNotParked):
+		c.fail(w, r, http.StatusNotFound, "Not found: "+err.Error())
+	case errors.Is(err, deadletter.ErrNotDeadLettered):
+		c.fail(w, r, http.StatusConflict, "Nothing was changed: "+err.Error())
+	case r.Context().Err() != nil:
+	default:
+		c.cfg.Logger.Error("console request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		c.fail(w, r, http.StatusInternalServerError, "The request failed; see the relay's log.")
+	}
+}
+
+// store is the dead-letter store of the request's outbox, or a 404.
+func (c *console) store(w http.ResponseWriter, r *http.Request) (*deadletter.Store, bool) {
+	o, err := c.outbox(r)
+	if err != nil {
+		c.fail(w, r, http.StatusNotFound, err.Error())
+		return nil, false
+	}
+	return o.Dead, true
+}
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, http.StatusOK, "overview", c.liveData(r))
+}
+
+// live is the overview's changing part, which the page fetches again
+// every few seconds.
+func (c *console) live(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, http.StatusOK, "live", c.liveData(r))
+}
+
+type liveView struct {
+	Shown    bool
+	Outboxes []liveOutbox
+	Dests    []DestinationStatus
+	Dead     map[string]*deadletter.Stats
+	At       time.Time
+}
+
+type liveOutbox struct {
+	OutboxStatus
+	DeliveredPerSec, DeadPerSec float64
+	DeadLettered, Parked        int
+	StatsError                  string
+}
+
+func (c *console) liveData(r *http.Request) liveView {
+	v := liveView{At: c.cfg.now()}
+	var st Status
+	if c.cfg.Status != nil {
+		st, v.Shown = c.cfg.Status(r.Context()), true
+	}
+	per := c.rates.per(v.At, st.Outboxes)
+	byName := map[string]OutboxStatus{}
+	for _, o := range st.Outboxes {
+		byName[o.Name] = o
+	}
+	for _, o := range c.cfg.Outboxes {
+		lo := liveOutbox{OutboxStatus: byName[o.Name]}
+		lo.Name = o.Name
+		lo.DeliveredPerSec, lo.DeadPerSec = per[o.Name][0], per[o.Name][1]
+		if ds, err := o.Dead.Stats(r.Context()); err != nil {
+			lo.StatsError = err.Error()
+		} else {
+			lo.DeadLettered, lo.Parked = ds.DeadLettered, ds.ParkedKeys
+		}
+		v.Outboxes = append(v.Outboxes, lo)
+	}
+	v.Dests = st.Destinations
+	return v
+}
+
+// filterForm reads a dead-letter filter from the query, and the values to
+// fill the form with again.
+func filterForm(r *http.Request) (deadletter.Filter, error) {
+	q := r.URL.Query()
+	f := deadletter.Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
+		Key: q.Get("key"), ErrorContains: q.Get("error"), Group: q.Get("group")}
+	var err error
+	if f.Since, f.Until, err = deadletter.ParseWindow(q.Get("since"), q.Get("until")); err != nil {
+		return f, err
+	}
+	return f, f.Validate()
+}
+
+func (c *console) groups(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	f, err := filterForm(r)
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	page, err := st.Groups(r.Context(), deadletter.GroupParams{Filter: f, Limit: 200})
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "groups", map[string]any{"Page": page, "Q": r.URL.Query(), "Reasons": deadletter.Reasons})
+}
+
+// groupAction is a bulk action on a failure group.
+type groupAction struct {
+	Name, Verb, Past string
+}
+
+var groupActions = map[string]groupAction{
+	deadletter.ActionReplay:  {deadletter.ActionReplay, "Replay", "replayed"},
+	deadletter.ActionDiscard: {deadletter.ActionDiscard, "Discard", "discarded"},
+}
+
+// confirmGroup shows what an action on a group would change, by a dry
+// run, and asks to go on.
+func (c *console) confirmGroup(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	a, ok := groupActions[r.PathValue("action")]
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
+		return
+	}
+	g, err := c.findGroup(r, st, r.PathValue("group"))
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	dry, err := c.bulk(r, st, a.Name, r.PathValue("group"), true, "")
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "confirm", map[string]any{"Action": a, "Group": g, "Count": dry.Count})
+}
+
+func (c *console) actOnGroup(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	a, ok := groupActions[r.PathValue("action")]
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
+		return
+	}
+	res, err := c.bulk(r, st, a.Name, r.PathValue("group"), false, r.PostForm.Get("reason"))
+	c.done(w, r, res, err, a.Past, "groups")
+}
+
+func (c *console) bulk(r *http.Request, st *deadletter.Store, action, group string, dry bool, reason string) (*deadletter.Result, error) {
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: deadletter.Filter{Group: group}},
+		DryRun: dry, Actor: actor(r), Reason: reason}
+	if action == deadletter.ActionDiscard {
+		if !dry && strings.TrimSpace(reason) == "" {
+			return nil, &deadletter.InputError{Problems: []string{"say why the rows are discarded: the audit trail keeps it"}}
+		}
+		return st.Discard(r.Context(), p)
+	}
+	return st.Replay(r.Context(), deadletter.ReplayParams{BulkParams: p})
+}
+
+// done shows what an action changed, with a link back to the list it
+// came from, or why it changed nothing.
+func (c *console) done(w http.ResponseWriter, r *http.Request, res *deadletter.Result, err error, past, back string) {
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "result", map[string]any{"Result": res, "Past": past,
+		"Back": Prefix + back + "?outbox=" + url.QueryEscape(r.FormValue("outbox"))})
+}
+
+// findGroup returns the failure group id names.
+func (c *console) findGroup(r *http.Request, st *deadletter.Store, id string) (deadletter.Group, error) {
+	page, err := st.Groups(r.Context(), deadletter.GroupParams{Filter: deadletter.Filter{Group: id}, Limit: 1})
+	if err != nil {
+		return deadletter.Group{}, err
+	}
+	if len(page.Groups) == 0 {
+		return deadletter.Group{}, fmt.Errorf("failure group %s: %w (its rows may have been replayed or discarded)", id, deadletter.ErrNotFound)
+	}
+	return page.Groups[0], nil
+}
+
+func (c *console) letters(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	f, err := filterForm(r)
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	page, err := st.List(r.Context(), deadletter.ListParams{Filter: f, Status: q.Get("status"), Cursor: q.Get("cursor")})
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	next := nextPage("dead-letters", q, page.Next)
+	c.render(w, r, http.StatusOK, "letters", map[string]any{"Page": page, "Q": q, "Next": next, "Reasons": deadletter.Reasons})
+}
+
+// rowView is a row's page.
+type rowView struct {
+	Row      *deadletter.Detail
+	Payload  string // shown as text
+	Encoding string // json, text or hex
+	Headers  string
+	Audit    []deadletter.AuditRecord
+}
+
+func (c *console) rowView(r *http.Request, st *deadletter.Store, ref deadletter.Ref) (rowView, error) {
+	d, err := st.Get(r.Context(), ref)
+	if err != nil {
+		return rowView{}, err
+	}
+	v := rowView{Row: d, Headers: indentJSON(d.Headers)}
+	switch deadletter.PayloadEncoding(d.Payload) {
+	case deadletter.EncodingJSON:
+		v.Payload, v.Encoding = indentJSON(d.Payload), "json"
+	case deadletter.EncodingText:
+		v.Payload, v.Encoding = string(d.Payload), "text"
+	default:
+		v.Payload, v.Encoding = hex.Dump(d.Payload), "hex"
+	}
+	audit, err := st.Audit(r.Context(), deadletter.AuditParams{Row: d.ID, Limit: 100})
+	if err != nil {
+		return rowView{}, err
+	}
+	v.Audit = audit.Records
+	return v, nil
+}
+
+func indentJSON(b []byte) string {
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return string(b)
+	}
+	return out.String()
+}
+
+func (c *console) letter(w http.ResponseWriter, r *http.Request) {
+	if _, _, v, ok := c.row(w, r); ok {
+		c.render(w, r, http.StatusOK, "letter", v)
+	}
+}
+
+// row is the row the request's path names, in the request's outbox.
+func (c *console) row(w http.ResponseWriter, r *http.Request) (*deadletter.Store, deadletter.Ref, rowView, bool) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return nil, deadletter.Ref{}, rowView{}, false
+	}
+	ref, err := deadletter.ParseRef(r.PathValue("ref"))
+	if err != nil {
+		c.failErr(w, r, err)
+		return nil, deadletter.Ref{}, rowView{}, false
+	}
+	v, err := c.rowView(r, st, ref)
+	if err != nil {
+		c.failErr(w, r, err)
+		return nil, deadletter.Ref{}, rowView{}, false
+	}
+	return st, ref, v, true
+}
+
+// editForm is an edit as the row's page submits it.
+type editForm struct {
+	Topic, Headers, Payload, Reason string
+	AllowNonJSON                    bool
+}
+
+func readEdit(r *http.Request) editForm {
+	return editForm{Topic: strings.TrimSpace(r.PostForm.Get("topic")), Headers: r.PostForm.Get("headers"),
+		Payload: r.PostForm.Get("payload"), Reason: r.PostForm.Get("reason"), AllowNonJSON: r.PostForm.Get("allow_non_json") != ""}
+}
+
+// params are the edit's, keeping only what changed from v.
+func (e editForm) params(v rowView, r *http.Request, c *console) deadletter.EditParams {
+	p := deadletter.EditParams{AllowNonJSON: e.AllowNonJSON, MaxPayload: c.cfg.MaxPayload, CheckTopic: c.cfg.CheckTopic,
+		Actor: actor(r), Reason: e.Reason}
+	if e.Topic != "" && e.Topic != v.Row.Topic {
+		p.Topic = e.Topic
+	}
+	if strings.TrimSpace(e.Headers) != strings.TrimSpace(v.Headers) {
+		p.Headers = json.RawMessage(e.Headers)
+	}
+	if e.Payload != v.Payload {
+		p.Payload = []byte(e.Payload)
+	}
+	return p
+}
+
+// preview shows the edit as a diff against the row, to confirm.
+func (c *console) preview(w http.ResponseWriter, r *http.Request) {
+	_, _, v, ok := c.row(w, r)
+	if !ok {
+		return
+	}
+	if v.Encoding == "hex" {
+		c.fail(w, r, http.StatusBadRequest, "This payload is binary: edit it with the command line (dlq edit --payload FILE).")
+		return
+	}
+	e := readEdit(r)
+	p := e.params(v, r, c)
+	diff := func(name, a, b string) string {
+		if a == b {
+			return ""
+		}
+		s, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{A: difflib.SplitLines(a + "\n"), B: difflib.SplitLines(b + "\n"),
+			FromFile: name + " (now)", ToFile: name + " (edited)", Context: 3})
+		return s
+	}
+	diffs := []string{}
+	if p.Topic != "" {
+		diffs = append(diffs, diff("topic", v.Row.Topic, p.Topic))
+	}
+	if p.Headers != nil {
+		diffs = append(diffs, diff("headers", v.Headers, e.Headers))
+	}
+	if p.Payload != nil {
+		diffs = append(diffs, diff("payload", v.Payload, e.Payload))
+	}
+	c.render(w, r, http.StatusOK, "preview", map[string]any{"Row": v.Row, "Edit": e, "Diffs": diffs})
+}
+
+// edit applies an edit that the preview showed, and replays the row.
+func (c *console) edit(w http.ResponseWriter, r *http.Request) {
+	st, ref, v, ok := c.row(w, r)
+	if !ok {
+		return
+	}
+	p := readEdit(r).params(v, r, c)
+	p.Ref = ref
+	if p.Topic == "" && p.Headers == nil && p.Payload == nil {
+		c.fail(w, r, http.StatusBadRequest, "Nothing was changed: the edit changes nothing. Use Replay to send the row as it is.")
+		return
+	}
+	res, err := st.Edit(r.Context(), p)
+	c.done(w, r, res, err, "edited and replayed", "dead-letters")
+}
+
+// actOnRow replays or discards one row.
+func (c *console) actOnRow(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	ref, err := deadletter.ParseRef(r.PathValue("ref"))
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("reason")}
+	var res *deadletter.Result
+	past := ""
+	switch r.PathValue("action") {
+	case deadletter.ActionReplay:
+		res, err = st.Replay(r.Context(), deadletter.ReplayParams{BulkParams: p})
+		past = "replayed"
+	case deadletter.ActionDiscard:
+		if strings.TrimSpace(p.Reason) == "" {
+			c.fail(w, r, http.StatusBadRequest, "Nothing was changed.", "say why the row is discarded: the audit trail keeps it")
+			return
+		}
+		res, err = st.Discard(r.Context(), p)
+		past = "discarded"
+	default:
+		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
+		return
+	}
+	c.done(w, r, res, err, past, "dead-letters")
+}
+
+func (c *console) keys(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	keys, err := st.Keys(r.Context(), 0)
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "keys", map[string]any{"Keys": keys, "Limited": len(keys) == deadletter.MaxListLimit})
+}
+
+func (c *console) release(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	res, err := st.Release(r.Context(), deadletter.ReleaseParams{Key: r.PostForm.Get("key"), Discard: r.PostForm.Get("discard") != "",
+		Reason: r.PostForm.Get("reason"), Actor: actor(r)})
+	c.done(w, r, res, err, "released", "parked-keys")
+}
+
+func (c *console) audit(w http.ResponseWriter, r *http.Request) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	p := deadletter.AuditParams{Action: q.Get("action"), Actor: q.Get("actor"), Cursor: q.Get("cursor")}
+	if s := q.Get("row"); s != "" {
+		id, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || id < 1 {
+			c.fail(w, r, http.StatusBadRequest, "Not a row id: "+s)
+			return
+		}
+		p.Row = id
+	}
+	page, err := st.Audit(r.Context(), p)
+	if err != nil {
+		c.failErr(w, r, err)
+		return
+	}
+	next := nextPage("audit", q, page.Next)
+	c.render(w, r, http.StatusOK, "audit", map[string]any{"Page": page, "Q": q, "Next": next, "Actions": deadletter.ActionNames()})
+}
+
+// nextPage links to the page after this one: the same query with cursor;
+// none without a cursor.
+func nextPage(path string, q url.Values, cursor string) string {
+	if cursor == "" {
+		return ""
+	}
+	nq := url.Values{}
+	for k, v := range q {
+		nq[k] = v
+	}
+	nq.Set("cursor", cursor)
+	return Prefix + path + "?" + nq.Encode()
+}
+
+// ago says how long ago t was, roughly.
+func ago(t any) string {
+	var at time.Time
+	switch v := t.(type) {
+	case time.Time:
+		at = v
+	case *time.Time:
+		if v == nil {
+			return "–"
+		}
+		at = *v
+	default:
+		return ""
+	}
+	d := time.Since(at)
+	switch {
+	case d < time.Minute:
+		return strconv.Itoa(int(d.Seconds())) + "s ago"
+	case d < time.Hour:
+		return strconv.Itoa(int(d.Minutes())) + "m ago"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d.Hours())) + "h ago"
+	}
+	return strconv.Itoa(int(d.Hours()/24)) + "d ago"
+}
+
+func stamp(t any) string {
+	switch v := t.(type) {
+	case time.Time:
+		return v.UTC().Format("2006-01-02 15:04:05Z")
+	case *time.Time:
+		if v != nil {
+			return v.UTC().Format("2006-01-02 15:04:05Z")
+		}
+	}
+	return "–"
+}

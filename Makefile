@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
-.PHONY: all build static test test-containers run bench vet fmt-check postgres clean
+.PHONY: all build static test test-containers run bench vet fmt-check postgres browser clean
 
 all: build
 
@@ -15,9 +15,9 @@ build:
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w $(LDFLAGS)" -o bin/outbox-relay-static ./cmd/outbox-relay
 
-## test: vet, formatting, and every test with the race detector against a real PostgreSQL
-test: postgres vet fmt-check
-	$(GO) test -race -count=1 -timeout 20m ./...
+## test: vet, formatting, and every test with the race detector against a real PostgreSQL (and the console in a real browser)
+test: postgres browser vet fmt-check
+	OUTBOX_TEST_BROWSER=1 $(GO) test -race -count=1 -timeout 20m ./...
 
 ## test-containers: the end-to-end scenarios against PostgreSQL and Kafka containers (needs a Docker engine; skips without one)
 test-containers: postgres
@@ -42,6 +42,9 @@ fmt-check:
 # Installs the PostgreSQL server binaries and PgBouncer when they are missing.
 postgres:
 	@scripts/ensure-postgres
+
+browser:
+	@scripts/ensure-chromium
 
 clean:
 	rm -rf bin

@@ -383,9 +383,12 @@ type editForm struct {
 	AllowNonJSON                    bool
 }
 
+// readEdit reads an edit. Browsers send a text area's line breaks as CRLF
+// whatever they were: they are made LF again, as the row's were shown.
 func readEdit(r *http.Request) editForm {
-	return editForm{Topic: strings.TrimSpace(r.PostForm.Get("topic")), Headers: r.PostForm.Get("headers"),
-		Payload: r.PostForm.Get("payload"), Reason: r.PostForm.Get("reason"), AllowNonJSON: r.PostForm.Get("allow_non_json") != ""}
+	lf := strings.NewReplacer("\r\n", "\n")
+	return editForm{Topic: strings.TrimSpace(r.PostForm.Get("topic")), Headers: lf.Replace(r.PostForm.Get("headers")),
+		Payload: lf.Replace(r.PostForm.Get("payload")), Reason: r.PostForm.Get("reason"), AllowNonJSON: r.PostForm.Get("allow_non_json") != ""}
 }
 
 // params are the edit's, keeping only what changed from v.

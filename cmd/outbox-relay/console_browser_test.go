@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
+)
+
+// browserPath finds Chromium. Without one the test is skipped, unless
+// OUTBOX_TEST_BROWSER is set (make test sets it, after installing one).
+func browserPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("OUTBOX_TEST_BROWSER") != "" {
+		t.Fatal("no Chromium found: run scripts/ensure-chromium")
+	}
+	t.Skip("no Chromium found (scripts/ensure-chromium installs it; make test does)")
+	return ""
+}
+
+// newBrowser starts a headless Chromium of its own.
+func newBrowser(t *testing.T, width, height int) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browserPath(t)),
+		chromedp.NoSandbox, // tests may run as root
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(width, height),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-component-update", true),
+	)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(alloc)
+	ctx, cancelTime := context.WithTimeout(ctx, 3*time.Minute)
+	t.Cleanup(func() { cancelTime(); cancelCtx(); cancelAlloc() })
+	return ctx
+}
+
+// The console in a real browser against a running relay: log in, dry-run
+// and replay a failure group, edit a row's payload and replay it, and find
+// those rows delivered to the broker; an unauthenticated request and a
+// cross-site form change nothing; every page fits a narrow screen.
+// Screenshots go to OUTBOX_CONSOLE_SCREENSHOTS when it names a directory.
+func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t, 1280, 800)
+	dsn, pool := migrated(t)
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	group1 := deadLetter(t, pool, letter{topic: "orders", key: "c1", dest: "kafka", payload: `{"order":17}`, err: "kafka: topic 'orders' partition 3: NOT_LEADER (attempt 17)"})
+	group2 := deadLetter(t, pool, letter{topic: "orders", key: "c2", dest: "kafka", payload: `{"order":18}`, err: "kafka: topic 'orders' partition 5: NOT_LEADER (attempt 18)"})
+	edited := deadLetter(t, pool, letter{topic: "orders", key: "c3", dest: "kafka", payload: `{"order":19,"currency":"eur"}`, err: "schema: currency 'eur' unknown"})
+	untouched := deadLetter(t, pool, letter{topic: "orders", key: "c4", dest: "kafka", payload: `{"order":20}`, err: "HTTP 400 from the schema registry"})
+	var groupID string
+	if err := pool.QueryRow(context.Background(), `SELECT error_group FROM outbox WHERE id = $1`, group1).Scan(&groupID); err != nil {
+		t.Fatal(err)
+	}
+
+	const token = "browser-test-token-0123456789"
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token))
+	base := "http://" + logged(t, p, "admin listener started")
+	shots := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
+	if shots == "" {
+		shots = t.TempDir()
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		if err := os.WriteFile(filepath.Join(shots, "console-"+name+".png"), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+
+	// Logging in from a page of the console lands on that page.
+	run("open the console", chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(`input[name=token]`))
+	shot("login")
+	run("log in",
+		chromedp.SendKeys(`input[name=token]`, token),
+		chromedp.Click(`main button[type=submit]`),
+		chromedp.WaitVisible(`#group-`+groupID),
+	)
+	shot("groups")
+
+	// A dry run first, then the group replayed.
+	run("dry-run the group", chromedp.Click(`#group-`+groupID+` a.button:not(.danger)`), chromedp.WaitVisible(`#dry-run-count`))
+	dry := text(`#dry-run-count`)
+	shot("confirm")
+	run("replay the group",
+		chromedp.SendKeys(`input[name=reason]`, "leader elections are over"),
+		chromedp.Click(`main button[type=submit]`),
+		chromedp.WaitVisible(`#result`),
+	)
+	if result := text(`#result`); dry != "2" || !strings.Contains(result, "replayed 2 rows") {
+		t.Fatalf("dry run %q, result %q: want 2 rows, replayed", dry, result)
+	}
+
+	// A row's payload edited: previewed as a diff, then saved and replayed.
+	const newPayload = "{\n  \"order\": 19,\n  \"currency\": \"EUR\"\n}"
+	run("open a row", chromedp.Navigate(fmt.Sprintf("%s/console/dead-letters/%d", base, edited)), chromedp.WaitVisible(`textarea[name=payload]`))
+	shot("row")
+	run("preview an edit",
+		chromedp.SetValue(`textarea[name=payload]`, newPayload),
+		chromedp.SendKeys(`form.edit input[name=reason]`, "currency in capitals"),
+		chromedp.Click(`form.edit button[type=submit]`),
+		chromedp.WaitVisible(`pre.diff`),
+	)
+	diff := text(`pre.diff`)
+	shot("preview")
+	run("save the edit", chromedp.Click(`main button[type=submit]`), chromedp.WaitVisible(`#result`))
+	if result := text(`#result`); !strings.Contains(diff, `-  "currency": "eur"`) || !strings.Contains(diff, `+  "currency": "EUR"`) ||
+		!strings.Contains(result, "edited and replayed 1 row") {
+		t.Fatalf("diff:\n%s\nresult %q", diff, result)
+	}
+
+	// The three rows are delivered: gone from the table, and at the broker
+	// with the edited payload.
+	testwait.Within(t, 60*time.Second, "the replayed rows delivered", func() bool {
+		return countRows(t, pool, fmt.Sprintf("id IN (%d, %d, %d)", group1, group2, edited)) == 0
+	})
+	recs := kafkatest.Consume(ctx, t, c.ListenAddrs(), "orders", 3)
+	payloads := map[string]bool{}
+	for _, r := range recs {
+		payloads[string(r.Value)] = true
+	}
+	if len(recs) != 3 || !payloads[`{"order":17}`] || !payloads[`{"order":18}`] || !payloads[newPayload] {
+		t.Fatalf("the broker holds %d records: %v", len(recs), payloads)
+	}
+
+	// The overview, live.
+	run("overview", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(`#live`))
+	shot("overview")
+	// It refreshes itself (its script, allowed by the page's policy).
+	first := text(`#live p.muted`)
+	testwait.Within(t, 30*time.Second, "the overview to refresh", func() bool { return text(`#live p.muted`) != first })
+
+	// Without a session: sent to log in, and a change is refused.
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.Get(base + "/console/groups")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/console/login") {
+		t.Errorf("unauthenticated GET: %d %q, want a redirect to log in", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	replayURL := fmt.Sprintf("%s/console/dead-letters/%d/replay", base, untouched)
+	resp, err = noRedirect.PostForm(replayURL, map[string][]string{"csrf": {"guess"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("unauthenticated POST: %d, want 401", resp.StatusCode)
+	}
+
+	// Another site's page that posts to the console from the logged-in
+	// browser: refused (its cookie is SameSite=Strict, and the origin is
+	// another's).
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s"><input name="csrf" value="guess"></form>
+<script>document.getElementById("f").submit()</script>`, replayURL)
+	}))
+	defer evil.Close()
+	evilURL := strings.Replace(evil.URL, "127.0.0.1", "localhost", 1) // another site than 127.0.0.1
+	run("a cross-site form", chromedp.Navigate(evilURL), chromedp.WaitVisible(`main h1`))
+	refused := text(`main h1`)
+	if !strings.Contains(refused, "session has ended") && !strings.Contains(refused, "Cross-site") {
+		t.Errorf("the cross-site form's answer: %q", refused)
+	}
+	if n := countRows(t, pool, fmt.Sprintf("id = %d AND status = 'dead_lettered'", untouched)); n != 1 {
+		t.Fatalf("row %d changed by a request without a session or from another site", untouched)
+	}
+
+	// Every page fits 1280 pixels and a phone's 390, without scrolling
+	// sideways (tables scroll within their box).
+	pages := []string{"/console/", "/console/groups", "/console/dead-letters?status=all",
+		fmt.Sprintf("/console/dead-letters/%d", untouched), "/console/parked-keys", "/console/audit"}
+	for _, width := range []int64{1280, 390} {
+		for _, path := range pages {
+			run(fmt.Sprintf("%s at %d pixels", path, width),
+				chromedp.EmulateViewport(width, 844),
+				chromedp.Navigate(base+path),
+				chromedp.WaitVisible(`main h1`),
+			)
+			fits, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.documentElement.scrollWidth <= window.innerWidth`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fits {
+				t.Errorf("%s at %d pixels is wider than the screen", path, width)
+			}
+		}
+	}
+	run("narrow groups", chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(`main h1`))
+	shot("groups-narrow")
+
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d; output:\n%s", code, p.output)
+	}
+}

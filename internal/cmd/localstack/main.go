@@ -2,9 +2,15 @@
 // out: a PostgreSQL cluster with the outbox schema, an in-process
 // Kafka-protocol broker, the outbox-relay binary, and a demo producer that
 // places orders for a few hundred customers in real transactions, some of
-// which roll back. A progress line shows what flows. With
-// OUTBOX_DATABASE_URL or OUTBOX_KAFKA_BROKERS set it uses those instead.
-// Ctrl-C stops everything and removes what it created.
+// which roll back, with a notification to a webhook for some. The demo
+// shows what goes wrong as well: the webhook sometimes answers 503 with
+// Retry-After, the broker is down for ten seconds every minute, and a few
+// messages are poison (too large for the broker, or refused by the
+// webhook), so breakers open and close, rows are retried, and dead letters
+// appear in the console. A progress line shows what flows. With
+// OUTBOX_DATABASE_URL or OUTBOX_KAFKA_BROKERS set it uses those instead
+// (and leaves that broker alone). Ctrl-C stops everything and removes what
+// it created.
 package main
 
 import (
@@ -18,6 +24,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -35,7 +43,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
-const topic = "orders"
+const (
+	topic        = "orders"
+	notifyTopic  = "notifications"
+	maxOrderSize = 64 << 10 // the orders topic's max.message.bytes
+)
 
 func main() {
 	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
@@ -70,7 +82,7 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	brokers := os.Getenv("OUTBOX_KAFKA_BROKERS")
 	if brokers == "" {
 		fmt.Println("starting an in-process Kafka-protocol broker ...")
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
+		c, err := kfake.NewCluster(kfake.NumBrokers(1))
 		if err != nil {
 			return err
 		}
@@ -78,8 +90,22 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 			c.Close()
 			fmt.Println("broker stopped")
 		}()
+		if err := c.CreateTopic(topic, 3, map[string]string{"max.message.bytes": strconv.Itoa(maxOrderSize)}); err != nil {
+			return err
+		}
+		go outages(ctx, c)
 		brokers = strings.Join(c.ListenAddrs(), ",")
 	}
+	hook, stopHook, err := startWebhook()
+	if err != nil {
+		return err
+	}
+	defer stopHook()
+	cfgFile, err := writeConfig(hook.url)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(filepath.Dir(cfgFile))
 	fmt.Println("database:", config.RedactURL(dsn))
 	fmt.Println("brokers: ", brokers)
 
@@ -100,7 +126,7 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	relay := exec.Command(relayBin, "run")
 	relay.Env = append(os.Environ(),
 		"OUTBOX_DATABASE_URL="+dsn, "OUTBOX_KAFKA_BROKERS="+brokers,
-		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token,
+		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_CONFIG="+cfgFile,
 		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"))
 	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr
 	// Its own process group: Ctrl-C reaches it through us, as SIGTERM.
@@ -121,6 +147,8 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	}()
 	fmt.Printf("relay started (pid %d); demo producer: %d order transactions/s over %d customers, 1 in 10 rolled back\n",
 		relay.Process.Pid, rate, customers)
+	fmt.Println("trouble on purpose: the webhook answers 503 to 1 request in 8, the in-process broker is down 10 s a minute,")
+	fmt.Println("and 1 order in 2,000 is too large for the broker, 1 notification in 400 refused by the webhook")
 	fmt.Printf("console: http://%s/console/ (log in with the token %s)\n", adminAddr, token)
 	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")
@@ -156,8 +184,8 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 			d := delivered.Load()
 			perSec := float64(d-last) / now.Sub(lastAt).Seconds()
 			last, lastAt = d, now
-			fmt.Printf("\rproduced %7d | delivered %7d (%6.0f/s) | pending %5d | dead-lettered %d | oldest pending %6s   ",
-				produced.Load(), d, perSec, pending, dead, (time.Duration(oldestMS) * time.Millisecond).String())
+			fmt.Printf("\rproduced %7d | delivered %7d (%6.0f/s) | webhook %5d | pending %5d | dead-lettered %d | oldest pending %6s   ",
+				produced.Load(), d, perSec, hook.delivered.Load(), pending, dead, (time.Duration(oldestMS) * time.Millisecond).String())
 		}
 	}
 }
@@ -201,6 +229,12 @@ func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produ
 		customer := fmt.Sprintf("customer-%d", rng.IntN(customers))
 		total := 100 + rng.IntN(50_000)
 		rollback := rng.IntN(10) == 0
+		notes := ""
+		if rng.IntN(2000) == 0 {
+			notes = strings.Repeat("gift wrap, ", maxOrderSize/10) // poison: too large for the topic
+		}
+		notify := rng.IntN(5) == 0
+		poison := rng.IntN(400) == 0
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			var id int64
 			if err := tx.QueryRow(ctx, `INSERT INTO demo_orders (customer, total_cents) VALUES ($1, $2) RETURNING id`,
@@ -210,11 +244,22 @@ func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produ
 			_, err := producer.Write(ctx, tx, outbox.Message{
 				Topic:   topic,
 				Key:     customer,
-				Payload: fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"total_cents":%d}`, id, customer, total),
+				Payload: fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"total_cents":%d,"notes":%q}`, id, customer, total, notes),
 				Headers: map[string]string{"content-type": "application/json", "type": "order.placed"},
 			})
 			if err != nil {
 				return err
+			}
+			if notify {
+				_, err = producer.Write(ctx, tx, outbox.Message{
+					Topic:   notifyTopic,
+					Key:     customer,
+					Payload: fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"email":true,"poison":%t}`, id, customer, poison),
+					Headers: map[string]string{"content-type": "application/json", "type": "order.notification"},
+				})
+				if err != nil {
+					return err
+				}
 			}
 			if rollback {
 				return errRollback

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Outages of the in-process broker: down (every produce request's
+// connection dropped) for outageLength every outageEvery.
+const (
+	outageEvery  = time.Minute
+	outageLength = 10 * time.Second
+)
+
+// outages takes the broker down now and then until ctx ends.
+func outages(ctx context.Context, c *kfake.Cluster) {
+	var down atomic.Bool
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if down.Load() {
+			return nil, errors.New("broker outage (localstack)"), true
+		}
+		return nil, nil, false
+	})
+	t := time.NewTicker(outageEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		down.Store(true)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(outageLength):
+		}
+		down.Store(false)
+	}
+}
+
+var orderID = regexp.MustCompile(`"order_id":([0-9]+)`)
+
+// webhook is the demo's notification endpoint: it answers 503 with
+// Retry-After to one request in eight, 422 to poison messages, and 204
+// to the rest.
+type webhook struct {
+	url       string
+	delivered atomic.Int64
+}
+
+func startWebhook() (*webhook, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, fmt.Errorf("webhook: %w", err)
+	}
+	h := &webhook{url: "http://" + ln.Addr().String() + "/hooks/notify"}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		switch {
+		case strings.Contains(string(body), `"poison":true`):
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			order := "?"
+			if m := orderID.FindSubmatch(body); m != nil {
+				order = string(m[1])
+			}
+			fmt.Fprintf(w, `{"error":"order %s: the customer's e-mail address bounced"}`, order)
+		case mrand.IntN(8) == 0:
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, "mail service busy, try again shortly")
+		default:
+			h.delivered.Add(1)
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return h, func() { _ = srv.Close() }, nil
+}
+
+// writeConfig writes the relay's configuration for the demo: the
+// notifications to the webhook, the rest to Kafka.
+func writeConfig(hookURL string) (string, error) {
+	dir, err := os.MkdirTemp("", "outbox-localstack-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "relay.yaml")
+	cfg := `destinations:
+  notify:
+    http:
+      url: ` + hookURL + `
+      allow_private_networks: true
+      timeout: 5s
+routes:
+  - topics: ["` + notifyTopic + `"]
+    destination: notify
+  - topics: ["*"]
+    destination: kafka
+`
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return path, nil
+}

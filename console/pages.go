@@ -261,6 +261,11 @@ func (c *console) actOnGroup(w http.ResponseWriter, r *http.Request) {
 func (c *console) bulk(r *http.Request, st *deadletter.Store, action, group string, dry bool, reason string) (*deadletter.Result, error) {
 	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: deadletter.Filter{Group: group}},
 		DryRun: dry, Actor: actor(r), Reason: reason}
+	if dry {
+		// Nothing is locked or changed: the largest batches, the fewest
+		// round trips.
+		p.BatchSize = deadletter.MaxBatchSize
+	}
 	if action == deadletter.ActionDiscard {
 		if !dry && strings.TrimSpace(reason) == "" {
 			return nil, &deadletter.InputError{Problems: []string{"say why the rows are discarded: the audit trail keeps it"}}

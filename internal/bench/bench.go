@@ -70,9 +70,12 @@ type Config struct {
 	// scenario, and FairnessRate the rows per second offered to the quiet
 	// one meanwhile.
 	FairnessRows, FairnessRate int
+	// ConsoleLetters are the dead letters beside a backlog of Rows over
+	// which the console's pages are timed.
+	ConsoleLetters int
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: binary, drain, latency, producer, baseline, claim,
-	// fleet, fairness). Without it every group runs but drain, the
+	// fleet, fairness, console). Without it every group runs but drain, the
 	// relay's drains in process, beside its own claim: the binary's
 	// measure what users run.
 	Only string
@@ -119,7 +122,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}{
 		{"binary", r.users, true}, {"drain", r.drains, false}, {"latency", r.latencies, true},
 		{"producer", r.producers, true}, {"baseline", r.naive, true}, {"claim", r.claimsUnderMaintenance, true},
-		{"fleet", r.fleetCost, true}, {"fairness", r.fairness, true},
+		{"fleet", r.fleetCost, true}, {"fairness", r.fairness, true}, {"console", r.consolePages, true},
 	}
 	for _, step := range steps {
 		if cfg.Only == "" && !step.byDefault || cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {

@@ -22,9 +22,9 @@ func TestSmoke(t *testing.T) {
 		URL: pgtest.URL(t), Rows: 2000, Pairs: 2, BatchSize: 200, PayloadBytes: 100,
 		Rates: []int{500}, LatencyFor: time.Second, ProducersFor: 300 * time.Millisecond,
 		NaiveRows: 200, NaiveFor: 5 * time.Second,
-		FairnessRows: 3000, FairnessRate: 500,
+		FairnessRows: 3000, FairnessRate: 500, ConsoleLetters: 500,
 		UserRows: []int{2000}, LargeRows: 3000,
-		Only: "binary,drain,latency,producer,baseline,claim,fleet,fairness",
+		Only: "binary,drain,latency,producer,baseline,claim,fleet,fairness,console",
 		Logf: t.Logf,
 	})
 	if err != nil {
@@ -50,7 +50,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s / %s = %v: %q, want a latency and the failing rows retried", r.Group, r.Name, r.Value, r.Detail)
 		}
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 2, "fairness": 3, "binary": 7, "raw ceiling": 7, "order ceiling": 3} {
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 2, "fairness": 3, "binary": 7, "raw ceiling": 7, "order ceiling": 3, "console": 9} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

@@ -33,7 +33,7 @@ func main() {
 	batch := flag.Int("batch", 1000, "claim batch size of the in-process scenarios (the binary runs with its default)")
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
-	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness (comma-separated)")
+	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness, console (comma-separated)")
 	match := flag.String("match", "", "run only the drain scenarios whose name contains this, such as \"1M rows, 10k keys, delete-on-send, 1 process\"")
 	binary := flag.String("binary", "", "the outbox-relay binary the binary group runs (default: built from this module), to compare versions")
 	quick := flag.Bool("quick", false, "drain 200k-row backlogs only (no 1M and 10M), for a run of a few minutes")
@@ -96,7 +96,7 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
-		FairnessRows: fairnessRows, FairnessRate: 2000,
+		FairnessRows: fairnessRows, FairnessRate: 2000, ConsoleLetters: 100_000,
 		UserRows: userRows, LargeRows: largeRows, Binary: binary,
 		Only: only, Match: match, BrokerStores: stores,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },

@@ -382,17 +382,18 @@ type rates struct {
 
 type rateSample struct {
 	at     time.Time
-	counts map[string][2]int64 // outbox → delivered, dead-lettered
+	counts map[string][2]int64 // outbox → delivered, failed (retried or dead-lettered)
 }
 
-// per returns, for each outbox, delivered and dead-lettered rows per
-// second since the oldest sample of the last ten seconds.
+// per returns, for each outbox, rows delivered and rows that failed
+// (retried or dead-lettered) per second since the oldest sample of the
+// last ten seconds.
 func (rt *rates) per(now time.Time, st []OutboxStatus) map[string][2]float64 {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cur := rateSample{at: now, counts: map[string][2]int64{}}
 	for _, o := range st {
-		cur.counts[o.Name] = [2]int64{o.Delivered, o.DeadLettered}
+		cur.counts[o.Name] = [2]int64{o.Delivered, o.Retried + o.DeadLettered}
 	}
 	keep := rt.samples[:0]
 	for _, s := range rt.samples {

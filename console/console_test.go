@@ -473,6 +473,17 @@ func TestConsolePages(t *testing.T) {
 			}
 		}
 	}
+	// A row discarded needs a reason.
+	before := e.snapshot()
+	if code, body := b.post("/console/dead-letters/"+strconv.FormatInt(id, 10)+"/discard", nil); code != http.StatusBadRequest || !strings.Contains(body, "say why") {
+		t.Errorf("discard without a reason: %d\n%s", code, body)
+	}
+	if code, _ := b.post("/console/dead-letters/"+strconv.FormatInt(id, 10)+"/delete", url.Values{"reason": {"x"}}); code != http.StatusNotFound {
+		t.Errorf("an unknown action: %d, want 404", code)
+	}
+	if e.snapshot() != before {
+		t.Fatal("a refused action changed the tables")
+	}
 	if code, body := b.post("/console/parked-keys/release", url.Values{"key": {"customer-7"}, "reason": {"let go"}}); code != 200 || !strings.Contains(body, "released") {
 		t.Fatalf("release: %d\n%s", code, body)
 	}

@@ -147,9 +147,9 @@ type liveView struct {
 
 type liveOutbox struct {
 	OutboxStatus
-	DeliveredPerSec, DeadPerSec float64
-	DeadLettered, Parked        int
-	StatsError                  string
+	DeliveredPerSec, FailedPerSec float64
+	DeadLettered, Parked          int
+	StatsError                    string
 }
 
 func (c *console) liveData(r *http.Request) liveView {
@@ -166,7 +166,7 @@ func (c *console) liveData(r *http.Request) liveView {
 	for _, o := range c.cfg.Outboxes {
 		lo := liveOutbox{OutboxStatus: byName[o.Name]}
 		lo.Name = o.Name
-		lo.DeliveredPerSec, lo.DeadPerSec = per[o.Name][0], per[o.Name][1]
+		lo.DeliveredPerSec, lo.FailedPerSec = per[o.Name][0], per[o.Name][1]
 		if ds, err := o.Dead.Stats(r.Context()); err != nil {
 			lo.StatsError = err.Error()
 		} else {

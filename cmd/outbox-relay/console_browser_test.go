@@ -106,7 +106,6 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// Logging in from a page of the console lands on that page.
 	run("open the console", chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(`input[name=token]`))
-	shot("login")
 	run("log in",
 		chromedp.SendKeys(`input[name=token]`, token),
 		chromedp.Click(`main button[type=submit]`),

@@ -5,12 +5,14 @@
 // edited with a diff preview, parked keys released, the audit trail read.
 //
 // A token is given once, in a login form; the console answers with a
-// session cookie (HttpOnly, SameSite=Strict, Secure over HTTPS) signed
+// session cookie (HttpOnly, SameSite=Lax, Secure over HTTPS) signed
 // with a key derived from that token, so any replica with the same tokens
-// accepts it and removing the token ends its sessions. Every change is a
-// POST from a page of the console: its Origin must be the console's own,
-// and it carries a CSRF token derived from the session. Nothing puts a
-// token in a URL.
+// accepts it and removing the token ends its sessions. Lax rather than
+// Strict, so that a link to a page, from an alert or a chat, opens it in
+// the session: the cookie then goes with top-level GETs from other sites,
+// which change nothing. Every change is a POST from a page of the console:
+// its Origin must be the console's own, and it carries a CSRF token derived
+// from the session. Nothing puts a token in a URL.
 package console
 
 import (
@@ -308,7 +310,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	expires := c.cfg.now().Add(SessionLength)
 	payload := base64.RawURLEncoding.EncodeToString([]byte(name)) + "." + strconv.FormatInt(expires.Unix(), 10)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: payload + "." + sign(key, "session", payload), Path: Prefix,
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure, Expires: expires})
+		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure, Expires: expires})
 	http.SetCookie(w, &http.Cookie{Name: loginCookie, Path: Prefix, MaxAge: -1})
 	c.cfg.Logger.Info("console login", slog.String("token", name), slog.String("remote", r.RemoteAddr))
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
@@ -316,7 +318,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Path: Prefix, MaxAge: -1, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure})
+		SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 }
 

@@ -216,7 +216,7 @@ func TestConsoleNeedsLogin(t *testing.T) {
 }
 
 // A login needs an accepted token, the nonce of the form it came from, and
-// the console's origin; the session cookie is HttpOnly and SameSite=Strict,
+// the console's origin; the session cookie is HttpOnly and SameSite=Lax,
 // and ends with its token or its time.
 func TestConsoleLogin(t *testing.T) {
 	t.Parallel()
@@ -272,9 +272,9 @@ func TestConsoleLogin(t *testing.T) {
 	}
 	res.Body.Close()
 	attrs := res.Header.Values("Set-Cookie")
-	if len(attrs) == 0 || !strings.Contains(attrs[0], "HttpOnly") || !strings.Contains(attrs[0], "SameSite=Strict") ||
+	if len(attrs) == 0 || !strings.Contains(attrs[0], "HttpOnly") || !strings.Contains(attrs[0], "SameSite=Lax") ||
 		!strings.Contains(attrs[0], "Path=/console/") || strings.Contains(attrs[0], token) {
-		t.Errorf("session cookie %q: want HttpOnly, SameSite=Strict, Path=/console/, without the token", attrs)
+		t.Errorf("session cookie %q: want HttpOnly, SameSite=Lax, Path=/console/, without the token", attrs)
 	}
 	if code, _, _ := b.do("GET", "/console/groups", nil); code != http.StatusOK {
 		t.Errorf("with the session: %d", code)

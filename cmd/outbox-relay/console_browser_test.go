@@ -186,8 +186,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	// Another site's page that posts to the console from the logged-in
-	// browser: refused (its cookie is SameSite=Strict, and the origin is
-	// another's).
+	// browser: refused (its cookie, SameSite=Lax, is not sent with another
+	// site's POST, and the origin is another's).
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html")
 		fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s"><input name="csrf" value="guess"></form>

@@ -178,8 +178,22 @@ func (c *console) liveData(r *http.Request) liveView {
 	return v
 }
 
-// filterForm reads a dead-letter filter from the query, and the values to
-// fill the form with again.
+// filtered is the store of the request's outbox and the filter its query
+// gives, or a page that says what is wrong with them.
+func (c *console) filtered(w http.ResponseWriter, r *http.Request) (*deadletter.Store, deadletter.Filter, bool) {
+	st, ok := c.store(w, r)
+	if !ok {
+		return nil, deadletter.Filter{}, false
+	}
+	f, err := filterForm(r)
+	if err != nil {
+		c.failErr(w, r, err)
+		return nil, deadletter.Filter{}, false
+	}
+	return st, f, true
+}
+
+// filterForm reads a dead-letter filter from the query.
 func filterForm(r *http.Request) (deadletter.Filter, error) {
 	q := r.URL.Query()
 	f := deadletter.Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
@@ -192,13 +206,8 @@ func filterForm(r *http.Request) (deadletter.Filter, error) {
 }
 
 func (c *console) groups(w http.ResponseWriter, r *http.Request) {
-	st, ok := c.store(w, r)
+	st, f, ok := c.filtered(w, r)
 	if !ok {
-		return
-	}
-	f, err := filterForm(r)
-	if err != nil {
-		c.failErr(w, r, err)
 		return
 	}
 	page, err := st.Groups(r.Context(), deadletter.GroupParams{Filter: f, Limit: 200})
@@ -299,13 +308,8 @@ func (c *console) findGroup(r *http.Request, st *deadletter.Store, id string) (d
 }
 
 func (c *console) letters(w http.ResponseWriter, r *http.Request) {
-	st, ok := c.store(w, r)
+	st, f, ok := c.filtered(w, r)
 	if !ok {
-		return
-	}
-	f, err := filterForm(r)
-	if err != nil {
-		c.failErr(w, r, err)
 		return
 	}
 	q := r.URL.Query()

@@ -138,17 +138,7 @@ func (h *api) authenticate(next http.Handler) http.Handler {
 }
 
 func (h *api) list(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, append(filterParams, "status", "limit", "cursor")...)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	f, err := filterFromQuery(q)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	limit, err := intParam(q, "limit")
+	q, f, limit, err := filteredQuery(r, "status", "cursor")
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -157,27 +147,29 @@ func (h *api) list(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, page, err)
 }
 
-// filterParams are the query parameters of a Filter.
-var filterParams = []string{"topic", "destination", "reason", "key", "since", "until", "error", "group"}
-
 func (h *api) groups(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, append(filterParams, "limit")...)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	f, err := filterFromQuery(q)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	limit, err := intParam(q, "limit")
+	_, f, limit, err := filteredQuery(r)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	page, err := store(r).Groups(r.Context(), GroupParams{Filter: f, Limit: limit})
 	h.reply(w, r, page, err)
+}
+
+// filteredQuery reads a query of a Filter's parameters, limit, and the
+// other parameters named: the query, the filter and the limit.
+func filteredQuery(r *http.Request, other ...string) (url.Values, Filter, int, error) {
+	q, err := query(r, append([]string{"topic", "destination", "reason", "key", "since", "until", "error", "group", "limit"}, other...)...)
+	if err != nil {
+		return nil, Filter{}, 0, err
+	}
+	f, err := filterFromQuery(q)
+	if err != nil {
+		return nil, Filter{}, 0, err
+	}
+	limit, err := intParam(q, "limit")
+	return q, f, limit, err
 }
 
 func (h *api) show(w http.ResponseWriter, r *http.Request) {

@@ -130,8 +130,8 @@ func TestFailureGroups(t *testing.T) {
 	if err != nil || res.Count != 4 {
 		t.Fatalf("replay = %+v, %v; want 4 rows", res, err)
 	}
-	if n := count(t, s, "outbox", "status = 'pending' AND destination = 'billing'"); n != 4 {
-		t.Errorf("%d rows pending after the replay, want 4", n)
+	if n := count(t, s, "outbox", "status = 'pending' AND destination = 'billing' AND error_group IS NULL"); n != 4 {
+		t.Errorf("%d rows pending after the replay, out of their group, want 4", n)
 	}
 	if p, err := st.Groups(ctx, deadletter.GroupParams{}); err != nil || p.Total != 2 {
 		t.Errorf("after the replay: %+v, %v; want 2 groups left", p, err)

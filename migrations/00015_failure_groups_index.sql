@@ -3,26 +3,37 @@
 -- without reading the rest (nor the pending rows, however many).
 --
 -- Outside a transaction, so that neither statement blocks producers: the
--- update locks only dead letters, in batches, and the index is built
--- concurrently. If it is interrupted, 'migrate up' runs it again whole:
--- the update skips rows already done and an index left invalid is dropped
--- first.
+-- update locks only dead letters, in batches along the dead letters'
+-- index, and the indexes are built concurrently. If it is interrupted,
+-- 'migrate up' runs it again whole: the update leaves rows already done
+-- alone, and an index left invalid is dropped first.
 
 -- +goose NO TRANSACTION
 -- +goose Up
 -- +goose StatementBegin
 DO $$
-DECLARE n bigint;
+DECLARE
+    at timestamptz := '-infinity';
+    last bigint := 0;
+    upto_at timestamptz;
+    upto bigint;
 BEGIN
+    -- Through the dead letters once, in the order of their index, 5000 at
+    -- a time, each batch committed.
     LOOP
+        SELECT b.dead_lettered_at, b.id INTO upto_at, upto
+        FROM (SELECT dead_lettered_at, id FROM {{.Schema}}.outbox
+              WHERE status IN ('dead_lettered', 'discarded') AND (dead_lettered_at, id) > (at, last)
+              ORDER BY dead_lettered_at, id LIMIT 5000) AS b
+        ORDER BY b.dead_lettered_at DESC, b.id DESC LIMIT 1;
+        EXIT WHEN upto IS NULL;
         UPDATE {{.Schema}}.outbox
         SET error_group = {{.Schema}}.outbox_error_group(destination, dead_letter_reason, last_error)
-        WHERE id IN (SELECT id FROM {{.Schema}}.outbox
-                     WHERE status IN ('dead_lettered', 'discarded') AND error_group IS NULL
-                     LIMIT 5000);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        EXIT WHEN n = 0;
+        WHERE status IN ('dead_lettered', 'discarded') AND error_group IS NULL
+          AND (dead_lettered_at, id) > (at, last) AND (dead_lettered_at, id) <= (upto_at, upto);
         COMMIT;
+        at := upto_at;
+        last := upto;
     END LOOP;
 END $$;
 -- +goose StatementEnd

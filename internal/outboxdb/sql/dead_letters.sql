@@ -52,8 +52,10 @@ before groups are read or selected.
 */}}
 
 {{define "group_rows"}}
+-- At most 10000 a call: the rest at the next.
 UPDATE {{.Outbox}} SET error_group = {{.Group}}(destination, dead_letter_reason, last_error)
-WHERE status IN ('dead_lettered', 'discarded') AND error_group IS NULL
+WHERE id IN (SELECT id FROM {{.Outbox}}
+             WHERE status IN ('dead_lettered', 'discarded') AND error_group IS NULL LIMIT 10000)
 {{end}}
 
 {{define "failure_groups"}}
@@ -62,7 +64,7 @@ WITH g AS (
     SELECT error_group AS id, count(*) AS n, min(dead_lettered_at) AS first, max(dead_lettered_at) AS last,
            max(id) AS latest
     FROM {{.Outbox}}
-    WHERE status = 'dead_lettered' AND {{.Where}}
+    WHERE status = 'dead_lettered' AND error_group IS NOT NULL AND {{.Where}}
     GROUP BY 1),
 top AS (
     SELECT *, count(*) OVER () AS total FROM g
@@ -94,7 +96,7 @@ The columns a row gets back when it becomes pending again, as if new apart
 from its error history: after a replay, and after an edit.
 */}}
 {{define "reset_to_pending"}}status = 'pending', retry_count = 0,
-    next_attempt_at = coalesce($2, now()), dead_letter_reason = NULL, dead_lettered_at = NULL,
+    next_attempt_at = coalesce($2, now()), dead_letter_reason = NULL, dead_lettered_at = NULL, error_group = NULL,
     key_parked = false, parked_behind = NULL, lease_token = NULL, last_attempt_at = NULL{{end}}
 
 {{define "replay"}}

@@ -7,12 +7,14 @@
 // A token is given once, in a login form; the console answers with a
 // session cookie (HttpOnly, SameSite=Lax, Secure over HTTPS) signed
 // with a key derived from that token, so any replica with the same tokens
-// accepts it and removing the token ends its sessions. Lax rather than
-// Strict, so that a link to a page, from an alert or a chat, opens it in
-// the session: the cookie then goes with top-level GETs from other sites,
-// which change nothing. Every change is a POST from a page of the console:
-// its Origin must be the console's own, and it carries a CSRF token derived
-// from the session. Nothing puts a token in a URL.
+// accepts it and removing the token ends its sessions (logging out drops
+// the cookie; a copy of it lasts until then, or its 12 hours). Lax rather
+// than Strict, so that a link to a page, from an alert or a chat, opens it
+// in the session: the cookie then goes with top-level GETs from other
+// sites, which change no row's state. Every change is a POST from a page of
+// the console: it carries a CSRF token derived from the session, and a
+// browser's Origin (or Sec-Fetch-Site) must say it is the console's own.
+// Nothing puts a token in a URL.
 package console
 
 import (
@@ -30,6 +32,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +69,9 @@ type Config struct {
 	// Secure marks the session cookie for HTTPS only: set it when the
 	// listener serves TLS.
 	Secure bool
+	// Redact takes secrets, such as database passwords, out of an error
+	// before a page shows it; nil leaves it as it is.
+	Redact func(string) string
 	Logger *slog.Logger
 	// now is the clock, for tests.
 	now func() time.Time
@@ -126,6 +132,9 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
+	if cfg.Redact == nil {
+		cfg.Redact = func(s string) string { return s }
+	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
@@ -164,6 +173,38 @@ type console struct {
 	cfg   Config
 	pages map[string]*template.Template
 	rates rates
+	// stats are each outbox's dead-letter counts for the overview, kept a
+	// few seconds: every open overview asks every two.
+	statsMu sync.Mutex
+	stats   map[string]countedStats
+}
+
+type countedStats struct {
+	at  time.Time
+	st  *deadletter.Stats
+	err error
+}
+
+// statsCache is how long the overview's dead-letter counts are shown
+// again before they are counted anew.
+const statsCache = 3 * time.Second
+
+// deadStats are o's dead-letter counts, at most statsCache old.
+func (c *console) deadStats(ctx context.Context, o Outbox) (*deadletter.Stats, error) {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	now := c.cfg.now()
+	if got, ok := c.stats[o.Name]; ok && now.Sub(got.at) < statsCache {
+		return got.st, got.err
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	st, err := o.Dead.Stats(cctx)
+	if c.stats == nil {
+		c.stats = map[string]countedStats{}
+	}
+	c.stats[o.Name] = countedStats{at: now, st: st, err: err}
+	return st, err
 }
 
 // session is a logged-in request's: who, and its CSRF token.
@@ -325,7 +366,9 @@ func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 // safeNext is where to go after logging in: a page of the console, or
 // its overview.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Prefix) || strings.HasPrefix(next, "//") || strings.Contains(next, `\`) {
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || strings.Contains(next, `\`) ||
+		!strings.HasPrefix(path.Clean(u.Path)+"/", Prefix) {
 		return Prefix
 	}
 	return next

@@ -202,7 +202,7 @@ func TestConsoleNeedsLogin(t *testing.T) {
 	}
 	for _, p := range []string{"/console/dead-letters/" + strconv.FormatInt(id, 10) + "/replay", "/console/groups/0123456789ab/replay",
 		"/console/parked-keys/release", "/console/dead-letters/" + strconv.FormatInt(id, 10) + "/edit"} {
-		if code, _ := b.post(p, url.Values{"reason": {"x"}, "key": {"customer-7"}, "payload": {"{}"}}); code != http.StatusUnauthorized {
+		if code, _ := b.post(p, url.Values{"why": {"x"}, "key": {"customer-7"}, "payload": {"{}"}}); code != http.StatusUnauthorized {
 			t.Errorf("POST %s without a session: %d, want 401", p, code)
 		}
 	}
@@ -321,7 +321,7 @@ func TestConsoleRefusesCrossSiteChanges(t *testing.T) {
 	if e.snapshot() != before {
 		t.Fatal("a refused change changed the tables")
 	}
-	if code, body := b.post(path, url.Values{"reason": {"fixed"}}); code != http.StatusOK || !strings.Contains(body, "replayed 1 row") {
+	if code, body := b.post(path, url.Values{"why": {"fixed"}}); code != http.StatusOK || !strings.Contains(body, "replayed 1 row") {
 		t.Fatalf("replay with the token: %d\n%s", code, body)
 	}
 	if st := e.status(id); st != "pending" {
@@ -344,15 +344,20 @@ func TestConsoleFailureGroups(t *testing.T) {
 	}
 	id := regexp.MustCompile(`id="group-([0-9a-f]{12})"`).FindStringSubmatch(page)[1]
 
+	// The groups page's filter goes on to the confirm page and the action.
 	before := e.snapshot()
-	code, _, confirm := b.do("GET", "/console/groups/"+id+"/replay", nil)
+	code, _, confirm := b.do("GET", "/console/groups/"+id+"/replay?key=k1", nil)
+	if code != 200 || !strings.Contains(confirm, `<strong id="dry-run-count">1</strong>`) || !strings.Contains(confirm, `name="key" value="k1"`) {
+		t.Fatalf("confirm page with a filter: %d\n%s", code, confirm)
+	}
+	code, _, confirm = b.do("GET", "/console/groups/"+id+"/replay", nil)
 	if code != 200 || !strings.Contains(confirm, `<strong id="dry-run-count">2</strong>`) {
 		t.Fatalf("confirm page: %d\n%s", code, confirm)
 	}
 	if e.snapshot() != before {
 		t.Fatal("the dry run changed the tables")
 	}
-	if code, body := b.post("/console/groups/"+id+"/replay", url.Values{"reason": {"hook fixed"}}); code != 200 || !strings.Contains(body, "replayed 2 rows") {
+	if code, body := b.post("/console/groups/"+id+"/replay", url.Values{"why": {"hook fixed"}}); code != 200 || !strings.Contains(body, "replayed 2 rows") {
 		t.Fatalf("replay: %d\n%s", code, body)
 	}
 	if e.status(a) != "pending" || e.status(b2) != "pending" || e.status(odd) != "dead_lettered" {
@@ -382,7 +387,7 @@ func TestConsoleFailureGroups(t *testing.T) {
 	if e.snapshot() != before {
 		t.Fatal("a refused action changed the tables")
 	}
-	if code, body := b.post("/console/groups/"+other+"/discard", url.Values{"reason": {"test traffic"}}); code != 200 || !strings.Contains(body, "discarded 1 row") {
+	if code, body := b.post("/console/groups/"+other+"/discard", url.Values{"why": {"test traffic"}}); code != 200 || !strings.Contains(body, "discarded 1 row") {
 		t.Fatalf("discard: %d\n%s", code, body)
 	}
 	if st := e.status(odd); st != "discarded" {
@@ -406,7 +411,7 @@ func TestConsoleEditRow(t *testing.T) {
 	}
 	before := e.snapshot()
 	edited := "{\n  \"order\": 17,\n  \"currency\": \"EUR\"\n}"
-	form := url.Values{"topic": {"orders"}, "headers": {"{\n  \"content-type\": \"application/json\"\n}"}, "payload": {edited}, "reason": {"currency fixed"}}
+	form := url.Values{"topic": {"orders"}, "headers": {"{\n  \"content-type\": \"application/json\"\n}"}, "payload": {edited}, "why": {"currency fixed"}}
 	code, preview := b.post(row+"/preview", form)
 	if code != 200 || !strings.Contains(preview, `-  &#34;currency&#34;: &#34;eur&#34;`) || !strings.Contains(preview, `&#43;  &#34;currency&#34;: &#34;EUR&#34;`) ||
 		strings.Contains(preview, "headers (now)") {
@@ -440,6 +445,28 @@ func TestConsoleEditRow(t *testing.T) {
 	}
 	if code, _, page := b.do("GET", "/console/audit?row="+strconv.FormatInt(id, 10), nil); code != 200 || !strings.Contains(page, "currency fixed") {
 		t.Errorf("audit of the row: %d\n%s", code, page)
+	}
+
+	// A binary payload is not edited through a form; a field the form does
+	// not carry stays as it was.
+	bin := e.deadLetter("hooks", "k2", "\x00\x01\x02", "HTTP 415")
+	before = e.snapshot()
+	if code, body := b.post("/console/dead-letters/"+strconv.FormatInt(bin, 10)+"/edit", url.Values{"payload": {"x"}}); code != http.StatusBadRequest || !strings.Contains(body, "binary") {
+		t.Errorf("editing a binary payload: %d\n%s", code, body)
+	}
+	if e.snapshot() != before {
+		t.Fatal("a refused edit changed the tables")
+	}
+	text := e.deadLetter("hooks", "k3", "plain text", "HTTP 400")
+	if code, body := b.post("/console/dead-letters/"+strconv.FormatInt(text, 10)+"/edit", url.Values{"topic": {"orders.v2"}}); code != 200 {
+		t.Fatalf("a topic alone: %d\n%s", code, body)
+	}
+	var topic string
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT topic, convert_from(payload, 'UTF8') FROM outbox WHERE id = $1`, text).Scan(&topic, &payload); err != nil {
+		t.Fatal(err)
+	}
+	if topic != "orders.v2" || payload != "plain text" {
+		t.Fatalf("after a topic alone: %s %q, want the payload as it was", topic, payload)
 	}
 }
 
@@ -478,18 +505,27 @@ func TestConsolePages(t *testing.T) {
 	if code, body := b.post("/console/dead-letters/"+strconv.FormatInt(id, 10)+"/discard", nil); code != http.StatusBadRequest || !strings.Contains(body, "say why") {
 		t.Errorf("discard without a reason: %d\n%s", code, body)
 	}
-	if code, _ := b.post("/console/dead-letters/"+strconv.FormatInt(id, 10)+"/delete", url.Values{"reason": {"x"}}); code != http.StatusNotFound {
+	if code, _ := b.post("/console/dead-letters/"+strconv.FormatInt(id, 10)+"/delete", url.Values{"why": {"x"}}); code != http.StatusNotFound {
 		t.Errorf("an unknown action: %d, want 404", code)
 	}
 	if e.snapshot() != before {
 		t.Fatal("a refused action changed the tables")
 	}
-	if code, body := b.post("/console/parked-keys/release", url.Values{"key": {"customer-7"}, "reason": {"let go"}}); code != 200 || !strings.Contains(body, "released") {
+	if code, body := b.post("/console/parked-keys/release", url.Values{"key": {"customer-7"}, "why": {"let go"}}); code != 200 || !strings.Contains(body, "released") {
 		t.Fatalf("release: %d\n%s", code, body)
 	}
 	var parked bool
 	if err := e.s.Pool.QueryRow(context.Background(), `SELECT key_parked FROM outbox WHERE id = $1`, id).Scan(&parked); err != nil || parked {
 		t.Fatalf("after the release the key is parked: %v %v", parked, err)
+	}
+	// After logging in, only a page of the console.
+	for next, want := range map[string]string{
+		"/console/audit?row=1": "/console/audit?row=1", "//evil.example/console/": "/console/",
+		"/console/../metrics": "/console/", "https://evil.example/console/": "/console/", "/console\\evil": "/console/",
+	} {
+		if _, loc, _ := b.do("GET", "/console/login?next="+url.QueryEscape(next), nil); loc != want {
+			t.Errorf("login with next %q goes to %q, want %q", next, loc, want)
+		}
 	}
 	if code, _, _ := b.do("POST", "/console/logout", url.Values{"csrf": {b.csrf}}, "Origin", e.srv.URL); code != http.StatusSeeOther {
 		t.Errorf("logout: %d", code)

@@ -167,8 +167,8 @@ func (c *console) liveData(r *http.Request) liveView {
 		lo := liveOutbox{OutboxStatus: byName[o.Name]}
 		lo.Name = o.Name
 		lo.DeliveredPerSec, lo.FailedPerSec = per[o.Name][0], per[o.Name][1]
-		if ds, err := o.Dead.Stats(r.Context()); err != nil {
-			lo.StatsError = err.Error()
+		if ds, err := c.deadStats(r.Context(), o); err != nil {
+			lo.StatsError = "dead letters unknown: " + c.cfg.Redact(err.Error())
 		} else {
 			lo.DeadLettered, lo.Parked = ds.DeadLettered, ds.ParkedKeys
 		}
@@ -193,13 +193,13 @@ func (c *console) filtered(w http.ResponseWriter, r *http.Request) (*deadletter.
 	return st, f, true
 }
 
-// filterForm reads a dead-letter filter from the query.
+// filterForm reads a dead-letter filter from the query, or a posted form.
 func filterForm(r *http.Request) (deadletter.Filter, error) {
-	q := r.URL.Query()
-	f := deadletter.Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
-		Key: q.Get("key"), ErrorContains: q.Get("error"), Group: q.Get("group")}
+	q := r.FormValue
+	f := deadletter.Filter{Topic: q("topic"), Destination: q("destination"), Reason: q("reason"),
+		Key: q("key"), ErrorContains: q("error"), Group: q("group")}
 	var err error
-	if f.Since, f.Until, err = deadletter.ParseWindow(q.Get("since"), q.Get("until")); err != nil {
+	if f.Since, f.Until, err = deadletter.ParseWindow(q("since"), q("until")); err != nil {
 		return f, err
 	}
 	return f, f.Validate()
@@ -215,7 +215,12 @@ func (c *console) groups(w http.ResponseWriter, r *http.Request) {
 		c.failErr(w, r, err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "groups", map[string]any{"Page": page, "Q": r.URL.Query(), "Reasons": deadletter.Reasons})
+	suffix := ""
+	if fields := filterFields(r); len(fields) > 0 {
+		suffix = "&" + fields.Encode()
+	}
+	c.render(w, r, http.StatusOK, "groups", map[string]any{"Page": page, "Q": r.URL.Query(), "Reasons": deadletter.Reasons,
+		"Filter": template.URL(suffix)}) //nolint:gosec // url.Values.Encode escapes every value
 }
 
 // groupAction is a bulk action on a failure group.
@@ -228,48 +233,69 @@ var groupActions = map[string]groupAction{
 	deadletter.ActionDiscard: {deadletter.ActionDiscard, "Discard", "discarded"},
 }
 
+// groupRequest reads an action on a failure group: the store, the action,
+// and the selection: the group's rows that the groups page's filter, which
+// the confirm page carries on, matches.
+func (c *console) groupRequest(w http.ResponseWriter, r *http.Request) (*deadletter.Store, groupAction, deadletter.Filter, bool) {
+	a, ok := groupActions[r.PathValue("action")]
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
+		return nil, a, deadletter.Filter{}, false
+	}
+	st, f, ok := c.filtered(w, r)
+	if !ok {
+		return nil, a, f, false
+	}
+	f.Group = r.PathValue("group")
+	if err := f.Validate(); err != nil {
+		c.failErr(w, r, err)
+		return nil, a, f, false
+	}
+	return st, a, f, true
+}
+
 // confirmGroup shows what an action on a group would change, by a dry
 // run, and asks to go on.
 func (c *console) confirmGroup(w http.ResponseWriter, r *http.Request) {
-	st, ok := c.store(w, r)
+	st, a, f, ok := c.groupRequest(w, r)
 	if !ok {
 		return
 	}
-	a, ok := groupActions[r.PathValue("action")]
-	if !ok {
-		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
-		return
-	}
-	g, err := c.findGroup(r, st, r.PathValue("group"))
+	g, err := c.findGroup(r, st, f)
 	if err != nil {
 		c.failErr(w, r, err)
 		return
 	}
-	dry, err := c.bulk(r, st, a.Name, r.PathValue("group"), true, "")
+	dry, err := c.bulk(r, st, a.Name, f, true, "")
 	if err != nil {
 		c.failErr(w, r, err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "confirm", map[string]any{"Action": a, "Group": g, "Count": dry.Count})
+	c.render(w, r, http.StatusOK, "confirm", map[string]any{"Action": a, "Group": g, "Count": dry.Count, "Filter": filterFields(r)})
 }
 
 func (c *console) actOnGroup(w http.ResponseWriter, r *http.Request) {
-	st, ok := c.store(w, r)
+	st, a, f, ok := c.groupRequest(w, r)
 	if !ok {
 		return
 	}
-	a, ok := groupActions[r.PathValue("action")]
-	if !ok {
-		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
-		return
-	}
-	res, err := c.bulk(r, st, a.Name, r.PathValue("group"), false, r.PostForm.Get("reason"))
+	res, err := c.bulk(r, st, a.Name, f, false, r.PostForm.Get("why"))
 	c.done(w, r, res, err, a.Past, "groups")
 }
 
-func (c *console) bulk(r *http.Request, st *deadletter.Store, action, group string, dry bool, reason string) (*deadletter.Result, error) {
-	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: deadletter.Filter{Group: group}},
-		DryRun: dry, Actor: actor(r), Reason: reason}
+// filterFields are the filter's fields the request gives, to carry on.
+func filterFields(r *http.Request) url.Values {
+	out := url.Values{}
+	for _, name := range []string{"topic", "destination", "reason", "key", "since", "until", "error"} {
+		if v := r.FormValue(name); v != "" {
+			out.Set(name, v)
+		}
+	}
+	return out
+}
+
+func (c *console) bulk(r *http.Request, st *deadletter.Store, action string, f deadletter.Filter, dry bool, reason string) (*deadletter.Result, error) {
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: f}, DryRun: dry, Actor: actor(r), Reason: reason}
 	if dry {
 		// Nothing is locked or changed: the largest batches, the fewest
 		// round trips.
@@ -295,14 +321,14 @@ func (c *console) done(w http.ResponseWriter, r *http.Request, res *deadletter.R
 		"Back": Prefix + back + "?outbox=" + url.QueryEscape(r.FormValue("outbox"))})
 }
 
-// findGroup returns the failure group id names.
-func (c *console) findGroup(r *http.Request, st *deadletter.Store, id string) (deadletter.Group, error) {
-	page, err := st.Groups(r.Context(), deadletter.GroupParams{Filter: deadletter.Filter{Group: id}, Limit: 1})
+// findGroup returns the failure group f selects, as far as f matches it.
+func (c *console) findGroup(r *http.Request, st *deadletter.Store, f deadletter.Filter) (deadletter.Group, error) {
+	page, err := st.Groups(r.Context(), deadletter.GroupParams{Filter: f, Limit: 1})
 	if err != nil {
 		return deadletter.Group{}, err
 	}
 	if len(page.Groups) == 0 {
-		return deadletter.Group{}, fmt.Errorf("failure group %s: %w (its rows may have been replayed or discarded)", id, deadletter.ErrNotFound)
+		return deadletter.Group{}, fmt.Errorf("failure group %s: %w (its rows may have been replayed or discarded)", f.Group, deadletter.ErrNotFound)
 	}
 	return page.Groups[0], nil
 }
@@ -386,9 +412,11 @@ func (c *console) row(w http.ResponseWriter, r *http.Request) (*deadletter.Store
 	return st, ref, v, true
 }
 
-// editForm is an edit as the row's page submits it.
+// editForm is an edit as the row's page submits it. A field the form does
+// not carry is left as it is.
 type editForm struct {
 	Topic, Headers, Payload, Reason string
+	HasHeaders, HasPayload          bool
 	AllowNonJSON                    bool
 }
 
@@ -397,7 +425,8 @@ type editForm struct {
 func readEdit(r *http.Request) editForm {
 	lf := strings.NewReplacer("\r\n", "\n")
 	return editForm{Topic: strings.TrimSpace(r.PostForm.Get("topic")), Headers: lf.Replace(r.PostForm.Get("headers")),
-		Payload: lf.Replace(r.PostForm.Get("payload")), Reason: r.PostForm.Get("reason"), AllowNonJSON: r.PostForm.Get("allow_non_json") != ""}
+		Payload: lf.Replace(r.PostForm.Get("payload")), Reason: r.PostForm.Get("why"), AllowNonJSON: r.PostForm.Get("allow_non_json") != "",
+		HasHeaders: r.PostForm.Has("headers"), HasPayload: r.PostForm.Has("payload")}
 }
 
 // params are the edit's, keeping only what changed from v.
@@ -407,13 +436,23 @@ func (e editForm) params(v rowView, r *http.Request, c *console) deadletter.Edit
 	if e.Topic != "" && e.Topic != v.Row.Topic {
 		p.Topic = e.Topic
 	}
-	if strings.TrimSpace(e.Headers) != strings.TrimSpace(v.Headers) {
+	if e.HasHeaders && strings.TrimSpace(e.Headers) != strings.TrimSpace(v.Headers) {
 		p.Headers = json.RawMessage(e.Headers)
 	}
-	if e.Payload != v.Payload {
+	if e.HasPayload && e.Payload != v.Payload {
 		p.Payload = []byte(e.Payload)
 	}
 	return p
+}
+
+// editable refuses the edit of a binary payload, which a form would
+// garble.
+func (c *console) editable(w http.ResponseWriter, r *http.Request, v rowView) bool {
+	if v.Encoding == "hex" {
+		c.fail(w, r, http.StatusBadRequest, "Nothing was changed: this payload is binary. Edit it with the command line (dlq edit --payload FILE).")
+		return false
+	}
+	return true
 }
 
 // preview shows the edit as a diff against the row, to confirm.
@@ -422,8 +461,7 @@ func (c *console) preview(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if v.Encoding == "hex" {
-		c.fail(w, r, http.StatusBadRequest, "This payload is binary: edit it with the command line (dlq edit --payload FILE).")
+	if !c.editable(w, r, v) {
 		return
 	}
 	e := readEdit(r)
@@ -452,7 +490,7 @@ func (c *console) preview(w http.ResponseWriter, r *http.Request) {
 // edit applies an edit that the preview showed, and replays the row.
 func (c *console) edit(w http.ResponseWriter, r *http.Request) {
 	st, ref, v, ok := c.row(w, r)
-	if !ok {
+	if !ok || !c.editable(w, r, v) {
 		return
 	}
 	p := readEdit(r).params(v, r, c)
@@ -476,7 +514,7 @@ func (c *console) actOnRow(w http.ResponseWriter, r *http.Request) {
 		c.failErr(w, r, err)
 		return
 	}
-	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("reason")}
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("why")}
 	var res *deadletter.Result
 	past := ""
 	switch r.PathValue("action") {
@@ -516,7 +554,7 @@ func (c *console) release(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := st.Release(r.Context(), deadletter.ReleaseParams{Key: r.PostForm.Get("key"), Discard: r.PostForm.Get("discard") != "",
-		Reason: r.PostForm.Get("reason"), Actor: actor(r)})
+		Reason: r.PostForm.Get("why"), Actor: actor(r)})
 	c.done(w, r, res, err, "released", "parked-keys")
 }
 

@@ -107,7 +107,8 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		ui, err = console.New(console.Config{
 			Outboxes:   outboxes,
 			Tokens:     ad.tokens,
-			Status:     consoleStatus(ad.relay, ad.outboxes),
+			Status:     consoleStatus(ad.relay, ad.outboxes, ad.redact),
+			Redact:     ad.redact,
 			MaxPayload: maxPayload,
 			CheckTopic: checkTopic,
 			Secure:     ad.certs != nil,

@@ -19,7 +19,7 @@ const (
 )
 
 // consoleStatus reports the relay's state for the console's overview.
-func consoleStatus(r *relay.Relay, outboxes []*runOutbox) func(context.Context) console.Status {
+func consoleStatus(r *relay.Relay, outboxes []*runOutbox, redact func(string) string) func(context.Context) console.Status {
 	var mu sync.Mutex
 	type counted struct {
 		at      time.Time
@@ -35,11 +35,13 @@ func consoleStatus(r *relay.Relay, outboxes []*runOutbox) func(context.Context) 
 			return c
 		}
 		c := counted{at: time.Now()}
-		cctx, cancel := context.WithTimeout(ctx, consoleTimeout)
+		// Not the request's context: a closed tab must not leave an
+		// error in the cache for the others.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consoleTimeout)
 		topics, err := o.store.Backlog(cctx)
 		cancel()
 		if err != nil {
-			c.err = fmt.Sprintf("backlog unknown: %v", err)
+			c.err = "backlog unknown: " + redact(err.Error())
 		}
 		for _, t := range topics {
 			c.pending += t.Pending

@@ -118,7 +118,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	dry := text(`#dry-run-count`)
 	shot("confirm")
 	run("replay the group",
-		chromedp.SendKeys(`input[name=reason]`, "leader elections are over"),
+		chromedp.SendKeys(`input[name=why]`, "leader elections are over"),
 		chromedp.Click(`main button[type=submit]`),
 		chromedp.WaitVisible(`#result`),
 	)
@@ -132,7 +132,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	shot("row")
 	run("preview an edit",
 		chromedp.SetValue(`textarea[name=payload]`, newPayload),
-		chromedp.SendKeys(`form.edit input[name=reason]`, "currency in capitals"),
+		chromedp.SendKeys(`form.edit input[name=why]`, "currency in capitals"),
 		chromedp.Click(`form.edit button[type=submit]`),
 		chromedp.WaitVisible(`pre.diff`),
 	)

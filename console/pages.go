@@ -141,7 +141,6 @@ type liveView struct {
 	Shown    bool
 	Outboxes []liveOutbox
 	Dests    []DestinationStatus
-	Dead     map[string]*deadletter.Stats
 	At       time.Time
 }
 

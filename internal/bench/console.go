@@ -21,14 +21,11 @@ import (
 // beside a backlog of Rows pending rows: the median, and the slowest in
 // the note.
 func (r *runner) consolePages(ctx context.Context) error {
-	e, err := r.newEnv(ctx, 4)
+	e, err := r.filled(ctx, r.cfg.Rows, distributions[0].expr, 4)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	if err := r.fill(ctx, e, r.cfg.Rows, distributions[0].expr); err != nil {
-		return err
-	}
 	// Failure groups: 4 destinations × 2 reasons; each row's error names
 	// its own order and status, which the fingerprint masks.
 	if _, err := e.pool.Exec(ctx, `INSERT INTO outbox (topic, key, payload, headers, status, retry_count, last_error,

@@ -164,9 +164,30 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("POST "+p+"/parked-keys/release", c.change(c.release))
 	mux.HandleFunc("GET "+p+"/audit", c.view(c.audit))
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
+		// Every pattern but this one names its method, so a page asked for
+		// with another method lands here too: that is a 405, not a 404.
+		if allow := allowed(mux, r, p+"/"); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			c.fail(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+strings.Join(allow, " or ")+".")
+			return
+		}
 		c.fail(w, r, http.StatusNotFound, "No such page: "+r.Method+" "+r.URL.Path)
 	})
 	return securityHeaders(mux), nil
+}
+
+// allowed lists the methods another pattern of mux than fallback takes
+// r's path with.
+func allowed(mux *http.ServeMux, r *http.Request, fallback string) []string {
+	var methods []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
+		other := r.Clone(r.Context())
+		other.Method = m
+		if _, pattern := mux.Handler(other); pattern != fallback {
+			methods = append(methods, m)
+		}
+	}
+	return methods
 }
 
 type console struct {

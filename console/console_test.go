@@ -215,6 +215,51 @@ func TestConsoleNeedsLogin(t *testing.T) {
 	}
 }
 
+// A page asked for with a method it does not take is a 405 that names the
+// methods it does take; a path the console does not have is a 404.
+func TestConsoleWrongMethod(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "customer-7", `{"order":1}`, "HTTP 400: order 1 has no 'amount'")
+	before := e.snapshot()
+	b := e.loggedIn()
+	row := "/console/dead-letters/" + strconv.FormatInt(id, 10)
+	for _, c := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"POST", "/console/groups", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"DELETE", row, http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"PUT", row + "/replay", http.StatusMethodNotAllowed, "POST"},
+		{"GET", "/console/parked-keys/release", http.StatusMethodNotAllowed, "POST"},
+		{"PATCH", "/console/login", http.StatusMethodNotAllowed, "GET, HEAD, POST"},
+		{"GET", "/console/nothing-here", http.StatusNotFound, ""},
+		{"POST", "/console/nothing-here", http.StatusNotFound, ""},
+	} {
+		req, err := http.NewRequest(c.method, e.srv.URL+c.path, strings.NewReader(url.Values{"why": {"x"}}.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		res, err := b.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != c.code || res.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d, Allow %q; want %d, Allow %q", c.method, c.path, res.StatusCode, res.Header.Get("Allow"), c.code, c.allow)
+		}
+		if c.code == http.StatusMethodNotAllowed && !strings.Contains(string(body), "is not allowed on") {
+			t.Errorf("%s %s: the page does not say why:\n%s", c.method, c.path, body)
+		}
+	}
+	if e.snapshot() != before {
+		t.Fatal("a request with the wrong method changed the tables")
+	}
+}
+
 // A login needs an accepted token, the nonce of the form it came from, and
 // the console's origin; the session cookie is HttpOnly and SameSite=Lax,
 // and ends with its token or its time.

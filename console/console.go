@@ -139,7 +139,7 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &console{cfg: cfg, pages: pages}
+	c := &console{cfg: cfg, pages: pages, origins: http.NewCrossOriginProtection()}
 	static, err := fs.Sub(assets, "static")
 	if err != nil {
 		return nil, err
@@ -191,9 +191,10 @@ func allowed(mux *http.ServeMux, r *http.Request, fallback string) []string {
 }
 
 type console struct {
-	cfg   Config
-	pages map[string]*template.Template
-	rates rates
+	cfg     Config
+	pages   map[string]*template.Template
+	origins *http.CrossOriginProtection
+	rates   rates
 	// stats are each outbox's dead-letter counts for the overview, kept a
 	// few seconds: every open overview asks every two.
 	statsMu sync.Mutex
@@ -276,16 +277,13 @@ func (c *console) change(next http.HandlerFunc) http.HandlerFunc {
 }
 
 // sameOrigin refuses a request that a browser says comes from another
-// site: by its Origin header, or without one, Sec-Fetch-Site.
+// origin, by the standard library's check: Sec-Fetch-Site, or without it
+// the Origin header against Host. A browser sends Sec-Fetch-Site:
+// same-origin for the console's own forms even behind a proxy that rewrites
+// Host.
 func (c *console) sameOrigin(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if origin := r.Header.Get("Origin"); origin != "" {
-			u, err := url.Parse(origin)
-			if err != nil || u.Host != r.Host {
-				c.fail(w, r, http.StatusForbidden, "Cross-site request refused.")
-				return
-			}
-		} else if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		if err := c.origins.Check(r); err != nil {
 			c.fail(w, r, http.StatusForbidden, "Cross-site request refused.")
 			return
 		}

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/methods"
 )
 
 // Prefix is the path the console is served under.
@@ -166,7 +167,7 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		// Every pattern but this one names its method, so a page asked for
 		// with another method lands here too: that is a 405, not a 404.
-		if allow := allowed(mux, r, p+"/"); len(allow) > 0 {
+		if allow := methods.Allowed(mux, r, p+"/"); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
 			c.fail(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+strings.Join(allow, " or ")+".")
 			return
@@ -174,20 +175,6 @@ func New(cfg Config) (http.Handler, error) {
 		c.fail(w, r, http.StatusNotFound, "No such page: "+r.Method+" "+r.URL.Path)
 	})
 	return securityHeaders(mux), nil
-}
-
-// allowed lists the methods another pattern of mux than fallback takes
-// r's path with.
-func allowed(mux *http.ServeMux, r *http.Request, fallback string) []string {
-	var methods []string
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
-		other := r.Clone(r.Context())
-		other.Method = m
-		if _, pattern := mux.Handler(other); pattern != fallback {
-			methods = append(methods, m)
-		}
-	}
-	return methods
 }
 
 type console struct {

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/methods"
 )
 
 // MaxRequestBytes bounds an API request body.
@@ -80,6 +82,11 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	handle("GET /audit", h.audit)
 	handle("GET /stats", h.stats)
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := methods.Allowed(mux, r, p+"/"); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+strings.Join(allow, " or "))
+			return
+		}
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	return h.authenticate(mux), nil

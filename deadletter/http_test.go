@@ -204,7 +204,9 @@ func TestAPIValidatesInput(t *testing.T) {
 		{"GET", "/api/v1/audit?action=delete", "", 400, `action \"delete\"`},
 		{"GET", "/api/v1/audit?row=x", "", 400, "row"},
 		{"GET", "/api/v1/dead-letters/replay/now", "", 404, "no such endpoint"},
-		{"DELETE", "/api/v1/stats", "", 404, "no such endpoint: DELETE /api/v1/stats"},
+		{"DELETE", "/api/v1/stats", "", 405, "DELETE is not allowed on /api/v1/stats; it takes GET or HEAD"},
+		{"GET", "/api/v1/parked-keys/release", "", 405, "it takes POST"},
+		{"PUT", "/api/v1/outboxes/outbox/parked-keys", "", 405, "it takes GET or HEAD"},
 	} {
 		code, body := call(h, tc.method, tc.path, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.msg) {

@@ -520,6 +520,57 @@ func TestConsoleEditRow(t *testing.T) {
 	}
 }
 
+// Two operators edit one row: the second one's preview was made from the
+// row before the first one's edit, so saving it changes nothing and says
+// so, as does a preview from the row's page as it was.
+func TestConsoleEditFromAChangedRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "k1", `{"order":17,"currency":"eur"}`, "HTTP 422: currency 'eur' unknown")
+	row := "/console/dead-letters/" + strconv.FormatInt(id, 10)
+	version := regexp.MustCompile(`name="version" value="([0-9a-f]+)"`)
+	ann, bob := e.loggedIn(), e.loggedIn()
+	_, _, annPage := ann.do("GET", row, nil)
+	_, _, bobPage := bob.do("GET", row, nil)
+	opened := version.FindStringSubmatch(bobPage)
+	if opened == nil || version.FindStringSubmatch(annPage)[1] != opened[1] {
+		t.Fatalf("the row's page carries no version:\n%s", bobPage)
+	}
+	form := func(payload string) url.Values {
+		return url.Values{"version": {opened[1]}, "topic": {"orders"}, "payload": {payload}, "why": {"currency fixed"}}
+	}
+	code, preview := bob.post(row+"/preview", form(`{"order":17,"currency":"EUR"}`))
+	if m := version.FindStringSubmatch(preview); code != 200 || m == nil || m[1] != opened[1] {
+		t.Fatalf("Bob's preview: %d, want the version it was made from\n%s", code, preview)
+	}
+	// Ann edits first; the row fails again at the destination.
+	if code, body := ann.post(row+"/edit", form(`{"order":17,"currency":"GBP"}`)); code != 200 {
+		t.Fatalf("Ann's edit: %d\n%s", code, body)
+	}
+	if _, err := e.s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	before := e.snapshot()
+	if code, body := bob.post(row+"/edit", form(`{"order":17,"currency":"EUR"}`)); code != http.StatusConflict || !strings.Contains(body, "changed since it was read") {
+		t.Errorf("Bob saves his preview: %d, want 409\n%s", code, body)
+	}
+	if code, body := bob.post(row+"/preview", form(`{"order":17,"currency":"USD"}`)); code != http.StatusConflict || !strings.Contains(body, "open it again") {
+		t.Errorf("Bob previews from the page as it was: %d, want 409\n%s", code, body)
+	}
+	if e.snapshot() != before {
+		t.Fatal("an edit from a changed row changed the tables")
+	}
+	// Opened again, the row's page shows Ann's edit, and an edit from it applies.
+	_, _, bobPage = bob.do("GET", row, nil)
+	if !strings.Contains(bobPage, "GBP") {
+		t.Fatalf("the row's page after Ann's edit:\n%s", bobPage)
+	}
+	opened = version.FindStringSubmatch(bobPage)
+	if code, body := bob.post(row+"/edit", form(`{"order":17,"currency":"EUR"}`)); code != 200 || !strings.Contains(body, "edited and replayed 1 row") {
+		t.Fatalf("Bob's edit from the row as it is: %d\n%s", code, body)
+	}
+}
+
 // The other pages: the overview (live state), lists with filters, parked
 // keys and their release, and clear messages for bad input.
 func TestConsolePages(t *testing.T) {

@@ -108,7 +108,7 @@ func (c *console) failErr(w http.ResponseWriter, r *http.Request, err error) {
 		c.fail(w, r, http.StatusBadRequest, "Nothing was changed: the input is not valid.", ie.Problems...)
 	case errors.Is(err, deadletter.ErrNotFound), errors.Is(err, deadletter.ErrNotParked):
 		c.fail(w, r, http.StatusNotFound, "Not found: "+err.Error())
-	case errors.Is(err, deadletter.ErrNotDeadLettered):
+	case errors.Is(err, deadletter.ErrNotDeadLettered), errors.Is(err, deadletter.ErrChanged):
 		c.fail(w, r, http.StatusConflict, "Nothing was changed: "+err.Error())
 	case r.Context().Err() != nil:
 	default:
@@ -412,11 +412,13 @@ func (c *console) row(w http.ResponseWriter, r *http.Request) (*deadletter.Store
 }
 
 // editForm is an edit as the row's page submits it. A field the form does
-// not carry is left as it is.
+// not carry is left as it is. Version is the row's when the page showed
+// it: the preview and the save refuse a row changed since.
 type editForm struct {
 	Topic, Headers, Payload, Reason string
 	HasHeaders, HasPayload          bool
 	AllowNonJSON                    bool
+	Version                         string
 }
 
 // readEdit reads an edit. Browsers send a text area's line breaks as CRLF
@@ -425,13 +427,13 @@ func readEdit(r *http.Request) editForm {
 	lf := strings.NewReplacer("\r\n", "\n")
 	return editForm{Topic: strings.TrimSpace(r.PostForm.Get("topic")), Headers: lf.Replace(r.PostForm.Get("headers")),
 		Payload: lf.Replace(r.PostForm.Get("payload")), Reason: r.PostForm.Get("why"), AllowNonJSON: r.PostForm.Get("allow_non_json") != "",
-		HasHeaders: r.PostForm.Has("headers"), HasPayload: r.PostForm.Has("payload")}
+		HasHeaders: r.PostForm.Has("headers"), HasPayload: r.PostForm.Has("payload"), Version: r.PostForm.Get("version")}
 }
 
 // params are the edit's, keeping only what changed from v.
 func (e editForm) params(v rowView, r *http.Request, c *console) deadletter.EditParams {
 	p := deadletter.EditParams{AllowNonJSON: e.AllowNonJSON, MaxPayload: c.cfg.MaxPayload, CheckTopic: c.cfg.CheckTopic,
-		Actor: actor(r), Reason: e.Reason}
+		Actor: actor(r), Reason: e.Reason, Version: e.Version}
 	if e.Topic != "" && e.Topic != v.Row.Topic {
 		p.Topic = e.Topic
 	}
@@ -464,6 +466,10 @@ func (c *console) preview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e := readEdit(r)
+	if e.Version != "" && e.Version != v.Row.Version {
+		c.failErr(w, r, fmt.Errorf("row %d has %w: open it again to edit what it holds now", v.Row.ID, deadletter.ErrChanged))
+		return
+	}
 	p := e.params(v, r, c)
 	diff := func(name, a, b string) string {
 		if a == b {

@@ -745,6 +745,69 @@ func TestEditRowsThatAreNotDeadLetters(t *testing.T) {
 	checkUnchanged(t, s, before)
 }
 
+// An edit made from a version of the row applies only while the row still
+// holds that version: after another edit (replayed, and dead-lettered
+// again), it is refused and changes nothing.
+func TestEditFromAVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	id, _ := addDead(t, s, dead{Topic: "orders", Headers: `{"a": "1"}`, Payload: []byte(`{"v":1}`)})
+	version := func() string {
+		t.Helper()
+		d, err := st.Get(ctx, deadletter.Ref{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Version
+	}
+	set := func(assignments string) {
+		t.Helper()
+		if _, err := s.Pool.Exec(ctx, `UPDATE outbox SET `+assignments+` WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := version()
+	if read == "" || version() != read {
+		t.Fatalf("versions of the same content: %q and %q", read, version())
+	}
+	set(`dead_lettered_at = now() + interval '1 minute', retry_count = retry_count + 1, last_error = 'again'`)
+	if version() != read {
+		t.Error("the version changed with the row's state; it names only topic, headers and payload")
+	}
+	seen := map[string]bool{read: true}
+	for _, change := range []string{`topic = 'orders.v2'`, `headers = '{"a": "2"}'`, `payload = '{"v":2}'`, `payload = '{"v":2} '`} {
+		set(change)
+		if v := version(); seen[v] {
+			t.Errorf("after %s the version is one seen before", change)
+		} else {
+			seen[v] = true
+		}
+	}
+
+	// Another operator's edit, replayed and dead-lettered again.
+	read = version()
+	if _, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"v":3}`), Actor: actor}); err != nil {
+		t.Fatal(err)
+	}
+	set(`status = 'dead_lettered', dead_lettered_at = now()`)
+	before := snapshot(t, s)
+	res, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"v":4}`), Version: read, Actor: actor})
+	if !errors.Is(err, deadletter.ErrChanged) || res != nil {
+		t.Fatalf("Edit from a version the row no longer holds = %+v, %v; want ErrChanged", res, err)
+	}
+	checkUnchanged(t, s, before)
+
+	// Made from the version it holds now, the edit applies.
+	if _, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"v":4}`), Version: version(), Actor: actor}); err != nil {
+		t.Fatal(err)
+	}
+	if r := rowState(t, s, id); r.Status != "pending" || string(r.Payload) != `{"v":4}` {
+		t.Errorf("after the edit from the current version: %s %s", r.Status, r.Payload)
+	}
+}
+
 func TestEditReleasesParkedKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

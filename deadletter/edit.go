@@ -37,6 +37,10 @@ type EditParams struct {
 	MaxPayload int
 	// CheckTopic, if set, vets a new topic (that a route matches it).
 	CheckTopic func(topic string) error
+	// Version, if set, is the Detail.Version the edit was made from: a
+	// row whose topic, headers or payload have changed since is left as
+	// it is, with ErrChanged.
+	Version string
 	// At is when the row becomes ready; zero means now.
 	At     time.Time
 	Actor  Actor
@@ -87,6 +91,9 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 		id, key := row.ID, row.Key
 		if row.Status != StatusDeadLettered {
 			return fmt.Errorf("row %d is %s: %w; only dead letters can be edited", id, row.Status, ErrNotDeadLettered)
+		}
+		if p.Version != "" && contentVersion(row.Topic, row.Headers, row.Payload) != p.Version {
+			return fmt.Errorf("row %d has %w (version %s): its topic, headers or payload are no longer what the edit was made from; read it again", id, ErrChanged, p.Version)
 		}
 		if p.Payload != nil && !p.AllowNonJSON && json.Valid(row.Payload) && !json.Valid(p.Payload) {
 			return &InputError{Problems: []string{fmt.Sprintf("row %d's payload is JSON and the new one is not; allow a payload that is not JSON to replace it anyway", id)}}

@@ -190,6 +190,9 @@ func (h *api) show(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := store(r).Get(r.Context(), ref)
+	if err == nil {
+		w.Header().Set("ETag", strconv.Quote(d.Version))
+	}
 	h.reply(w, r, d, err)
 }
 
@@ -296,6 +299,17 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 	}
 	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, MaxPayload: h.cfg.MaxPayload,
 		CheckTopic: h.cfg.CheckTopic, At: req.At, Actor: apiActor(r, req.Actor), Reason: req.Reason}
+	// If-Match with the ETag of the row's GET: the edit applies only to
+	// the content it was made from (a list of tags, or *, is not accepted:
+	// an edit is made from one reading).
+	if m := strings.TrimSpace(r.Header.Get("If-Match")); m != "" {
+		v, err := strconv.Unquote(m)
+		if err != nil || v == "" || strings.ContainsAny(v, `",`) {
+			h.fail(w, r, &InputError{Problems: []string{"If-Match: give the one ETag the row's GET answered, in quotes"}})
+			return
+		}
+		p.Version = v
+	}
 	if req.Headers != nil && string(req.Headers) != "null" {
 		p.Headers = req.Headers
 	}
@@ -479,6 +493,8 @@ func (h *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, ErrNotDeadLettered):
 		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, ErrChanged):
+		writeError(w, http.StatusPreconditionFailed, err.Error())
 	case r.Context().Err() != nil:
 		// The caller went away; nothing to answer.
 	default:

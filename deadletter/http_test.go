@@ -1,6 +1,7 @@
 package deadletter_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -405,5 +406,67 @@ func TestAPIFailureGroups(t *testing.T) {
 	}
 	if code, body := call(h, "GET", "/api/v1/dead-letters?group="+id, ""); code != 200 || !strings.Contains(body, `"dead_letters": []`) {
 		t.Errorf("dead letters of the replayed group: %d %s, want none", code, body)
+	}
+}
+
+// A row's GET answers its version as the ETag; an edit with If-Match
+// applies only while the row still has it.
+func TestAPIEditIfMatch(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	id, _ := addDead(t, s, dead{Topic: "orders", Payload: []byte(`{"v":1}`)})
+	h := newAPI(t, s)
+	path := fmt.Sprintf("/api/v1/dead-letters/%d", id)
+	send := func(method, path, body, ifMatch string) *httptest.ResponseRecorder {
+		t.Helper()
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiToken)
+		if ifMatch != "" {
+			req.Header.Set("If-Match", ifMatch)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	got := send("GET", path, "", "")
+	var row struct{ Version string }
+	if err := json.Unmarshal(got.Body.Bytes(), &row); err != nil || got.Code != 200 {
+		t.Fatalf("GET: %d %s", got.Code, got.Body)
+	}
+	etag := got.Header().Get("ETag")
+	if row.Version == "" || etag != `"`+row.Version+`"` {
+		t.Fatalf("ETag %q for version %q", etag, row.Version)
+	}
+
+	// Another edit comes first; the row fails again.
+	if rec := send("POST", path+"/edit", `{"payload":{"v":2}}`, ""); rec.Code != 200 {
+		t.Fatalf("edit: %d %s", rec.Code, rec.Body)
+	}
+	if _, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, s)
+	for _, c := range []struct {
+		ifMatch string
+		code    int
+		msg     string
+	}{
+		{etag, http.StatusPreconditionFailed, "changed since it was read"},
+		{row.Version, http.StatusBadRequest, "If-Match"},
+		{`*`, http.StatusBadRequest, "If-Match"},
+		{`"a", "b"`, http.StatusBadRequest, "If-Match"},
+	} {
+		if rec := send("POST", path+"/edit", `{"payload":{"v":3}}`, c.ifMatch); rec.Code != c.code || !strings.Contains(rec.Body.String(), c.msg) {
+			t.Errorf("edit with If-Match %s: %d %s; want %d and %q", c.ifMatch, rec.Code, rec.Body, c.code, c.msg)
+		}
+	}
+	checkUnchanged(t, s, before)
+
+	etag = send("GET", path, "", "").Header().Get("ETag")
+	if rec := send("POST", path+"/edit", `{"payload":{"v":3}}`, etag); rec.Code != 200 {
+		t.Fatalf("edit with the current ETag: %d %s", rec.Code, rec.Body)
+	}
+	if r := rowState(t, s, id); r.Status != "pending" || string(r.Payload) != `{"v":3}` {
+		t.Errorf("after the edit: %s %s", r.Status, r.Payload)
 	}
 }

@@ -10,7 +10,10 @@ package deadletter
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,6 +51,9 @@ var (
 	ErrNotDeadLettered = errors.New("not dead-lettered")
 	// ErrNotParked: no dead letter parks the key.
 	ErrNotParked = errors.New("key is not parked")
+	// ErrChanged: an edit was made from a version of the row that is no
+	// longer its content.
+	ErrChanged = errors.New("changed since it was read")
 )
 
 // Config configures a Store.
@@ -109,6 +115,21 @@ type Detail struct {
 	Letter
 	Payload      []byte         `json:"-"`
 	ErrorHistory []HistoryEntry `json:"error_history"`
+	// Version names the row's topic, headers and payload as read: an edit
+	// made from what was read carries it, and changes nothing if another
+	// edit came first (EditParams.Version).
+	Version string `json:"version"`
+}
+
+// contentVersion is the Version of a row with this topic, headers and
+// payload: a digest of the three, each preceded by its length.
+func contentVersion(topic string, headers, payload []byte) string {
+	h := sha256.New()
+	for _, b := range [][]byte{[]byte(topic), headers, payload} {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(b)))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:12])
 }
 
 // HistoryEntry is one recorded failure.
@@ -237,6 +258,7 @@ func (s *Store) Get(ctx context.Context, ref Ref) (*Detail, error) {
 		return nil, fmt.Errorf("get outbox row %s: %w", ref, err)
 	}
 	d.Letter, d.Payload = l, payload
+	d.Version = contentVersion(l.Topic, l.Headers, payload)
 	if err := json.Unmarshal(history, &d.ErrorHistory); err != nil {
 		return nil, fmt.Errorf("get outbox row %s: error history: %w", ref, err)
 	}

@@ -261,6 +261,7 @@ func (d *dlq) printDetail(r *deadletter.Detail) {
 		{"dead-lettered", stamp(r.DeadLetteredAt)},
 		{"next attempt", stamp(&r.NextAttemptAt)},
 		{"last error", dash(r.LastError)},
+		{"version", r.Version},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
 	}
@@ -419,7 +420,7 @@ Discarding the row that parks a key releases the key. --reason is required.`,
 }
 
 func (d *dlq) editCmd() *cobra.Command {
-	var payloadFile, headersFile, topic, reason, at string
+	var payloadFile, headersFile, topic, reason, at, ifVersion string
 	var allowNonJSON bool
 	cmd := &cobra.Command{
 		Use:   "edit ID|EVENT_ID",
@@ -430,7 +431,8 @@ transaction. The row as it was is kept in the audit record.
 --payload and --headers read a file, or standard input for "-". Headers are a
 JSON object of strings. A JSON payload can only be replaced by JSON unless
 --allow-non-json is given; a new topic must match a route when routes are
-configured. Invalid input changes nothing.`,
+configured. Invalid input changes nothing. With --if-version (the version
+dlq show prints), a row that another edit changed since is left as it is.`,
 		Example: `  outbox-relay dlq show 1042 --raw-payload > fixed.json && vi fixed.json
   outbox-relay dlq edit 1042 --payload fixed.json --reason "currency code fixed"
   outbox-relay dlq edit 1043 --topic orders.created --reason "typo in topic"`,
@@ -443,7 +445,7 @@ configured. Invalid input changes nothing.`,
 			if err != nil {
 				return err
 			}
-			p := deadletter.EditParams{Ref: ref, Topic: topic, AllowNonJSON: allowNonJSON, Actor: d.who(), Reason: reason}
+			p := deadletter.EditParams{Ref: ref, Topic: topic, AllowNonJSON: allowNonJSON, Actor: d.who(), Reason: reason, Version: ifVersion}
 			p.MaxPayload, p.CheckTopic = editChecks(d.cfg)
 			var problems []string
 			if payloadFile != "" {
@@ -479,6 +481,7 @@ configured. Invalid input changes nothing.`,
 	cmd.Flags().BoolVar(&allowNonJSON, "allow-non-json", false, "accept a payload that is not JSON in place of a JSON one")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit trail")
 	cmd.Flags().StringVar(&at, "at", "", "make the row ready at this RFC 3339 time instead of now")
+	cmd.Flags().StringVar(&ifVersion, "if-version", "", "change nothing unless the row's content is still this version (dlq show prints it)")
 	return cmd
 }
 

@@ -406,6 +406,36 @@ func TestDLQEditFromStdin(t *testing.T) {
 	}
 }
 
+// dlq show prints the version of a row's content; dlq edit --if-version
+// changes nothing once another edit has changed the row.
+func TestDLQEditIfVersion(t *testing.T) {
+	t.Parallel()
+	c, pool := newCLI(t)
+	id := deadLetter(t, pool, letter{topic: "orders", payload: `{"order":1}`})
+	ref := strconv.FormatInt(id, 10)
+	var shown struct{ Version string }
+	c.json(&shown, "dlq", "show", ref)
+	if out := c.ok("dlq", "show", ref); shown.Version == "" || !strings.Contains(out, "\nversion ") || !strings.Contains(out, " "+shown.Version+"\n") {
+		t.Fatalf("dlq show does not print the version %q:\n%s", shown.Version, out)
+	}
+	c.ok("dlq", "edit", ref, "--topic", "orders.v2", "--reason", "first")
+	if _, err := pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	r := c.run("", "dlq", "edit", ref, "--topic", "orders.v3", "--if-version", shown.Version, "--reason", "second")
+	if r.code != exitFailed || !strings.Contains(r.stderr, "changed since it was read") {
+		t.Fatalf("edit from an old version: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if countRows(t, pool, fmt.Sprintf("id = %d AND topic = 'orders.v2' AND status = 'dead_lettered'", id)) != 1 {
+		t.Fatal("an edit from an old version changed the row")
+	}
+	c.json(&shown, "dlq", "show", ref)
+	c.ok("dlq", "edit", ref, "--topic", "orders.v3", "--if-version", shown.Version, "--reason", "second")
+	if countRows(t, pool, fmt.Sprintf("id = %d AND topic = 'orders.v3' AND status = 'pending'", id)) != 1 {
+		t.Fatal("the edit from the current version did not apply")
+	}
+}
+
 // dlq groups lists failure groups, the largest first, and --group selects
 // one group's rows for the other commands.
 func TestDLQGroups(t *testing.T) {

@@ -169,7 +169,7 @@ func New(cfg Config) (http.Handler, error) {
 		// with another method lands here too: that is a 405, not a 404.
 		if allow := methods.Allowed(mux, r, p+"/"); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
-			c.fail(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+strings.Join(allow, " or ")+".")
+			c.fail(w, r, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+methods.List(allow)+".")
 			return
 		}
 		c.fail(w, r, http.StatusNotFound, "No such page: "+r.Method+" "+r.URL.Path)
@@ -265,9 +265,9 @@ func (c *console) change(next http.HandlerFunc) http.HandlerFunc {
 
 // sameOrigin refuses a request that a browser says comes from another
 // origin, by the standard library's check: Sec-Fetch-Site, or without it
-// the Origin header against Host. A browser sends Sec-Fetch-Site:
-// same-origin for the console's own forms even behind a proxy that rewrites
-// Host.
+// the Origin header against Host. Browsers send Sec-Fetch-Site to HTTPS
+// (and localhost) origins only; there it says same-origin for the
+// console's own forms even behind a proxy that rewrites Host.
 func (c *console) sameOrigin(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := c.origins.Check(r); err != nil {

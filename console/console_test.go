@@ -237,11 +237,15 @@ func TestConsoleWrongMethod(t *testing.T) {
 		{"GET", "/console/nothing-here", http.StatusNotFound, ""},
 		{"POST", "/console/nothing-here", http.StatusNotFound, ""},
 	} {
-		req, err := http.NewRequest(c.method, e.srv.URL+c.path, strings.NewReader(url.Values{"why": {"x"}}.Encode()))
+		// A form the console would take by POST: were the request routed
+		// to the action, the tables would change.
+		form := url.Values{"csrf": {b.csrf}, "why": {"x"}, "key": {"customer-7"}}
+		req, err := http.NewRequest(c.method, e.srv.URL+c.path, strings.NewReader(form.Encode()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", e.srv.URL)
 		res, err := b.c.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -359,6 +363,7 @@ func TestConsoleRefusesCrossSiteChanges(t *testing.T) {
 		{"another site's origin", url.Values{"csrf": {b.csrf}}, []string{"Origin", "https://evil.example"}},
 		{"a cross-site fetch", url.Values{"csrf": {b.csrf}}, []string{"Sec-Fetch-Site", "cross-site"}},
 		{"a sibling subdomain", url.Values{"csrf": {b.csrf}}, []string{"Sec-Fetch-Site", "same-site", "Origin", "https://docs.relay.example"}},
+		{"an opaque origin", url.Values{"csrf": {b.csrf}}, []string{"Origin", "null"}},
 	} {
 		if code, _, _ := b.do("POST", path, c.form, c.header...); code != http.StatusForbidden {
 			t.Errorf("%s: %d, want 403", c.name, code)
@@ -553,6 +558,11 @@ func TestConsoleEditFromAChangedRow(t *testing.T) {
 	before := e.snapshot()
 	if code, body := bob.post(row+"/edit", form(`{"order":17,"currency":"EUR"}`)); code != http.StatusConflict || !strings.Contains(body, "changed since it was read") {
 		t.Errorf("Bob saves his preview: %d, want 409\n%s", code, body)
+	}
+	// Had Bob made Ann's change too, his save would change nothing: it
+	// still says why, not that the edit is empty.
+	if code, body := bob.post(row+"/edit", form("{\n  \"order\": 17,\n  \"currency\": \"GBP\"\n}")); code != http.StatusConflict || !strings.Contains(body, "open it again") {
+		t.Errorf("Bob saves Ann's change: %d, want 409\n%s", code, body)
 	}
 	if code, body := bob.post(row+"/preview", form(`{"order":17,"currency":"USD"}`)); code != http.StatusConflict || !strings.Contains(body, "open it again") {
 		t.Errorf("Bob previews from the page as it was: %d, want 409\n%s", code, body)

@@ -466,8 +466,7 @@ func (c *console) preview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e := readEdit(r)
-	if e.Version != "" && e.Version != v.Row.Version {
-		c.failErr(w, r, fmt.Errorf("row %d has %w: open it again to edit what it holds now", v.Row.ID, deadletter.ErrChanged))
+	if !c.unchanged(w, r, e, v) {
 		return
 	}
 	p := e.params(v, r, c)
@@ -492,13 +491,29 @@ func (c *console) preview(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "preview", map[string]any{"Row": v.Row, "Edit": e, "Diffs": diffs})
 }
 
+// unchanged refuses an edit made from a version of the row that it no
+// longer holds (another edit came first): the edit's fields are compared
+// with the row as it is now, which is not what the page showed. The store
+// checks again under the row's lock.
+func (c *console) unchanged(w http.ResponseWriter, r *http.Request, e editForm, v rowView) bool {
+	if e.Version != "" && e.Version != v.Row.Version {
+		c.failErr(w, r, fmt.Errorf("row %d has %w: open it again to edit what it holds now", v.Row.ID, deadletter.ErrChanged))
+		return false
+	}
+	return true
+}
+
 // edit applies an edit that the preview showed, and replays the row.
 func (c *console) edit(w http.ResponseWriter, r *http.Request) {
 	st, ref, v, ok := c.row(w, r)
 	if !ok || !c.editable(w, r, v) {
 		return
 	}
-	p := readEdit(r).params(v, r, c)
+	e := readEdit(r)
+	if !c.unchanged(w, r, e, v) {
+		return
+	}
+	p := e.params(v, r, c)
 	p.Ref = ref
 	if p.Topic == "" && p.Headers == nil && p.Payload == nil {
 		c.fail(w, r, http.StatusBadRequest, "Nothing was changed: the edit changes nothing. Use Replay to send the row as it is.")

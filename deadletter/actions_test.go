@@ -797,6 +797,13 @@ func TestEditFromAVersion(t *testing.T) {
 	if !errors.Is(err, deadletter.ErrChanged) || res != nil {
 		t.Fatalf("Edit from a version the row no longer holds = %+v, %v; want ErrChanged", res, err)
 	}
+	// Something that is no version at all is bad input, not a change.
+	var ie *deadletter.InputError
+	for _, bad := range []string{"garbage", strings.ToUpper(read), read + "00"} {
+		if _, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"v":4}`), Version: bad, Actor: actor}); !errors.As(err, &ie) {
+			t.Errorf("Edit with version %q: %v, want an input error", bad, err)
+		}
+	}
 	checkUnchanged(t, s, before)
 
 	// Made from the version it holds now, the edit applies.

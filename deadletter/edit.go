@@ -72,6 +72,9 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 			problems = append(problems, "headers must be a JSON object of string values: "+err.Error())
 		}
 	}
+	if p.Version != "" && !isVersion(p.Version) {
+		problems = append(problems, fmt.Sprintf("version %q is not a row's version: give the one dlq show or the row's page printed (24 hex digits)", p.Version))
+	}
 	if p.MaxPayload > 0 && len(p.Payload) > p.MaxPayload {
 		problems = append(problems, fmt.Sprintf("payload is %d bytes, above the payload cap of %d", len(p.Payload), p.MaxPayload))
 	}

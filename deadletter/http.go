@@ -84,7 +84,7 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := methods.Allowed(mux, r, p+"/"); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
-			writeError(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+strings.Join(allow, " or "))
+			writeError(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; it takes "+methods.List(allow))
 			return
 		}
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
@@ -300,15 +300,20 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, MaxPayload: h.cfg.MaxPayload,
 		CheckTopic: h.cfg.CheckTopic, At: req.At, Actor: apiActor(r, req.Actor), Reason: req.Reason}
 	// If-Match with the ETag of the row's GET: the edit applies only to
-	// the content it was made from (a list of tags, or *, is not accepted:
-	// an edit is made from one reading).
-	if m := strings.TrimSpace(r.Header.Get("If-Match")); m != "" {
-		v, err := strconv.Unquote(m)
-		if err != nil || v == "" || strings.ContainsAny(v, `",`) {
-			h.fail(w, r, &InputError{Problems: []string{"If-Match: give the one ETag the row's GET answered, in quotes"}})
-			return
+	// the content it was made from. * matches any row (a missing one is a
+	// 404 anyway); a list of tags is refused: an edit is made from one
+	// reading.
+	if ms := r.Header.Values("If-Match"); len(ms) > 0 {
+		m := strings.TrimSpace(strings.Join(ms, ","))
+		if m != "*" {
+			v, ok := strings.CutPrefix(m, `"`)
+			v, closed := strings.CutSuffix(v, `"`)
+			if !ok || !closed || v == "" || strings.ContainsAny(v, `",`) {
+				h.fail(w, r, &InputError{Problems: []string{"If-Match: give the one ETag the row's GET answered, in quotes"}})
+				return
+			}
+			p.Version = v
 		}
-		p.Version = v
 	}
 	if req.Headers != nil && string(req.Headers) != "null" {
 		p.Headers = req.Headers

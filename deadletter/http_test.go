@@ -417,18 +417,18 @@ func TestAPIEditIfMatch(t *testing.T) {
 	id, _ := addDead(t, s, dead{Topic: "orders", Payload: []byte(`{"v":1}`)})
 	h := newAPI(t, s)
 	path := fmt.Sprintf("/api/v1/dead-letters/%d", id)
-	send := func(method, path, body, ifMatch string) *httptest.ResponseRecorder {
+	send := func(method, path, body string, ifMatch ...string) *httptest.ResponseRecorder {
 		t.Helper()
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+apiToken)
-		if ifMatch != "" {
-			req.Header.Set("If-Match", ifMatch)
+		for _, m := range ifMatch {
+			req.Header.Add("If-Match", m)
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		return rec
 	}
-	got := send("GET", path, "", "")
+	got := send("GET", path, "")
 	var row struct{ Version string }
 	if err := json.Unmarshal(got.Body.Bytes(), &row); err != nil || got.Code != 200 {
 		t.Fatalf("GET: %d %s", got.Code, got.Body)
@@ -439,34 +439,42 @@ func TestAPIEditIfMatch(t *testing.T) {
 	}
 
 	// Another edit comes first; the row fails again.
-	if rec := send("POST", path+"/edit", `{"payload":{"v":2}}`, ""); rec.Code != 200 {
+	if rec := send("POST", path+"/edit", `{"payload":{"v":2}}`); rec.Code != 200 {
 		t.Fatalf("edit: %d %s", rec.Code, rec.Body)
 	}
 	if _, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 	before := snapshot(t, s)
+	current := send("GET", path, "").Header().Get("ETag")
 	for _, c := range []struct {
-		ifMatch string
+		ifMatch []string
 		code    int
 		msg     string
 	}{
-		{etag, http.StatusPreconditionFailed, "changed since it was read"},
-		{row.Version, http.StatusBadRequest, "If-Match"},
-		{`*`, http.StatusBadRequest, "If-Match"},
-		{`"a", "b"`, http.StatusBadRequest, "If-Match"},
+		{[]string{etag}, http.StatusPreconditionFailed, "changed since it was read"},
+		{[]string{row.Version}, http.StatusBadRequest, "If-Match"},
+		{[]string{`"a", "b"`}, http.StatusBadRequest, "If-Match"},
+		{[]string{etag, current}, http.StatusBadRequest, "If-Match"},
+		{[]string{`"garbage"`}, http.StatusBadRequest, "not a row's version"},
 	} {
-		if rec := send("POST", path+"/edit", `{"payload":{"v":3}}`, c.ifMatch); rec.Code != c.code || !strings.Contains(rec.Body.String(), c.msg) {
-			t.Errorf("edit with If-Match %s: %d %s; want %d and %q", c.ifMatch, rec.Code, rec.Body, c.code, c.msg)
+		if rec := send("POST", path+"/edit", `{"payload":{"v":3}}`, c.ifMatch...); rec.Code != c.code || !strings.Contains(rec.Body.String(), c.msg) {
+			t.Errorf("edit with If-Match %q: %d %s; want %d and %q", c.ifMatch, rec.Code, rec.Body, c.code, c.msg)
 		}
 	}
 	checkUnchanged(t, s, before)
 
-	etag = send("GET", path, "", "").Header().Get("ETag")
-	if rec := send("POST", path+"/edit", `{"payload":{"v":3}}`, etag); rec.Code != 200 {
+	if rec := send("POST", path+"/edit", `{"payload":{"v":3}}`, current); rec.Code != 200 {
 		t.Fatalf("edit with the current ETag: %d %s", rec.Code, rec.Body)
 	}
 	if r := rowState(t, s, id); r.Status != "pending" || string(r.Payload) != `{"v":3}` {
 		t.Errorf("after the edit: %s %s", r.Status, r.Payload)
+	}
+	// * matches whatever the row holds.
+	if _, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if rec := send("POST", path+"/edit", `{"payload":{"v":4}}`, "*"); rec.Code != 200 {
+		t.Fatalf("edit with If-Match *: %d %s", rec.Code, rec.Body)
 	}
 }

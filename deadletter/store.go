@@ -129,7 +129,15 @@ func contentVersion(topic string, headers, payload []byte) string {
 		_ = binary.Write(h, binary.BigEndian, uint64(len(b)))
 		h.Write(b)
 	}
-	return hex.EncodeToString(h.Sum(nil)[:12])
+	return hex.EncodeToString(h.Sum(nil)[:versionBytes])
+}
+
+const versionBytes = 12
+
+// isVersion reports whether v has the form of a Version.
+func isVersion(v string) bool {
+	b, err := hex.DecodeString(v)
+	return err == nil && len(b) == versionBytes && v == strings.ToLower(v)
 }
 
 // HistoryEntry is one recorded failure.

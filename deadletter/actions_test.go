@@ -791,7 +791,7 @@ func TestEditFromAVersion(t *testing.T) {
 	if _, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"v":3}`), Actor: actor}); err != nil {
 		t.Fatal(err)
 	}
-	set(`status = 'dead_lettered', dead_lettered_at = now()`)
+	failAgain(t, s, id)
 	before := snapshot(t, s)
 	res, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: id}, Payload: []byte(`{"v":4}`), Version: read, Actor: actor})
 	if !errors.Is(err, deadletter.ErrChanged) || res != nil {

@@ -1,7 +1,6 @@
 package deadletter_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -442,9 +441,7 @@ func TestAPIEditIfMatch(t *testing.T) {
 	if rec := send("POST", path+"/edit", `{"payload":{"v":2}}`); rec.Code != 200 {
 		t.Fatalf("edit: %d %s", rec.Code, rec.Body)
 	}
-	if _, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	failAgain(t, s, id)
 	before := snapshot(t, s)
 	current := send("GET", path, "").Header().Get("ETag")
 	for _, c := range []struct {
@@ -471,9 +468,7 @@ func TestAPIEditIfMatch(t *testing.T) {
 		t.Errorf("after the edit: %s %s", r.Status, r.Payload)
 	}
 	// * matches whatever the row holds.
-	if _, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
+	failAgain(t, s, id)
 	if rec := send("POST", path+"/edit", `{"payload":{"v":4}}`, "*"); rec.Code != 200 {
 		t.Fatalf("edit with If-Match *: %d %s", rec.Code, rec.Body)
 	}

@@ -126,6 +126,15 @@ WHERE id = $1`, id, d.Status, d.Reason, d.At, nullable(d.Dest), d.LastError, d.H
 // addPending inserts a pending row of key, ready after delay (from the
 // database's now), with lastError ("" is null) and error history (""
 // is empty).
+// failAgain dead-letters row id again, as the relay does when a replayed
+// row fails once more.
+func failAgain(t *testing.T, s *pgtest.Schema, id int64) {
+	t.Helper()
+	if _, err := s.Pool.Exec(context.Background(), `UPDATE outbox SET status = 'dead_lettered', dead_lettered_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func addPending(t *testing.T, s *pgtest.Schema, key string, delay time.Duration, lastError, history string) int64 {
 	t.Helper()
 	if history == "" {

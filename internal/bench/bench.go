@@ -4,16 +4,19 @@
 // table and the ceiling of the relay's own claim, commit-to-ack latency
 // under offered load, the wake-up trigger's cost to producers, a naive
 // relay as a baseline, claim times while ANALYZE and VACUUM run, what
-// sharing flow control with a fleet costs, and two outboxes' fairness.
+// sharing flow control with a fleet costs, two outboxes' fairness, and a
+// soak under a held snapshot.
 //
 // bench.go holds the run, the scenarios' environment and backlog fill;
 // binary.go the binary's drains and the ceilings; drain.go the relay's
 // drains in process, latency.go the latency runs, costs.go
 // the triggers' cost, the naive baseline and claims under maintenance,
-// fleet.go the fleet and fairness runs, report.go the table and chart.
+// fleet.go the fleet and fairness runs, soak.go the soak, dbcost.go what
+// the database spends, report.go the table and chart.
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,9 +76,15 @@ type Config struct {
 	// ConsoleLetters are the dead letters beside a backlog of Rows over
 	// which the console's pages are timed.
 	ConsoleLetters int
+	// SoakFor is how long the soak offers the binary SoakRate rows a
+	// second, with a snapshot held and again without; it reports every
+	// SoakMinute (a minute when zero), then idles SoakIdle (a minute when
+	// zero) on the empty outbox. Zero skips the soak.
+	SoakFor, SoakMinute, SoakIdle time.Duration
+	SoakRate                      int
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: binary, drain, latency, producer, baseline, claim,
-	// fleet, fairness, console). Without it every group runs but drain, the
+	// fleet, fairness, console, soak). Without it every group runs but drain, the
 	// relay's drains in process, beside its own claim: the binary's
 	// measure what users run.
 	Only string
@@ -114,6 +123,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
+	cfg.SoakMinute = cmp.Or(cfg.SoakMinute, time.Minute)
+	cfg.SoakIdle = cmp.Or(cfg.SoakIdle, time.Minute)
+	cfg.SoakRate = cmp.Or(cfg.SoakRate, 2000)
 	r := &runner{cfg: cfg}
 	steps := []struct {
 		group     string
@@ -123,6 +135,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		{"binary", r.users, true}, {"drain", r.drains, false}, {"latency", r.latencies, true},
 		{"producer", r.producers, true}, {"baseline", r.naive, true}, {"claim", r.claimsUnderMaintenance, true},
 		{"fleet", r.fleetCost, true}, {"fairness", r.fairness, true}, {"console", r.consolePages, true},
+		{"soak", r.soaks, true},
 	}
 	for _, step := range steps {
 		if cfg.Only == "" && !step.byDefault || cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {

@@ -24,7 +24,8 @@ func TestSmoke(t *testing.T) {
 		NaiveRows: 200, NaiveFor: 5 * time.Second,
 		FairnessRows: 3000, FairnessRate: 500, ConsoleLetters: 500,
 		UserRows: []int{2000}, LargeRows: 3000,
-		Only: "binary,drain,latency,producer,baseline,claim,fleet,fairness,console",
+		SoakFor: 3 * time.Second, SoakMinute: time.Second, SoakIdle: time.Second, SoakRate: 500,
+		Only: "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak",
 		Logf: t.Logf,
 	})
 	if err != nil {
@@ -49,6 +50,28 @@ func TestSmoke(t *testing.T) {
 		if strings.Contains(r.Name, "healthy rows") && (r.Value <= 0 || !retried.MatchString(r.Detail)) {
 			t.Errorf("%s / %s = %v: %q, want a latency and the failing rows retried", r.Group, r.Name, r.Value, r.Detail)
 		}
+	}
+	// The soak: three intervals and the idle cost, with a snapshot held
+	// and without; the ratio of buffers a claim where pg_stat_statements
+	// is loaded.
+	for _, phase := range []string{"held snapshot", "no snapshot"} {
+		intervals, idle := 0, 0
+		for _, r := range results {
+			switch {
+			case r.Group != "soak" || !strings.HasPrefix(r.Name, phase):
+			case strings.Contains(r.Name, "p99 commit→ack"):
+				intervals++
+				if !strings.Contains(r.Detail, "µs CPU a row") {
+					t.Errorf("%s: %q, want the relay's CPU a row", r.Name, r.Detail)
+				}
+			case strings.Contains(r.Name, "idle"):
+				idle++
+			}
+		}
+		if intervals != 3 || idle != 1 {
+			t.Errorf("soak, %s: %d intervals and %d idle results, want 3 and 1", phase, intervals, idle)
+		}
+		delete(groups, "soak")
 	}
 	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 2, "fairness": 3, "binary": 7, "raw ceiling": 7, "order ceiling": 3, "console": 9} {
 		if groups[g] != want {

@@ -77,15 +77,15 @@ func (r *runner) users(ctx context.Context) error {
 	if !strings.Contains(name, r.cfg.Match) {
 		return nil
 	}
-	got, rss, err := r.binaryDrain(ctx, bin, r.cfg.LargeRows, distributions[0].expr, false, 1)
+	d, err := r.binaryDrain(ctx, bin, r.cfg.LargeRows, distributions[0].expr, false, 1)
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
-	detail := fmt.Sprintf("peak RSS %.0f MB", float64(rss)/(1<<20))
+	detail := fmt.Sprintf("peak RSS %.0f MB; %s", float64(d.rss)/(1<<20), d.spent.perRow(int64(r.cfg.LargeRows)))
 	if smallest > 0 {
-		detail = fmt.Sprintf("%.0f%% of the %s-row drain; %s", 100*got/smallest, count(r.cfg.UserRows[0]), detail)
+		detail = fmt.Sprintf("%.0f%% of the %s-row drain; %s", 100*d.rate/smallest, count(r.cfg.UserRows[0]), detail)
 	}
-	r.add(Result{Group: "binary", Name: name, Value: got, Unit: "rows/s", Detail: detail})
+	r.add(Result{Group: "binary", Name: name, Value: d.rate, Unit: "rows/s", Detail: detail})
 	return nil
 }
 
@@ -117,11 +117,12 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
 	}
 	rates := make([]float64, len(procs))
-	rss := make([]int64, len(procs))
+	drains := make([]drained, len(procs))
 	for i, n := range procs {
-		if rates[i], rss[i], err = r.binaryDrain(ctx, bin, rows, keyExpr, keep, n); err != nil {
+		if drains[i], err = r.binaryDrain(ctx, bin, rows, keyExpr, keep, n); err != nil {
 			return nil, fmt.Errorf("%s: %w", names[i], err)
 		}
+		rates[i] = drains[i].rate
 	}
 	after, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
 	if err != nil {
@@ -146,7 +147,7 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 			detail += fmt.Sprintf(", %.2f× one process", got/rates[0])
 		}
 		r.add(Result{Group: "binary", Name: names[i], Value: got, Unit: "rows/s",
-			Detail: fmt.Sprintf("%s; peak RSS %.0f MB", detail, float64(rss[i])/(1<<20))})
+			Detail: fmt.Sprintf("%s; peak RSS %.0f MB; %s", detail, float64(drains[i].rss)/(1<<20), drains[i].spent.perRow(int64(rows)))})
 	}
 	r.add(Result{Group: "raw ceiling", Name: series, Value: mean, Unit: "rows/s",
 		Detail: "mean of " + list([]float64{before, after}) + ", before and after the drains"})
@@ -316,12 +317,63 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 // retention of an hour) delivering it, from the first
 // process's start of delivery to an empty table. It returns rows/s and
 // the largest peak resident memory of the processes.
-func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr string, keep bool, procs int) (float64, int64, error) {
+func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr string, keep bool, procs int) (drained, error) {
 	e, err := r.filled(ctx, rows, keyExpr, 2)
 	if err != nil {
-		return 0, 0, err
+		return drained{}, err
 	}
 	defer e.close()
+	statementsReady(ctx, e.pool)
+	before := readCost(ctx, e.pool, e.schema)
+	relays, err := startRelays(ctx, bin, r.relayEnv(e, keep), procs)
+	if err != nil {
+		return drained{}, err
+	}
+	defer relays.stop()
+	start := relays.started
+	// Looked at every 20ms, through the pending rows' index: often
+	// enough for a drain of seconds, seldom enough to cost it nothing.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(30 * time.Minute)
+	for {
+		var left bool
+		if err := e.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE status = 'pending')").Scan(&left); err != nil {
+			return drained{}, err
+		}
+		if !left {
+			break
+		}
+		if time.Now().After(deadline) {
+			return drained{}, errors.New("the backlog did not drain in 30 minutes")
+		}
+		select {
+		case <-ctx.Done():
+			return drained{}, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	elapsed := time.Since(start)
+	d := drained{rate: float64(rows) / elapsed.Seconds(), spent: before.until(readCost(ctx, e.pool, e.schema))}
+	for _, c := range relays.cmds {
+		d.rss = max(d.rss, peakRSS(c.Process.Pid))
+	}
+	if err := relays.stop(); err != nil {
+		return drained{}, err
+	}
+	return d, nil
+}
+
+// drained is what a drain by the binary measured.
+type drained struct {
+	rate  float64 // rows/s
+	rss   int64   // the largest process's peak resident memory
+	spent spent   // the database's work for the relay (its backends: until the drain's end)
+}
+
+// relayEnv is the environment of outbox-relay run on e's outbox, with its
+// default configuration (but, keep, a sent retention of an hour).
+func (r *runner) relayEnv(e *env, keep bool) []string {
 	env := append(os.Environ(),
 		"OUTBOX_DATABASE_URL="+r.cfg.URL,
 		"OUTBOX_DATABASE_SCHEMA="+e.schema,
@@ -332,25 +384,34 @@ func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr 
 	if keep {
 		env = append(env, "OUTBOX_RELAY_SENT_RETENTION=1h")
 	}
+	return env
+}
+
+// relays are outbox-relay run processes.
+type relays struct {
+	cmds []*exec.Cmd
+	// started is when the first of them logged that it started.
+	started time.Time
+}
+
+// startRelays starts procs outbox-relay run processes with env, and
+// waits for the first to start delivering.
+func startRelays(ctx context.Context, bin string, env []string, procs int) (*relays, error) {
+	rs := &relays{}
 	started := make(chan time.Time, procs)
-	var cmds []*exec.Cmd
-	defer func() {
-		for _, c := range cmds {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-	}()
 	for range procs {
 		c := exec.Command(bin, "run")
 		c.Env = env
 		stderr, err := c.StderrPipe()
 		if err != nil {
-			return 0, 0, err
+			rs.kill()
+			return nil, err
 		}
 		if err := c.Start(); err != nil {
-			return 0, 0, err
+			rs.kill()
+			return nil, err
 		}
-		cmds = append(cmds, c)
+		rs.cmds = append(rs.cmds, c)
 		go func() {
 			sc := bufio.NewScanner(stderr)
 			sent := false
@@ -362,49 +423,40 @@ func (r *runner) binaryDrain(ctx context.Context, bin string, rows int, keyExpr 
 			}
 		}()
 	}
-	var start time.Time
 	select {
-	case start = <-started:
+	case rs.started = <-started:
+		return rs, nil
 	case <-time.After(time.Minute):
-		return 0, 0, errors.New("the relay did not start within a minute")
+		rs.kill()
+		return nil, errors.New("the relay did not start within a minute")
 	case <-ctx.Done():
-		return 0, 0, ctx.Err()
+		rs.kill()
+		return nil, ctx.Err()
 	}
-	// Looked at every 20ms, through the pending rows' index: often
-	// enough for a drain of seconds, seldom enough to cost it nothing.
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(30 * time.Minute)
-	for {
-		var left bool
-		if err := e.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE status = 'pending')").Scan(&left); err != nil {
-			return 0, 0, err
-		}
-		if !left {
-			break
-		}
-		if time.Now().After(deadline) {
-			return 0, 0, errors.New("the backlog did not drain in 30 minutes")
-		}
-		select {
-		case <-ctx.Done():
-			return 0, 0, ctx.Err()
-		case <-tick.C:
-		}
-	}
-	elapsed := time.Since(start)
-	var rss int64
-	for _, c := range cmds {
-		rss = max(rss, peakRSS(c.Process.Pid))
+}
+
+// stop stops the processes with SIGTERM and waits for them; a second call
+// does nothing.
+func (rs *relays) stop() error {
+	for _, c := range rs.cmds {
 		_ = c.Process.Signal(syscall.SIGTERM)
 	}
-	for _, c := range cmds {
+	var errs []error
+	for _, c := range rs.cmds {
 		if err := c.Wait(); err != nil {
-			return 0, 0, fmt.Errorf("outbox-relay run: %w", err)
+			errs = append(errs, fmt.Errorf("outbox-relay run: %w", err))
 		}
 	}
-	cmds = nil
-	return float64(rows) / elapsed.Seconds(), rss, nil
+	rs.cmds = nil
+	return errors.Join(errs...)
+}
+
+func (rs *relays) kill() {
+	for _, c := range rs.cmds {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+	rs.cmds = nil
 }
 
 // peakRSS reads a process's peak resident memory (VmHWM) in bytes; 0

@@ -1,0 +1,215 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// What the database spends for the relay, read from pg_stat_statements and
+// from the server's processes in /proc. Both need the benchmark to run on
+// the database's machine (the throwaway cluster does) and, for the
+// statements, the extension: without them the figures are left out and the
+// notes say so.
+
+// dbCost is what the database had spent at one moment.
+type dbCost struct {
+	// statements: ok when pg_stat_statements answered.
+	statements bool
+	// The claim statements (those that lock with SKIP LOCKED), and every
+	// statement naming the schema: what the relay runs on its tables.
+	claimCalls, claimBuffers int64
+	claimTime                time.Duration
+	calls, buffers           int64
+	time                     time.Duration
+	// cpu: ok when /proc showed the server's processes.
+	cpu bool
+	// relayBackends is the CPU time of each server process serving a
+	// relay (application_name outbox-relay), by pid; cluster the CPU time
+	// of the whole server, exited processes included.
+	relayBackends map[int]time.Duration
+	cluster       time.Duration
+}
+
+// statementsReady creates pg_stat_statements where the server loads it;
+// it reports whether the statements can be read.
+func statementsReady(ctx context.Context, pool *pgxpool.Pool) bool {
+	_, _ = pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+	var n int64
+	return pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_statements").Scan(&n) == nil
+}
+
+// readCost reads what the database has spent on the relay's statements on
+// schema, and its processes' CPU time.
+func readCost(ctx context.Context, pool *pgxpool.Pool, schema string) dbCost {
+	var c dbCost
+	var claimMS, allMS float64
+	err := pool.QueryRow(ctx, `SELECT
+    coalesce(sum(calls) FILTER (WHERE query LIKE '%SKIP LOCKED%'), 0)::bigint,
+    coalesce(sum(shared_blks_hit + shared_blks_read) FILTER (WHERE query LIKE '%SKIP LOCKED%'), 0)::bigint,
+    coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '%SKIP LOCKED%'), 0)::float8,
+    coalesce(sum(calls), 0)::bigint, coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint,
+    coalesce(sum(total_exec_time), 0)::float8
+FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
+		&c.claimCalls, &c.claimBuffers, &claimMS, &c.calls, &c.buffers, &allMS)
+	if err == nil {
+		c.statements = true
+		c.claimTime = time.Duration(claimMS * float64(time.Millisecond))
+		c.time = time.Duration(allMS * float64(time.Millisecond))
+	}
+	var self int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&self); err != nil {
+		return c
+	}
+	postmaster, ok := parentOf(self)
+	if !ok {
+		return c
+	}
+	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-relay'`)
+	if err != nil {
+		return c
+	}
+	c.relayBackends = map[int]time.Duration{}
+	for rows.Next() {
+		var pid int
+		if rows.Scan(&pid) == nil {
+			if t, ok := processCPU(pid); ok {
+				c.relayBackends[pid] = t
+			}
+		}
+	}
+	rows.Close()
+	c.cluster, c.cpu = clusterCPU(postmaster)
+	return c
+}
+
+// spent is what the database spent from c to later.
+type spent struct {
+	statements             bool
+	claims, claimBuffers   int64
+	claimTime              time.Duration
+	calls, buffers         int64
+	time                   time.Duration
+	cpu                    bool
+	relayBackends, cluster time.Duration
+}
+
+func (c dbCost) until(later dbCost) spent {
+	s := spent{statements: c.statements && later.statements, cpu: c.cpu && later.cpu}
+	if s.statements {
+		s.claims, s.claimBuffers = later.claimCalls-c.claimCalls, later.claimBuffers-c.claimBuffers
+		s.claimTime = later.claimTime - c.claimTime
+		s.calls, s.buffers, s.time = later.calls-c.calls, later.buffers-c.buffers, later.time-c.time
+	}
+	if s.cpu {
+		for pid, t := range later.relayBackends {
+			// A backend that started since counts whole.
+			s.relayBackends += t - c.relayBackends[pid]
+		}
+		s.cluster = later.cluster - c.cluster
+	}
+	return s
+}
+
+// perRow describes s per delivered row.
+func (s spent) perRow(rows int64) string {
+	if rows <= 0 {
+		return "no rows"
+	}
+	var parts []string
+	if s.statements {
+		parts = append(parts, fmt.Sprintf("database per row: %.1f buffers, %.1f µs of statements", float64(s.buffers)/float64(rows), us(s.time)/float64(rows)))
+	} else {
+		parts = append(parts, "no pg_stat_statements")
+	}
+	if s.cpu {
+		parts = append(parts, fmt.Sprintf("%.1f µs CPU in the relay's backends, %.1f µs in all of PostgreSQL", us(s.relayBackends)/float64(rows), us(s.cluster)/float64(rows)))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// claimsNote describes the claims in s.
+func (s spent) claimsNote() string {
+	if !s.statements {
+		return "no pg_stat_statements"
+	}
+	if s.claims == 0 {
+		return "no claims"
+	}
+	return fmt.Sprintf("%d claims, %.0f buffers and %.2f ms each", s.claims, float64(s.claimBuffers)/float64(s.claims), ms(s.claimTime)/float64(s.claims))
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// clockTicks is the unit of CPU times in /proc (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// statFields returns the fields of /proc/<pid>/stat after the command
+// name: the process's state first.
+func statFields(pid int) ([]string, bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, false
+	}
+	f := strings.Fields(s[i+1:])
+	return f, len(f) > 14
+}
+
+func ticks(f []string, i int) time.Duration {
+	n, _ := strconv.ParseInt(f[i], 10, 64)
+	return time.Duration(n) * time.Second / clockTicks
+}
+
+// processCPU is a process's CPU time, user and system.
+func processCPU(pid int) (time.Duration, bool) {
+	f, ok := statFields(pid)
+	if !ok {
+		return 0, false
+	}
+	return ticks(f, 11) + ticks(f, 12), true
+}
+
+func parentOf(pid int) (int, bool) {
+	f, ok := statFields(pid)
+	if !ok {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}
+
+// clusterCPU is the CPU time of a server: its postmaster's, its exited
+// processes' (counted by the postmaster as children waited for) and its
+// running processes'.
+func clusterCPU(postmaster int) (time.Duration, bool) {
+	f, ok := statFields(postmaster)
+	if !ok {
+		return 0, false
+	}
+	total := ticks(f, 11) + ticks(f, 12) + ticks(f, 13) + ticks(f, 14)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f, ok := statFields(pid); ok && f[1] == strconv.Itoa(postmaster) {
+			total += ticks(f, 11) + ticks(f, 12)
+		}
+	}
+	return total, true
+}

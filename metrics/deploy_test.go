@@ -83,6 +83,9 @@ func exposed(t *testing.T) series {
 	if _, err := metrics.NewOrderHoldWatch(labelled, nil, nil); err != nil {
 		t.Fatalf("NewOrderHoldWatch: %v", err)
 	}
+	if _, err := metrics.NewHorizonWatch(labelled, nil, nil); err != nil {
+		t.Fatalf("NewHorizonWatch: %v", err)
+	}
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("Gather: %v", err)

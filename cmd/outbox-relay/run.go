@@ -189,13 +189,12 @@ func (a *app) run(ctx context.Context) error {
 	}()
 	defer func() { stopReload(); <-reloaded }()
 	for _, o := range outboxes {
-		if o.watch == nil {
-			continue
+		for _, w := range o.watches() {
+			watchCtx, stopWatch := context.WithCancel(ctx)
+			watched := make(chan struct{})
+			go func() { defer close(watched); w.Run(watchCtx) }()
+			defer func() { stopWatch(); <-watched }()
 		}
-		watchCtx, stopWatch := context.WithCancel(ctx)
-		watched := make(chan struct{})
-		go func() { defer close(watched); o.watch.Run(watchCtx) }()
-		defer func() { stopWatch(); <-watched }()
 	}
 	attrs := []any{slog.Any("destinations", names), slog.Bool("strict_order", cfg.Relay.StrictOrder)}
 	if len(cfg.OutboxList) > 0 {
@@ -222,10 +221,21 @@ type runOutbox struct {
 	listener *outbox.Listener
 	// watch measures strict order's holds; nil without strict order.
 	watch *metrics.OrderHoldWatch
-	relay relay.Outbox
+	// horizon shows what holds the database's xmin horizon.
+	horizon *metrics.HorizonWatch
+	relay   relay.Outbox
 }
 
 func (o *runOutbox) close() { o.pool.Close() }
+
+// watches are the outbox's loops that look at its database's state.
+func (o *runOutbox) watches() []interface{ Run(context.Context) } {
+	w := []interface{ Run(context.Context) }{o.horizon}
+	if o.watch != nil {
+		w = append(w, o.watch)
+	}
+	return w
+}
 
 // openOutbox sets up an outbox: its pool, store, listener, dead-letter
 // store and metrics, labelled with its name. Nothing connects yet: the
@@ -278,6 +288,9 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 		if o.watch, err = metrics.NewOrderHoldWatch(labelled, o.store, log); err != nil {
 			return nil, err
 		}
+	}
+	if o.horizon, err = metrics.NewHorizonWatch(labelled, o.store, log); err != nil {
+		return nil, err
 	}
 	observer := m.Outbox(s.Name, destinations)
 	o.relay = relay.Outbox{Name: s.Name, Store: o.store, Listener: o.listener, Observer: observer,

@@ -82,7 +82,9 @@ func start() (stop func() error, err error) {
 		baseURL = u
 		return stop, nil
 	}
-	srv, err := pgserver.Start(ctx, pgserver.Options{})
+	// Prepared transactions are allowed: tests of what holds the xmin
+	// horizon prepare one.
+	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: map[string]string{"max_prepared_transactions": "10"}})
 	if err != nil {
 		return nil, err
 	}

@@ -55,12 +55,15 @@ type queries struct {
 
 func newQueries(s string) queries {
 	return queries{
-		heartbeat: `INSERT INTO ` + s + `.outbox_fleet_replicas AS r (replica, expires_at)
-			VALUES ($1, now() + $2 * interval '1 microsecond')
-			ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at
+		// claims = 1: this replica leases the outbox's partitions for its
+		// claims; older relays leave it empty.
+		heartbeat: `INSERT INTO ` + s + `.outbox_fleet_replicas AS r (replica, expires_at, claims)
+			VALUES ($1, now() + $2 * interval '1 microsecond', 1)
+			ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at, claims = excluded.claims
 			RETURNING now()`,
-		forget:  `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE expires_at < now()`,
-		members: `SELECT count(*), count(*) FILTER (WHERE replica < $1) FROM ` + s + `.outbox_fleet_replicas`,
+		forget: `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE expires_at < now()`,
+		members: `SELECT count(*), count(*) FILTER (WHERE replica < $1), count(*) FILTER (WHERE claims IS NULL)
+			FROM ` + s + `.outbox_fleet_replicas`,
 		ensure: `INSERT INTO ` + s + `.outbox_fleet_breakers (destination)
 			SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`,
 		// Every sync locks its destinations' rows, in one order: the rows
@@ -136,7 +139,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 	var rank int
 	b.Queue(s.q.heartbeat, req.Replica, req.Lease.Microseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Now) })
 	b.Queue(s.q.forget)
-	b.Queue(s.q.members, req.Replica).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Replicas, &rank) })
+	b.Queue(s.q.members, req.Replica).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Replicas, &rank, &view.Unleased) })
 	b.Queue(s.q.ensure, names)
 	rows := map[string]breakerRow{}
 	b.Queue(s.q.breakers, names).Query(func(rs pgx.Rows) error {

@@ -283,3 +283,31 @@ func BenchmarkSync(b *testing.B) {
 		}
 	}
 }
+
+// A replica that registers without the claims column (a relay older than
+// migration 16, which claims without leasing partitions) is counted, so
+// that the others check keys from the lowest pending row while it lives.
+func TestCountsReplicasThatDoNotLeasePartitions(t *testing.T) {
+	store, s := newStore(t)
+	a := replica{t: t, store: store, name: "a"}
+	view := func() relay.FleetView {
+		t.Helper()
+		v, err := store.Sync(context.Background(), a.request(relay.FleetDestination{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := view(); v.Replicas != 1 || v.Unleased != 0 {
+		t.Fatalf("alone: %d replicas, %d without leases; want 1 and 0", v.Replicas, v.Unleased)
+	}
+	// As an older relay writes its heartbeat.
+	s.Exec(t, `INSERT INTO outbox_fleet_replicas (replica, expires_at) VALUES ('old', now() + interval '1 minute')`)
+	if v := view(); v.Replicas != 2 || v.Unleased != 1 {
+		t.Fatalf("beside an older relay: %d replicas, %d without leases; want 2 and 1", v.Replicas, v.Unleased)
+	}
+	s.Exec(t, `DELETE FROM outbox_fleet_replicas WHERE replica = 'old'`)
+	if v := view(); v.Unleased != 0 {
+		t.Fatalf("after it left: %d without leases", v.Unleased)
+	}
+}

@@ -41,9 +41,9 @@ func CleanupLockID(s *Store) int64         { return s.lockID }
 // HeadClaimDue makes the next claim of s start from the head, as it does
 // once every HeadEvery during a backlog.
 func HeadClaimDue(s *Store) {
-	s.frontier.mu.Lock()
-	s.frontier.head = time.Time{}
-	s.frontier.mu.Unlock()
+	s.floors.mu.Lock()
+	s.floors.lastHead = time.Time{}
+	s.floors.mu.Unlock()
 }
 
 // Deferrals describes what an open claim did to the rows it held back:
@@ -95,4 +95,26 @@ func ClaimSetting(ctx context.Context, c *Claim, name string) (string, error) {
 	var v string
 	err := c.tx.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v)
 	return v, err
+}
+
+// FloorState describes a store's floors and partitions.
+func FloorState(s *Store) string {
+	s.floors.mu.Lock()
+	defer s.floors.mu.Unlock()
+	s.parts.mu.Lock()
+	defer s.parts.mu.Unlock()
+	return fmt.Sprintf("frontier %d seen %d safe %d marks %v paused %v open %v floor %d; partitions %d-%d owned %v", s.floors.frontier, s.floors.seen,
+		s.floors.safe, s.floors.marks, s.floors.paused, s.floors.open, s.floors.floorLocked(), s.parts.lo, s.parts.hi, s.parts.owned)
+}
+
+// NextClaimBounds is where the next head claim of s would read, were it
+// trusted to read from its floor: above its floor, as would its key
+// check, in partitions lo to hi.
+func NextClaimBounds(s *Store) (floor int64, lo, hi int) {
+	s.floors.mu.Lock()
+	floor = s.floors.floorLocked()
+	s.floors.mu.Unlock()
+	s.parts.mu.Lock()
+	defer s.parts.mu.Unlock()
+	return floor, s.parts.lo, s.parts.hi
 }

@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
@@ -43,8 +46,8 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		keys, ids = append(fk, keys...), append(fi, ids...)
 	}
 	last := ids[len(ids)-1]
-	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, MinPending: c.minPending,
-		BySpan: c.store.keyCheck.bySpan(last-c.minPending+1, keys)})
+	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, Floor: c.keyFloor,
+		PartLo: c.partLo, PartHi: c.partHi, BySpan: c.store.keyCheck.bySpan(last-c.keyFloor+1, keys)})
 	if err != nil {
 		return fmt.Errorf("check key order: %w", err)
 	}
@@ -68,6 +71,24 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	}
 	if len(blocked) == 0 {
 		return nil
+	}
+	// Rows that waited come back by when they are due, not in id order:
+	// a key's later row can be due before its first, which then holds it
+	// back while free, not in flight elsewhere, and would be passed over
+	// again by every claim that takes the later row first. Such a row is
+	// deferred for a moment, after its first: the next claim takes that.
+	var probe []int64
+	for _, r := range c.Records {
+		if b, ok := blocked[r.Key]; ok && r.HasKey && r.ID > b.id && !b.waiting && c.waited[r.ID] {
+			probe = append(probe, b.id)
+		}
+	}
+	free := map[int64]bool{}
+	if len(probe) > 0 {
+		var err error
+		if free, err = c.freeRows(ctx, probe); err != nil {
+			return fmt.Errorf("check key order: %w", err)
+		}
 	}
 	kept := c.Records[:0]
 	var deferIDs, parkedIDs []int64
@@ -94,8 +115,14 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 			if b.leased {
 				c.behindLeases = append(c.behindLeases, behindLease{id: r.ID, lease: b.id, until: b.until})
 			}
+		case free[b.id]:
+			deferIDs = append(deferIDs, r.ID)
+			deferAt = append(deferAt, later(b.until.Add(time.Microsecond), c.Now.Add(behindFreeFor)))
+			c.Deferred++
 		default:
-			if c.Skipped == 0 {
+			// A row below the floor waited, and is still on the waiting
+			// rows' index: only one above it needs finding again.
+			if c.firstSkipped == 0 && r.ID > c.start.floor {
 				c.firstSkipped = r.ID
 			}
 			if c.Skipped == 0 || c.SkippedKeys[len(c.SkippedKeys)-1] != r.Key {
@@ -116,6 +143,44 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		}
 	}
 	return nil
+}
+
+// behindFreeFor is how long a row that waited is deferred behind a row of
+// its key that is due and free: long enough for the next claim to take
+// that one first.
+const behindFreeFor = 50 * time.Millisecond
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// freeRows returns which of ids no other transaction has locked, without
+// keeping their locks: a savepoint takes them and gives them back.
+func (c *Claim) freeRows(ctx context.Context, ids []int64) (map[int64]bool, error) {
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT outbox_free_rows")
+	b.Queue("SELECT id FROM "+c.store.table+" WHERE id = ANY($1) FOR UPDATE SKIP LOCKED", ids)
+	b.Queue("ROLLBACK TO SAVEPOINT outbox_free_rows")
+	res := c.tx.SendBatch(ctx, b)
+	free := map[int64]bool{}
+	_, err := res.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = res.Query(); err == nil {
+			var id int64
+			_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+				free[id] = true
+				return nil
+			})
+		}
+	}
+	if err == nil {
+		_, err = res.Exec()
+	}
+	return free, errors.Join(err, res.Close())
 }
 
 // keyCheckForm is how a claim's key check looks for blockers.

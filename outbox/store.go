@@ -1,10 +1,15 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -86,6 +91,19 @@ type StoreConfig struct {
 	// batch (and, with claim-ahead, two). Zero leaves the server's
 	// setting.
 	IdleInTransactionTimeout time.Duration
+	// Claimer names the process among those that claim the outbox's rows,
+	// uniquely: it leases a share of the outbox's partitions under this
+	// name (see SyncPartitions), and claims only them, reading from a
+	// floor of its own. Empty, the store claims every partition, and
+	// reads from the table's start as any other process may hold any
+	// row. Needs migration 16.
+	Claimer string
+	// ClaimLease is how long the store's hold on its partitions lasts
+	// without a sync. Default 5s.
+	ClaimLease time.Duration
+	// Logger is told, once, why the store cannot read from a floor.
+	// Default: nothing is logged.
+	Logger *slog.Logger
 }
 
 // Store is the relay's access to the outbox table.
@@ -99,8 +117,18 @@ type Store struct {
 	tableName    string       // and as people write it
 	strictOrder  bool
 	strict       watermark
-	frontier     frontier
 	claimBegin   string // see outboxdb.ClaimBegin
+	log          *slog.Logger
+
+	floors   floors
+	safe     safeWatch
+	parts    partitionSet
+	claimer  string
+	lease    time.Duration
+	lapse    time.Duration // how long a lapsed owner's locks may last
+	foreign  atomic.Bool   // a process that leases no partitions may claim
+	noFloor  atomic.Bool   // the safe id cannot be known here
+	noFloorN sync.Once
 }
 
 // NewStore returns a Store on pool for cfg.
@@ -115,9 +143,36 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
 	if cfg.ErrorHistory <= 0 {
 		cfg.ErrorHistory = DefaultErrorHistory
 	}
-	return &Store{pool: pool, q: q, errorHistory: cfg.ErrorHistory, lockID: schema.LockID(cfg.Schema) + 1,
+	if cfg.ClaimLease <= 0 {
+		cfg.ClaimLease = DefaultClaimLease
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{pool: pool, q: q, errorHistory: cfg.ErrorHistory, lockID: schema.LockID(cfg.Schema) + 1,
 		table: pgx.Identifier{cfg.Schema, "outbox"}.Sanitize(), tableName: cfg.Schema + ".outbox",
-		strictOrder: cfg.StrictOrder, claimBegin: outboxdb.ClaimBegin(cfg.IdleInTransactionTimeout)}, nil
+		strictOrder: cfg.StrictOrder, claimBegin: outboxdb.ClaimBegin(cfg.IdleInTransactionTimeout),
+		log: cfg.Logger, claimer: cfg.Claimer, lease: cfg.ClaimLease,
+		lapse: max(cfg.IdleInTransactionTimeout, time.Minute) + cfg.ClaimLease}
+	if s.claimer == "" {
+		s.parts.lo, s.parts.hi, s.parts.until = 0, Partitions-1, time.Unix(1<<62, 0)
+	} else {
+		s.parts.lo, s.parts.hi = 0, -1 // nothing before the first sync
+	}
+	return s, nil
+}
+
+// SetForeignClaimers says whether a process that leases no partitions (a
+// relay older than migration 16) may be claiming the outbox's rows: then
+// the store checks keys from the lowest pending row, as that process may
+// hold any row.
+func (s *Store) SetForeignClaimers(present bool) { s.foreign.Store(present) }
+
+// trusted says whether the store can read from its floor: it leases its
+// partitions, no other process claims without a lease, and it knows the
+// safe id.
+func (s *Store) trusted() bool {
+	return s.claimer != "" && !s.foreign.Load() && !s.noFloor.Load()
 }
 
 // ClaimParams bounds a claim.
@@ -167,7 +222,12 @@ type Claim struct {
 	// key; a claim that reached its limit suggests more rows are ready.
 	Claimed int
 
-	minPending int64 // the lowest pending id when the claim ran
+	start    claimStart
+	partLo   int
+	partHi   int
+	keyFloor int64          // the key check reads pending rows from it
+	held     []int64        // the ids of Records as claimed, in order
+	waited   map[int64]bool // the ids of Records claimed because they waited and are due
 	// Deferred counts rows held back because an earlier row of their key
 	// is waiting (backoff, a delay, or a parked key); they were rescheduled
 	// for when it is due, without counting an attempt.
@@ -208,78 +268,128 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
 	}
 	c := &Claim{store: s, tx: tx}
 	if err := c.claim(ctx, p); err != nil {
-		s.frontier.reset()
 		_ = tx.Rollback(context.WithoutCancel(ctx))
+		c.fail()
 		return nil, err
 	}
 	return c, nil
 }
 
 func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
-	bound, err := c.strictBound(ctx)
-	if err != nil {
-		return err
-	}
 	s := c.store
-	from := s.frontier.start(time.Now())
-	recs := make([]Record, 0, p.Limit)
-	res, err := s.claimRows(ctx, c.tx, p, from, bound, &recs)
+	trusted := s.trusted()
+	bound, err := c.observe(ctx, trusted)
 	if err != nil {
 		return err
 	}
-	if from > 0 && len(recs) < p.Limit {
-		// The frontier's side ran short: the rest from the head, below
-		// it, in front of the rows claimed (the records stay in id order).
-		var head []Record
-		if _, err := s.claimRows(ctx, c.tx, ClaimParams{Limit: p.Limit - len(recs), PayloadCap: p.PayloadCap,
-			ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics}, 0, min(bound, from), &head); err != nil {
-			return err
+	trusted = trusted && !s.noFloor.Load()
+	now := time.Now()
+	c.start = s.floors.begin(now, p.ExcludeTopics, trusted)
+	lo, hi, ok := s.parts.claimRange(c.start.gen, now)
+	if !ok {
+		// No partitions to claim (yet): an empty claim.
+		s.floors.claimed(c.start, claimResult{none: true})
+		if err := c.tx.QueryRow(ctx, "SELECT now()").Scan(&c.Now); err != nil {
+			return fmt.Errorf("claim outbox rows: %w", err)
 		}
-		recs = append(head, recs...)
-	}
-	c.Now, c.minPending = res.Now, res.MinPending
-	c.Records = recs
-	c.Claimed = len(recs)
-	if len(recs) == 0 {
-		s.frontier.reset()
 		return nil
 	}
-	last := recs[len(recs)-1].ID
-	if err := c.keepKeyOrder(ctx, p); err != nil {
-		return err
+	c.partLo, c.partHi = lo, hi
+	recs := make([]Record, 0, p.Limit)
+	seen := make(map[int64]bool, p.Limit)
+	var lastFresh int64
+	res, err := s.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
+		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: c.start.from, MaxID: bound,
+		PartLo: lo, PartHi: hi, Waited: c.start.from > 0}, func(row *outboxdb.ClaimedRow) {
+		c.Claimed++
+		if !row.Waited {
+			lastFresh = max(lastFresh, row.ID)
+		}
+		if seen[row.ID] {
+			return // a row that waited, read again above the start
+		}
+		seen[row.ID] = true
+		if row.Waited {
+			if c.waited == nil {
+				c.waited = map[int64]bool{}
+			}
+			c.waited[row.ID] = true
+		}
+		recs = append(recs, record(row, p.PayloadCap))
+	})
+	if err != nil {
+		return fmt.Errorf("claim outbox rows: %w", err)
 	}
-	switch {
-	case c.Claimed < p.Limit:
-		s.frontier.reset()
-	case c.Skipped > 0:
-		s.frontier.advance(min(last, c.firstSkipped-1))
-	default:
-		s.frontier.advance(last)
+	// Rows that waited came first: the records go in id order.
+	slices.SortFunc(recs, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
+	c.Now, c.Records = res.Now, recs
+	c.keyFloor = c.start.floor
+	if !trusted && hasKey(recs) {
+		// Any process may hold any row: pending rows hold keys from the
+		// lowest one up.
+		if c.keyFloor, err = s.q.MinPending(ctx, c.tx); err != nil {
+			return fmt.Errorf("claim outbox rows: lowest pending id: %w", err)
+		}
 	}
+	// Every row it locked above the floor is in flight until it ends:
+	// the rows it defers too, which are still ready as other
+	// transactions see them until it commits.
+	var lowest int64
+	for _, rec := range recs {
+		if rec.ID > c.start.floor && (lowest == 0 || rec.ID < lowest) {
+			lowest = rec.ID
+		}
+	}
+	if len(recs) > 0 {
+		if err := c.keepKeyOrder(ctx, p); err != nil {
+			return err
+		}
+	}
+	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, passedKeys: len(p.ExcludeKeys) > 0,
+		excludedTopics: p.ExcludeTopics}
+	r.lowestHeld = lowest
+	c.held = make([]int64, len(c.Records))
+	for i, rec := range c.Records {
+		c.held[i] = rec.ID
+	}
+	s.floors.claimed(c.start, r)
 	return nil
 }
 
-// claimRows runs the claim statement for ids in (from, to], appending the
-// rows to recs.
-func (s *Store) claimRows(ctx context.Context, tx pgx.Tx, p ClaimParams, from, to int64, recs *[]Record) (outboxdb.ClaimResult, error) {
-	res, err := s.q.Claim(ctx, tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
-		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: from, MaxID: to}, func(row *outboxdb.ClaimedRow) {
-		r := Record{ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, HasKey: row.HasKey,
-			Payload: row.Payload, PayloadSize: row.PayloadSize, Headers: row.Headers, CreatedAt: row.CreatedAt,
-			RetryCount: row.RetryCount, LastDelay: row.LastDelay}
-		switch {
-		case row.HeadersProblem != "":
-			r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, ReasonInvalidMessage
-		case r.Payload == nil:
-			r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, p.PayloadCap)
-			r.UndeliverableReason = ReasonTooLarge
-		}
-		*recs = append(*recs, r)
-	})
-	if err != nil {
-		return res, fmt.Errorf("claim outbox rows: %w", err)
+// record makes a claimed row a Record, saying why it cannot be delivered
+// as it is, if it cannot.
+func record(row *outboxdb.ClaimedRow, payloadCap int) Record {
+	r := Record{ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, HasKey: row.HasKey,
+		Payload: row.Payload, PayloadSize: row.PayloadSize, Headers: row.Headers, CreatedAt: row.CreatedAt,
+		RetryCount: row.RetryCount, LastDelay: row.LastDelay}
+	switch {
+	case row.HeadersProblem != "":
+		r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, ReasonInvalidMessage
+	case r.Payload == nil:
+		r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, payloadCap)
+		r.UndeliverableReason = ReasonTooLarge
 	}
-	return res, nil
+	return r
+}
+
+func hasKey(recs []Record) bool {
+	for i := range recs {
+		if recs[i].HasKey {
+			return true
+		}
+	}
+	return false
+}
+
+// end ends the claim's flight: rows of it without an outcome (the lowest
+// is left, 0 for none) are ready again.
+func (c *Claim) end(left int64) {
+	if c.start.gen == 0 {
+		return
+	}
+	c.store.floors.done(c.start.gen, left)
+	c.store.parts.release(c.start.gen)
+	c.start.gen = 0
 }
 
 // Outcome kinds.
@@ -377,15 +487,16 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	}
 	if b.Len() > 0 {
 		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
-			c.store.frontier.reset()
 			_ = c.tx.Rollback(context.WithoutCancel(ctx))
+			c.fail()
 			return fmt.Errorf("write back %d outcomes: %w", len(outcomes), err)
 		}
 	}
 	if err := c.tx.Commit(ctx); err != nil {
-		c.store.frontier.reset()
+		c.fail()
 		return fmt.Errorf("commit %d outcomes: %w", len(outcomes), err)
 	}
+	c.end(c.leftOut(outcomes))
 	if len(c.behindLeases) > 0 {
 		c.releaseEndedLeases(ctx)
 	}
@@ -471,11 +582,53 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 // was before the claim, including rows the claim deferred. Use Complete
 // with no outcomes to keep those deferrals.
 func (c *Claim) Release(ctx context.Context) error {
-	c.store.frontier.reset() // its rows are ready again
-	if err := c.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	err := c.tx.Rollback(ctx)
+	// Its rows are ready again once their locks are gone, not before: a
+	// claim that passes over them meanwhile must not take them for done.
+	if len(c.held) == 0 && c.Deferred == 0 && c.Skipped == 0 {
+		c.end(0) // it held nothing
+	} else {
+		c.fail()
+	}
+	if err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("release claim: %w", err)
 	}
 	return nil
+}
+
+// fail ends a claim whose rows, and what it deferred, are all as they were
+// before it: any row above its start may be ready again. It comes after
+// the transaction's end, which unlocks them.
+func (c *Claim) fail() {
+	if c.start.gen == 0 {
+		return
+	}
+	c.store.floors.failed(c.start)
+	c.store.parts.release(c.start.gen)
+	c.start.gen = 0
+}
+
+// leftOut returns the lowest row the claim leaves ready: of its records,
+// as claimed, without an outcome, and of the rows it held back for a key
+// in flight elsewhere; 0 when there is none. Only rows above its floor
+// count: below it, a row is one that waited, which stays on the waiting
+// rows' index.
+func (c *Claim) leftOut(outcomes []Outcome) int64 {
+	has := make(map[int64]bool, len(outcomes))
+	for _, o := range outcomes {
+		has[o.ID] = true
+	}
+	// Records as claimed: the caller may have left some out since.
+	left := c.firstSkipped // held back, still locked until now
+	for _, id := range c.held {
+		if !has[id] && id > c.start.floor {
+			if left == 0 || id < left {
+				left = id
+			}
+			break // in id order
+		}
+	}
+	return left
 }
 
 // DeleteSent deletes up to limit rows marked sent longer than retention

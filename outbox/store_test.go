@@ -726,21 +726,24 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 
 	explain := preparedPlans(t, s, "force_generic_plan")
 	plan := func(sql, args string) string { return explain("", sql, args) }
-	claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 0")
-	if !strings.Contains(claimPlan, "outbox_pending_idx") || strings.Contains(claimPlan, "Seq Scan") {
-		t.Fatalf("claim plan does not use the pending index:\n%s", claimPlan)
+	for _, parts := range []string{"0, 15", "4, 7"} {
+		claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 100, "+parts+", true")
+		if !claimScans.MatchString(claimPlan) || !strings.Contains(claimPlan, "Index Scan using outbox_waiting_idx") ||
+			strings.Contains(claimPlan, "Seq Scan") {
+			t.Fatalf("claim plan of partitions %s does not read the claim index from its start, and the waiting rows' index:\n%s", parts, claimPlan)
+		}
 	}
 	holdingPlan := plan(outbox.HoldingByKeySQL(st), "'{k1,k2}', '{100,200}', 1")
 	if !strings.Contains(holdingPlan, "outbox_key_pending_idx") || !strings.Contains(holdingPlan, "outbox_key_parked_idx") ||
-		strings.Contains(holdingPlan, "Seq Scan on outbox") {
-		t.Fatalf("key order check does not use the holding index:\n%s", holdingPlan)
+		!strings.Contains(holdingPlan, "outbox_key_waiting_idx") || strings.Contains(holdingPlan, "Seq Scan on outbox") {
+		t.Fatalf("key order check does not use the holding indexes:\n%s", holdingPlan)
 	}
 	// The claimed rows are dropped against a hash of their ids: a list
 	// searched row by row would cost claimed² for a hot key.
 	if !strings.Contains(holdingPlan, "hashed SubPlan") {
 		t.Fatalf("key order check does not hash the claimed ids:\n%s", holdingPlan)
 	}
-	checkSpanPlan(t, "after ANALYZE", plan(outbox.HoldingBySpanSQL(st), "'{k1,k2}', '{100,200}', 1, 200"))
+	checkSpanPlan(t, "after ANALYZE", plan(outbox.HoldingBySpanSQL(st), "'{k1,k2}', '{100,200}', 1, 200, 0, 15"))
 
 	// A dominant key must not flip the key check to scanning every
 	// pending row: its probe stays bounded by the claimed count.
@@ -752,7 +755,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 		strings.Contains(skewedPlan, "Seq Scan on outbox") {
 		t.Fatalf("key check with a dominant key is not a bounded probe per key:\n%s", skewedPlan)
 	}
-	checkSpanPlan(t, "with a dominant key", plan(outbox.HoldingBySpanSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1, 200003"))
+	checkSpanPlan(t, "with a dominant key", plan(outbox.HoldingBySpanSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1, 200003, 0, 15"))
 
 	// The key's last claimed row ends its probe, which does not read on
 	// through the dominant key's other rows.
@@ -836,23 +839,30 @@ func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 						mode, stats, columns, plan)
 				}
 				checkSpanPlan(t, fmt.Sprintf("%s plan with statistics %+v (column statistics: %v)", mode, stats, columns),
-					explain("", outbox.HoldingBySpanSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000, 19001"))
+					explain("", outbox.HoldingBySpanSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000, 19001, 3, 9"))
 			}
 		}
 	}
 }
 
+// claimScans is the claim's read of the rows that never waited: the
+// claim index from the start given, with the range of partitions on its
+// second column.
+var claimScans = regexp.MustCompile(`Index Scan using outbox_claim_idx on outbox outbox_1 .*\n\s*Index Cond: \(\(id <= \$5\) AND \(id > \$6\) AND \(CASE .* >= \$7\) AND \(CASE .* <= \$8\)\)`)
+
 // spanScan is the key check by span's read of the span on an id index.
-var spanScan = regexp.MustCompile(`(?m)^\s*(?:->  )?Index Scan using (outbox_pending_idx|outbox_pkey) on outbox p .*\n\s*Index Cond: \(\(id >= (\$3|'\d+'::bigint)\) AND \(id < (\$4|'\d+'::bigint)\)\)`)
+var spanScan = regexp.MustCompile(`(?m)^\s*(?:->  )?Index Scan using (outbox_claim_idx|outbox_pending_idx|outbox_pkey) on outbox p .*\n\s*Index Cond: \(\(id >= (\$3|'\d+'::bigint)\) AND \(id < (\$4|'\d+'::bigint)\)`)
 
 // checkSpanPlan checks that the key check by span reads the span once on
 // an id index, keeping rows against hashes of the claimed keys and ids:
 // no pass over the table or the key index, and, with the keys a filter
-// rather than a join, no pass over the span once per key.
+// rather than a join, no pass over the span once per key. Below the
+// span, each key's rows that waited are probed on their own index.
 func checkSpanPlan(t *testing.T, when, plan string) {
 	t.Helper()
-	if !spanScan.MatchString(plan) || strings.Count(plan, "hashed SubPlan") != 2 || strings.Contains(plan, "outbox_key_pending_idx") ||
-		strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_key_parked_idx") {
+	if !spanScan.MatchString(plan) || strings.Count(plan, "hashed SubPlan") != 3 || strings.Contains(plan, "outbox_key_pending_idx") ||
+		strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_key_parked_idx") ||
+		!strings.Contains(plan, "outbox_key_waiting_idx") {
 		t.Errorf("%s: the key check by span does not read the span once on an id index with hashed keys and ids:\n%s", when, plan)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -41,6 +40,11 @@ const xidTrigger = "outbox_xid_first"
 // the watermark. Beyond it the newest is replaced: the watermark then
 // moves in larger steps once the holder ends, never past a safe id.
 const maxObservations = 64
+
+// ErrNoWatermark reports a table on which the watermark cannot be read
+// (see CheckStrictOrder): strict order cannot work there, and claims read
+// from the table's start.
+var ErrNoWatermark = errors.New("strict order cannot work")
 
 // observation is one look at the sequence and the transaction ids.
 type observation struct {
@@ -153,7 +157,7 @@ func (s *Store) CheckStrictOrder(ctx context.Context) error {
 		problems = append(problems, fmt.Sprintf("sequence %s caches %d values per session, so ids do not follow the order in which they are taken: set it to 1 (ALTER TABLE %s ALTER COLUMN id SET CACHE 1)", *seq, *cache, s.table))
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("strict order cannot work on %s: %s", s.tableName, joinProblems(problems))
+		return fmt.Errorf("%w on %s: %s", ErrNoWatermark, s.tableName, joinProblems(problems))
 	}
 	s.strict.mu.Lock()
 	s.strict.seq = *seq
@@ -172,37 +176,6 @@ const (
 	observeXidsSQL = `SELECT x, x + age((x % 4294967296)::text::xid)
 FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS x) s`
 )
-
-// strictBound returns the highest id a claim in tx may take: the
-// watermark in strict mode, any id otherwise.
-func (c *Claim) strictBound(ctx context.Context) (int64, error) {
-	s := c.store
-	if !s.strictOrder {
-		return math.MaxInt64, nil
-	}
-	seq, err := s.sequence(ctx)
-	if err != nil {
-		return 0, err
-	}
-	b := &pgx.Batch{}
-	b.Queue(observeLastSQL, seq)
-	b.Queue(observeXidsSQL)
-	res := c.tx.SendBatch(ctx, b)
-	var o observation
-	var xmin int64
-	err = res.QueryRow().Scan(&o.last)
-	if err == nil {
-		err = res.QueryRow().Scan(&xmin, &o.xmax)
-	}
-	err = errors.Join(err, res.Close())
-	if err != nil {
-		return 0, fmt.Errorf("read the strict order watermark: %w", err)
-	}
-	o.at = time.Now()
-	var safe int64
-	safe, c.HeldSince = s.strict.advance(o, xmin)
-	return safe, nil
-}
 
 // OrderHolder is the transaction that holds strict-order delivery: the
 // oldest one running.

@@ -117,6 +117,10 @@ type FleetView struct {
 	Now time.Time
 	// Replicas is the number of live replicas, this one included.
 	Replicas int
+	// Unleased is the number of live replicas that claim rows without
+	// leasing the outbox's partitions (relays older than migration 16):
+	// while any does, claims check keys from the lowest pending row.
+	Unleased int
 	// Destinations are in the order of the sync's.
 	Destinations []FleetBreaker
 }
@@ -156,8 +160,11 @@ type fleet struct {
 	// wakeWorkers nudges the workers of every outbox, when a sync lets
 	// rows go that were held.
 	wakeWorkers func()
-	log         *slog.Logger
-	timeout     time.Duration
+	// unleased tells the outboxes whether a live replica claims without
+	// leasing partitions.
+	unleased func(present bool)
+	log      *slog.Logger
+	timeout  time.Duration
 
 	mu     sync.Mutex
 	status FleetStatus
@@ -237,6 +244,9 @@ func (f *fleet) sync(ctx context.Context) {
 	case err == nil:
 		if !wasUp {
 			f.log.Info("sharing flow control with the fleet", slog.Int("replicas", view.Replicas))
+		}
+		if f.unleased != nil {
+			f.unleased(view.Unleased > 0)
 		}
 		freed := false
 		for i, d := range f.dests {

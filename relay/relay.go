@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -238,6 +239,9 @@ type Relay struct {
 	turns   *turns
 	fleet   *fleet    // nil: flow control per process
 	epoch   time.Time // a monotonic origin for the workers' busySince
+	// unleased is whether a live replica claims without leasing
+	// partitions, as the fleet last said.
+	unleased atomic.Bool
 	// breakerChanged, cleaned and leaseWritten tell tests of the
 	// destinations' breakers, the cleaners' deletes and the leased
 	// write-backs.
@@ -268,6 +272,18 @@ func New(cfg Config) (*Relay, error) {
 		r.fleet.wakeWorkers = func() {
 			for _, s := range r.sources {
 				s.wakeAll()
+			}
+		}
+		r.fleet.unleased = func(present bool) {
+			if r.unleased.Swap(present) != present {
+				if present {
+					r.log.Warn("a replica of an older relay claims rows without leasing partitions: key checks read from the lowest pending row until it is gone")
+				} else {
+					r.log.Info("every replica leases its partitions: claims read from their floors")
+				}
+			}
+			for _, s := range r.sources {
+				s.store.SetForeignClaimers(present)
 			}
 		}
 	}
@@ -359,13 +375,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.fleet.sync(ctx)
 		g.Go(func() error { return r.fleet.run(ctx) })
 	}
+	// Each outbox's share of its partitions is renewed until its last
+	// delivery is written back, after ctx ends, then given up.
+	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopParts()
 	for _, s := range r.sources {
-		s.run(g, ctx, listenCtx, inflight)
+		s.run(g, ctx, listenCtx, partsCtx, inflight)
 	}
 	r.log.Info("relay started", slog.Int("outboxes", len(r.sources)), slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
 	err := g.Wait()
 	for _, s := range r.sources {
 		s.leases.wait()
+	}
+	stopParts()
+	for _, s := range r.sources {
+		s.leavePartitions(ctx)
 	}
 	if r.fleet != nil {
 		r.fleet.leave(ctx)

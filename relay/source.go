@@ -93,6 +93,7 @@ type source struct {
 	sqlBusy   atomic.Int32 // claims and write-backs under way
 	tally     tally
 	ready     atomic.Bool // prepared, its workers started
+	partsDone chan struct{}
 }
 
 func newSource(r *Relay, index int, o Outbox) *source {
@@ -126,8 +127,9 @@ func newSource(r *Relay, index int, o Outbox) *source {
 }
 
 // run runs the outbox's workers, listener and cleaner in g until ctx
-// ends, once it is prepared; publishes use inflight.
-func (s *source) run(g *errgroup.Group, ctx, listenCtx, inflight context.Context) {
+// ends, once it is prepared, and its share of the partitions until
+// partsCtx ends; publishes use inflight.
+func (s *source) run(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight context.Context) {
 	if s.prepare != nil {
 		g.Go(func() error {
 			if err := s.prepare(ctx); err != nil {
@@ -137,16 +139,37 @@ func (s *source) run(g *errgroup.Group, ctx, listenCtx, inflight context.Context
 				return fmt.Errorf("outbox %s: %w", s.name, err)
 			}
 			if ctx.Err() == nil {
-				s.start(g, ctx, listenCtx, inflight)
+				s.start(g, ctx, listenCtx, partsCtx, inflight)
 			}
 			return nil
 		})
 		return
 	}
-	s.start(g, ctx, listenCtx, inflight)
+	s.start(g, ctx, listenCtx, partsCtx, inflight)
 }
 
-func (s *source) start(g *errgroup.Group, ctx, listenCtx, inflight context.Context) {
+func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight context.Context) {
+	// The first sync comes before the first claim, which takes no rows
+	// without partitions.
+	failing := s.syncPartitions(partsCtx, false)
+	s.partsDone = make(chan struct{})
+	go func() {
+		defer close(s.partsDone)
+		t := time.NewTicker(outbox.ClaimSyncEvery)
+		defer t.Stop()
+		sweep := time.NewTicker(outbox.SweepEvery)
+		defer sweep.Stop()
+		for {
+			select {
+			case <-partsCtx.Done():
+				return
+			case <-t.C:
+				failing = s.syncPartitions(partsCtx, failing)
+			case <-sweep.C:
+				s.sweepBelowFloor(partsCtx)
+			}
+		}
+	}()
 	s.ready.Store(true)
 	for _, w := range s.workers {
 		g.Go(func() error { return w.run(ctx, inflight) })
@@ -156,6 +179,61 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, inflight context.Conte
 	}
 	if s.cleaner.enabled() {
 		g.Go(func() error { return s.cleaner.Run(listenCtx) })
+	}
+}
+
+// syncPartitions renews the outbox's share of its partitions, and reports
+// whether it failed; a failure is logged when the last sync did not fail.
+// Workers are woken when the share grows.
+func (s *source) syncPartitions(ctx context.Context, failing bool) bool {
+	before, _ := s.store.Claimers()
+	sctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout)
+	err := s.store.SyncPartitions(sctx)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return failing
+	case err != nil:
+		if !failing {
+			s.log.Warn("cannot renew this process's share of the outbox's partitions; its claims stop when the lease ends", slog.Any("error", err))
+		}
+		return true
+	case failing:
+		s.log.Info("this process's share of the outbox's partitions is renewed again")
+	}
+	if after, leased := s.store.Claimers(); leased && after != before {
+		s.log.Info("the outbox's partitions are shared anew", slog.Int("claimers", after))
+		s.wakeAll()
+	}
+	return false
+}
+
+// sweepBelowFloor looks for rows given ids below those delivered, which
+// claims that read from their floor do not see.
+func (s *source) sweepBelowFloor(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout)
+	found, err := s.store.SweepBelowFloor(sctx)
+	cancel()
+	switch {
+	case err != nil && ctx.Err() == nil:
+		s.log.Debug("looking below the floor failed; trying again later", slog.Any("error", err))
+	case found:
+		s.log.Warn("found a pending row with an id below those already delivered (given by its producer?): delivering it now; its key's later rows may have gone first")
+		s.wakeAll()
+	}
+}
+
+// leavePartitions gives up the outbox's partitions, after its last
+// delivery, for the other processes to take at once.
+func (s *source) leavePartitions(ctx context.Context) {
+	if s.partsDone == nil {
+		return
+	}
+	<-s.partsDone
+	lctx, cancel := writeBackContext(ctx, s.r.cfg.QueryTimeout)
+	defer cancel()
+	if err := s.store.LeavePartitions(lctx); err != nil {
+		s.log.Warn("could not give up the outbox's partitions; the others take them when the lease ends", slog.Any("error", err))
 	}
 }
 

@@ -20,7 +20,7 @@ const coordinationConns = 2
 // returns nil when coordination is off. Nothing connects yet: a
 // coordination database that is down leaves flow control per process
 // until it answers.
-func (a *app) openFleet(ctx context.Context) (*relay.FleetConfig, func(), error) {
+func (a *app) openFleet(ctx context.Context, replica string) (*relay.FleetConfig, func(), error) {
 	k := a.cfg.Coordination
 	if !k.Enabled {
 		return nil, func() {}, nil
@@ -40,7 +40,7 @@ func (a *app) openFleet(ctx context.Context) (*relay.FleetConfig, func(), error)
 		pool.Close()
 		return nil, nil, err
 	}
-	return &relay.FleetConfig{Fleet: store, Replica: replicaName(), Interval: k.Interval, Lease: k.Lease}, pool.Close, nil
+	return &relay.FleetConfig{Fleet: store, Replica: replica, Interval: k.Interval, Lease: k.Lease}, pool.Close, nil
 }
 
 // replicaName names this process in the fleet: its host name (a pod's

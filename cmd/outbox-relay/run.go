@@ -113,14 +113,17 @@ func (a *app) run(ctx context.Context) error {
 			o.close()
 		}
 	}()
-	fleetCfg, closeFleet, err := a.openFleet(ctx)
+	// This process's name among the relays: in the fleet, and among the
+	// processes that share each outbox's partitions.
+	replica := replicaName()
+	fleetCfg, closeFleet, err := a.openFleet(ctx, replica)
 	if err != nil {
 		return err
 	}
 	defer closeFleet()
 	var relayOutboxes []relay.Outbox
 	for _, settings := range cfg.Outboxes() {
-		o, err := a.openOutbox(ctx, settings, reg, relayMetrics, names)
+		o, err := a.openOutbox(ctx, settings, reg, relayMetrics, names, replica)
 		if err != nil {
 			return err
 		}
@@ -241,7 +244,7 @@ func (o *runOutbox) watches() []interface{ Run(context.Context) } {
 // store and metrics, labelled with its name. Nothing connects yet: the
 // relay prepares each outbox (connect, check the schema) on its own, so
 // that a database that is down holds only its own outbox.
-func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prometheus.Registerer, m *metrics.Relay, destinations []string) (_ *runOutbox, err error) {
+func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prometheus.Registerer, m *metrics.Relay, destinations []string, replica string) (_ *runOutbox, err error) {
 	cfg := a.cfg
 	log := a.log
 	if len(cfg.OutboxList) > 0 {
@@ -266,6 +269,9 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 		// vanishes behind a network black hole, the server ends the
 		// transaction and releases the rows rather than waiting for TCP.
 		IdleInTransactionTimeout: 3*cfg.Relay.PublishTimeout + idleGrace,
+		// The partitions' lease lasts as long as a replica's in the
+		// fleet: a replica that vanishes leaves both at once.
+		Claimer: replica, ClaimLease: cfg.Coordination.Lease, Logger: log,
 	})
 	if err != nil {
 		return nil, err

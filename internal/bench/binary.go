@@ -179,7 +179,7 @@ func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (fl
 		return 0, err
 	}
 	defer e.close()
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
+	store, err := claimingStore(ctx, e, outbox.StoreConfig{})
 	if err != nil {
 		return 0, err
 	}

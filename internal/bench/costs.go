@@ -170,7 +170,7 @@ func (r *runner) claimsUnderMaintenance(ctx context.Context) error {
 		autovacuum_vacuum_scale_factor = 0, autovacuum_analyze_threshold = 1000, autovacuum_analyze_scale_factor = 0)`); err != nil {
 		return err
 	}
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema})
+	store, err := claimingStore(ctx, e, outbox.StoreConfig{})
 	if err != nil {
 		return err
 	}

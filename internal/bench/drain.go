@@ -180,7 +180,7 @@ func (r *runner) drainWith(ctx context.Context, keep bool, keyExpr string, worke
 		return 0, usage{}, err
 	}
 	defer pub.Close()
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep, Claimer: "bench"})
 	if err != nil {
 		return 0, usage{}, err
 	}
@@ -231,7 +231,7 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
 		return 0, usage{}, err
 	}
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep})
+	store, err := claimingStore(ctx, e, outbox.StoreConfig{KeepSent: keep})
 	if err != nil {
 		return 0, usage{}, err
 	}
@@ -246,6 +246,18 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 		return nil
 	})
 	return float64(r.cfg.Rows) / time.Since(start).Seconds(), usageNow().since(startUse), err
+}
+
+// claimingStore returns a store of e's outbox that leases every
+// partition, as one relay process alone does, for claims made in a loop
+// rather than by a relay (which renews the lease every second).
+func claimingStore(ctx context.Context, e *env, cfg outbox.StoreConfig) (*outbox.Store, error) {
+	cfg.Schema, cfg.Claimer, cfg.ClaimLease = e.schema, "bench", 24*time.Hour
+	st, err := outbox.NewStore(e.relayPool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return st, st.SyncPartitions(ctx)
 }
 
 func claimAndAck(ctx context.Context, store *outbox.Store, limit int, done *atomic.Int64) (time.Duration, error) {

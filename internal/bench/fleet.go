@@ -112,7 +112,7 @@ func (r *runner) fairness(ctx context.Context) error {
 		name string
 		e    *env
 	}{{"busy", busy}, {"quiet", quiet}} {
-		store, err := outbox.NewStore(o.e.relayPool, outbox.StoreConfig{Schema: o.e.schema})
+		store, err := outbox.NewStore(o.e.relayPool, outbox.StoreConfig{Schema: o.e.schema, Claimer: "bench"})
 		if err != nil {
 			return err
 		}

@@ -100,7 +100,7 @@ func (r *runner) latency(ctx context.Context, rate, failEvery int, strict bool) 
 	}
 	defer pub.Close()
 	acks := &ackTimes{inner: pub, at: map[uuid.UUID]time.Time{}}
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, StrictOrder: strict})
+	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, StrictOrder: strict, Claimer: "bench"})
 	if err != nil {
 		return nil, st, err
 	}

@@ -52,8 +52,13 @@ type ClaimArgs struct {
 	PayloadCap    int      // larger payloads are not loaded
 	ExcludeKeys   []string // not claimed
 	ExcludeTopics []string // not claimed
-	MinID         int64    // claimed ids are above it
+	MinID         int64    // rows that never waited are claimed above it
 	MaxID         int64    // the highest id claimed
+	// PartLo and PartHi are the partitions claimed, inclusive.
+	PartLo, PartHi int
+	// Waited claims the rows that waited and are due, wherever they lie,
+	// before the rows above MinID.
+	Waited bool
 }
 
 // ClaimedRow is a locked pending row.
@@ -73,18 +78,21 @@ type ClaimedRow struct {
 	RetryCount     int
 	// LastDelay is the delay chosen after the previous failure, if any.
 	LastDelay time.Duration
+	// Waited says the row came from the rows that waited; it may come
+	// back a second time from the rows above MinID.
+	Waited bool
 }
 
 // ClaimResult is what a claim statement returns besides its rows.
 type ClaimResult struct {
-	// Now is the database clock; MinPending the lowest pending id.
-	Now        time.Time
-	MinPending int64
+	// Now is the database clock.
+	Now time.Time
 }
 
-// Claim locks up to a.Limit ready rows in id order, skipping locked ones,
-// and passes each to each, in order; the row is reused for the next.
-// Statement: claim.
+// Claim locks up to a.Limit ready rows, skipping locked ones: due rows
+// that waited first, then rows above a.MinID in id order. It passes each
+// to each, in that order; the row is reused for the next. Statement:
+// claim.
 func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*ClaimedRow)) (ClaimResult, error) {
 	var res ClaimResult
 	exclude, excludeTopics := a.ExcludeKeys, a.ExcludeTopics
@@ -94,7 +102,8 @@ func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*
 	if excludeTopics == nil {
 		excludeTopics = []string{}
 	}
-	rows, err := tx.Query(ctx, q.claim, a.Limit, a.PayloadCap, exclude, excludeTopics, a.MaxID, a.MinID)
+	rows, err := tx.Query(ctx, q.claim, a.Limit, a.PayloadCap, exclude, excludeTopics, a.MaxID, a.MinID,
+		a.PartLo, a.PartHi, a.Waited)
 	if err != nil {
 		return res, err
 	}
@@ -109,7 +118,7 @@ func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*
 	)
 	for rows.Next() {
 		if err := rows.Scan(&r.ID, &eventID, &topic, &key, &payload, &r.PayloadSize,
-			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &res.Now, &res.MinPending); err != nil {
+			&headers, &r.CreatedAt, &r.RetryCount, &lastUS, &res.Now, &r.Waited); err != nil {
 			rows.Close()
 			return res, fmt.Errorf("scan: %w", err)
 		}
@@ -127,14 +136,35 @@ func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*
 	return res, rows.Err()
 }
 
+// MinPending returns the lowest pending id, 0 when none is. It reads the
+// pending rows' index from its start. Statement: min_pending.
+func (q *Queries) MinPending(ctx context.Context, db DB) (int64, error) {
+	var id int64
+	err := db.QueryRow(ctx, q.minPending).Scan(&id)
+	return id, err
+}
+
+// Stranded returns the lowest pending row at or below floor, in
+// partitions lo to hi, that never waited; 0 when there is none. It reads
+// every index entry below floor. Statement: stranded.
+func (q *Queries) Stranded(ctx context.Context, db DB, floor int64, lo, hi int) (int64, error) {
+	var id pgtype.Int8
+	err := db.QueryRow(ctx, q.stranded, floor, lo, hi).Scan(&id)
+	return id.Int64, err
+}
+
 // HoldersArgs name a claim's keyed rows, for the key check.
 type HoldersArgs struct {
 	// Keys and IDs are the claimed keyed rows, in id order, after any
 	// rows the claim follows: the last id ends the claim's span.
 	Keys []string
 	IDs  []int64
-	// MinPending is the lowest pending id at the claim.
-	MinPending int64
+	// Floor is where pending rows can hold a key from: below it, only
+	// rows that wait can (and parked dead letters).
+	Floor int64
+	// PartLo and PartHi are the claim's partitions, inclusive: the span
+	// leaves other processes' rows out.
+	PartLo, PartHi int
 	// BySpan reads the claim's id span rather than probing each key.
 	BySpan bool
 }
@@ -153,15 +183,16 @@ type Holder struct {
 }
 
 // Holders returns the rows outside the claim, unsorted, that hold its
-// keys: pending rows from MinPending up and parked dead letters, below
-// each key's last claimed row. Statements: holding_by_span, holding_by_key.
+// keys: pending rows from Floor up, rows that wait below it, and parked
+// dead letters, below each key's last claimed row. Statements:
+// holding_by_span, holding_by_key.
 func (q *Queries) Holders(ctx context.Context, tx pgx.Tx, a HoldersArgs) ([]Holder, error) {
 	var rows pgx.Rows
 	var err error
 	if a.BySpan {
-		rows, err = tx.Query(ctx, q.holdingBySpan, a.Keys, a.IDs, a.MinPending, a.IDs[len(a.IDs)-1])
+		rows, err = tx.Query(ctx, q.holdingBySpan, a.Keys, a.IDs, a.Floor, a.IDs[len(a.IDs)-1], a.PartLo, a.PartHi)
 	} else {
-		rows, err = tx.Query(ctx, q.holdingByKey, a.Keys, a.IDs, a.MinPending)
+		rows, err = tx.Query(ctx, q.holdingByKey, a.Keys, a.IDs, a.Floor)
 	}
 	if err != nil {
 		return nil, err

@@ -62,6 +62,10 @@ type Queries struct {
 	names names
 	// Fixed statements, rendered once.
 	claim, holdingBySpan, holdingByKey      string
+	minPending, stranded                    string
+	claimerJoin, claimersExpire, claimers   string
+	partitionsLock, partitionsWrite         string
+	claimerLeave                            string
 	deferRows, deferParked                  string
 	stillLeased, leaseOver                  string
 	sent, fail, leasedFail, lease           string
@@ -81,8 +85,12 @@ type Queries struct {
 type names struct {
 	Outbox, Audit string
 	// Fingerprint and Group are the functions that mask an error, and
-	// name a dead letter's failure group.
-	Fingerprint, Group string
+	// name a dead letter's failure group; Partition the one that gives a
+	// row's partition.
+	Fingerprint, Group, Partition string
+	// Claimers and Partitions are the tables through which the relay's
+	// processes share the partitions.
+	Claimers, Partitions string
 }
 
 // New renders the statements for the outbox in schema (default "public").
@@ -98,6 +106,9 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		Audit:       pgx.Identifier{schemaName, "outbox_audit"}.Sanitize(),
 		Fingerprint: pgx.Identifier{schemaName, "outbox_error_fingerprint"}.Sanitize(),
 		Group:       pgx.Identifier{schemaName, "outbox_error_group"}.Sanitize(),
+		Partition:   pgx.Identifier{schemaName, "outbox_partition"}.Sanitize(),
+		Claimers:    pgx.Identifier{schemaName, "outbox_claimers"}.Sanitize(),
+		Partitions:  pgx.Identifier{schemaName, "outbox_claim_partitions"}.Sanitize(),
 	}}
 	sent, leasedSent := "sent_delete", "leased_sent_delete"
 	if opts.KeepSent {
@@ -105,6 +116,9 @@ func New(schemaName string, opts Options) (*Queries, error) {
 	}
 	for name, dst := range map[string]*string{
 		"claim": &q.claim, "holding_by_span": &q.holdingBySpan, "holding_by_key": &q.holdingByKey,
+		"min_pending": &q.minPending, "stranded": &q.stranded,
+		"claimer_join": &q.claimerJoin, "claimers_expire": &q.claimersExpire, "claimers": &q.claimers,
+		"partitions_lock": &q.partitionsLock, "partitions_write": &q.partitionsWrite, "claimer_leave": &q.claimerLeave,
 		"defer": &q.deferRows, "defer_parked": &q.deferParked,
 		"still_leased": &q.stillLeased, "lease_over": &q.leaseOver,
 		sent: &q.sent, "fail": &q.fail, "leased_fail": &q.leasedFail, "lease": &q.lease,
@@ -123,6 +137,9 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		s, err := render(name, q.names)
 		if err != nil {
 			return nil, err
+		}
+		if s == "" {
+			return nil, fmt.Errorf("render statement %s: it is empty", name)
 		}
 		*dst = s
 	}

@@ -3,44 +3,83 @@ The claim and its key check: the relay's hot path. Each define is one
 statement; {{.Outbox}} is the quoted outbox table.
 */}}
 
-{{define "claim"}}
--- The plain form on the partial index keeps its plan after ANALYZE;
--- IN (SELECT ... LIMIT) and CTE forms flip to generic plans that scan the
--- whole table.
-SELECT id, event_id, topic, key,
+{{define "claim_columns"}}id, event_id, topic, key,
        CASE WHEN octet_length(payload) <= $2 THEN payload END,
        octet_length(payload), headers::text, created_at, retry_count,
        CASE WHEN last_attempt_at IS NOT NULL
             THEN (extract(epoch FROM next_attempt_at - last_attempt_at) * 1e6)::bigint END,
-       now(),
-       (SELECT min(id) FROM {{.Outbox}} WHERE status = 'pending')
-FROM {{.Outbox}}
-WHERE status = 'pending' AND next_attempt_at <= now()
-  AND (key IS NULL OR NOT key = ANY($3::text[]))
-  AND NOT topic = ANY($4::text[])
-  AND id > $6 AND id <= $5
-ORDER BY id
+       now(){{end}}
+
+{{define "claim_filter"}}status = 'pending' AND next_attempt_at <= now()
+    AND {{.Partition}}(key, id) BETWEEN $7 AND $8
+    AND (key IS NULL OR NOT key = ANY($3::text[]))
+    AND NOT topic = ANY($4::text[])
+    AND id <= $5{{end}}
+
+{{define "claim"}}
+-- Two parts, read in turn until the limit: the rows that waited and are
+-- due now, on the waiting rows' index (they may lie anywhere, below the
+-- floor too), then the pending rows above $6, in id order, on the claim
+-- index, whose second column, the partition, keeps the scan to the
+-- caller's range ($7 to $8) without reading other processes' rows. A
+-- waiting row above $6 comes back from both. The plain forms keep their
+-- plans after ANALYZE; IN (SELECT ... LIMIT) and CTE forms flip to
+-- generic plans that scan the whole table. $9 leaves the first part out
+-- (a claim from the table's start, which reads every row anyway).
+SELECT * FROM (
+    SELECT {{template "claim_columns" .}}, true FROM {{.Outbox}}
+    WHERE {{template "claim_filter" .}} AND next_attempt_at <> created_at AND $9
+    ORDER BY next_attempt_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED) AS waited
+UNION ALL
+SELECT * FROM (
+    SELECT {{template "claim_columns" .}}, false FROM {{.Outbox}}
+    WHERE {{template "claim_filter" .}} AND id > $6
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED) AS fresh
 LIMIT $1
-FOR UPDATE SKIP LOCKED
 {{end}}
 
 {{/*
-Rows outside a claim that hold its keys: pending rows from the lowest
-pending id ($3) up, or parked dead letters, below the key's last claimed
-row. Most claims have none, and only they come back: the claimed rows are
-dropped here against a hash of the claim's ids. Starting at the lowest
-pending id skips the index entries of delivered rows, dead until vacuum.
-Two forms find the same blockers (the caller picks one). The span's may
-also return rows of a key above its last claimed row, below the claim's
-last: they hold back none of the key's claimed rows, all below them.
+stranded is the lowest pending row below the floor ($1) that never
+waited, in the partitions $2 to $3: one given its id by its producer below
+ids already delivered. It reads every entry from the index's start, dead
+ones too.
+*/}}
+{{define "stranded"}}
+SELECT min(id) FROM {{.Outbox}}
+WHERE status = 'pending' AND next_attempt_at = created_at AND id <= $1
+  AND {{.Partition}}(key, id) BETWEEN $2 AND $3
+{{end}}
 
-holding_by_span reads the claim's own id span once, on an id index (the
-pending index, or the primary key if stale statistics say so, bounded by
-the span either way), and keeps the rows whose key is claimed. On the
-pending index that is one entry per row in the span: the claim's rows and
-those it passed over (locked, waiting, or of an excluded topic). The key
-set is a hashed NOT IN under a NOT: as IN, the planner would make it a
-join, free to probe the pending rows once per key. ORDER BY id, with sorts
+{{define "min_pending"}}
+-- The lowest pending id, from the start of the pending rows' index: for a
+-- store that cannot trust its floor (another process may hold any row).
+SELECT coalesce(min(id), 0) FROM {{.Outbox}} WHERE status = 'pending'
+{{end}}
+
+{{/*
+Rows outside a claim that hold its keys: pending rows from the floor ($3)
+up, waiting rows below it, or parked dead letters, below the key's last
+claimed row. Most claims have none, and only they come back: the claimed
+rows are dropped here against a hash of the claim's ids. Starting at the
+floor skips the index entries of delivered rows, dead until vacuum, which
+a snapshot held anywhere in the database keeps: below it, only rows that
+wait can be pending, and they are on an index of their own. Two forms find
+the same blockers (the caller picks one). The span's may also return rows
+of a key above its last claimed row, below the claim's last: they hold
+back none of the key's claimed rows, all below them.
+
+holding_by_span reads the claim's own id span once, on the claim index
+(or the primary key, if stale statistics say so, bounded by the span
+either way), and keeps the rows whose key is claimed. That is one entry
+per row in the span: the claim's rows and those it passed over (locked,
+waiting, or of an excluded topic); other processes' rows are skipped on
+the index's second column ($5 to $6, the caller's partitions). The key set
+is a hashed NOT IN under a NOT: as IN, the planner would make it a join,
+free to probe the pending rows once per key. ORDER BY id, with sorts
 priced out (see the claim's BEGIN), keeps the scan on an id index whatever
 the statistics.
 
@@ -64,7 +103,19 @@ unsorted.
 {{define "claimed_keys"}}(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c{{end}}
 
-{{define "parked_holders"}}
+{{define "other_holders"}}
+UNION ALL
+-- The lowest waiting row of each key below the floor, on the waiting rows'
+-- key index: one probe a key, which reads the key's rows that waited, not
+-- those delivered.
+SELECT c.key, w.id, false, w.next_attempt_at, w.next_attempt_at > now(), w.topic, w.lease_token IS NOT NULL
+FROM {{template "claimed_keys" .}}
+CROSS JOIN LATERAL (
+    SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
+    WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
+      AND (p.key, p.id) >= (c.key, 0) AND (p.key, p.id) < (c.key, least($3, c.max_id))
+      AND p.id NOT IN (SELECT unnest($2::bigint[]))
+    ORDER BY p.key, p.id LIMIT 1) AS w
 UNION ALL
 SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
 FROM {{template "claimed_keys" .}}
@@ -75,10 +126,11 @@ JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
 (SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic, p.lease_token IS NOT NULL
 FROM {{.Outbox}} AS p
 WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
+  AND {{.Partition}}(p.key, p.id) BETWEEN $5 AND $6
   AND NOT p.key NOT IN (SELECT unnest($1::text[]))
   AND p.id NOT IN (SELECT unnest($2::bigint[]))
 ORDER BY p.id)
-{{- template "parked_holders" .}}
+{{- template "other_holders" .}}
 {{end}}
 
 {{define "holding_by_key"}}
@@ -90,7 +142,7 @@ CROSS JOIN LATERAL (
       AND (p.key, p.id) >= (c.key, $3) AND (p.key, p.id) <= (c.key, c.max_id)
     ORDER BY p.key, p.id LIMIT c.n) AS h
 WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
-{{- template "parked_holders" .}}
+{{- template "other_holders" .}}
 {{end}}
 
 {{define "defer"}}

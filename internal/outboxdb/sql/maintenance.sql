@@ -49,9 +49,23 @@ WHERE id = ANY(ARRAY(
     ORDER BY at, id LIMIT $2))
 {{end}}
 
+{{/*
+The pending rows by topic. They are read from the lowest floor that the
+processes claiming the outbox recorded in its partitions: below it, only
+rows that waited can be pending, and those are read on their own index.
+The entries of rows delivered before the floor, which a snapshot held
+elsewhere keeps, are not read. Without processes that lease partitions,
+the floor is 0: every pending entry is read.
+*/}}
 {{define "backlog"}}
 SELECT topic, count(*), (extract(epoch FROM now() - min(created_at)) * 1e6)::bigint
-FROM {{.Outbox}}
-WHERE status = 'pending'
+FROM (
+    SELECT o.topic, o.created_at FROM {{.Outbox}} AS o
+    WHERE o.status = 'pending' AND o.id > (SELECT coalesce(min(floor), 0) FROM {{.Partitions}})
+    UNION ALL
+    SELECT o.topic, o.created_at FROM {{.Outbox}} AS o
+    WHERE o.status = 'pending' AND o.next_attempt_at <> o.created_at
+      AND o.id <= (SELECT coalesce(min(floor), 0) FROM {{.Partitions}})
+) AS p
 GROUP BY topic
 {{end}}

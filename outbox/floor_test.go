@@ -1,0 +1,816 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// leasedStore is a store that leases partitions as claimer, synced once.
+func leasedStore(t *testing.T, s *pgtest.Schema, claimer string) *outbox.Store {
+	t.Helper()
+	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: claimer, ClaimLease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SyncPartitions(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Claims by stores that read from their floors, with rows failing,
+// deferred behind their keys, left without an outcome, given back,
+// committed late below the frontier, and of a topic left out of claims
+// now and then, deliver every row, each key's in id order; a second store joining halfway takes its share of the
+// partitions. The stores are driven as the relay drives them: a claim
+// leaves out the keys that another open claim of its store holds, and a
+// key's rows after one that failed get no outcome.
+func TestFloorsDeliverEveryRowInKeyOrder(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(8) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			floorsModel(t, seed)
+		})
+	}
+}
+
+func floorsModel(t *testing.T, seed uint64) {
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(seed, 7))
+	s := pgtest.NewSchema(t)
+	// Three claims and a producer's transaction open at once, and the
+	// statements beside them.
+	cfg, err := pgxpool.ParseConfig(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
+	cfg.MaxConns = 10
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s = &pgtest.Schema{Name: s.Name, URL: s.URL, Pool: pool}
+	stores := []*outbox.Store{leasedStore(t, s, "a")}
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+	type open struct {
+		st    *outbox.Store
+		claim *outbox.Claim
+	}
+	var claims []open
+	inserted := map[int64]string{} // id → key ("" for none)
+	delivered := map[int64]bool{}
+	var order []int64 // first deliveries, in order
+	var late pgx.Tx   // a producer transaction left open
+	lateKey := ""
+	insert := func(db interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}, key string, n int) []int64 {
+		topic := "t"
+		if rnd.IntN(4) == 0 {
+			topic = "u" // a destination that is paused now and then
+		}
+		rows, err := db.Query(ctx, `INSERT INTO outbox (topic, key, payload) SELECT $3, $1, 'x' FROM generate_series(1, $2) RETURNING id`,
+			pgtype.Text{String: key, Valid: key != ""}, n, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	inFlight := func(st *outbox.Store) []string {
+		var out []string
+		for _, o := range claims {
+			if o.st != st {
+				continue
+			}
+			for _, r := range o.claim.Records {
+				if r.HasKey && !slices.Contains(out, r.Key) {
+					out = append(out, r.Key)
+				}
+			}
+		}
+		return out
+	}
+	finish := func(i int) {
+		o := claims[i]
+		claims = slices.Delete(claims, i, i+1)
+		if rnd.IntN(10) == 0 {
+			if err := o.claim.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		var outcomes []outbox.Outcome
+		failed := map[string]bool{}
+		for _, r := range o.claim.Records {
+			if r.HasKey && failed[r.Key] {
+				continue // no outcome after its key's failure
+			}
+			switch n := rnd.IntN(20); {
+			case n < 2:
+				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Retried, Error: "503", Attempted: true,
+					Delay: time.Duration(rnd.IntN(3)) * 10 * time.Millisecond})
+				failed[r.Key] = r.HasKey
+			case n < 3:
+				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Deferred, Delay: 5 * time.Millisecond})
+				failed[r.Key] = r.HasKey
+			case n < 4:
+				failed[r.Key] = r.HasKey // left without an outcome, as a key's rows behind a failure are
+			default:
+				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Sent})
+			}
+		}
+		if err := o.claim.Complete(ctx, outcomes); err != nil {
+			t.Fatal(err)
+		}
+		for _, oc := range outcomes {
+			if oc.Kind == outbox.Sent && !delivered[oc.ID] {
+				delivered[oc.ID] = true
+				order = append(order, oc.ID)
+			}
+		}
+	}
+	step := func(i int) {
+		switch n := rnd.IntN(12); {
+		case n < 3:
+			key := keys[rnd.IntN(len(keys))]
+			if rnd.IntN(4) == 0 {
+				key = "" // no key: any order
+			}
+			for _, id := range insert(s.Pool, key, 1+rnd.IntN(4)) {
+				inserted[id] = key
+			}
+		case n < 4 && late == nil:
+			// A producer that holds its key while its transaction is
+			// open, as the default order asks: nobody else writes the
+			// key meanwhile.
+			tx, err := s.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			late, lateKey = tx, "late"
+			for _, id := range insert(tx, lateKey, 1+rnd.IntN(3)) {
+				inserted[id] = "late"
+			}
+		case n < 5 && late != nil:
+			if err := late.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			late = nil
+			for _, id := range insert(s.Pool, lateKey, 2) {
+				inserted[id] = "late"
+			}
+		case n < 9 && len(claims) < 3:
+			st := stores[rnd.IntN(len(stores))]
+			var topics []string
+			if (i/40)%2 == 1 {
+				topics = []string{"u"}
+			}
+			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(8), PayloadCap: 100, ExcludeKeys: inFlight(st),
+				ExcludeTopics: topics, ExcludeFor: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			claims = append(claims, open{st, c})
+		case len(claims) > 0:
+			finish(rnd.IntN(len(claims)))
+		}
+		if i == 150 {
+			st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: "b", ClaimLease: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stores = append(stores, st)
+		}
+		if i >= 150 && i%10 == 0 {
+			for _, st := range stores {
+				if err := st.SyncPartitions(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for i := range 500 {
+		step(i)
+	}
+	if late != nil {
+		if err := late.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for len(claims) > 0 {
+		finish(0)
+	}
+	// Drain: every row is delivered, whatever is left where.
+	deadline := time.Now().Add(30 * time.Second)
+	for len(delivered) < len(inserted) {
+		if time.Now().After(deadline) {
+			var missing []int64
+			for id := range inserted {
+				if !delivered[id] {
+					missing = append(missing, id)
+				}
+			}
+			slices.Sort(missing)
+			rows, _ := pool.Query(ctx, `SELECT id, coalesce(key, '-'), status, next_attempt_at <> created_at, next_attempt_at > now(),
+				outbox_partition(key, id), (SELECT owner FROM outbox_claim_partitions WHERE part = outbox_partition(key, id))
+				FROM outbox WHERE id = ANY($1) ORDER BY id`, missing)
+			for rows.Next() {
+				v, _ := rows.Values()
+				t.Log(v...)
+			}
+			rows.Close()
+			for _, st := range stores {
+				t.Log(outbox.FloorState(st))
+			}
+			t.Fatalf("seed %d: %d of %d rows never delivered: %v", seed, len(missing), len(inserted), missing)
+		}
+		for _, st := range stores {
+			if err := st.SyncPartitions(ctx); err != nil {
+				t.Fatal(err)
+			}
+			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var outcomes []outbox.Outcome
+			for _, r := range c.Records {
+				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Sent})
+			}
+			if err := c.Complete(ctx, outcomes); err != nil {
+				t.Fatal(err)
+			}
+			for _, oc := range outcomes {
+				if !delivered[oc.ID] {
+					delivered[oc.ID] = true
+					order = append(order, oc.ID)
+				}
+			}
+		}
+	}
+	// Each key's rows were first delivered in id order.
+	last := map[string]int64{}
+	for _, id := range order {
+		key := inserted[id]
+		if key == "" {
+			continue
+		}
+		if id < last[key] {
+			t.Errorf("seed %d: key %s: row %d first delivered after row %d", seed, key, id, last[key])
+		}
+		last[key] = max(last[key], id)
+	}
+}
+
+// complete writes outcomes back for c, failing the test on error.
+func complete(t *testing.T, c *outbox.Claim, outcomes ...outbox.Outcome) {
+	t.Helper()
+	if err := c.Complete(context.Background(), outcomes); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// retryNow is a failed attempt whose retry is due at once.
+func retryNow(id int64) outbox.Outcome {
+	return outbox.Outcome{ID: id, Kind: outbox.Retried, Error: "503", Class: "transient", Attempted: true}
+}
+
+func sent(id int64) outbox.Outcome { return outbox.Outcome{ID: id, Kind: outbox.Sent} }
+
+// A row that failed waits for its retry on the waiting rows' index, and is
+// claimed again once due wherever the claims have got to, before its
+// key's later rows.
+func TestRetriedRowIsClaimedAgainWhereverClaimsAre(t *testing.T) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+		// ids 1..10: K x K y, then six without a key
+		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','x','2'), ('t','K','3'), ('t','y','4')`)
+		s.Exec(t, `INSERT INTO outbox (topic, payload) SELECT 't', 'p' FROM generate_series(5, 10)`)
+
+		first := claim(t, st, 2)
+		if got := ids(first.Records); fmt.Sprint(got) != "[1 2]" {
+			t.Fatalf("first claim = %v, want [1 2]", got)
+		}
+		complete(t, first, retryNow(1), sent(2))
+
+		// 1 is due again, below where the claims have got to: it comes
+		// first, and K's 3 travels with it.
+		second := claim(t, st, 2)
+		if got := ids(second.Records); fmt.Sprint(got) != "[1 3]" || second.Skipped != 0 || second.Deferred != 0 {
+			t.Fatalf("second claim = %v, skipped %d, deferred %d; want [1 3]", got, second.Skipped, second.Deferred)
+		}
+		if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != "[4 5 6 7 8 9 10]" {
+			t.Fatalf("third claim = %v, want [4 5 6 7 8 9 10]", got)
+		}
+	})
+}
+
+// A row that appears below where claims have got to (committed late, or
+// given its id by the producer) is claimed by the next claim from the
+// head, one a HeadEvery.
+func TestClaimFromTheHeadEverySoOften(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (id, topic, payload) OVERRIDING SYSTEM VALUE SELECT g, 't', 'p' FROM generate_series(1, 8) g WHERE g <> 2`)
+
+	complete(t, claim(t, st, 2), sent(1), sent(3))
+	claim(t, st, 2) // 4 and 5, held
+	s.Exec(t, `INSERT INTO outbox (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (2, 't', 'p')`)
+	if got := ids(claim(t, st, 2).Records); fmt.Sprint(got) != "[6 7]" {
+		t.Fatalf("claim above the last = %v, want [6 7]", got)
+	}
+	outbox.HeadClaimDue(st)
+	if got := ids(claim(t, st, 2).Records); fmt.Sprint(got) != "[2 8]" {
+		t.Fatalf("claim from the head = %v, want [2 8]: 2 appeared below, 4 to 7 are locked", got)
+	}
+}
+
+// Rows a claim gives back are ready again: the next claim reads from below
+// them, whatever the frontier.
+func TestReleasedRowsAreClaimedFirst(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, payload) SELECT 't', 'p' FROM generate_series(1, 6)`)
+
+	first := claim(t, st, 2)
+	if err := first.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(claim(t, st, 2).Records); fmt.Sprint(got) != "[1 2]" {
+		t.Fatalf("claim after a release = %v, want [1 2]", got)
+	}
+}
+
+// A snapshot held elsewhere in the database keeps every row deleted since
+// it began, with its index entries: 50,000 here, behind the claims. A claim
+// that leases its partitions reads from its floor, above them, and so does
+// its key check, in either form: what they read stays bounded. The same
+// statements read from the table's start, as claims did before floors,
+// pass over all of them.
+func TestHeldSnapshotDoesNotChangeWhatAClaimReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	holder, err := s.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Exec(ctx, "ROLLBACK") //nolint:errcheck // released either way
+
+	const dead = 50_000
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 100), 'x' FROM generate_series(1, $1) g`, dead)
+	for delivered := 0; delivered < dead; {
+		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 5000, PayloadCap: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []outbox.Outcome
+		for _, r := range c.Records {
+			out = append(out, sent(r.ID))
+		}
+		complete(t, c, out...)
+		if len(out) == 0 {
+			t.Fatalf("a claim found nothing after %d of %d rows", delivered, dead)
+		}
+		delivered += len(out)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 5) g`)
+	// A claim of the relay's: the new rows.
+	outbox.HeadClaimDue(st)
+	c := claim(t, st, 100)
+	if len(c.Records) != 5 || c.Records[0].ID != dead+1 {
+		t.Fatalf("claimed %v, want the 5 new rows", ids(c.Records))
+	}
+	keys, claimed := "'{k1,k2,k3,k4,k5}'", fmt.Sprintf("'{%d,%d,%d,%d,%d}'", dead+1, dead+2, dead+3, dead+4, dead+5)
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	floor, lo, hi := outbox.NextClaimBounds(st)
+	if floor < dead-5000 {
+		t.Fatalf("the floor is %d, below the last claims' rows", floor)
+	}
+	explain := preparedPlans(t, s, "force_generic_plan")
+	buffers := func(sql, args string) int {
+		t.Helper()
+		plan := explain("ANALYZE, BUFFERS", sql, args)
+		m := regexp.MustCompile(`Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?`).FindStringSubmatch(plan)
+		if m == nil {
+			t.Fatalf("no buffer counts in:\n%s", plan)
+		}
+		hit, _ := strconv.Atoi(m[1])
+		read, _ := strconv.Atoi(m[2])
+		return hit + read
+	}
+	read := func(from, keyFloor int64) [3]int {
+		return [3]int{
+			buffers(outbox.ClaimSQL(st), fmt.Sprintf("100, 100, '{}', '{}', 9223372036854775807, %d, %d, %d, true", from, lo, hi)),
+			buffers(outbox.HoldingByKeySQL(st), fmt.Sprintf("%s, %s, %d", keys, claimed, keyFloor)),
+			buffers(outbox.HoldingBySpanSQL(st), fmt.Sprintf("%s, %s, %d, %d, %d, %d", keys, claimed, keyFloor, dead+5, lo, hi)),
+		}
+	}
+	fromFloor, fromStart := read(floor, floor), read(0, 0)
+	for i, what := range []string{"claim", "key check by key", "key check by span"} {
+		if fromFloor[i] > 100 {
+			t.Errorf("the %s reads %d buffers from the floor with %d dead rows behind it, want a bounded few", what, fromFloor[i], dead)
+		}
+		// Their heap pages, a few hundred rows each, at least.
+		if fromStart[i] < dead/100 || fromStart[i] < 10*fromFloor[i] {
+			t.Errorf("the %s reads %d buffers from the table's start over %d dead rows: the test does not show what a held snapshot costs", what, fromStart[i], dead)
+		}
+	}
+	t.Logf("buffers read (claim, key check by key, by span): from the floor %v, from the start %v", fromFloor, fromStart)
+}
+
+// A producer's transaction that commits a row below where claims have got
+// to, its key held meanwhile as producers are asked to, has it delivered,
+// before the key's later rows: the floor waits for it. In strict order, a
+// producer that does not hold its key gets the same.
+func TestLateCommitBelowTheFloorIsDelivered(t *testing.T) {
+	t.Parallel()
+	for _, strict := range []bool{false, true} {
+		t.Run(fmt.Sprintf("strict %v", strict), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			s := pgtest.NewSchema(t)
+			st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: "a", StrictOrder: strict})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.SyncPartitions(ctx); err != nil {
+				t.Fatal(err)
+			}
+			drain := func() []int64 {
+				t.Helper()
+				var order []int64
+				for {
+					c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 3, PayloadCap: 100})
+					if err != nil {
+						t.Fatal(err)
+					}
+					var out []outbox.Outcome
+					for _, r := range c.Records {
+						out = append(out, sent(r.ID))
+						order = append(order, r.ID)
+					}
+					complete(t, c, out...)
+					if c.Claimed == 0 {
+						return order
+					}
+				}
+			}
+			late, err := s.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer late.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+			var lateID int64
+			if err := late.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'K', 'late') RETURNING id`).Scan(&lateID); err != nil {
+				t.Fatal(err)
+			}
+			// Rows of other keys, committed after it, are delivered; in
+			// strict order they wait for it.
+			s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 20) g`)
+			first := drain()
+			if strict != (len(first) == 0) {
+				t.Fatalf("delivered %v while a transaction holding a smaller id was open", first)
+			}
+			if err := late.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'K', 'after')`)
+			// Strict order also waits for transactions elsewhere in the
+			// cluster (other tests'): until the table is empty.
+			var rest []int64
+			testwait.State(t, testwait.DefaultTimeout, func() (bool, string) {
+				rest = append(rest, drain()...)
+				outbox.HeadClaimDue(st)
+				var left int
+				if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil {
+					t.Fatal(err)
+				}
+				return left == 0, fmt.Sprintf("%d rows left after delivering %v", left, rest)
+			})
+			var k []int64
+			for _, id := range rest {
+				if id == lateID || id > lateID+20 {
+					k = append(k, id)
+				}
+			}
+			if fmt.Sprint(k) != fmt.Sprint([]int64{lateID, lateID + 21}) {
+				t.Fatalf("key K delivered %v, want [%d %d]: the late row, then the one after it", k, lateID, lateID+21)
+			}
+		})
+	}
+}
+
+// A row given its id by its producer, below ids already delivered, is
+// below the floor, where claims do not read: the sweep finds it, and the
+// next claim delivers it.
+func TestSweepFindsARowGivenAnIdBelowTheFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	s.Exec(t, `INSERT INTO outbox (topic, payload) SELECT 't', 'p' FROM generate_series(1, 10)`)
+	c := claim(t, st, 10)
+	var out []outbox.Outcome
+	for _, r := range c.Records {
+		out = append(out, sent(r.ID))
+	}
+	complete(t, c, out...)
+	if found, err := st.SweepBelowFloor(ctx); err != nil || found {
+		t.Fatalf("sweep with nothing below the floor: found %v, %v", found, err)
+	}
+	s.Exec(t, `INSERT INTO outbox (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (3, 't', 'p')`)
+	outbox.HeadClaimDue(st)
+	if got := ids(claim(t, st, 10).Records); len(got) != 0 {
+		t.Fatalf("a claim from the floor found %v: row 3 is below it", got)
+	}
+	if found, err := st.SweepBelowFloor(ctx); err != nil || !found {
+		t.Fatalf("sweep: found %v, %v; want row 3", found, err)
+	}
+	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != "[3]" {
+		t.Fatalf("claim after the sweep = %v, want [3]", got)
+	}
+}
+
+// The same, concurrently, as the relay claims: three claimers of one store,
+// each leaving out the keys the others hold, a producer committing and
+// rolling back transactions of several rows all along, and every outcome
+// (sent, retried, left without an outcome, the whole claim given back).
+// Every committed row is delivered, each key's first published in id
+// order.
+func TestFloorsUnderConcurrentClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	cfg, err := pgxpool.ParseConfig(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s = &pgtest.Schema{Name: s.Name, URL: s.URL, Pool: pool}
+	st := leasedStore(t, s, "a")
+
+	var mu sync.Mutex
+	keyOf := map[int64]string{}
+	delivered, published := map[int64]bool{}, map[int64]bool{}
+	var order []int64                    // first publications
+	holding := map[int]map[string]bool{} // claimer → keys in flight
+	// The load runs until this many rows were delivered.
+	const enough = 8000
+	stop := make(chan struct{})
+	var stopping sync.Once
+	var wg sync.WaitGroup
+
+	wg.Go(func() { // the producer
+		rnd := rand.New(rand.NewPCG(1, 1))
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			rows, err := tx.Query(ctx, `INSERT INTO outbox (topic, key, payload)
+				SELECT 't', 'k' || (random() * 20)::int, 'x' FROM generate_series(1, $1) RETURNING id, key`, 1+rnd.IntN(10))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids := map[int64]string{}
+			for rows.Next() {
+				var id int64
+				var key string
+				if err := rows.Scan(&id, &key); err != nil {
+					t.Error(err)
+				}
+				ids[id] = key
+			}
+			rows.Close()
+			if i%7 == 3 {
+				_ = tx.Rollback(ctx)
+				continue
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			for id, k := range ids {
+				keyOf[id] = k
+			}
+			mu.Unlock()
+		}
+	})
+	claimer := func(n int) {
+		rnd := rand.New(rand.NewPCG(uint64(n), 2))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			mu.Lock()
+			var exclude []string
+			for other, keys := range holding {
+				if other != n {
+					for k := range keys {
+						exclude = append(exclude, k)
+					}
+				}
+			}
+			mu.Unlock()
+			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(30), PayloadCap: 100, ExcludeKeys: exclude})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			// Published, the first time, as soon as claimed: another
+			// claim can take a key's next row only once this one's
+			// outcome is written.
+			mu.Lock()
+			holding[n] = map[string]bool{}
+			for _, r := range c.Records {
+				holding[n][r.Key] = true
+				if !published[r.ID] {
+					published[r.ID] = true
+					order = append(order, r.ID)
+				}
+			}
+			mu.Unlock()
+			if rnd.IntN(15) == 0 {
+				if err := c.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			} else {
+				var out []outbox.Outcome
+				failed := map[string]bool{}
+				for _, r := range c.Records {
+					switch n := rnd.IntN(20); {
+					case failed[r.Key]:
+					case n == 0:
+						out = append(out, outbox.Outcome{ID: r.ID, Kind: outbox.Retried, Error: "503", Attempted: true, Delay: time.Millisecond})
+						failed[r.Key] = true
+					case n == 1:
+						failed[r.Key] = true // left without an outcome
+					default:
+						out = append(out, sent(r.ID))
+					}
+				}
+				if err := c.Complete(ctx, out); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, o := range out {
+					if o.Kind == outbox.Sent {
+						delivered[o.ID] = true
+					}
+				}
+				if len(delivered) >= enough {
+					stopping.Do(func() { close(stop) })
+				}
+				mu.Unlock()
+			}
+			mu.Lock()
+			delete(holding, n)
+			mu.Unlock()
+		}
+	}
+	for n := range 3 {
+		wg.Go(func() { claimer(n) })
+	}
+	wg.Go(func() { // the relay's sync
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			if err := st.SyncPartitions(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Wait()
+
+	testwait.State(t, testwait.DefaultTimeout, func() (bool, string) {
+		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 100, PayloadCap: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []outbox.Outcome
+		for _, r := range c.Records {
+			out = append(out, sent(r.ID))
+			delivered[r.ID] = true
+			if !published[r.ID] {
+				published[r.ID] = true
+				order = append(order, r.ID)
+			}
+		}
+		complete(t, c, out...)
+		var missing []int64
+		for id := range keyOf {
+			if !delivered[id] {
+				missing = append(missing, id)
+			}
+		}
+		slices.Sort(missing)
+		return len(missing) == 0, fmt.Sprintf("%d of %d committed rows never delivered: %v", len(missing), len(keyOf), missing)
+	})
+	last := map[string]int64{}
+	for _, id := range order {
+		k, committed := keyOf[id]
+		if !committed {
+			t.Errorf("row %d published, but never committed", id)
+		}
+		if id < last[k] {
+			t.Errorf("key %s: row %d first published after row %d", k, id, last[k])
+		}
+		last[k] = max(last[k], id)
+	}
+	t.Logf("%d rows delivered", len(delivered))
+}
+
+// The backlog is measured from the lowest floor the claiming processes
+// recorded, and the rows that wait below it: every pending row counts, the
+// deleted rows' entries below the floor are not read.
+func TestBacklogCountsEveryPendingRowFromTheFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT CASE WHEN g <= 5 THEN 'a' ELSE 'b' END, 'k' || g, 'x' FROM generate_series(1, 10) g`)
+	c := claim(t, st, 10)
+	// 1 and 6 wait for a retry below the floor; the rest are delivered.
+	out := []outbox.Outcome{
+		{ID: 1, Kind: outbox.Retried, Error: "503", Attempted: true, Delay: time.Hour},
+		{ID: 6, Kind: outbox.Retried, Error: "503", Attempted: true, Delay: time.Hour},
+	}
+	for _, id := range []int64{2, 3, 4, 5, 7, 8, 9, 10} {
+		out = append(out, sent(id))
+	}
+	complete(t, c, out...)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 'b', 'k' || g, 'x' FROM generate_series(1, 3) g`)
+	// The floor the process records at its next sync.
+	if err := st.SyncPartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var floor int64
+	if err := s.Pool.QueryRow(ctx, `SELECT min(floor) FROM outbox_claim_partitions`).Scan(&floor); err != nil || floor < 6 {
+		t.Fatalf("the recorded floor is %d (%v): the retried rows are not below it", floor, err)
+	}
+	backlog, err := st.Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, b := range backlog {
+		got[b.Topic] = b.Pending
+	}
+	if got["a"] != 1 || got["b"] != 4 || len(got) != 2 {
+		t.Fatalf("backlog %+v, want a: 1 (waiting below the floor), b: 4 (1 waiting, 3 above the floor)", backlog)
+	}
+}

@@ -1,0 +1,263 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Partitions is how many partitions the outbox's rows fall into, by a hash
+// of their key (by id without one): outbox_partition in migration 16. A
+// key's rows are all in one.
+const Partitions = 16
+
+// DefaultClaimLease is how long a process's hold on its partitions lasts
+// without a sync; ClaimSyncEvery how often the relay syncs; SweepEvery how
+// often it looks below its floor for rows given ids out of order.
+const (
+	DefaultClaimLease = 5 * time.Second
+	ClaimSyncEvery    = time.Second
+	SweepEvery        = 10 * time.Minute
+)
+
+// partitionSet is the store's share of the outbox's partitions.
+//
+// Each process that claims (a Store with a Claimer) registers in
+// outbox_claimers and, at every sync, leases the contiguous range of
+// partitions its rank among the live claimers gives it: the i-th of n
+// takes [16i/n, 16(i+1)/n). It renews what it holds, gives up what it
+// holds outside its range once no claim of it is in flight, and takes
+// what is free in its range: partitions given up, or whose owner's lease
+// ran out. Its claims read only the partitions it holds in its range
+// (their longest contiguous run, while others hand theirs over), and
+// only until its lease would end without a sync.
+//
+// A key's rows are all in one partition, so no other process has rows of
+// the keys a process claims in flight, and its floor bounds its key
+// checks. A partition given up keeps the giver's floor, where its next
+// owner starts; one whose owner vanished keeps the floor it last
+// recorded, and its next owner also reads from there until that owner's
+// locks must have ended.
+type partitionSet struct {
+	mu       sync.Mutex
+	owned    [Partitions]bool
+	lo, hi   int       // the range claims read, inclusive; lo > hi for none
+	until    time.Time // claims stop then without a sync
+	open     map[uint64][2]int
+	synced   bool
+	claimers int // live claimers at the last sync
+	// leaving are the partitions held but no longer claimed, with the
+	// floor when claims stopped reading them: their next owner starts
+	// there.
+	leaving map[int]int64
+}
+
+// claimRange is the range of partitions a claim at now reads, registered
+// as the claim gen's until release; ok is false when the store holds
+// none.
+func (p *partitionSet) claimRange(gen uint64, now time.Time) (lo, hi int, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lo > p.hi || now.After(p.until) {
+		return 0, 0, false
+	}
+	if p.open == nil {
+		p.open = map[uint64][2]int{}
+	}
+	p.open[gen] = [2]int{p.lo, p.hi}
+	return p.lo, p.hi, true
+}
+
+// release ends claim gen's hold on its range.
+func (p *partitionSet) release(gen uint64) {
+	p.mu.Lock()
+	delete(p.open, gen)
+	p.mu.Unlock()
+}
+
+// inFlight reports whether a claim in flight reads partition part.
+func (p *partitionSet) inFlight(part int) bool {
+	for _, r := range p.open {
+		if part >= r[0] && part <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// Claimers reports how many processes claimed the outbox's partitions at
+// the last sync, and whether the store leases partitions at all.
+func (s *Store) Claimers() (int, bool) {
+	if s.claimer == "" {
+		return 0, false
+	}
+	s.parts.mu.Lock()
+	defer s.parts.mu.Unlock()
+	return s.parts.claimers, true
+}
+
+// SyncPartitions renews the store's registration and its lease on its
+// partitions, gives up those outside its share and takes those free in
+// it. Run it every ClaimSyncEvery; a Store claims nothing before its
+// first sync. Without a Claimer it does nothing: the store claims every
+// partition and trusts no floor.
+func (s *Store) SyncPartitions(ctx context.Context) error {
+	if s.claimer == "" {
+		return nil
+	}
+	start := time.Now()
+	floor := s.floors.floor()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("sync the outbox's partitions: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	claimers, rows, _, err := s.q.JoinClaimers(ctx, tx, s.claimer, s.lease)
+	if err != nil {
+		return fmt.Errorf("sync the outbox's partitions: %w", err)
+	}
+	rank := slices.Index(claimers, s.claimer)
+	if rank < 0 || len(rows) != Partitions {
+		return fmt.Errorf("sync the outbox's partitions: found %d partitions and this process among %d claimers at %d: run 'outbox-relay migrate up'",
+			len(rows), len(claimers), rank)
+	}
+	lo, hi := rank*Partitions/len(claimers), (rank+1)*Partitions/len(claimers)-1
+
+	var parts []int
+	var owners []string
+	var floors []int64
+	var owned [Partitions]bool
+	var takenFrom []int64 // floors of partitions taken over from a lapsed owner
+	var freed []int64     // and of partitions given up by theirs
+	s.parts.mu.Lock()
+	heldNone := s.parts.owned == [Partitions]bool{}
+	if s.parts.leaving == nil {
+		s.parts.leaving = map[int]int64{}
+	}
+	for _, r := range rows {
+		mine := r.Owner == s.claimer
+		inRange := r.Part >= lo && r.Part <= hi
+		if mine && !inRange {
+			// Claims stop reading it now; its floor stays where it is.
+			if _, ok := s.parts.leaving[r.Part]; !ok {
+				s.parts.leaving[r.Part] = floor
+			}
+		} else {
+			delete(s.parts.leaving, r.Part)
+		}
+		switch {
+		case mine && inRange:
+			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, floor)
+			owned[r.Part] = true
+		case mine && s.parts.inFlight(r.Part):
+			// Given up once no claim reads it.
+			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.leaving[r.Part])
+		case mine:
+			parts, owners, floors = append(parts, r.Part), append(owners, ""), append(floors, s.parts.leaving[r.Part])
+			delete(s.parts.leaving, r.Part)
+		case inRange && (r.Owner == "" || r.Expired):
+			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, r.Floor)
+			owned[r.Part] = true
+			if r.Owner == "" {
+				freed = append(freed, r.Floor)
+			} else {
+				takenFrom = append(takenFrom, r.Floor)
+			}
+		}
+	}
+	s.parts.mu.Unlock()
+	if len(parts) > 0 {
+		if err := s.q.WritePartitions(ctx, tx, parts, owners, floors, s.lease); err != nil {
+			return fmt.Errorf("sync the outbox's partitions: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("sync the outbox's partitions: commit: %w", err)
+	}
+
+	// Rows of the partitions taken can be ready anywhere above their
+	// floors: the next claim reads from there. A lapsed owner's locks may
+	// last until its transactions time out.
+	for _, f := range freed {
+		s.floors.takeOver(f, time.Time{})
+	}
+	for _, f := range takenFrom {
+		s.floors.takeOver(f, time.Now().Add(s.lapse))
+	}
+	if heldNone {
+		s.floors.startAt(append(freed, takenFrom...))
+	}
+
+	// Claims read the longest run of partitions held in the range.
+	bestLo, bestHi := 0, -1
+	for i := lo; i <= hi; {
+		if !owned[i] {
+			i++
+			continue
+		}
+		j := i
+		for j+1 <= hi && owned[j+1] {
+			j++
+		}
+		if j-i > bestHi-bestLo {
+			bestLo, bestHi = i, j
+		}
+		i = j + 1
+	}
+	s.parts.mu.Lock()
+	s.parts.owned, s.parts.lo, s.parts.hi = owned, bestLo, bestHi
+	s.parts.until = start.Add(s.lease * 4 / 5)
+	s.parts.synced, s.parts.claimers = true, len(claimers)
+	s.parts.mu.Unlock()
+	return nil
+}
+
+// LeavePartitions gives up the store's partitions at once, with its floor,
+// for the others to take at their next sync: run it after the last claim.
+func (s *Store) LeavePartitions(ctx context.Context) error {
+	if s.claimer == "" {
+		return nil
+	}
+	s.parts.mu.Lock()
+	s.parts.lo, s.parts.hi = 0, -1
+	s.parts.mu.Unlock()
+	if err := s.q.LeaveClaimers(ctx, s.pool, s.claimer, s.floors.floor()); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("give up the outbox's partitions: %w", err)
+	}
+	return nil
+}
+
+// SweepBelowFloor looks below the store's floor, from the table's start,
+// for a pending row that never waited, and has the next claim read from
+// below it. Ids are taken at insert, so none should be there: only a row
+// given its id by its producer (OVERRIDING SYSTEM VALUE, or copied in by
+// logical replication) below ids already delivered. It reads every index
+// entry below the floor, those of delivered rows too, which a held
+// snapshot keeps: run it seldom (SweepEvery). It reports whether it found
+// one.
+func (s *Store) SweepBelowFloor(ctx context.Context) (bool, error) {
+	if !s.trusted() {
+		return false, nil // claims read from the table's start already
+	}
+	floor := s.floors.floor()
+	s.parts.mu.Lock()
+	lo, hi := s.parts.lo, s.parts.hi
+	s.parts.mu.Unlock()
+	if lo > hi || floor == 0 {
+		return false, nil
+	}
+	id, err := s.q.Stranded(ctx, s.pool, floor, lo, hi)
+	if err != nil {
+		return false, fmt.Errorf("look below the floor: %w", err)
+	}
+	if id == 0 {
+		return false, nil
+	}
+	s.floors.takeOver(id-1, time.Time{})
+	return true, nil
+}

@@ -11,6 +11,11 @@ import (
 // for a claim.
 const HeadEvery = time.Second
 
+// lateWindow is how far claims may lag, in ids, where they have seen every
+// row behind the frontier for every claim to read again from there; beyond
+// it (a transaction that inserted rows stays open), only head claims do.
+const lateWindow = 10_000
+
 // floors is where a store's claims read from.
 //
 // A delivered row is deleted, but its entries stay in the indexes until
@@ -63,7 +68,8 @@ type floors struct {
 	paused   map[string]mark  // topics left out of claims, from where
 	open     map[uint64]int64 // claims under way or in flight: the lowest id each may hold above the floor
 	safe     int64            // the safe id
-	seen     int64            // up to where the last head claim saw every row
+	seen     int64            // up to where claims saw every row
+	epoch    uint64           // counts resets: a claim begun before one tells nothing
 	lastHead time.Time
 	short    bool // the last claim came back short of its limit
 }
@@ -86,6 +92,8 @@ type claimStart struct {
 	floor int64 // the key check reads pending rows above it
 	head  bool  // from is the floor
 	safe  int64 // the safe id at its start
+	seen  int64 // where claims had seen every row, at its start
+	epoch uint64
 }
 
 // begin registers a claim about to run at now, leaving topics excluded
@@ -95,7 +103,7 @@ func (f *floors) begin(now time.Time, excluded []string, trusted bool) claimStar
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
-	c := claimStart{gen: f.gen, floor: f.floorLocked(), safe: f.safe}
+	c := claimStart{gen: f.gen, floor: f.floorLocked(), safe: f.safe, seen: f.seen, epoch: f.epoch}
 	c.head = now.Sub(f.lastHead) >= HeadEvery
 	for _, m := range f.marks {
 		c.head = c.head || !m.until.After(now)
@@ -112,9 +120,15 @@ func (f *floors) begin(now time.Time, excluded []string, trusted bool) claimStar
 		c.head = c.head || f.short
 	}
 	c.from = f.frontier
-	if c.head {
+	switch {
+	case c.head:
 		c.from = c.floor
 		f.lastHead = now
+	case trusted && f.seen < f.frontier && f.frontier-f.seen <= lateWindow:
+		// Rows committed late, since the last claim, lie above where
+		// claims have seen every row: read again from there, a few rows
+		// as a rule, rather than wait for the next head claim.
+		c.from = f.seen
 	}
 	if f.open == nil {
 		f.open = map[uint64]int64{}
@@ -137,22 +151,31 @@ type claimResult struct {
 func (f *floors) claimed(c claimStart, r claimResult) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r.none {
-		delete(f.open, c.gen)
+	if r.none || c.epoch != f.epoch {
+		// It began before a reset: it holds its rows until it ends,
+		// and says nothing of where claims have got to.
+		if r.lowestHeld > 0 {
+			f.open[c.gen] = r.lowestHeld - 1
+		} else {
+			delete(f.open, c.gen)
+		}
 		return
 	}
 	f.short = r.short
 	f.frontier = max(f.frontier, r.lastFresh)
-	if c.head {
-		// It read every row above its start that was committed when it
-		// began, which every row up to the safe id then was; a full claim
-		// only up to its last row. What the older marks said is done with
-		// as far as it read, and holds on from there.
-		read := c.safe
-		if !r.short {
-			read = max(r.lastFresh, c.from)
-		}
+	// It read every row above its start that was committed when it
+	// began, which every row up to the safe id then was; a full claim
+	// only up to its last row.
+	read := c.safe
+	if !r.short {
+		read = max(r.lastFresh, c.from)
+	}
+	if c.from <= c.seen {
 		f.seen = max(f.seen, min(c.safe, read))
+	}
+	if c.head {
+		// What the older marks said is done with as far as it read, and
+		// holds on from there.
 		now := time.Now()
 		kept := f.marks[:0]
 		rest := false
@@ -246,6 +269,18 @@ func (f *floors) startAt(floors []int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.frontier = max(f.frontier, slices.Min(floors))
+}
+
+// reset forgets where claims have got to: the next claims read from the
+// table's start, and the safe id is found anew. Claims in flight still
+// hold the floor where they began.
+func (f *floors) reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.frontier, f.seen, f.safe = 0, 0, 0
+	f.marks, f.paused = nil, nil
+	f.lastHead = time.Time{}
+	f.epoch++
 }
 
 // advanceSafe records that no row can still appear at or below id.

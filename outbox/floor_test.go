@@ -566,8 +566,9 @@ func TestSweepFindsARowGivenAnIdBelowTheFloor(t *testing.T) {
 }
 
 // The same, concurrently, as the relay claims: three claimers of one store,
-// each leaving out the keys the others hold, a producer committing and
-// rolling back transactions of several rows all along, and every outcome
+// each leaving out the keys the others hold, three producers committing
+// and rolling back transactions of several rows all along, out of id
+// order, and every outcome
 // (sent, retried, left without an outcome, the whole claim given back).
 // Every committed row is delivered, each key's first published in id
 // order.
@@ -580,7 +581,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
-	cfg.MaxConns = 8
+	cfg.MaxConns = 10
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -600,8 +601,10 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	var stopping sync.Once
 	var wg sync.WaitGroup
 
-	wg.Go(func() { // the producer
-		rnd := rand.New(rand.NewPCG(1, 1))
+	// Producers, each with keys of its own, as producers that hold their
+	// keys are: their transactions commit out of id order.
+	producer := func(p int) {
+		rnd := rand.New(rand.NewPCG(uint64(p), 1))
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -614,7 +617,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 				return
 			}
 			rows, err := tx.Query(ctx, `INSERT INTO outbox (topic, key, payload)
-				SELECT 't', 'k' || (random() * 20)::int, 'x' FROM generate_series(1, $1) RETURNING id, key`, 1+rnd.IntN(10))
+				SELECT 't', $2 || (random() * 7)::int, 'x' FROM generate_series(1, $1) RETURNING id, key`, 1+rnd.IntN(10), fmt.Sprintf("p%d-", p))
 			if err != nil {
 				t.Error(err)
 				return
@@ -643,7 +646,10 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 			}
 			mu.Unlock()
 		}
-	})
+	}
+	for p := range 3 {
+		wg.Go(func() { producer(p) })
+	}
 	claimer := func(n int) {
 		rnd := rand.New(rand.NewPCG(uint64(n), 2))
 		for {

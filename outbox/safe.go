@@ -32,6 +32,7 @@ type safeWatch struct {
 	moved    time.Time // when the safe id last moved
 	refined  time.Time // when the outbox's lock holders were last read
 	lastSafe int64
+	started  time.Time // when the database server started, as last seen
 }
 
 // lockHoldersSQL is the oldest transaction, as a 64-bit id, among those
@@ -70,15 +71,22 @@ func (c *Claim) observe(ctx context.Context, floor bool) (int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(observeLastSQL, seq)
 	b.Queue(observeXidsSQL)
+	if floor {
+		b.Queue(serverStartSQL)
+	}
 	if refine {
 		b.Queue(lockHoldersSQL, s.table)
 	}
 	res := c.tx.SendBatch(ctx, b)
 	var o observation
 	var xmin, holders int64
+	var started time.Time
 	err = res.QueryRow().Scan(&o.last)
 	if err == nil {
 		err = res.QueryRow().Scan(&xmin, &o.xmax)
+	}
+	if err == nil && floor {
+		err = res.QueryRow().Scan(&started)
 	}
 	if err == nil && refine {
 		err = res.QueryRow().Scan(&holders)
@@ -86,6 +94,14 @@ func (c *Claim) observe(ctx context.Context, floor bool) (int64, error) {
 	err = errors.Join(err, res.Close())
 	if err != nil {
 		return 0, fmt.Errorf("read the outbox's watermark: %w", err)
+	}
+	if floor && s.safe.restarted(started) {
+		// The server crashed, failed over or was restored: write-backs
+		// it acknowledged without flushing them (claims commit
+		// asynchronously) may be lost, and their rows pending again
+		// anywhere. Claims start again from the table's start.
+		s.floors.reset()
+		s.log.Info("the database restarted: claims read the outbox from its start once more")
 	}
 	o.at = time.Now()
 	bound := int64(math.MaxInt64)
@@ -99,6 +115,25 @@ func (c *Claim) observe(ctx context.Context, floor bool) (int64, error) {
 		s.floors.advanceSafe(s.safe.advance(o, xmin, holders, refine))
 	}
 	return bound, nil
+}
+
+// serverStartSQL tells one start of the database server from another.
+const serverStartSQL = `SELECT pg_postmaster_start_time()`
+
+// restarted records when the server last started and reports whether that
+// changed since the last look: the database may have lost what it did not
+// flush, or be another one (a promoted standby, a restored backup). The
+// watermark's observations are dropped then.
+func (w *safeWatch) restarted(at time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	changed := !w.started.IsZero() && !at.Equal(w.started)
+	w.started = at
+	if changed {
+		w.mark = watermark{seq: w.mark.seq}
+		w.lastSafe, w.moved = 0, time.Time{}
+	}
+	return changed
 }
 
 // due says whether the safe id has been held long enough, and the lock

@@ -250,7 +250,8 @@ func (r *runner) fill(ctx context.Context, e *env, n int, keyExpr string) (err e
 		return err
 	}
 	rows, err := e.pool.Query(ctx, `SELECT format('DROP INDEX %s', i), pg_get_indexdef(i) FROM unnest($1::text[]::regclass[]) AS i`,
-		[]string{"outbox_pending_idx", "outbox_key_parked_idx", "outbox_dead_letter_idx", "outbox_sent_idx"})
+		[]string{"outbox_pending_idx", "outbox_claim_idx", "outbox_waiting_idx", "outbox_key_waiting_idx",
+			"outbox_key_parked_idx", "outbox_dead_letter_idx", "outbox_sent_idx"})
 	if err != nil {
 		return err
 	}

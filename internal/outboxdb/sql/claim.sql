@@ -8,15 +8,18 @@ statement; {{.Outbox}} is the quoted outbox table.
        octet_length(payload), headers::text, created_at, retry_count,
        CASE WHEN last_attempt_at IS NOT NULL
             THEN (extract(epoch FROM next_attempt_at - last_attempt_at) * 1e6)::bigint END,
-       now(){{end}}
+       statement_timestamp(){{end}}
 
-{{define "claim_filter"}}status = 'pending' AND next_attempt_at <= now()
+{{define "claim_filter"}}status = 'pending' AND next_attempt_at <= statement_timestamp()
     AND {{.Partition}}(key, id) BETWEEN $7 AND $8
     AND (key IS NULL OR NOT key = ANY($3::text[]))
     AND NOT topic = ANY($4::text[])
     AND id <= $5{{end}}
 
 {{define "claim"}}
+-- Due by the statement's clock, not the transaction's: a row committed by
+-- a transaction that began after this one's did is due, and must not be
+-- passed over as if it waited (it is on no waiting index).
 -- Two parts, read in turn until the limit: the rows that waited and are
 -- due now, on the waiting rows' index (they may lie anywhere, below the
 -- floor too), then the pending rows above $6, in id order, on the claim
@@ -108,7 +111,7 @@ UNION ALL
 -- The lowest waiting row of each key below the floor, on the waiting rows'
 -- key index: one probe a key, which reads the key's rows that waited, not
 -- those delivered.
-SELECT c.key, w.id, false, w.next_attempt_at, w.next_attempt_at > now(), w.topic, w.lease_token IS NOT NULL
+SELECT c.key, w.id, false, w.next_attempt_at, w.next_attempt_at > statement_timestamp(), w.topic, w.lease_token IS NOT NULL
 FROM {{template "claimed_keys" .}}
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
@@ -123,7 +126,7 @@ JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
 {{end}}
 
 {{define "holding_by_span"}}
-(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > now(), p.topic, p.lease_token IS NOT NULL
+(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > statement_timestamp(), p.topic, p.lease_token IS NOT NULL
 FROM {{.Outbox}} AS p
 WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
   AND {{.Partition}}(p.key, p.id) BETWEEN $5 AND $6
@@ -134,7 +137,7 @@ ORDER BY p.id)
 {{end}}
 
 {{define "holding_by_key"}}
-SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > now(), h.topic, h.lease_token IS NOT NULL
+SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > statement_timestamp(), h.topic, h.lease_token IS NOT NULL
 FROM {{template "claimed_keys" .}}
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p

@@ -46,8 +46,12 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		keys, ids = append(fk, keys...), append(fi, ids...)
 	}
 	last := ids[len(ids)-1]
+	// The span's entries of other processes' partitions are skipped on
+	// the index, without a look at their rows: only the claim's own
+	// partitions' share of the span weighs.
+	span := (last - c.keyFloor + 1) * int64(c.partHi-c.partLo+1) / Partitions
 	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, Floor: c.keyFloor,
-		PartLo: c.partLo, PartHi: c.partHi, BySpan: c.store.keyCheck.bySpan(last-c.keyFloor+1, keys)})
+		PartLo: c.partLo, PartHi: c.partHi, BySpan: c.store.keyCheck.bySpan(span, keys)})
 	if err != nil {
 		return fmt.Errorf("check key order: %w", err)
 	}

@@ -98,15 +98,20 @@ func (l *Listener) Status() (state, cause string) {
 
 const probePrefix = "probe:"
 
+// PartitionsNotice is the payload of the notification a process sends on
+// the outbox's channel when the share of its partitions changes: one
+// joined, or one gave partitions up (see Store.SyncPartitions).
+const PartitionsNotice = "partitions"
+
 // Run listens until ctx ends, calling wake for every notification of new
-// rows. It reconnects after errors, backing off, and returns nil when ctx
-// ends.
-func (l *Listener) Run(ctx context.Context, wake func()) error {
+// rows and resync for every PartitionsNotice. It reconnects after errors,
+// backing off, and returns nil when ctx ends.
+func (l *Listener) Run(ctx context.Context, wake, resync func()) error {
 	const minBackoff = 100 * time.Millisecond
 	backoff := minBackoff
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := l.listen(ctx, wake)
+		err := l.listen(ctx, wake, resync)
 		if ctx.Err() != nil {
 			break
 		}
@@ -123,7 +128,7 @@ func (l *Listener) Run(ctx context.Context, wake func()) error {
 	return nil
 }
 
-func (l *Listener) listen(ctx context.Context, wake func()) error {
+func (l *Listener) listen(ctx context.Context, wake, resync func()) error {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("acquire listen connection: %w", err)
@@ -168,6 +173,8 @@ func (l *Listener) listen(ctx context.Context, wake func()) error {
 			l.setHealthy(true, nil)
 		case err == nil && len(n.Payload) >= len(probePrefix) && n.Payload[:len(probePrefix)] == probePrefix:
 			// Another replica's probe, or a late one of ours.
+		case err == nil && n.Payload == PartitionsNotice:
+			resync()
 		case err == nil:
 			wake()
 		case errors.Is(err, context.DeadlineExceeded):

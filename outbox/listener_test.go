@@ -34,7 +34,7 @@ func TestListenerWakesOnInsert(t *testing.T) {
 	l := newListener(t, s)
 	wakes := make(chan struct{}, 100)
 	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx, func() { wakes <- struct{}{} }) }()
+	go func() { done <- l.Run(ctx, func() { wakes <- struct{}{} }, func() {}) }()
 
 	testwait.For(t, "the listener to see its own probe", l.Healthy)
 	// One wake-up, right after LISTEN (rows may have arrived unheard);
@@ -67,7 +67,7 @@ func TestListenerStatus(t *testing.T) {
 		t.Fatalf("Status before Run = %q, %q", state, cause)
 	}
 	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx, func() {}) }()
+	go func() { done <- l.Run(ctx, func() {}, func() {}) }()
 	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
 
 	// The server ends the listening session (this schema's only: tests
@@ -98,7 +98,7 @@ func TestListenerReplacesAConnectionThatMissedItsProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx, func() {}) }()
+	go func() { done <- l.Run(ctx, func() {}, func() {}) }()
 	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
 
 	// Freeze the listening server process: its socket stays open, and
@@ -120,6 +120,89 @@ func TestListenerReplacesAConnectionThatMissedItsProbe(t *testing.T) {
 		t.Errorf("cause %q, want the missed probe", cause)
 	}
 	testwait.For(t, "notifications arriving on a fresh connection", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A process that joins the claimers, one that gives partitions up and one
+// that leaves tell the others at once, on the outbox's channel: they sync
+// then, not at their next tick. A renewal that changes nothing is quiet.
+func TestPartitionChangesAreAnnounced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := pgtest.NewSchema(t)
+	l := newListener(t, s)
+	wakes := make(chan struct{}, 100)
+	resyncs := make(chan struct{}, 100)
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Run(ctx, func() { wakes <- struct{}{} }, func() { resyncs <- struct{}{} })
+	}()
+	testwait.For(t, "the listener to see its own probe", l.Healthy)
+	<-wakes // right after LISTEN
+	// announced waits for the notice of what was just done; quiet shows
+	// there was none: the listener reads notifications in the order their
+	// transactions committed, so one would come before the wake-up of an
+	// insert made after.
+	announced := func(what string) {
+		t.Helper()
+		select {
+		case <-resyncs:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no partitions notice", what)
+		}
+	}
+	quiet := func(what string) {
+		t.Helper()
+		s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
+		select {
+		case <-wakes:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no wake-up for an insert")
+		}
+		if n := len(resyncs); n != 0 {
+			t.Fatalf("%s: %d partitions notices, want none", what, n)
+		}
+	}
+	sync := func(st *outbox.Store) {
+		t.Helper()
+		if err := st.SyncPartitions(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	a := leasedStore(t, s, "a")
+	announced("a joins")
+	sync(a)
+	quiet("a renews")
+	b := leasedStore(t, s, "b")
+	announced("b joins")
+	if got := b.Share(); got.Lo <= got.Hi {
+		t.Fatalf("b claims partitions %d–%d while a holds them all", got.Lo, got.Hi)
+	}
+	sync(a)
+	announced("a gives partitions up")
+	half := outbox.Partitions / 2
+	if got := a.Share(); got.Lo != 0 || got.Hi != half-1 || got.Giving != 0 || got.Claimers != 2 {
+		t.Fatalf("a's share %+v, want partitions 0–%d of 2 claimers, none to give up", got, half-1)
+	}
+	sync(b)
+	quiet("b takes what a gave up")
+	if got := b.Share(); got.Lo != half || got.Hi != outbox.Partitions-1 {
+		t.Fatalf("b's share %+v, want partitions %d–%d", got, half, outbox.Partitions-1)
+	}
+	if err := b.LeavePartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	announced("b leaves")
+	sync(a)
+	announced("a sees b gone")
+	if got := a.Share(); got.Lo != 0 || got.Hi != outbox.Partitions-1 {
+		t.Fatalf("a's share %+v after b left, want every partition", got)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

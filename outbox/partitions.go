@@ -90,22 +90,36 @@ func (p *partitionSet) inFlight(part int) bool {
 	return false
 }
 
-// Claimers reports how many processes claimed the outbox's partitions at
-// the last sync, and whether the store leases partitions at all.
-func (s *Store) Claimers() (int, bool) {
+// Share is a store's share of the outbox's partitions after its last
+// sync.
+type Share struct {
+	Leased   bool // the store leases partitions at all
+	Claimers int  // processes that claimed the outbox's partitions
+	Lo, Hi   int  // the partitions its claims read, inclusive; Lo > Hi for none
+	// Giving is how many partitions it still holds outside its range,
+	// to give up once no claim of it is in flight: sync again soon.
+	Giving int
+}
+
+// Share reports the store's share of the outbox's partitions.
+func (s *Store) Share() Share {
 	if s.claimer == "" {
-		return 0, false
+		return Share{Lo: 0, Hi: Partitions - 1}
 	}
 	s.parts.mu.Lock()
 	defer s.parts.mu.Unlock()
-	return s.parts.claimers, true
+	return Share{Leased: true, Claimers: s.parts.claimers, Lo: s.parts.lo, Hi: s.parts.hi, Giving: len(s.parts.leaving)}
 }
 
 // SyncPartitions renews the store's registration and its lease on its
 // partitions, gives up those outside its share and takes those free in
-// it. Run it every ClaimSyncEvery; a Store claims nothing before its
-// first sync. Without a Claimer it does nothing: the store claims every
-// partition and trusts no floor.
+// it. Run it every ClaimSyncEvery, soon again while it has partitions to
+// give up (Share.Giving), and when a PartitionsNotice arrives; a Store
+// claims nothing before its first sync. A sync that joins, sees the
+// claimers change, or gives partitions up sends that notice on the
+// outbox's channel, so that the others give up or take theirs at once
+// rather than at their next sync. Without a Claimer it does nothing: the
+// store claims every partition and trusts no floor.
 func (s *Store) SyncPartitions(ctx context.Context) error {
 	if s.claimer == "" {
 		return nil
@@ -136,6 +150,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	var freed []int64     // and of partitions given up by theirs
 	s.parts.mu.Lock()
 	heldNone := s.parts.owned == [Partitions]bool{}
+	announce := !s.parts.synced || len(claimers) != s.parts.claimers
 	if s.parts.leaving == nil {
 		s.parts.leaving = map[int]int64{}
 	}
@@ -160,6 +175,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		case mine:
 			parts, owners, floors = append(parts, r.Part), append(owners, ""), append(floors, s.parts.leaving[r.Part])
 			delete(s.parts.leaving, r.Part)
+			announce = true
 		case inRange && (r.Owner == "" || r.Expired):
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, r.Floor)
 			owned[r.Part] = true
@@ -173,6 +189,12 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	s.parts.mu.Unlock()
 	if len(parts) > 0 {
 		if err := s.q.WritePartitions(ctx, tx, parts, owners, floors, s.lease); err != nil {
+			return fmt.Errorf("sync the outbox's partitions: %w", err)
+		}
+	}
+	if announce {
+		// Sent at commit, to every process listening on the channel.
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", s.tableName, PartitionsNotice); err != nil {
 			return fmt.Errorf("sync the outbox's partitions: %w", err)
 		}
 	}
@@ -218,7 +240,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 }
 
 // LeavePartitions gives up the store's partitions at once, with its floor,
-// for the others to take at their next sync: run it after the last claim.
+// and tells the others to take them: run it after the last claim.
 func (s *Store) LeavePartitions(ctx context.Context) error {
 	if s.claimer == "" {
 		return nil
@@ -228,6 +250,9 @@ func (s *Store) LeavePartitions(ctx context.Context) error {
 	s.parts.mu.Unlock()
 	if err := s.q.LeaveClaimers(ctx, s.pool, s.claimer, s.floors.floor()); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("give up the outbox's partitions: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.tableName, PartitionsNotice); err != nil {
+		return fmt.Errorf("tell the others the outbox's partitions are free: %w", err)
 	}
 	return nil
 }

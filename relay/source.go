@@ -94,12 +94,13 @@ type source struct {
 	tally     tally
 	ready     atomic.Bool // prepared, its workers started
 	partsDone chan struct{}
+	resync    chan struct{} // another process changed the partitions' share
 }
 
 func newSource(r *Relay, index int, o Outbox) *source {
 	cfg := &r.cfg
 	s := &source{r: r, index: index, prepare: o.Prepare, name: o.Name, store: o.Store, listener: o.Listener, log: r.log,
-		batchSize: o.BatchSize, tally: tally{obs: o.Observer}}
+		batchSize: o.BatchSize, tally: tally{obs: o.Observer}, resync: make(chan struct{}, 1)}
 	if len(cfg.Outboxes) > 1 {
 		s.log = r.log.With(slog.String("outbox", o.Name))
 	}
@@ -159,14 +160,27 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight con
 		defer t.Stop()
 		sweep := time.NewTicker(outbox.SweepEvery)
 		defer sweep.Stop()
+		// While it has partitions to give up, it syncs again as soon as
+		// the claims reading them may have ended.
+		soon := time.NewTimer(givingEvery)
+		if s.store.Share().Giving == 0 {
+			soon.Stop()
+		}
+		defer soon.Stop()
 		for {
 			select {
 			case <-partsCtx.Done():
 				return
 			case <-t.C:
-				failing = s.syncPartitions(partsCtx, failing)
+			case <-s.resync:
+			case <-soon.C:
 			case <-sweep.C:
 				s.sweepBelowFloor(partsCtx)
+				continue
+			}
+			failing = s.syncPartitions(partsCtx, failing)
+			if s.store.Share().Giving > 0 {
+				soon.Reset(givingEvery)
 			}
 		}
 	}()
@@ -175,10 +189,23 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight con
 		g.Go(func() error { return w.run(ctx, inflight) })
 	}
 	if s.listener != nil {
-		g.Go(func() error { return s.listener.Run(listenCtx, s.wakeAll) })
+		g.Go(func() error { return s.listener.Run(listenCtx, s.wakeAll, s.resyncSoon) })
 	}
 	if s.cleaner.enabled() {
 		g.Go(func() error { return s.cleaner.Run(listenCtx) })
+	}
+}
+
+// givingEvery is how soon a process syncs again while it holds partitions
+// to give up: about a batch's publish.
+const givingEvery = 20 * time.Millisecond
+
+// resyncSoon has the partitions synced now: another process joined, left
+// or gave partitions up.
+func (s *source) resyncSoon() {
+	select {
+	case s.resync <- struct{}{}:
+	default:
 	}
 }
 
@@ -186,7 +213,7 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight con
 // whether it failed; a failure is logged when the last sync did not fail.
 // Workers are woken when the share grows.
 func (s *source) syncPartitions(ctx context.Context, failing bool) bool {
-	before, _ := s.store.Claimers()
+	before := s.store.Share()
 	sctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout)
 	err := s.store.SyncPartitions(sctx)
 	cancel()
@@ -201,9 +228,12 @@ func (s *source) syncPartitions(ctx context.Context, failing bool) bool {
 	case failing:
 		s.log.Info("this process's share of the outbox's partitions is renewed again")
 	}
-	if after, leased := s.store.Claimers(); leased && after != before {
-		s.log.Info("the outbox's partitions are shared anew", slog.Int("claimers", after))
-		s.wakeAll()
+	after := s.store.Share()
+	if after.Leased && after.Claimers != before.Claimers {
+		s.log.Info("the outbox's partitions are shared anew", slog.Int("claimers", after.Claimers))
+	}
+	if after.Lo <= after.Hi && (before.Lo > before.Hi || after.Lo < before.Lo || after.Hi > before.Hi) {
+		s.wakeAll() // its claims read partitions they did not
 	}
 	return false
 }

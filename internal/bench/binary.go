@@ -112,7 +112,7 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 	if !matched {
 		return nil, nil
 	}
-	before, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
+	before, beforeCPU, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
 	}
@@ -124,20 +124,22 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 		}
 		rates[i] = drains[i].rate
 	}
-	after, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
+	after, afterCPU, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
 	}
 	mean := (before + after) / 2
+	meanCPU := (beforeCPU + afterCPU) / 2
 	// Where processes are compared, the same bare SQL on as many
 	// connections as their workers: what more claimers get from the
 	// database on this machine, without key order.
 	wide := make([]float64, len(procs))
+	wideCPU := make([]time.Duration, len(procs))
 	for i, n := range procs {
 		if len(procs) == 1 {
 			break
 		}
-		if wide[i], err = r.rawCeiling(ctx, rows, keyExpr, keep, n*relay.DefaultWorkers); err != nil {
+		if wide[i], wideCPU[i], err = r.rawCeiling(ctx, rows, keyExpr, keep, n*relay.DefaultWorkers); err != nil {
 			return nil, fmt.Errorf("%s: raw ceiling on %d connections: %w", series, n*relay.DefaultWorkers, err)
 		}
 	}
@@ -149,12 +151,22 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 		r.add(Result{Group: "binary", Name: names[i], Value: got, Unit: "rows/s",
 			Detail: fmt.Sprintf("%s; peak RSS %.0f MB; %s", detail, float64(drains[i].rss)/(1<<20), drains[i].spent.perRow(int64(rows)))})
 	}
+	cpuNote := func(cpu time.Duration) string {
+		if cpu <= 0 {
+			return ""
+		}
+		return fmt.Sprintf("; %.1f µs CPU in all of PostgreSQL per row", us(cpu))
+	}
 	r.add(Result{Group: "raw ceiling", Name: series, Value: mean, Unit: "rows/s",
-		Detail: "mean of " + list([]float64{before, after}) + ", before and after the drains"})
+		Detail: "mean of " + list([]float64{before, after}) + ", before and after the drains" + cpuNote(meanCPU)})
 	for i, n := range procs {
 		if wide[i] > 0 {
+			detail := fmt.Sprintf("%.2f× one connection: the bare SQL of %s%s", wide[i]/mean, workersOf(n), cpuNote(wideCPU[i]))
+			if wideCPU[i] > 0 && meanCPU > 0 {
+				detail += fmt.Sprintf(", %.2f× one connection's", float64(wideCPU[i])/float64(meanCPU))
+			}
 			r.add(Result{Group: "raw ceiling", Name: fmt.Sprintf("%s, %d connections", series, n*relay.DefaultWorkers), Value: wide[i], Unit: "rows/s",
-				Detail: fmt.Sprintf("%.2f× one connection: the bare SQL of %s", wide[i]/mean, workersOf(n))})
+				Detail: detail})
 		}
 	}
 	if keep {
@@ -249,11 +261,12 @@ func (r *runner) binary(ctx context.Context) (string, func(), error) {
 // synchronous_commit off as the relay's: select what a relay reads of a
 // batch of 1000 ready rows in id order, locking them (skipping the rows
 // another connection holds), then delete them by id, and commit. No key
-// order, no publish.
-func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool, conns int) (float64, error) {
+// order, no publish. It returns rows/s; cpu is what all of PostgreSQL
+// spent per row, 0 where /proc does not tell.
+func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool, conns int) (rate float64, cpu time.Duration, err error) {
 	e, err := r.filled(ctx, rows, keyExpr, conns)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer e.close()
 	const claim = `SELECT id, event_id, topic, key, payload, headers, created_at, retry_count
@@ -266,10 +279,11 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 	held := make([]*pgxpool.Conn, conns)
 	for i := range held {
 		if held[i], err = e.relayPool.Acquire(ctx); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		defer held[i].Release()
 	}
+	before := readCost(ctx, e.pool, e.schema)
 	var done atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	start := time.Now()
@@ -307,9 +321,13 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(rows) / time.Since(start).Seconds(), nil
+	rate = float64(rows) / time.Since(start).Seconds()
+	if spent := before.until(readCost(ctx, e.pool, e.schema)); spent.cpu {
+		cpu = spent.cluster / time.Duration(rows)
+	}
+	return rate, cpu, nil
 }
 
 // binaryDrain fills a backlog of rows and times procs outbox-relay run

@@ -30,3 +30,6 @@ func (r *Relay) InitTestSignals() TestSignals {
 		LeaseWritten:   &r.leaseWritten,
 	}
 }
+
+// FleetResting reports whether the relay's fleet syncs at its quiet pace.
+func (r *Relay) FleetResting() bool { return r.fleet != nil && r.fleet.resting.Load() }

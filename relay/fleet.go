@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -163,8 +164,14 @@ type fleet struct {
 	// unleased tells the outboxes whether a live replica claims without
 	// leasing partitions.
 	unleased func(present bool)
-	log      *slog.Logger
-	timeout  time.Duration
+	// quiet reports that the replica has nothing in flight and every
+	// breaker closed: it has nothing to tell the fleet, and nothing it
+	// would do with what the fleet tells, so it syncs less often
+	// (resting) until work arrives.
+	quiet   func() bool
+	resting atomic.Bool
+	log     *slog.Logger
+	timeout time.Duration
 
 	mu     sync.Mutex
 	status FleetStatus
@@ -196,7 +203,7 @@ func (f *fleet) wake() {
 
 // run syncs every interval, or at once when woken, until ctx ends.
 func (f *fleet) run(ctx context.Context) error {
-	t := time.NewTimer(f.cfg.Interval)
+	t := time.NewTimer(f.next())
 	defer t.Stop()
 	for {
 		select {
@@ -206,7 +213,28 @@ func (f *fleet) run(ctx context.Context) error {
 		case <-f.wakeC:
 		}
 		f.sync(ctx)
-		t.Reset(f.cfg.Interval)
+		t.Reset(f.next())
+	}
+}
+
+// next is how long until the next sync: the interval, or, while the
+// replica is quiet, a quarter of the lease, which still keeps it among
+// the live replicas through a failed sync or two. Work ends the rest at
+// once (stir): the replica then learns of the others' breakers while it
+// publishes its first batch, as it would within an interval.
+func (f *fleet) next() time.Duration {
+	if f.quiet != nil && f.quiet() {
+		f.resting.Store(true)
+		return max(f.cfg.Interval, f.cfg.Lease/4)
+	}
+	f.resting.Store(false)
+	return f.cfg.Interval
+}
+
+// stir has a resting replica sync now: it claimed rows.
+func (f *fleet) stir() {
+	if f.resting.Load() {
+		f.wake()
 	}
 }
 

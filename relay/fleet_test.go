@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,4 +224,59 @@ func TestFleetOutOfReachFallsBackToPerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, "both replicas to share flow control again", up(true))
+}
+
+// countingFleet counts a fleet's syncs.
+type countingFleet struct {
+	relay.Fleet
+	syncs atomic.Int64
+}
+
+func (c *countingFleet) Sync(ctx context.Context, req relay.FleetSync) (relay.FleetView, error) {
+	v, err := c.Fleet.Sync(ctx, req)
+	c.syncs.Add(1)
+	return v, err
+}
+
+// waitingPublisher holds each batch until the fleet has synced three more
+// times, and says whether it did.
+type waitingPublisher struct {
+	fleet  *countingFleet
+	synced chan bool
+}
+
+func (p waitingPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+	from := p.fleet.syncs.Load()
+	ok, _ := testwait.Poll(30*time.Second, func() (bool, string) { return p.fleet.syncs.Load() >= from+3, "" })
+	p.synced <- ok
+	return make([]error, len(recs))
+}
+
+// A replica with nothing in flight and its breakers closed syncs with the
+// fleet at a quarter of its lease, here 15 minutes; the rows it claims
+// end the rest at once, and it syncs every interval while they are in
+// flight, then rests again.
+func TestFleetRestsWhileQuiet(t *testing.T) {
+	s := pgtest.NewSchema(t)
+	store, err := fleet.New(s.Pool, s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf := &countingFleet{Fleet: store}
+	pub := waitingPublisher{fleet: cf, synced: make(chan bool, 10)}
+	h := start(t, s, pub, options{cfg: relay.Config{
+		Fleet: &relay.FleetConfig{Fleet: cf, Replica: "r0", Interval: 10 * time.Millisecond, Lease: time.Hour},
+	}})
+	testwait.For(t, "the quiet replica to rest", h.relay.FleetResting)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+	select {
+	case ok := <-pub.synced:
+		if !ok {
+			t.Fatal("the replica did not sync every interval while a batch was in flight")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no batch published")
+	}
+	testwait.For(t, "the row delivered", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	testwait.For(t, "the replica to rest again", h.relay.FleetResting)
 }

@@ -86,6 +86,13 @@ func (f *inflightKeys) add(owner int, recs []outbox.Record) inflightID {
 	return f.next
 }
 
+// empty reports whether no batch is in flight.
+func (f *inflightKeys) empty() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.batches) == 0
+}
+
 func (f *inflightKeys) remove(id inflightID) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

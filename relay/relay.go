@@ -274,6 +274,7 @@ func New(cfg Config) (*Relay, error) {
 				s.wakeAll()
 			}
 		}
+		r.fleet.quiet = r.quiet
 		r.fleet.unleased = func(present bool) {
 			if r.unleased.Swap(present) != present {
 				if present {
@@ -487,6 +488,28 @@ func (r *Relay) Wedged() error {
 		}
 	}
 	return nil
+}
+
+// quiet reports that no batch is in flight and every breaker is closed.
+func (r *Relay) quiet() bool {
+	for _, s := range r.sources {
+		if !s.inflight.empty() {
+			return false
+		}
+	}
+	for _, d := range r.dests {
+		if state, _ := d.breaker.snapshot(); state != BreakerClosed {
+			return false
+		}
+	}
+	return true
+}
+
+// stirFleet ends a resting fleet's rest: rows were claimed.
+func (r *Relay) stirFleet() {
+	if r.fleet != nil {
+		r.fleet.stir()
+	}
 }
 
 // Fleet reports the relay's view of its fleet, and false when it has

@@ -276,6 +276,9 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	}
 	w.avoid.add(claim.SkippedKeys, start)
 	id := s.inflight.add(owner, claim.Records)
+	if len(claim.Records) > 0 {
+		s.r.stirFleet()
+	}
 	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil}
 }
 

@@ -91,39 +91,60 @@ type claimStart struct {
 	from  int64 // rows that never waited are read above it
 	floor int64 // the key check reads pending rows above it
 	head  bool  // from is the floor
-	safe  int64 // the safe id at its start
-	seen  int64 // where claims had seen every row, at its start
-	epoch uint64
+	// marked: from is the lowest due mark; like a head claim, it clears
+	// the marks it reads past.
+	marked bool
+	safe   int64 // the safe id at its start
+	seen   int64 // where claims had seen every row, at its start
+	epoch  uint64
+	// The partitions it reads; none when !partsOK.
+	partLo, partHi int
+	partsOK        bool
 }
 
 // begin registers a claim about to run at now, leaving topics excluded
 // out, and says where it reads from. trusted says the floor can be
 // trusted; otherwise a head claim reads from the table's start.
-func (f *floors) begin(now time.Time, excluded []string, trusted bool) claimStart {
+//
+// It takes the claim's range of parts under the same lock as the floor, so
+// that a claim reads a partition only with the marks of its being taken
+// in its floor.
+func (f *floors) begin(now time.Time, excluded []string, trusted bool, parts *partitionSet) claimStart {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
 	c := claimStart{gen: f.gen, floor: f.floorLocked(), safe: f.safe, seen: f.seen, epoch: f.epoch}
+	c.partLo, c.partHi, c.partsOK = parts.claimRange(c.gen, now)
 	c.head = now.Sub(f.lastHead) >= HeadEvery
+	// The lowest due mark, and where each topic that takes rows again
+	// was left out: a claim reads from there.
+	due := int64(-1)
 	for _, m := range f.marks {
-		c.head = c.head || !m.until.After(now)
+		if !m.until.After(now) && (due < 0 || m.id < due) {
+			due = m.id
+		}
 	}
-	for topic := range f.paused {
-		if !contains(excluded, topic) {
-			c.head = true // a topic that takes rows again: read them
+	for topic, m := range f.paused {
+		if !contains(excluded, topic) && (due < 0 || m.id < due) {
+			due = m.id
 		}
 	}
 	if !trusted {
 		c.floor = 0
 		// As claims did before floors: from the start again after a
 		// claim that came back short.
-		c.head = c.head || f.short
+		c.head = c.head || f.short || due >= 0
 	}
 	c.from = f.frontier
 	switch {
 	case c.head:
 		c.from = c.floor
 		f.lastHead = now
+	case due >= 0:
+		// From the lowest due mark, not from the floor: claims in
+		// flight, which hold the floor where they began, would have
+		// every claim begin there too, and hold it there in turn.
+		c.from, c.marked = max(due, c.floor), true
 	case trusted && f.seen < f.frontier && f.frontier-f.seen <= lateWindow:
 		// Rows committed late, since the last claim, lie above where
 		// claims have seen every row: read again from there, a few rows
@@ -144,6 +165,7 @@ type claimResult struct {
 	lastFresh      int64    // the last row read above from, 0 when none
 	lowestHeld     int64    // its lowest row above the floor, 0 when none
 	passedKeys     bool     // it left keys in flight elsewhere out
+	passedFrom     int64    // and their rows lie above this id
 	excludedTopics []string // topics it left out
 }
 
@@ -173,7 +195,7 @@ func (f *floors) claimed(c claimStart, r claimResult) {
 	if c.from <= c.seen {
 		f.seen = max(f.seen, min(c.safe, read))
 	}
-	if c.head {
+	if c.head || c.marked {
 		// What the older marks said is done with as far as it read, and
 		// holds on from there.
 		now := time.Now()
@@ -202,7 +224,7 @@ func (f *floors) claimed(c claimStart, r claimResult) {
 		}
 	}
 	if r.passedKeys {
-		f.marks = append(f.marks, mark{id: c.from, gen: c.gen})
+		f.marks = append(f.marks, mark{id: max(c.from, r.passedFrom), gen: c.gen})
 	}
 	// It passed the rows of the topics it left out, from its start: they
 	// are where the marks it cleared may have pointed too.
@@ -253,6 +275,10 @@ func (f *floors) failed(c claimStart) {
 func (f *floors) takeOver(floor int64, until time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.takeOverLocked(floor, until)
+}
+
+func (f *floors) takeOverLocked(floor int64, until time.Time) {
 	f.gen++
 	f.marks = append(f.marks, mark{id: floor, gen: f.gen, until: until})
 	// Its rows above floor have not been seen by this store's claims.
@@ -262,12 +288,10 @@ func (f *floors) takeOver(floor int64, until time.Time) {
 // startAt has a store that holds no partition yet, and takes some whose
 // owners tracked their rows from floors up, start claiming from the lowest
 // of those rather than from the table's start.
-func (f *floors) startAt(floors []int64) {
+func (f *floors) startAtLocked(floors []int64) {
 	if len(floors) == 0 {
 		return
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.frontier = max(f.frontier, slices.Min(floors))
 }
 

@@ -36,8 +36,8 @@ func leasedStore(t *testing.T, s *pgtest.Schema, claimer string) *outbox.Store {
 // Claims by stores that read from their floors, with rows failing,
 // deferred behind their keys, left without an outcome, given back,
 // committed late below the frontier, and of a topic left out of claims
-// now and then, deliver every row, each key's in id order; a second store joining halfway takes its share of the
-// partitions. The stores are driven as the relay drives them: a claim
+// now and then, deliver every row, each key's in id order; a second and a
+// third store joining take their shares of the partitions. The stores are driven as the relay drives them: a claim
 // leaves out the keys that another open claim of its store holds, and a
 // key's rows after one that failed get no outcome.
 func TestFloorsDeliverEveryRowInKeyOrder(t *testing.T) {
@@ -98,8 +98,11 @@ func floorsModel(t *testing.T, seed uint64) {
 		}
 		return ids
 	}
-	inFlight := func(st *outbox.Store) []string {
+	// inFlight is what the relay excludes: the keys st's open claims
+	// hold, and the lowest id they hold of them.
+	inFlight := func(st *outbox.Store) ([]string, int64) {
 		var out []string
+		var lowest int64
 		for _, o := range claims {
 			if o.st != st {
 				continue
@@ -108,9 +111,12 @@ func floorsModel(t *testing.T, seed uint64) {
 				if r.HasKey && !slices.Contains(out, r.Key) {
 					out = append(out, r.Key)
 				}
+				if r.HasKey && (lowest == 0 || r.ID < lowest) {
+					lowest = r.ID
+				}
 			}
 		}
-		return out
+		return out, lowest
 	}
 	finish := func(i int) {
 		o := claims[i]
@@ -187,8 +193,9 @@ func floorsModel(t *testing.T, seed uint64) {
 			if (i/40)%2 == 1 {
 				topics = []string{"u"}
 			}
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(8), PayloadCap: 100, ExcludeKeys: inFlight(st),
-				ExcludeTopics: topics, ExcludeFor: 20 * time.Millisecond})
+			exclude, excludedFrom := inFlight(st)
+			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(8), PayloadCap: 100, ExcludeKeys: exclude,
+				ExcludedFrom: excludedFrom, ExcludeTopics: topics, ExcludeFor: 20 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,18 +203,21 @@ func floorsModel(t *testing.T, seed uint64) {
 		case len(claims) > 0:
 			finish(rnd.IntN(len(claims)))
 		}
-		if i == 150 {
-			st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: "b", ClaimLease: time.Minute})
+		// A second store joins, then a third that ranks between them:
+		// each syncs on its own, so that partitions change hands one
+		// sync at a time and a store holds runs of partitions with gaps
+		// between them, which its claims do not read until they close.
+		if i == 150 || i == 300 {
+			name := map[int]string{150: "c", 300: "b"}[i]
+			st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: name, ClaimLease: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
 			stores = append(stores, st)
 		}
-		if i >= 150 && i%10 == 0 {
-			for _, st := range stores {
-				if err := st.SyncPartitions(ctx); err != nil {
-					t.Fatal(err)
-				}
+		if i >= 150 && rnd.IntN(3) == 0 {
+			if err := stores[rnd.IntN(len(stores))].SyncPartitions(ctx); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
@@ -593,8 +603,8 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	var mu sync.Mutex
 	keyOf := map[int64]string{}
 	delivered, published := map[int64]bool{}, map[int64]bool{}
-	var order []int64                    // first publications
-	holding := map[int]map[string]bool{} // claimer → keys in flight
+	var order []int64                     // first publications
+	holding := map[int]map[string]int64{} // claimer → keys in flight → their lowest id
 	// The load runs until this many rows were delivered.
 	const enough = 8000
 	stop := make(chan struct{})
@@ -660,15 +670,20 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 			}
 			mu.Lock()
 			var exclude []string
+			var excludedFrom int64
 			for other, keys := range holding {
 				if other != n {
-					for k := range keys {
+					for k, id := range keys {
 						exclude = append(exclude, k)
+						if excludedFrom == 0 || id < excludedFrom {
+							excludedFrom = id
+						}
 					}
 				}
 			}
 			mu.Unlock()
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(30), PayloadCap: 100, ExcludeKeys: exclude})
+			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(30), PayloadCap: 100,
+				ExcludeKeys: exclude, ExcludedFrom: excludedFrom})
 			if err != nil {
 				t.Error(err)
 				return
@@ -677,9 +692,11 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 			// claim can take a key's next row only once this one's
 			// outcome is written.
 			mu.Lock()
-			holding[n] = map[string]bool{}
+			holding[n] = map[string]int64{}
 			for _, r := range c.Records {
-				holding[n][r.Key] = true
+				if id, ok := holding[n][r.Key]; !ok || r.ID < id {
+					holding[n][r.Key] = r.ID
+				}
 				if !published[r.ID] {
 					published[r.ID] = true
 					order = append(order, r.ID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -55,6 +56,26 @@ type partitionSet struct {
 	// floor when claims stopped reading them: their next owner starts
 	// there.
 	leaving map[int]int64
+	// unread are the partitions held that claims do not read (yet): taken
+	// but outside the run claims read, or left out of it since. Claims
+	// read each from its floor once it joins the run.
+	unread map[int]unreadPart
+}
+
+// unreadPart is where claims must read a partition from once they read
+// it, and until when its last owner's locks may last.
+type unreadPart struct {
+	floor int64
+	until time.Time
+}
+
+// floorOf is where the next owner of part, held by the store, must start
+// when the store's floor is floor.
+func (p *partitionSet) floorOf(part int, floor int64) int64 {
+	if u, ok := p.unread[part]; ok {
+		return min(floor, u.floor)
+	}
+	return floor
 }
 
 // claimRange is the range of partitions a claim at now reads, registered
@@ -146,8 +167,8 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	var owners []string
 	var floors []int64
 	var owned [Partitions]bool
-	var takenFrom []int64 // floors of partitions taken over from a lapsed owner
-	var freed []int64     // and of partitions given up by theirs
+	var taken = map[int]unreadPart{} // partitions taken: where to read from
+	var takenFloors []int64
 	s.parts.mu.Lock()
 	heldNone := s.parts.owned == [Partitions]bool{}
 	announce := !s.parts.synced || len(claimers) != s.parts.claimers
@@ -160,14 +181,15 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		if mine && !inRange {
 			// Claims stop reading it now; its floor stays where it is.
 			if _, ok := s.parts.leaving[r.Part]; !ok {
-				s.parts.leaving[r.Part] = floor
+				s.parts.leaving[r.Part] = s.parts.floorOf(r.Part, floor)
+				delete(s.parts.unread, r.Part)
 			}
 		} else {
 			delete(s.parts.leaving, r.Part)
 		}
 		switch {
 		case mine && inRange:
-			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, floor)
+			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.floorOf(r.Part, floor))
 			owned[r.Part] = true
 		case mine && s.parts.inFlight(r.Part):
 			// Given up once no claim reads it.
@@ -179,11 +201,15 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		case inRange && (r.Owner == "" || r.Expired):
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, r.Floor)
 			owned[r.Part] = true
-			if r.Owner == "" {
-				freed = append(freed, r.Floor)
-			} else {
-				takenFrom = append(takenFrom, r.Floor)
+			// Rows of a partition taken can be ready anywhere above its
+			// floor. A lapsed owner's locks may last until its
+			// transactions time out.
+			u := unreadPart{floor: r.Floor}
+			if r.Owner != "" {
+				u.until = start.Add(s.lapse)
 			}
+			taken[r.Part] = u
+			takenFloors = append(takenFloors, r.Floor)
 		}
 	}
 	s.parts.mu.Unlock()
@@ -202,19 +228,6 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		return fmt.Errorf("sync the outbox's partitions: commit: %w", err)
 	}
 
-	// Rows of the partitions taken can be ready anywhere above their
-	// floors: the next claim reads from there. A lapsed owner's locks may
-	// last until its transactions time out.
-	for _, f := range freed {
-		s.floors.takeOver(f, time.Time{})
-	}
-	for _, f := range takenFrom {
-		s.floors.takeOver(f, time.Now().Add(s.lapse))
-	}
-	if heldNone {
-		s.floors.startAt(append(freed, takenFrom...))
-	}
-
 	// Claims read the longest run of partitions held in the range.
 	bestLo, bestHi := 0, -1
 	for i := lo; i <= hi; {
@@ -231,11 +244,44 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		}
 		i = j + 1
 	}
+	// The run changes under the floors' lock, with the marks of the
+	// partitions it gains: a claim that reads a partition has them in its
+	// floor (its key check reads from there), and one that does not
+	// cannot clear them.
+	s.floors.mu.Lock()
+	defer s.floors.mu.Unlock()
 	s.parts.mu.Lock()
+	if s.parts.unread == nil {
+		s.parts.unread = map[int]unreadPart{}
+	}
+	maps.Copy(s.parts.unread, taken)
+	now := s.floors.floorLocked()
+	var read []unreadPart
+	for part := range Partitions {
+		was := s.parts.owned[part] && part >= s.parts.lo && part <= s.parts.hi
+		is := part >= bestLo && part <= bestHi
+		u, unread := s.parts.unread[part]
+		switch {
+		case !owned[part]:
+			delete(s.parts.unread, part)
+		case is && unread:
+			read = append(read, u)
+			delete(s.parts.unread, part)
+		case was && !is:
+			// Claims stop reading it: from here when they read it again.
+			s.parts.unread[part] = unreadPart{floor: now}
+		}
+	}
 	s.parts.owned, s.parts.lo, s.parts.hi = owned, bestLo, bestHi
 	s.parts.until = start.Add(s.lease * 4 / 5)
 	s.parts.synced, s.parts.claimers = true, len(claimers)
 	s.parts.mu.Unlock()
+	for _, u := range read {
+		s.floors.takeOverLocked(u.floor, u.until)
+	}
+	if heldNone {
+		s.floors.startAtLocked(takenFloors)
+	}
 	return nil
 }
 

@@ -186,6 +186,12 @@ type ClaimParams struct {
 	// rows the claim could only lock and skip, getting in the way of the
 	// worker that delivers them. Keep it short.
 	ExcludeKeys []string
+	// ExcludedFrom is the lowest id in flight of ExcludeKeys. Their
+	// pending rows lie above their rows in flight, so the rows a claim
+	// passes over lie above it: claims read them again from there once
+	// their keys are free, not from where the claim began. Zero: from
+	// where it began.
+	ExcludedFrom int64
 	// ExcludeTopics are topics not to claim: their destination is not
 	// taking deliveries. A row of such a topic that holds its key counts
 	// as waiting for ExcludeFor, so the key's later rows are deferred
@@ -284,9 +290,9 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	}
 	trusted = trusted && !s.noFloor.Load()
 	now := time.Now()
-	c.start = s.floors.begin(now, p.ExcludeTopics, trusted)
-	lo, hi, ok := s.parts.claimRange(c.start.gen, now)
-	if !ok {
+	c.start = s.floors.begin(now, p.ExcludeTopics, trusted, &s.parts)
+	lo, hi := c.start.partLo, c.start.partHi
+	if !c.start.partsOK {
 		// No partitions to claim (yet): an empty claim.
 		s.floors.claimed(c.start, claimResult{none: true})
 		if err := c.tx.QueryRow(ctx, "SELECT now()").Scan(&c.Now); err != nil {
@@ -345,8 +351,10 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 			return err
 		}
 	}
-	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, passedKeys: len(p.ExcludeKeys) > 0,
-		excludedTopics: p.ExcludeTopics}
+	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
+	if len(p.ExcludeKeys) > 0 {
+		r.passedKeys, r.passedFrom = true, max(p.ExcludedFrom-1, 0)
+	}
 	r.lowestHeld = lowest
 	c.held = make([]int64, len(c.Records))
 	for i, rec := range c.Records {

@@ -103,13 +103,21 @@ func (f *inflightKeys) remove(id inflightID) {
 // has in flight, in their order: a worker's batch and the one it claims
 // ahead of it (owners 2i and 2i+1) are both its own.
 func (f *inflightKeys) elsewhere(owner int, keys []string) []string {
+	out, _ := f.elsewhereFrom(owner, keys)
+	return out
+}
+
+// elsewhereFrom is elsewhere, and the lowest id in flight of the keys it
+// returns (0 for none).
+func (f *inflightKeys) elsewhereFrom(owner int, keys []string) ([]string, int64) {
 	if len(keys) == 0 {
-		return nil
+		return nil, 0
 	}
 	found := make(map[string]bool, len(keys))
 	for _, k := range keys {
 		found[k] = false
 	}
+	var lowest int64
 	f.mu.Lock()
 	for _, b := range f.batches {
 		if b.owner>>1 == owner>>1 {
@@ -119,6 +127,9 @@ func (f *inflightKeys) elsewhere(owner int, keys []string) []string {
 			if r := &b.recs[i]; r.HasKey {
 				if _, asked := found[r.Key]; asked {
 					found[r.Key] = true
+					if lowest == 0 || r.ID < lowest {
+						lowest = r.ID
+					}
 				}
 			}
 		}
@@ -130,5 +141,5 @@ func (f *inflightKeys) elsewhere(owner int, keys []string) []string {
 			out = append(out, k)
 		}
 	}
-	return out
+	return out, lowest
 }

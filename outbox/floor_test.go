@@ -13,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
@@ -53,21 +52,10 @@ func TestFloorsDeliverEveryRowInKeyOrder(t *testing.T) {
 func floorsModel(t *testing.T, seed uint64) {
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(seed, 7))
-	s := pgtest.NewSchema(t)
 	// Three claims and a producer's transaction open at once, and the
 	// statements beside them.
-	cfg, err := pgxpool.ParseConfig(s.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
-	cfg.MaxConns = 10
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s = &pgtest.Schema{Name: s.Name, URL: s.URL, Pool: pool}
+	s := pgtest.NewSchema(t).WithConns(t, 10)
+	pool := s.Pool
 	stores := []*outbox.Store{leasedStore(t, s, "a")}
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
 	type open struct {
@@ -585,19 +573,8 @@ func TestSweepFindsARowGivenAnIdBelowTheFloor(t *testing.T) {
 func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := pgtest.NewSchema(t)
-	cfg, err := pgxpool.ParseConfig(s.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
-	cfg.MaxConns = 10
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s = &pgtest.Schema{Name: s.Name, URL: s.URL, Pool: pool}
+	s := pgtest.NewSchema(t).WithConns(t, 10)
+	pool := s.Pool
 	st := leasedStore(t, s, "a")
 
 	var mu sync.Mutex

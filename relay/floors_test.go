@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -24,18 +22,8 @@ import (
 func TestFloorsDeliverEveryRowOfConcurrentProducers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := pgtest.NewSchema(t)
-	cfg, err := pgxpool.ParseConfig(s.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	s := pgtest.NewSchema(t).WithConns(t, 16)
+	pool := s.Pool
 	held, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -175,6 +175,25 @@ func (s *Schema) Exec(tb testing.TB, sql string, args ...any) {
 	}
 }
 
+// WithConns returns the schema with a pool of its own of up to conns
+// connections, for tests that hold many at once; it closes when the test
+// ends.
+func (s *Schema) WithConns(tb testing.TB, conns int32) *Schema {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(s.URL)
+	if err != nil {
+		tb.Fatalf("pgtest: parse URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = s.Name
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return &Schema{Name: s.Name, URL: s.URL, Pool: pool}
+}
+
 // NewSchema creates a schema in the package server's default database,
 // applies the outbox migrations to it and drops it when the test ends.
 func NewSchema(tb testing.TB) *Schema {

@@ -1,0 +1,239 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
+)
+
+// ClaimParams bounds a claim.
+type ClaimParams struct {
+	// Limit is the most rows claimed.
+	Limit int
+	// PayloadCap is the largest payload loaded, in bytes; larger rows come
+	// back undeliverable (too_large) without their payload.
+	PayloadCap int
+	// ExcludeKeys are keys not to claim: keys in flight elsewhere, whose
+	// rows the claim could only lock and skip, getting in the way of the
+	// worker that delivers them. Keep it short.
+	ExcludeKeys []string
+	// ExcludedFrom is the lowest id in flight of ExcludeKeys. Their
+	// pending rows lie above their rows in flight, so the rows a claim
+	// passes over lie above it: claims read them again from there once
+	// their keys are free, not from where the claim began. Zero: from
+	// where it began.
+	ExcludedFrom int64
+	// ExcludeTopics are topics not to claim: their destination is not
+	// taking deliveries. A row of such a topic that holds its key counts
+	// as waiting for ExcludeFor, so the key's later rows are deferred
+	// rather than claimed again and again.
+	ExcludeTopics []string
+	ExcludeFor    time.Duration
+	// Follows are the keyed rows of the caller's claim still in flight
+	// before this one: rows of their keys are claimed behind them rather
+	// than held back by them. The caller must publish those only once
+	// every row of their key in Follows was sent, and otherwise leave them
+	// without an outcome, for a later claim to hold back behind the rows
+	// that failed. Unset, every row outside the claim holds its key.
+	Follows []KeyedRow
+}
+
+// KeyedRow is a claimed row's key and id.
+type KeyedRow struct {
+	Key string
+	ID  int64
+}
+
+// Claim is a batch of rows locked by one open transaction. Finish it with
+// Complete or Release.
+type Claim struct {
+	store *Store
+	tx    pgx.Tx
+	// Records are the claimed rows in id order. For each key they are the
+	// oldest rows that still hold it, consecutive: no other row of the key
+	// comes before or between them.
+	Records []Record
+	// Now is the database clock at the claim.
+	Now time.Time
+	// Claimed counts the rows locked, before rows were held back for their
+	// key; a claim that reached its limit suggests more rows are ready.
+	Claimed int
+
+	start    claimStart
+	partLo   int
+	partHi   int
+	keyFloor int64          // the key check reads pending rows from it
+	held     []int64        // the ids of Records as claimed, in order
+	waited   map[int64]bool // the ids of Records claimed because they waited and are due
+	// Deferred counts rows held back because an earlier row of their key
+	// is waiting (backoff, a delay, or a parked key); they were rescheduled
+	// for when it is due, without counting an attempt.
+	Deferred int
+	// Skipped counts rows held back because an earlier row of their key is
+	// in flight elsewhere; they stay ready. SkippedKeys are their keys.
+	Skipped     int
+	SkippedKeys []string
+	// LeaseExpiry is, after Complete, when each Leased row's lease ends.
+	LeaseExpiry map[int64]time.Time
+	// HeldSince is, in strict order, since when ids above the watermark
+	// have waited for transactions that could still commit a smaller one:
+	// their rows become ready, without a wake-up, when those end. Zero
+	// when none waits, and outside strict order.
+	HeldSince time.Time
+
+	behindLeases []behindLease // rows deferred behind leased rows
+	firstSkipped int64         // the lowest of the Skipped rows
+}
+
+// SpareConns is how many more connections the store's pool could hand out
+// now without waiting.
+func (s *Store) SpareConns() int {
+	st := s.pool.Stat()
+	return int(st.MaxConns() - st.AcquiredConns() - st.ConstructingConns())
+}
+
+// Claim locks up to p.Limit ready rows and returns them in an open
+// transaction. Rows whose key is held by an earlier row outside the claim
+// are left out, so rows of one key are always published in id order.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) (*Claim, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.claimBegin})
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && s.SpareConns() <= 0 {
+			return nil, fmt.Errorf("claim outbox rows: begin: %w: %w", ErrPoolExhausted, err)
+		}
+		return nil, fmt.Errorf("claim outbox rows: begin: %w", err)
+	}
+	c := &Claim{store: s, tx: tx}
+	if err := c.claim(ctx, p); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		c.fail()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
+	s := c.store
+	trusted := s.trusted()
+	bound, err := c.observe(ctx, trusted)
+	if err != nil {
+		return err
+	}
+	trusted = trusted && !s.noFloor.Load()
+	now := time.Now()
+	c.start = s.floors.begin(now, p.ExcludeTopics, trusted, &s.parts)
+	lo, hi := c.start.partLo, c.start.partHi
+	if !c.start.partsOK {
+		// No partitions to claim (yet): an empty claim.
+		s.floors.claimed(c.start, claimResult{none: true})
+		if err := c.tx.QueryRow(ctx, "SELECT now()").Scan(&c.Now); err != nil {
+			return fmt.Errorf("claim outbox rows: %w", err)
+		}
+		return nil
+	}
+	c.partLo, c.partHi = lo, hi
+	recs := make([]Record, 0, p.Limit)
+	seen := make(map[int64]bool, p.Limit)
+	var lastFresh int64
+	res, err := s.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
+		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: c.start.from, MaxID: bound,
+		PartLo: lo, PartHi: hi, Waited: c.start.from > 0}, func(row *outboxdb.ClaimedRow) {
+		c.Claimed++
+		if !row.Waited {
+			lastFresh = max(lastFresh, row.ID)
+		}
+		if seen[row.ID] {
+			return // a row that waited, read again above the start
+		}
+		seen[row.ID] = true
+		if row.Waited {
+			if c.waited == nil {
+				c.waited = map[int64]bool{}
+			}
+			c.waited[row.ID] = true
+		}
+		recs = append(recs, record(row, p.PayloadCap))
+	})
+	if err != nil {
+		return fmt.Errorf("claim outbox rows: %w", err)
+	}
+	// Rows that waited came first: the records go in id order.
+	slices.SortFunc(recs, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
+	c.Now, c.Records = res.Now, recs
+	c.keyFloor = c.start.floor
+	if !trusted && hasKey(recs) {
+		// Any process may hold any row: pending rows hold keys from the
+		// lowest one up.
+		if c.keyFloor, err = s.q.MinPending(ctx, c.tx); err != nil {
+			return fmt.Errorf("claim outbox rows: lowest pending id: %w", err)
+		}
+	}
+	// Every row it locked above the floor is in flight until it ends:
+	// the rows it defers too, which are still ready as other
+	// transactions see them until it commits.
+	var lowest int64
+	for _, rec := range recs {
+		if rec.ID > c.start.floor && (lowest == 0 || rec.ID < lowest) {
+			lowest = rec.ID
+		}
+	}
+	if len(recs) > 0 {
+		if err := c.keepKeyOrder(ctx, p); err != nil {
+			return err
+		}
+	}
+	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
+	if len(p.ExcludeKeys) > 0 {
+		r.passedKeys, r.passedFrom = true, max(p.ExcludedFrom-1, 0)
+	}
+	r.lowestHeld = lowest
+	c.held = make([]int64, len(c.Records))
+	for i, rec := range c.Records {
+		c.held[i] = rec.ID
+	}
+	s.floors.claimed(c.start, r)
+	return nil
+}
+
+// record makes a claimed row a Record, saying why it cannot be delivered
+// as it is, if it cannot.
+func record(row *outboxdb.ClaimedRow, payloadCap int) Record {
+	r := Record{ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, HasKey: row.HasKey,
+		Payload: row.Payload, PayloadSize: row.PayloadSize, Headers: row.Headers, CreatedAt: row.CreatedAt,
+		RetryCount: row.RetryCount, LastDelay: row.LastDelay}
+	switch {
+	case row.HeadersProblem != "":
+		r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, ReasonInvalidMessage
+	case r.Payload == nil:
+		r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, payloadCap)
+		r.UndeliverableReason = ReasonTooLarge
+	}
+	return r
+}
+
+func hasKey(recs []Record) bool {
+	for i := range recs {
+		if recs[i].HasKey {
+			return true
+		}
+	}
+	return false
+}
+
+// end ends the claim's flight: rows of it without an outcome (the lowest
+// is left, 0 for none) are ready again.
+func (c *Claim) end(left int64) {
+	if c.start.gen == 0 {
+		return
+	}
+	c.store.floors.done(c.start.gen, left)
+	c.store.parts.release(c.start.gen)
+	c.start.gen = 0
+}

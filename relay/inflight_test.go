@@ -32,7 +32,8 @@ func TestInflightKeysElsewhere(t *testing.T) {
 	empty := f.add(2, nil)
 
 	elsewhere := func(worker int, keys ...string) string {
-		return fmt.Sprint(f.elsewhere(worker, slices.Clone(keys)))
+		got, _ := f.elsewhere(worker, slices.Clone(keys))
+		return fmt.Sprint(got)
 	}
 	if got := elsewhere(0, "a", "c", "", "d", "e", "f", "x"); got != "[c d e f]" {
 		t.Errorf("worker 0 sees %s in flight elsewhere, want [c d e f]", got)
@@ -46,8 +47,8 @@ func TestInflightKeysElsewhere(t *testing.T) {
 	if got := elsewhere(3, "g"); got != "[g]" {
 		t.Errorf("worker 2 claiming ahead sees %s, want [g]", got)
 	}
-	if got := f.elsewhere(0, nil); got != nil {
-		t.Errorf("no keys asked: %v", got)
+	if got, lowest := f.elsewhere(0, nil); got != nil || lowest != 0 {
+		t.Errorf("no keys asked: %v, lowest %d", got, lowest)
 	}
 	f.remove(other)
 	f.remove(empty)
@@ -60,6 +61,11 @@ func TestInflightKeysElsewhere(t *testing.T) {
 	f.remove(mineAhead)
 	if got := elsewhere(2, "a", "e"); got != "[]" || len(f.batches) != 0 {
 		t.Errorf("after removing every batch: %s, %d batches left", got, len(f.batches))
+	}
+	// The lowest id in flight is of the keys found, not of the batch.
+	f.add(2, []outbox.Record{{ID: 30, Key: "p", HasKey: true}, {ID: 10, Key: "q", HasKey: true}, {ID: 20, Key: "r", HasKey: true}})
+	if got, lowest := f.elsewhere(0, []string{"p", "r", "x"}); fmt.Sprint(got) != "[p r]" || lowest != 20 {
+		t.Errorf("worker 0 sees %v from %d, want [p r] from 20", got, lowest)
 	}
 }
 

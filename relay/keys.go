@@ -101,15 +101,10 @@ func (f *inflightKeys) remove(id inflightID) {
 
 // elsewhere returns those of keys that another worker than the owner's
 // has in flight, in their order: a worker's batch and the one it claims
-// ahead of it (owners 2i and 2i+1) are both its own.
-func (f *inflightKeys) elsewhere(owner int, keys []string) []string {
-	out, _ := f.elsewhereFrom(owner, keys)
-	return out
-}
-
-// elsewhereFrom is elsewhere, and the lowest id in flight of the keys it
-// returns (0 for none).
-func (f *inflightKeys) elsewhereFrom(owner int, keys []string) ([]string, int64) {
+// ahead of it (owners 2i and 2i+1) are both its own. It also returns the
+// lowest id in flight of those keys (0 for none): the rows of theirs a
+// claim passes over lie above it.
+func (f *inflightKeys) elsewhere(owner int, keys []string) ([]string, int64) {
 	if len(keys) == 0 {
 		return nil, 0
 	}

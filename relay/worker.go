@@ -252,7 +252,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	closed, closedFor := r.closedTopics(start)
 	s.sqlBusy.Add(1)
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
-	excluded, excludedFrom := s.inflight.elsewhereFrom(owner, w.avoid.keys(start))
+	excluded, excludedFrom := s.inflight.elsewhere(owner, w.avoid.keys(start))
 	claim, err := s.store.Claim(claimCtx, outbox.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: excluded, ExcludedFrom: excludedFrom,
 		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows,

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 )
@@ -108,7 +110,10 @@ routes:
 
 	// Healthy: never more than max_in_flight requests at once.
 	produce(600)
-	testwait.Within(t, 90*time.Second, "every row delivered", func() bool { return countRows(t, pool, "true") == 0 })
+	if ok, _ := testwait.Poll(90*time.Second, func() (bool, string) { return countRows(t, pool, "true") == 0, "" }); !ok {
+		logPartitions(t, pool)
+		t.Fatal("timed out waiting for every row delivered")
+	}
 	most, requests := rc.reset(true)
 	if most > 3 {
 		t.Errorf("the receiver served %d requests at once; the fleet's max_in_flight is 3", most)
@@ -166,4 +171,27 @@ routes:
 	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox_fleet_replicas").Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d replicas still in the fleet after every relay stopped (%v)", left, err)
 	}
+}
+
+// logPartitions logs the rows left in each partition of the outbox beside
+// the partition's owner, lease and floor, and the claimers: where rows
+// stand when they do not drain.
+func logPartitions(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT p.part, coalesce(p.owner, '-'), p.expires_at > now(), p.floor,
+		count(o.id), coalesce(min(o.id), 0), count(o.id) FILTER (WHERE o.next_attempt_at <> o.created_at)
+		FROM outbox_claim_partitions p LEFT JOIN outbox o ON outbox_partition(o.key, o.id) = p.part AND o.status = 'pending'
+		GROUP BY p.part, p.owner, p.expires_at, p.floor ORDER BY p.part`)
+	if err != nil {
+		t.Logf("partitions: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		v, _ := rows.Values()
+		t.Logf("partition %v: owner %v, leased %v, floor %v: %v pending from id %v, %v of them waiting", v...)
+	}
+	var claimers []string
+	_ = pool.QueryRow(context.Background(), "SELECT coalesce(array_agg(claimer ORDER BY claimer), '{}') FROM outbox_claimers").Scan(&claimers)
+	t.Logf("claimers: %v", claimers)
 }

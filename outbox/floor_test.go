@@ -563,6 +563,67 @@ func TestSweepFindsARowGivenAnIdBelowTheFloor(t *testing.T) {
 	}
 }
 
+// A partition taken outside the run of partitions a store's claims read
+// (another process still held one between) is not read while its store's
+// floor moves on, past its rows. When the run grows to take it in, the
+// next claim reads it from the floor it was taken with.
+func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	keyIn := func(part int) string {
+		t.Helper()
+		var key string
+		if err := s.Pool.QueryRow(ctx, `SELECT 'k' || g FROM generate_series(1, 1000) g
+			WHERE outbox_partition('k' || g, 0) = $1 LIMIT 1`, part).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	// Another process, z, holds partition 3: b's range is 0 to 7, and its
+	// claims read the longest run it holds, 4 to 7.
+	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('z', now() + interval '1 hour')`)
+	s.Exec(t, `UPDATE outbox_claim_partitions SET owner = 'z', expires_at = now() + interval '1 hour' WHERE part = 3`)
+	st := leasedStore(t, s, "b")
+	if got := st.Share(); got.Lo != 4 || got.Hi != 7 {
+		t.Fatalf("b's claims read partitions %d-%d, want 4-7", got.Lo, got.Hi)
+	}
+
+	var stranded int64
+	if err := s.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`, keyIn(1)).Scan(&stranded); err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', $1, 'p' FROM generate_series(1, 5)`, keyIn(5))
+	for range 2 {
+		outbox.HeadClaimDue(st)
+		c := claim(t, st, 10)
+		var out []outbox.Outcome
+		for _, r := range c.Records {
+			if r.ID == stranded {
+				t.Fatalf("claims of partitions 4-7 took row %d of partition 1", r.ID)
+			}
+			out = append(out, sent(r.ID))
+		}
+		complete(t, c, out...)
+	}
+	if floor, _, _ := outbox.NextClaimBounds(st); floor <= stranded {
+		t.Fatalf("b's floor %d, want above row %d: its claims moved on", floor, stranded)
+	}
+
+	// z goes: b's range is every partition, and it holds them all.
+	s.Exec(t, `DELETE FROM outbox_claimers WHERE claimer = 'z'`)
+	s.Exec(t, `UPDATE outbox_claim_partitions SET owner = NULL, expires_at = NULL WHERE part = 3`)
+	if err := st.SyncPartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Share(); got.Lo != 0 || got.Hi != outbox.Partitions-1 {
+		t.Fatalf("b's claims read partitions %d-%d, want all", got.Lo, got.Hi)
+	}
+	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != fmt.Sprint([]int64{stranded}) {
+		t.Fatalf("claim once partition 1 joined the run = %v, want [%d]; %s", got, stranded, outbox.FloorState(st))
+	}
+}
+
 // The same, concurrently, as the relay claims: three claimers of one store,
 // each leaving out the keys the others hold, three producers committing
 // and rolling back transactions of several rows all along, out of id

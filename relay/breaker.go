@@ -13,15 +13,19 @@ import (
 // on evidence about the destination as a whole: at once on a systemic
 // failure of the destination (refused connection, DNS, TLS, cluster
 // authorization); after Failures consecutive transient failures of the
-// destination (no answer: timeouts, reset connections); or when, for
-// FailingFor and across at least FailingRows distinct rows, every row it
-// was given failed on its own (an endpoint failing every row). Rows that
-// fail beside successes, and failures of a topic or a partition, never
-// open it. After a cool-down, which doubles from the relay's PauseBase up
-// to PauseMax while probes keep failing, a probe of a few rows of
-// different keys and topics goes; Successes successful probes close it.
-// While it is open, the destination's rows are not claimed and no attempts
-// are consumed.
+// destination (no answer: timeouts, reset connections); or when every row
+// it was given failed on its own (an endpoint failing every row), across
+// at least FailingRows distinct rows for FailingFor, or as soon as a row
+// failed a third time while new rows failed their first attempt too (a
+// fifth of FailingRows, at least two). Rows that fail
+// beside successes, and failures of a topic or a partition, never open
+// it. After a cool-down, which doubles from the relay's PauseBase up to
+// PauseMax while probes keep failing, a probe of a few rows of different
+// keys and topics goes; Successes successful probes close it, and a probe
+// that delivers nothing and fails on anything but a permanent failure
+// opens it again. While it is open, the destination's rows are not
+// claimed, and a failed probe's rows count no attempt: they wait for the
+// next probe, and end only at the retry policy's MaxAge.
 type BreakerConfig struct {
 	// Failures is the run of consecutive transient failures of the
 	// destination that opens the breaker. Default 5.
@@ -94,26 +98,52 @@ type breaker struct {
 // failWindow gathers the rows that failed on their own since the
 // destination last delivered one.
 type failWindow struct {
-	start time.Time // the first failure
-	ids   map[int64]struct{}
+	start  time.Time     // the first failure
+	ids    map[int64]int // failures of each row
+	most   int           // the most failures of one row
+	firsts int           // rows that failed their first attempt
 }
 
-// add records ids failed at now and reports whether the window holds at
-// least rows distinct rows (it keeps no more).
-func (w *failWindow) add(now time.Time, ids []int64, rows int) bool {
+// add records ids failed at now, firsts of them on their first attempt;
+// the window keeps at most rows distinct rows.
+func (w *failWindow) add(now time.Time, ids []int64, firsts, rows int) {
 	if len(ids) == 0 {
-		return false
+		return
 	}
 	if w.ids == nil {
-		w.start, w.ids = now, make(map[int64]struct{}, rows)
+		w.start, w.ids = now, make(map[int64]int, rows)
 	}
+	w.firsts += firsts
 	for _, id := range ids {
-		if len(w.ids) >= rows {
-			break
+		if n, again := w.ids[id]; again {
+			w.ids[id] = n + 1
+			w.most = max(w.most, n+1)
+		} else if len(w.ids) < rows {
+			w.ids[id] = 1
+			w.most = max(w.most, 1)
 		}
-		w.ids[id] = struct{}{}
 	}
-	return len(w.ids) >= rows
+}
+
+// retriedFailures is how often one row of a window fails, beside new rows
+// failing too, before the window opens the breaker whatever its age: its
+// next attempt would be a fourth. Replicas that lease the outbox's
+// partitions each attempt the rows of their own keys.
+const retriedFailures = 3
+
+// failing reports whether the window shows a destination that fails
+// every row: at least rows distinct rows for failingFor; or, sooner, a row
+// failing for the third time while rows failed their first attempt too
+// (a fifth of rows, at least two), so that no row spends more than three
+// attempts on an outage that answers, however fast its retries come. Rows
+// that fail their retries alone (a payload the destination rejects,
+// after the rest of the traffic went through) are no such evidence: they
+// run out of attempts first.
+func (w *failWindow) failing(now time.Time, rows int, failingFor time.Duration) bool {
+	if len(w.ids) >= rows && now.Sub(w.start) >= failingFor {
+		return true
+	}
+	return w.most >= retriedFailures && w.firsts >= max(2, rows/5)
 }
 
 // admission is what the breaker lets through now.
@@ -176,7 +206,11 @@ type evidence struct {
 	systemic  int     // systemic failures of the subject as a whole
 	transient int     // transient failures of the subject as a whole
 	rowFailed []int64 // rows that failed on their own
-	lastErr   string
+	// rowTransient counts rowFailed's failures that were not permanent:
+	// a 5xx, say, rather than a refused payload; rowFirsts, those of them
+	// that were the row's first attempt.
+	rowTransient, rowFirsts int
+	lastErr                 string
 }
 
 // result feeds one publish's evidence to the breaker, and returns how long
@@ -201,11 +235,13 @@ func (b *breaker) result(now time.Time, gen int, ev evidence, probe bool) time.D
 
 // feed applies one publish's evidence. A publish that delivered a row
 // shows the destination answering; one that failed only rows failing on
-// their own adds them to the window, which opens the breaker once it has
-// held at least failingRows distinct rows for failingFor. In half-open,
-// the same holds for probes: a probe of rows that fail on their own is
-// inconclusive (they go into their own backoff, and the next probe takes
-// other rows) until the window fills.
+// their own adds them to the window, which opens the breaker once it
+// holds at least failingRows distinct rows that failed for failingFor,
+// or sooner (see failing). In half-open, a probe that
+// delivered nothing and failed on anything but a permanent failure
+// opens it again: a 5xx or a timeout to every probed row is the outage
+// going on. A probe whose rows were all refused for good is
+// inconclusive: they are dead letters, and the next probe takes others.
 func (b *breaker) feed(now time.Time, ev evidence) {
 	if ev.lastErr != "" {
 		b.lastErr = ev.lastErr
@@ -230,13 +266,24 @@ func (b *breaker) feed(now time.Time, ev evidence) {
 		return
 	}
 	b.failed += ev.transient
-	if b.failed >= b.failures || (b.state == BreakerHalfOpen && ev.transient > 0) {
+	if b.failed >= b.failures || (b.state == BreakerHalfOpen && ev.transient+ev.rowTransient > 0) {
 		b.open(now)
 		return
 	}
-	if b.failingFor > 0 && b.window.add(now, ev.rowFailed, b.failingRows) && now.Sub(b.window.start) >= b.failingFor {
-		b.open(now)
+	if b.failingFor > 0 {
+		b.window.add(now, ev.rowFailed, ev.rowFirsts, b.failingRows)
+		if b.window.failing(now, b.failingRows, b.failingFor) {
+			b.open(now)
+		}
 	}
+}
+
+// openedSince reports whether the breaker opened after admission gen of
+// a closed breaker, and is not closed again.
+func (b *breaker) openedSince(gen int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return gen != b.gen && b.state != BreakerClosed
 }
 
 // abandoned returns a probe slot whose publish never finished.
@@ -372,6 +419,16 @@ type probeMix struct {
 func (m *probeMix) fits(rec outbox.Record, topic string, rows int) bool {
 	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) &&
 		m.topics[topic] < probeRowsByTopic && (rec.RetryCount == 0 || m.retries < probeRetries)
+}
+
+// fitsPause reports whether rec may join the probe of a paused topic or
+// partition, whose rows are all of one topic.
+func (m *probeMix) fitsPause(rec outbox.Record) bool {
+	rows := 0
+	for _, n := range m.topics {
+		rows += n
+	}
+	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) && (rec.RetryCount == 0 || m.retries < probeRetries)
 }
 
 func (m *probeMix) add(rec outbox.Record, topic string) {

@@ -153,9 +153,11 @@ type dest struct {
 	rate     *rateLimit // nil: unlimited
 	budget   *retryBudget
 	policy   *retry.Policy
-	// pauseBase is how long a deferred row waits when no breaker says.
-	pauseBase time.Duration
-	log       *slog.Logger
+	// pauseBase is how long a deferred row waits when no breaker says;
+	// pauseMax, the longest cool-down, how much longer a failed probe's
+	// rows wait than the rest.
+	pauseBase, pauseMax time.Duration
+	log                 *slog.Logger
 	// publishing counts the rows handed to the publisher and not yet
 	// answered.
 	publishing atomic.Int64
@@ -203,6 +205,7 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 		rate:        newRateLimit(d.RateLimit),
 		policy:      cfg.Policy,
 		pauseBase:   cfg.PauseBase,
+		pauseMax:    cfg.PauseMax,
 		log:         log,
 		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
 	}
@@ -253,6 +256,8 @@ type group struct {
 	pauses map[subject]admission
 	parts  map[int]int
 	mix    *probeMix // what a destination probe holds so far
+	// probing is what each pause's probe holds so far.
+	probing map[subject]*probeMix
 	// inflight is a leased group's entry in the in-flight registry.
 	inflight inflightID
 
@@ -289,11 +294,10 @@ const (
 )
 
 // admit asks the breaker and the pauses whether rec, bound for topic, may
-// go in g now. A paused topic or partition holds its rows; its probe
-// takes all of them in the batch, so that rows failing there still run
-// out of attempts in time. A destination probe takes a few rows of
-// different keys and topics. On admitted, the row is the group's to take
-// (see take), with the pauses whose probe it joins.
+// go in g now. A paused topic or partition holds its rows; its probe, as
+// a destination's, takes a few rows of different keys; the rest of the
+// batch's rows there wait for a later batch. On admitted, the row is the
+// group's to take (see take), with the pauses whose probe it joins.
 func (d *dest) admit(g *group, rec outbox.Record, topic string, now time.Time) (verdict, outbox.Outcome, []subject) {
 	if !g.adm.ok {
 		return deferred, d.deferral(rec, DeferCircuitOpen, g.adm.until.Sub(now)), nil
@@ -309,6 +313,11 @@ func (d *dest) admit(g *group, rec outbox.Record, topic string, now time.Time) (
 	}
 	if g.adm.probe && !g.mix.fits(rec, topic, len(g.recs)) {
 		return held, outbox.Outcome{}, nil
+	}
+	for _, s := range paused {
+		if m := g.probing[s]; m != nil && !m.fitsPause(rec) {
+			return held, outbox.Outcome{}, nil
+		}
 	}
 	return admitted, outbox.Outcome{}, paused
 }
@@ -344,6 +353,17 @@ func (g *group) add(rec outbox.Record, topic string, paused []subject) {
 			g.pauses = map[subject]admission{}
 		}
 		g.pauses[sj] = g.asked[sj]
+		if g.asked[sj].probe {
+			if g.probing == nil {
+				g.probing = map[subject]*probeMix{}
+			}
+			m := g.probing[sj]
+			if m == nil {
+				m = &probeMix{keys: map[string]bool{}, topics: map[string]int{}}
+				g.probing[sj] = m
+			}
+			m.add(rec, topic)
+		}
 		if sj.partition != wholeTopic {
 			if g.parts == nil {
 				g.parts = map[int]int{}

@@ -159,7 +159,7 @@ func (p *pauseSet) remove(s subject) {
 
 // blockedTopics returns the topics paused as a whole that take no rows now
 // (open, or probing), and how long the earliest of them stays so. It
-// forgets the half-open pauses that no row probed for the longest
+// forgets the half-open pauses that no row probed for twice the longest
 // cool-down.
 func (p *pauseSet) blockedTopics(now time.Time) ([]string, time.Duration) {
 	if p.empty() {
@@ -172,7 +172,9 @@ func (p *pauseSet) blockedTopics(now time.Time) ([]string, time.Duration) {
 	for s, b := range p.m {
 		b.mu.Lock()
 		b.cooled(now)
-		stale := b.state == BreakerHalfOpen && !b.probing && now.Sub(b.until) > p.max
+		// The rows of its last probe, if it failed, come back a longest
+		// cool-down after it ended (see settle): stale only past them.
+		stale := b.state == BreakerHalfOpen && !b.probing && now.Sub(b.until) > 2*p.max+p.base
 		b.mu.Unlock()
 		if stale {
 			p.log.Info("no rows probed a paused "+s.kind()+" for a while; no longer paused", s.attrs()...)

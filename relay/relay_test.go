@@ -110,6 +110,8 @@ type harness struct {
 
 type options struct {
 	keepSent bool
+	// claimer leases the outbox's partitions, as a replica does.
+	claimer  string
 	policy   retry.PolicyConfig
 	listener bool
 	cfg      relay.Config
@@ -117,7 +119,7 @@ type options struct {
 
 func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harness {
 	t.Helper()
-	store, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, KeepSent: o.keepSent})
+	store, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, KeepSent: o.keepSent, Claimer: o.claimer, ClaimLease: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,15 +126,16 @@ func pausedTopic(r *relay.Relay, dest, topic string, partition int) bool {
 
 // A topic the cluster does not have fails its rows on every attempt. It
 // pauses alone: the healthy topics of the same cluster keep their latency,
-// the destination's breaker stays closed, and the missing topic's rows
-// count their attempts and end as dead letters.
+// the destination's breaker stays closed, and the missing topic's rows,
+// whose probes fail, count no attempt for them: they end as dead letters
+// at retry.max_age.
 func TestMissingTopicDoesNotStallItsCluster(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	c := kafkatest.NewCluster(t, []string{"orders", "payments"})
 	obs := &settled{}
 	h := start(t, s, nil, options{
-		policy: retry.PolicyConfig{MaxAttempts: 4, BaseDelay: 50 * time.Millisecond, MaxDelay: 200 * time.Millisecond},
+		policy: retry.PolicyConfig{MaxAttempts: 4, MaxAge: 2 * time.Second, BaseDelay: 50 * time.Millisecond, MaxDelay: 200 * time.Millisecond},
 		cfg: relay.Config{
 			Destinations: []relay.Destination{{Name: "kafka", Publisher: newKafka(t, c)}},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}},
@@ -160,9 +161,9 @@ func TestMissingTopicDoesNotStallItsCluster(t *testing.T) {
 	})
 	h.stop()
 	typos := count(t, s.Pool, "topic = 'orders-typo'")
-	if n := count(t, s.Pool, `topic = 'orders-typo' AND status = 'dead_lettered' AND dead_letter_reason = 'retries_exhausted'
-AND retry_count = 4 AND last_error LIKE '%Unknown Topic Or Partition%'`); n != typos || n == 0 {
-		t.Errorf("%d of %d missing-topic rows dead-lettered retries_exhausted after 4 attempts", n, typos)
+	if n := count(t, s.Pool, `topic = 'orders-typo' AND status = 'dead_lettered' AND dead_letter_reason = 'max_age_exceeded'
+AND retry_count < 4 AND last_error LIKE '%Unknown Topic Or Partition%'`); n != typos || n == 0 {
+		t.Errorf("%d of %d missing-topic rows dead-lettered max_age_exceeded before their 4 attempts", n, typos)
 	}
 	if n := count(t, s.Pool, "topic <> 'orders-typo'"); n != 0 {
 		t.Errorf("%d healthy rows left in the table, want all delivered and deleted", n)
@@ -240,8 +241,10 @@ AND retry_count = 4 AND last_error LIKE '%500 Internal Server Error%refunds are 
 }
 
 // An endpoint that fails every row it is given is failing as a whole: once
-// enough distinct rows have failed for long enough with no success, its
-// breaker opens, and the rest wait without counting attempts.
+// enough distinct rows have failed for long enough with no success, or a
+// row has failed a third time beside others (here: the first batch of
+// ten, retried at once), its breaker opens, and the rest wait without
+// counting attempts.
 func TestEndpointFailingEveryRowOpensTheBreaker(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
@@ -271,9 +274,12 @@ func TestEndpointFailingEveryRowOpensTheBreaker(t *testing.T) {
 	attempts := count(t, s.Pool, "retry_count > 0")
 	moreClaims()
 	h.stop()
-	if n := count(t, s.Pool, "retry_count > 0"); n < 20 || n != attempts || n > atOpen+10 {
-		t.Fatalf("%d rows attempted, %d when the breaker opened, %d after its batch; want at least 20, at most one batch more, and none after",
+	if n := count(t, s.Pool, "retry_count > 0"); n < 10 || n != attempts || n > atOpen+10 {
+		t.Fatalf("%d rows attempted, %d when the breaker opened, %d after its batch; want at least a batch, at most one batch more, and none after",
 			n, atOpen, attempts)
+	}
+	if n := count(t, s.Pool, "retry_count > 3"); n != 0 {
+		t.Fatalf("%d rows counted more than three attempts before the breaker opened", n)
 	}
 	if n := count(t, s.Pool, "true"); n != 300 {
 		t.Fatalf("%d rows left, want all 300", n)

@@ -13,7 +13,8 @@ import (
 // evidence by scope, to its destination's breaker, the pauses of its
 // topics and partitions, and its retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
-// comes after the failed row's.
+// comes after the failed row's. The rows of a probe that failed count no
+// attempt (see failedProbes).
 func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 	elapsed := g.done.Sub(g.start)
 	outcomes := make([]outbox.Outcome, 0, len(g.recs))
@@ -22,6 +23,8 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 	var dev evidence              // about the destination
 	var sev map[subject]*evidence // about its topics and partitions
 	var pausedBy map[int]subject  // deferred outcomes, by index, waiting on a pause
+	var probed map[int]bool       // deferred outcomes, by index, of a failed probe's rows
+	destProbeFailed, pauseProbeFailed := failedProbes(g, d.breaker.openedSince(g.adm.gen))
 	about := func(s subject) *evidence {
 		if sev == nil {
 			sev = map[subject]*evidence{}
@@ -90,18 +93,32 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 		switch {
 		case ce.Class == retry.ClassPermanent || ce.Scope == retry.ScopeRecord:
 			ev.rowFailed = append(ev.rowFailed, rec.ID)
+			if ce.Class != retry.ClassPermanent {
+				ev.rowTransient++
+				if rec.RetryCount == 0 {
+					ev.rowFirsts++
+				}
+			}
 		case ce.Class == retry.ClassSystemic:
 			ev.systemic++
 		default:
 			ev.transient++
 		}
 		ev.lastErr = err.Error()
-		dec := d.policy.Decide(retry.Failure{
-			Err:       err,
-			Attempt:   rec.RetryCount,
-			Age:       g.claimed.Sub(rec.CreatedAt) + elapsed,
-			PrevDelay: rec.LastDelay,
-		})
+		age := g.claimed.Sub(rec.CreatedAt) + elapsed
+		// The failure of a probe that failed is the outage's: the row
+		// waits for the next probe, and ends by age only.
+		outage := ce.Class != retry.ClassPermanent && (destProbeFailed ||
+			scoped && (pauseProbeFailed[paused] || pauseProbeFailed[subject{rec.Topic, wholeTopic}]))
+		var dec retry.Decision
+		switch {
+		case outage && d.policy.Outlived(age):
+			dec = retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonMaxAgeExceeded}
+		case outage:
+			dec = retry.Decision{Action: retry.Defer}
+		default:
+			dec = d.policy.Decide(retry.Failure{Err: err, Attempt: rec.RetryCount, Age: age, PrevDelay: rec.LastDelay})
+		}
 		o := outbox.Outcome{ID: rec.ID, Error: ev.lastErr, Class: ce.Class.String(), Attempted: true, Destination: d.Name}
 		switch dec.Action {
 		case retry.Retry:
@@ -117,6 +134,12 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 					pausedBy = map[int]subject{}
 				}
 				pausedBy[len(outcomes)] = paused
+			}
+			if outage {
+				if probed == nil {
+					probed = map[int]bool{}
+				}
+				probed[len(outcomes)] = true
 			}
 		case retry.DeadLetter:
 			o.Kind, o.Reason = outbox.DeadLettered, dec.Reason
@@ -137,6 +160,13 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 		return outcomes
 	}
 	d.budget.earn(now, firsts, retriesSent+refunds)
+	if dev.sent == 0 && dev.systemic+dev.transient == 0 && failedPartitions(sev) >= 2 {
+		// Every partition the publish reached failed, and nothing was
+		// delivered: a broker answering every produce with a timeout is
+		// the destination failing, not its partitions.
+		dev.transient++
+		dev.lastErr = lastErr(sev)
+	}
 	cooldown := d.breaker.result(now, g.adm.gen, dev, g.adm.probe)
 	// A pause's probe whose rows were all held behind their keys says
 	// nothing: another goes.
@@ -165,7 +195,77 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 		if wait == 0 {
 			wait = d.pauseBase // a stale systemic failure: look again soon
 		}
+		if probed[i] {
+			// Past the next cool-down, whatever it turns out to be (a
+			// fleet's may differ): the next probe takes other rows, of
+			// other keys, so that rows failing on their own cannot fail
+			// every probe of a destination that is back.
+			wait += d.pauseMax
+		}
 		outcomes[i].Delay = wait
 	}
 	return outcomes
+}
+
+// failedProbes reports which probes g carried that failed: they delivered
+// none of their rows. A failure of a probe's subject (the destination, a
+// topic or a partition) in such a probe says the subject is still down,
+// not that the row is bad: the row counts no attempt. A probe some of
+// whose rows were delivered did not fail, and its failed rows follow the
+// retry policy. A publish that delivered nothing while the destination's
+// breaker opened (on other publishes' evidence, or the fleet's) counts as
+// a failed probe of the destination: its failures are the outage's too.
+func failedProbes(g *group, openedSince bool) (dest bool, pauses map[subject]bool) {
+	probes := 0
+	for _, a := range g.pauses {
+		if a.probe {
+			probes++
+		}
+	}
+	dest = g.adm.probe || openedSince
+	if !dest && probes == 0 {
+		return false, nil
+	}
+	if probes > 0 {
+		pauses = make(map[subject]bool, probes)
+		for s, a := range g.pauses {
+			if a.probe {
+				pauses[s] = true
+			}
+		}
+	}
+	for i, rec := range g.recs {
+		if g.errs[i] != nil {
+			continue
+		}
+		dest = false
+		if len(pauses) > 0 {
+			delete(pauses, subject{rec.Topic, wholeTopic})
+			if part, ok := g.parts[i]; ok {
+				delete(pauses, subject{rec.Topic, part})
+			}
+		}
+	}
+	return dest, pauses
+}
+
+// failedPartitions counts the partitions whose rows failed as partitions.
+func failedPartitions(sev map[subject]*evidence) int {
+	n := 0
+	for s, ev := range sev {
+		if s.partition != wholeTopic && ev.systemic+ev.transient > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// lastErr is one of the failures of the topics and partitions.
+func lastErr(sev map[subject]*evidence) string {
+	for _, ev := range sev {
+		if ev.lastErr != "" {
+			return ev.lastErr
+		}
+	}
+	return ""
 }

@@ -418,6 +418,11 @@ func NewPolicy(c PolicyConfig) (*Policy, error) {
 	return p, nil
 }
 
+// Outlived reports whether a failing row of age is past MaxAge: it is
+// dead-lettered (max_age_exceeded) whatever its attempts, even when its
+// failure counts none.
+func (p *Policy) Outlived(age time.Duration) bool { return p.MaxAge > 0 && age >= p.MaxAge }
+
 // Decide returns what to do with f.
 func (p *Policy) Decide(f Failure) Decision {
 	e := Classify(f.Err)
@@ -434,7 +439,7 @@ func (p *Policy) Decide(f Failure) Decision {
 	if f.Attempt+1 >= p.MaxAttempts {
 		return Decision{Action: DeadLetter, Reason: ReasonRetriesExhausted}
 	}
-	if p.MaxAge > 0 && f.Age >= p.MaxAge {
+	if p.Outlived(f.Age) {
 		return Decision{Action: DeadLetter, Reason: ReasonMaxAgeExceeded}
 	}
 	p.mu.Lock()

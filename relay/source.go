@@ -158,7 +158,7 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight con
 		defer close(s.partsDone)
 		t := time.NewTicker(outbox.ClaimSyncEvery)
 		defer t.Stop()
-		sweep := time.NewTicker(outbox.SweepEvery)
+		sweep := time.NewTimer(outbox.SweepEvery)
 		defer sweep.Stop()
 		// While it has partitions to give up, it syncs again as soon as
 		// the claims reading them may have ended.
@@ -175,7 +175,7 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight con
 			case <-s.resync:
 			case <-soon.C:
 			case <-sweep.C:
-				s.sweepBelowFloor(partsCtx)
+				sweep.Reset(s.sweepBelowFloor(partsCtx))
 				continue
 			}
 			failing = s.syncPartitions(partsCtx, failing)
@@ -240,9 +240,16 @@ func (s *source) syncPartitions(ctx context.Context, failing bool) bool {
 
 // sweepBelowFloor looks for rows given ids below those delivered, which
 // claims that read from their floor do not see.
-func (s *source) sweepBelowFloor(ctx context.Context) {
+// It returns when to look again: SweepEvery, or later when the look was
+// long, so that it never costs the database more than 1/sweepShare of
+// a backend. A look reads every index entry below the floor, and a
+// snapshot held elsewhere keeps those of delivered rows: held for hours,
+// they are millions.
+func (s *source) sweepBelowFloor(ctx context.Context) time.Duration {
 	sctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout)
+	began := time.Now()
 	found, err := s.store.SweepBelowFloor(sctx)
+	took := time.Since(began)
 	cancel()
 	switch {
 	case err != nil && ctx.Err() == nil:
@@ -251,7 +258,12 @@ func (s *source) sweepBelowFloor(ctx context.Context) {
 		s.log.Warn("found a pending row with an id below those already delivered (given by its producer?): delivering it now; its key's later rows may have gone first")
 		s.wakeAll()
 	}
+	return max(outbox.SweepEvery, took*sweepShare)
 }
+
+// sweepShare bounds what looking below the floor costs: a look that took
+// a second is not repeated within sweepShare seconds.
+const sweepShare = 500
 
 // leavePartitions gives up the outbox's partitions, after its last
 // delivery, for the other processes to take at once.

@@ -106,7 +106,7 @@ type OutboxStatus struct {
 // DestinationStatus is one destination's flow control.
 type DestinationStatus struct {
 	Name string
-	// Breaker is closed, open or half-open; OpenUntil is when an open
+	// Breaker is closed, open or half_open; OpenUntil is when an open
 	// breaker lets a probe through.
 	Breaker   string
 	OpenUntil time.Time

@@ -173,12 +173,7 @@ func (t timedPublisher) Publish(ctx context.Context, records []outbox.Record) []
 // Circuit states, the values of outbox_circuit_state's state label.
 var circuitStates = []relay.BreakerState{relay.BreakerClosed, relay.BreakerHalfOpen, relay.BreakerOpen}
 
-func stateLabel(s relay.BreakerState) string {
-	if s == relay.BreakerHalfOpen {
-		return "half_open"
-	}
-	return s.String()
-}
+func stateLabel(s relay.BreakerState) string { return s.String() }
 
 // destinations reports the circuit of every destination, and its paused
 // topics and partitions, at each scrape.

@@ -57,7 +57,7 @@ func (s BreakerState) String() string {
 	case BreakerOpen:
 		return "open"
 	case BreakerHalfOpen:
-		return "half-open"
+		return "half_open"
 	}
 	return fmt.Sprintf("BreakerState(%d)", int(s))
 }

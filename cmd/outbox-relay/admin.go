@@ -252,10 +252,18 @@ type readiness struct {
 	Draining bool     `json:"draining"`
 	// Database and Notifications are the only outbox's, when there is
 	// one; Outboxes lists every outbox's.
-	Database      string             `json:"database,omitempty"`
-	Notifications *notifications     `json:"notifications,omitempty"`
-	Outboxes      []outboxState      `json:"outboxes"`
-	Destinations  []destinationState `json:"destinations"`
+	Database      string         `json:"database,omitempty"`
+	Notifications *notifications `json:"notifications,omitempty"`
+	Outboxes      []outboxState  `json:"outboxes"`
+	// Coordination is the fleet's: off without one, up while flow control
+	// is shared, down while each replica has its own.
+	Coordination *coordination      `json:"coordination,omitempty"`
+	Destinations []destinationState `json:"destinations"`
+}
+
+type coordination struct {
+	State    string `json:"state"` // up or down
+	Replicas int    `json:"replicas"`
 }
 
 type outboxState struct {
@@ -274,7 +282,7 @@ type notifications struct {
 
 type destinationState struct {
 	Name string `json:"name"`
-	// Circuit is closed, open or half-open.
+	// Circuit is closed, open or half_open, as the metrics name them.
 	Circuit   string        `json:"circuit"`
 	OpenUntil *time.Time    `json:"open_until,omitempty"`
 	LastError string        `json:"last_error,omitempty"`
@@ -346,6 +354,14 @@ func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(states) == 1 {
 		rd.Database, rd.Notifications = states[0].Database, &states[0].Notifications
+	}
+	if f, ok := ad.relay.Fleet(); ok {
+		// Coordination down leaves the relay ready: each replica keeps
+		// to its own share of the limits meanwhile.
+		rd.Coordination = &coordination{State: "down", Replicas: f.Replicas}
+		if f.Up {
+			rd.Coordination.State = "up"
+		}
 	}
 	for _, d := range ad.relay.Destinations() {
 		ds := destinationState{Name: d.Name, Circuit: d.Breaker.String(), LastError: d.LastError}

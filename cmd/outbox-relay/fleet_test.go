@@ -123,6 +123,12 @@ routes:
 		_, body := get(t, addr, "/metrics")
 		return strings.Contains(body, "outbox_fleet_replicas 3") && strings.Contains(body, "outbox_fleet_coordination_up 1")
 	})
+	if _, body := get(t, addr, "/readyz"); !strings.Contains(body, `"coordination": {
+    "state": "up",
+    "replicas": 3
+  }`) {
+		t.Errorf("/readyz does not report the fleet's coordination up with three replicas:\n%s", body)
+	}
 
 	// Down: the first replica to see it opens the fleet's breaker.
 	produce(200)
@@ -142,6 +148,14 @@ routes:
 			}
 		}
 		return true
+	})
+	testwait.For(t, "a replica's /readyz to name the half-open circuit as the metrics do", func() bool {
+		for _, a := range addrs {
+			if _, body := get(t, a, "/readyz"); strings.Contains(body, `"circuit": "half_open"`) {
+				return true
+			}
+		}
+		return false
 	})
 	testwait.For(t, "the requests sent before it opened to end", func() bool { now, _, _, _ := rc.counts(); return now == 0 })
 	rc.reset(true)

@@ -62,6 +62,9 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := a.schemaGate(ctx); err != nil {
+		return err
+	}
 	ver, rev := buildInfo()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
@@ -369,6 +372,49 @@ func worthWaiting(err error) bool {
 // idleGrace is added to the publish timeout for the server-side idle
 // transaction timeout: a publish that times out is still written back.
 const idleGrace = 30 * time.Second
+
+// schemaGate checks every outbox's schema before the relay listens, joins
+// the fleet or writes anything: a database without the schema, or with
+// one this binary cannot run on, ends run at once with the one line that
+// says what to do (exit 2), and refused credentials or a database that
+// does not exist end it too. A database that does not answer yet is left
+// to the relay, which waits for it and checks its schema then, before it
+// claims a row.
+func (a *app) schemaGate(ctx context.Context) error {
+	several := len(a.cfg.OutboxList) > 0
+	for _, s := range a.cfg.Outboxes() {
+		err := func() error {
+			pool, err := newPool(ctx, s.Database)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			pctx, cancel := context.WithTimeout(ctx, gateWait)
+			defer cancel()
+			if err := pool.Ping(pctx); err != nil {
+				if ctx.Err() == nil && !worthWaiting(err) {
+					return fmt.Errorf("connect to database: %w", err)
+				}
+				return nil // down for now: checked once it answers
+			}
+			_, err = migrations.Check(pctx, pool, s.Database.Schema)
+			if err != nil && !errors.As(err, new(*migrations.VersionError)) {
+				return nil // not answering in time: checked once it does
+			}
+			return err
+		}()
+		if err != nil && several {
+			return fmt.Errorf("outbox %s: %w", s.Name, err)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gateWait bounds how long the schema gate waits for a database.
+const gateWait = 5 * time.Second
 
 // checkSchema fails clearly when the schema is older than this binary
 // needs, or newer and no longer compatible with it.

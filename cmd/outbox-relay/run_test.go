@@ -188,6 +188,17 @@ func TestRunChecksTheSchemaVersion(t *testing.T) {
 			if r.code != 2 || !strings.Contains(r.stderr, want) {
 				t.Fatalf("%v: code %d, stderr: %s", args, r.code, r.stderr)
 			}
+			onlyTheGate(t, r)
+		}
+		// Nothing was created or written: no table at all.
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		var tables int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&tables); err != nil || tables != 0 {
+			t.Fatalf("%d tables in the empty database after run (%v), want none", tables, err)
 		}
 	})
 	t.Run("older", func(t *testing.T) {
@@ -231,14 +242,35 @@ func TestRunChecksTheSchemaVersion(t *testing.T) {
 		if _, err := pool.Exec(ctx, `UPDATE outbox_relay_schema SET compatible_from = $1`, need+1); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := pool.Exec(ctx, `DELETE FROM outbox_fleet_replicas; DELETE FROM outbox_claimers;
+			UPDATE outbox_claim_partitions SET owner = NULL, expires_at = NULL`); err != nil {
+			t.Fatal(err)
+		}
 		for _, args := range [][]string{{"run"}, {"dlq", "list"}} {
 			r := runBinary(t, relayEnv(dsn, c), args...)
 			want := fmt.Sprintf("schema public is at version %d, which needs a relay of version %d or later; this relay is version %d: upgrade the relay", need+1, need+1, need)
 			if r.code != 2 || !strings.Contains(r.stderr, want) {
 				t.Fatalf("%v: code %d, stderr: %s", args, r.code, r.stderr)
 			}
+			onlyTheGate(t, r)
+		}
+		// The tables a newer schema may have changed were not touched:
+		// the relay that ran before left them as they are now.
+		var written int
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_fleet_replicas) + (SELECT count(*) FROM outbox_claimers)
+			+ (SELECT count(*) FROM outbox_claim_partitions WHERE owner IS NOT NULL)`).Scan(&written); err != nil || written != 0 {
+			t.Fatalf("%d rows in the fleet's and the claimers' tables after the refused run (%v), want none", written, err)
 		}
 	})
+}
+
+// onlyTheGate checks that a run refused by the schema gate said nothing
+// but why: it listened, joined and logged nothing first.
+func onlyTheGate(t *testing.T, r result) {
+	t.Helper()
+	if lines := strings.Split(strings.TrimSpace(r.stderr), "\n"); len(lines) != 1 {
+		t.Errorf("the schema gate's line is not the only output:\n%s", r.stderr)
+	}
 }
 
 func TestRunStrictOrderChecksTheTable(t *testing.T) {

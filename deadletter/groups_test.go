@@ -30,6 +30,14 @@ func TestErrorFingerprint(t *testing.T) {
 		{"POST /orders/12345/items: 422", "POST /orders/<n>/items: <n>"},
 		{"utf8 over http2 in v1.2 to deadbeef", "utf8 over http2 in v1.2 to deadbeef"},
 		{"  spread\n\tover   lines  ", "spread over lines"},
+		// Receivers' JSON answers, quoted into the error Go-style: the
+		// values are masked, the keys and the shape kept.
+		{`POST http://billing:8080/orders: 500 Internal Server Error: "{\"error\":\"poison pill 42\"}\n"`,
+			`POST http://billing:<n>/orders: <n> Internal Server Error: "{\"error\":<q>}\n"`},
+		{`HTTP 422: "{\"errors\":[{\"field\":\"amount\",\"message\":\"must be \\\"positive\\\"\"}],\"order\":\"7f3c2a91-0b6e-4c1d-9a8f-2e5d6c7b8a90\",\"retry\":false,\"count\":3}"`,
+			`HTTP <n>: "{\"errors\":[{\"field\":<q>,\"message\":<q>}],\"order\":<q>,\"retry\":false,\"count\":<n>}"`},
+		{`HTTP 409: "{\"detail\":{\"id\":12345,\"state\":\"shipped\"}}"`,
+			`HTTP <n>: "{\"detail\":{\"id\":<n>,\"state\":<q>}}"`},
 	} {
 		var got string
 		query(t, s, `SELECT outbox_error_fingerprint($1)`, []any{c.err}, &got)

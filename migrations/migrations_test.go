@@ -821,3 +821,49 @@ FROM outbox`).Scan(&done, &pending, &valid); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
 }
+
+// Dead letters grouped by the first fingerprint are regrouped: answers
+// that differ only in a value inside a JSON body, which it told apart,
+// fall into one group; the others keep theirs. Down restores the first
+// fingerprint and its groups.
+func TestFingerprintMigrationRegroups(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, pgtest.NewDatabase(t))
+	m := migrateUp(t, db)
+	downThrough(t, m, 17)
+	if _, err := db.Exec(`INSERT INTO outbox (topic, payload, status, dead_letter_reason, dead_lettered_at, last_error, destination)
+SELECT 't', 'x', 'dead_lettered', 'retries_exhausted', now(),
+    CASE WHEN g % 2 = 0 THEN 'HTTP 500: "{\"error\":\"' || (ARRAY['card declined', 'insufficient funds', 'expired card'])[g % 3 + 1] || '\"}"'
+        ELSE 'HTTP 400 for order ' || g END, 'hook'
+FROM generate_series(1, 7000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE outbox SET error_group = outbox_error_group(destination, dead_letter_reason, last_error)`); err != nil {
+		t.Fatal(err)
+	}
+	groups := func() (json, plain int) {
+		t.Helper()
+		if err := db.QueryRow(`SELECT count(DISTINCT error_group) FILTER (WHERE last_error LIKE 'HTTP 500%'),
+    count(DISTINCT error_group) FILTER (WHERE last_error LIKE 'HTTP 400%') FROM outbox`).Scan(&json, &plain); err != nil {
+			t.Fatal(err)
+		}
+		return json, plain
+	}
+	if json, plain := groups(); json != 3 || plain != 1 {
+		t.Fatalf("before: %d groups of JSON answers (want 3: the first fingerprint tells their values apart), %d of plain ones (want 1)", json, plain)
+	}
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if json, plain := groups(); json != 1 || plain != 1 {
+		t.Fatalf("after up: %d groups of JSON answers, %d of plain ones; want 1 and 1", json, plain)
+	}
+	var stale int
+	if err := db.QueryRow(`SELECT count(*) FROM outbox WHERE error_group <> outbox_error_group(destination, dead_letter_reason, last_error)`).Scan(&stale); err != nil || stale != 0 {
+		t.Fatalf("after up: %d rows whose group is not their fingerprint's (%v)", stale, err)
+	}
+	downThrough(t, m, 17)
+	if json, plain := groups(); json != 3 || plain != 1 {
+		t.Fatalf("after down: %d groups of JSON answers (want 3), %d of plain ones (want 1)", json, plain)
+	}
+}

@@ -447,6 +447,8 @@ func checkKillRestart(t *testing.T, strict bool) {
 	})
 	delivered := map[uuid.UUID]int{}
 	lastFirst := map[string]int64{} // key → id of its latest first delivery
+	// Each key's first deliveries, to show around an order violation.
+	firsts := map[string][]string{}
 	for _, r := range recs {
 		id, err := uuid.Parse(r.Headers[kafka.HeaderEventID])
 		if err != nil {
@@ -461,8 +463,11 @@ func checkKillRestart(t *testing.T, strict bool) {
 			t.Fatalf("message without a row id: %v", r.Headers)
 		}
 		k := string(r.Key)
+		firsts[k] = append(firsts[k], fmt.Sprintf("%d@%d/%d %s", rowID, r.Partition, r.Offset, r.Timestamp.Format("15:04:05.000")))
 		if rowID < lastFirst[k] {
-			t.Errorf("key %s: row %d first delivered after row %d", k, rowID, lastFirst[k])
+			f := firsts[k]
+			t.Errorf("key %s: row %d first delivered after row %d; its first deliveries up to here (row@partition/offset time): %v",
+				k, rowID, lastFirst[k], f[max(0, len(f)-8):])
 		}
 		lastFirst[k] = rowID
 	}

@@ -17,9 +17,9 @@ import (
 // it was given failed on its own (an endpoint failing every row), across
 // at least FailingRows distinct rows for FailingFor, or as soon as a row
 // failed a third time while new rows failed their first attempt too (a
-// fifth of FailingRows, at least two). Rows that fail
-// beside successes, and failures of a topic or a partition, never open
-// it. After a cool-down, which doubles from the relay's PauseBase up to
+// fifth of FailingRows, at least two). Rows that fail beside successes,
+// and failures of a topic or a partition, never open it. After a
+// cool-down, which doubles from the relay's PauseBase up to
 // PauseMax while probes keep failing, a probe of a few rows of different
 // keys and topics goes; Successes successful probes close it, and a probe
 // that delivers nothing and fails on anything but a permanent failure
@@ -237,11 +237,11 @@ func (b *breaker) result(now time.Time, gen int, ev evidence, probe bool) time.D
 // shows the destination answering; one that failed only rows failing on
 // their own adds them to the window, which opens the breaker once it
 // holds at least failingRows distinct rows that failed for failingFor,
-// or sooner (see failing). In half-open, a probe that
-// delivered nothing and failed on anything but a permanent failure
-// opens it again: a 5xx or a timeout to every probed row is the outage
-// going on. A probe whose rows were all refused for good is
-// inconclusive: they are dead letters, and the next probe takes others.
+// or sooner (see failing). In half-open, a probe that delivered nothing
+// and failed on anything but a permanent failure opens it again: a 5xx
+// or a timeout to every probed row is the outage going on. A probe whose
+// rows were all refused for good is inconclusive: they are dead letters,
+// and the next probe takes others.
 func (b *breaker) feed(now time.Time, ev evidence) {
 	if ev.lastErr != "" {
 		b.lastErr = ev.lastErr

@@ -216,23 +216,17 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 // breaker opened (on other publishes' evidence, or the fleet's) counts as
 // a failed probe of the destination: its failures are the outage's too.
 func failedProbes(g *group, openedSince bool) (dest bool, pauses map[subject]bool) {
-	probes := 0
-	for _, a := range g.pauses {
+	for s, a := range g.pauses {
 		if a.probe {
-			probes++
+			if pauses == nil {
+				pauses = map[subject]bool{}
+			}
+			pauses[s] = true
 		}
 	}
 	dest = g.adm.probe || openedSince
-	if !dest && probes == 0 {
+	if !dest && pauses == nil {
 		return false, nil
-	}
-	if probes > 0 {
-		pauses = make(map[subject]bool, probes)
-		for s, a := range g.pauses {
-			if a.probe {
-				pauses[s] = true
-			}
-		}
 	}
 	for i, rec := range g.recs {
 		if g.errs[i] != nil {

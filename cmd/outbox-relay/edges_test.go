@@ -44,10 +44,22 @@ func relayRole(t *testing.T, dsn string, pool *pgxpool.Pool) (string, string) {
 	return role, strings.Replace(dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
 }
 
-// waitForLog waits until the relay has logged a line containing text.
+// waitForLog waits until the relay has logged a line containing text,
+// and fails at once, with what it logged, if it exits first.
 func (p *relayProcess) waitForLog(t *testing.T, text string) {
 	t.Helper()
-	testwait.Within(t, 60*time.Second, "the relay to log "+text, func() bool { return strings.Contains(p.output.String(), text) })
+	testwait.State(t, 60*time.Second, func() (bool, string) {
+		out := p.output.String()
+		select {
+		case <-p.done:
+			return true, ""
+		default:
+		}
+		return strings.Contains(out, text), "timed out waiting for the relay to log " + text + "\nit logged:\n" + out
+	})
+	if out := p.output.String(); !strings.Contains(out, text) {
+		t.Fatalf("the relay exited without logging %s; it logged:\n%s", text, out)
+	}
 }
 
 // The relay rides out what a database does at the edges of its operation,

@@ -310,18 +310,36 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 }
 
 // prepareOutbox waits for the outbox's database, then checks its schema
-// and, with strict order, the server's setting for it.
+// and, with strict order, the server's setting for it. A check that fails
+// for a reason the relay can name and outlive (a pooler that loses
+// prepared statements, a failover, a statement timeout) is logged with
+// its hint and tried again, as the relay does once running; a schema it
+// cannot run on ends it.
 func (a *app) prepareOutbox(ctx context.Context, o *runOutbox, log *slog.Logger) error {
-	if up, err := waitForDatabase(ctx, o.pool, log); !up {
-		return err
+	delay := time.Second
+	for {
+		if up, err := waitForDatabase(ctx, o.pool, log); !up {
+			return err
+		}
+		err := checkSchema(ctx, o.pool, o.settings.Database.Schema, log)
+		if err == nil && a.cfg.Relay.StrictOrder {
+			err = o.store.CheckStrictOrder(ctx)
+		}
+		p, known := outbox.ExplainDBError(err)
+		if err == nil || !known || ctx.Err() != nil {
+			return err
+		}
+		log.Warn("database: "+p.Hint, slog.Any("error", err), slog.Duration("retry_in", delay))
+		if p.Reconnect {
+			o.pool.Reset()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
 	}
-	if err := checkSchema(ctx, o.pool, o.settings.Database.Schema, log); err != nil {
-		return err
-	}
-	if a.cfg.Relay.StrictOrder {
-		return o.store.CheckStrictOrder(ctx)
-	}
-	return nil
 }
 
 // waitForDatabase waits until the pool's database answers, while it

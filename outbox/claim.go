@@ -24,11 +24,12 @@ type ClaimParams struct {
 	// rows the claim could only lock and skip, getting in the way of the
 	// worker that delivers them. Keep it short.
 	ExcludeKeys []string
-	// ExcludedFrom is the lowest id in flight of ExcludeKeys. Their
-	// pending rows lie above their rows in flight, so the rows a claim
-	// passes over lie above it: claims read them again from there once
-	// their keys are free, not from where the claim began. Zero: from
-	// where it began.
+	// ExcludedFrom is the lowest id of ExcludeKeys in flight, or followed
+	// by a claim in flight (see Follows: the rows it follows may fail and
+	// stay pending below its own). Their pending rows lie above it, so
+	// the rows a claim passes over do too: claims read them again from
+	// there once their keys are free, not from where the claim began.
+	// Zero: from where it began.
 	ExcludedFrom int64
 	// ExcludeTopics are topics not to claim: their destination is not
 	// taking deliveries. A row of such a topic that holds its key counts
@@ -90,6 +91,7 @@ type Claim struct {
 
 	behindLeases []behindLease // rows deferred behind leased rows
 	firstSkipped int64         // the lowest of the Skipped rows
+	probedLow    int64         // the lowest row the key check locked for a moment
 }
 
 // SpareConns is how many more connections the store's pool could hand out
@@ -192,6 +194,9 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
 	if len(p.ExcludeKeys) > 0 {
 		r.passedKeys, r.passedFrom = true, max(p.ExcludedFrom-1, 0)
+	}
+	if c.probedLow > 0 && (lowest == 0 || c.probedLow < lowest) {
+		lowest = c.probedLow
 	}
 	r.lowestHeld = lowest
 	c.held = make([]int64, len(c.Records))

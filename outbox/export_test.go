@@ -118,3 +118,7 @@ func NextClaimBounds(s *Store) (floor int64, lo, hi int) {
 	defer s.parts.mu.Unlock()
 	return floor, s.parts.lo, s.parts.hi
 }
+
+// WhileProbing has f run while a key check of s holds the locks of its
+// probe for free rows.
+func WhileProbing(s *Store, f func()) { s.probing = f }

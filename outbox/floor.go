@@ -37,7 +37,8 @@ const lateWindow = 10_000
 //     that began once the safe id had passed a row committed late, below
 //     the frontier, has seen it;
 //   - the frontier;
-//   - where each claim under way or in flight began, then its lowest row;
+//   - where each claim under way or in flight began, then its lowest row,
+//     counting the rows its key check locked for a moment (see hold);
 //   - marks: rows that may be ready below the frontier with no claim
 //     tracking them: rows a claim passed over because their key was in
 //     flight elsewhere, and, once a claim ends, those it held back for
@@ -260,14 +261,32 @@ func (f *floors) done(gen uint64, left int64) {
 }
 
 // failed ends claim c, which was given back or failed: any row above its
-// start may be ready again.
-func (f *floors) failed(c claimStart) {
+// start may be ready again, and from probed up if lower (0 for none): the
+// lowest row its key check locked for a moment.
+func (f *floors) failed(c claimStart, probed int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.open, c.gen)
 	f.gen++
-	f.marks = append(f.marks, mark{id: c.from, gen: f.gen})
+	id := c.from
+	if probed > 0 {
+		id = min(id, probed-1)
+	}
+	f.marks = append(f.marks, mark{id: id, gen: f.gen})
 	f.short = true
+}
+
+// hold keeps the floor at or below id while claim gen is under way: it is
+// about to lock rows above id that it did not claim. A claim that meets
+// them locked passes over them, and if it came back short would take
+// them for read. The claim's lowest held row then covers them until it
+// ends, and its end marks them.
+func (f *floors) hold(gen uint64, id int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if from, ok := f.open[gen]; ok && id < from {
+		f.open[gen] = id
+	}
 }
 
 // takeOver records a partition taken over whose rows its owner tracked

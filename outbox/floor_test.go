@@ -344,6 +344,57 @@ func TestClaimFromTheHeadEverySoOften(t *testing.T) {
 	}
 }
 
+// A key check that finds a due row holding back a row that waited locks
+// it for a moment, to tell whether a claim holds it. A claim that runs
+// meanwhile passes over it, locked, and comes back short, as if it had
+// read it: the floor must not rise past it then, or it would be stranded
+// below the floor, and its key's later rows delivered before it. Whether
+// the probing claim completes or is given back, the next claim takes it.
+func TestRowLockedByAKeyCheckProbeIsNotPassedOver(t *testing.T) {
+	t.Parallel()
+	for _, give := range []bool{false, true} {
+		t.Run(fmt.Sprintf("given back %v", give), func(t *testing.T) {
+			t.Parallel()
+			s := pgtest.NewSchema(t)
+			st := leasedStore(t, s, "a")
+			// 1 delivered, so that claims read above it and take the rows
+			// that waited first; then 2 and 3 of key K, 4 without a key,
+			// and 3 waited and is due.
+			s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ('t', '1')`)
+			complete(t, claim(t, st, 10), sent(1))
+			s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'K', '2'), ('t', 'K', '3'), ('t', NULL, '4')`)
+			s.Exec(t, `UPDATE outbox SET next_attempt_at = created_at - interval '1 second' WHERE id = 3`)
+
+			var during []int64
+			outbox.WhileProbing(st, func() {
+				outbox.HeadClaimDue(st)
+				c := claim(t, st, 10)
+				during = ids(c.Records)
+				complete(t, c, sent(4))
+			})
+			probing := claim(t, st, 1)
+			outbox.WhileProbing(st, nil)
+			if got := ids(probing.Records); fmt.Sprint(got) != "[]" || probing.Deferred != 1 {
+				t.Fatalf("probing claim = %v, deferred %d; want 3 taken and deferred behind 2", got, probing.Deferred)
+			}
+			if fmt.Sprint(during) != "[4]" {
+				t.Fatalf("claim during the probe = %v, want [4]: 2 locked by the probe, 3 by the probing claim", during)
+			}
+			if give {
+				if err := probing.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				complete(t, probing)
+			}
+			next := claim(t, st, 10)
+			if got := ids(next.Records); len(got) == 0 || got[0] != 2 {
+				t.Fatalf("next claim = %v, want 2 first", got)
+			}
+		})
+	}
+}
+
 // Rows a claim gives back are ready again: the next claim reads from below
 // them, whatever the frontier.
 func TestReleasedRowsAreClaimedFirst(t *testing.T) {

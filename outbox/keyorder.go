@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -82,13 +83,19 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	// again by every claim that takes the later row first. Such a row is
 	// deferred for a moment, after its first: the next claim takes that.
 	var probe []int64
+	probed := map[int64]bool{}
 	for _, r := range c.Records {
-		if b, ok := blocked[r.Key]; ok && r.HasKey && r.ID > b.id && !b.waiting && c.waited[r.ID] {
+		if b, ok := blocked[r.Key]; ok && r.HasKey && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
 			probe = append(probe, b.id)
+			probed[b.id] = true
 		}
 	}
 	free := map[int64]bool{}
 	if len(probe) > 0 {
+		// The probe locks rows the claim does not hold: the floor must
+		// cover them first (see floors.hold).
+		c.probedLow = slices.Min(probe)
+		c.store.floors.hold(c.start.gen, c.probedLow-1)
 		var err error
 		if free, err = c.freeRows(ctx, probe); err != nil {
 			return fmt.Errorf("check key order: %w", err)
@@ -167,7 +174,6 @@ func (c *Claim) freeRows(ctx context.Context, ids []int64) (map[int64]bool, erro
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT outbox_free_rows")
 	b.Queue("SELECT id FROM "+c.store.table+" WHERE id = ANY($1) FOR UPDATE SKIP LOCKED", ids)
-	b.Queue("ROLLBACK TO SAVEPOINT outbox_free_rows")
 	res := c.tx.SendBatch(ctx, b)
 	free := map[int64]bool{}
 	_, err := res.Exec()
@@ -181,10 +187,14 @@ func (c *Claim) freeRows(ctx context.Context, ids []int64) (map[int64]bool, erro
 			})
 		}
 	}
-	if err == nil {
-		_, err = res.Exec()
+	if err = errors.Join(err, res.Close()); err != nil {
+		return nil, err
 	}
-	return free, errors.Join(err, res.Close())
+	if c.store.probing != nil {
+		c.store.probing()
+	}
+	_, err = c.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_free_rows")
+	return free, err
 }
 
 // keyCheckForm is how a claim's key check looks for blockers.

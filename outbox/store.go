@@ -125,6 +125,8 @@ type Store struct {
 	foreign  atomic.Bool   // a process that leases no partitions may claim
 	noFloor  atomic.Bool   // the safe id cannot be known here
 	noFloorN sync.Once
+
+	probing func() // tests: runs while a key check's probe holds its locks
 }
 
 // NewStore returns a Store on pool for cfg.

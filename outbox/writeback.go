@@ -224,7 +224,7 @@ func (c *Claim) fail() {
 	if c.start.gen == 0 {
 		return
 	}
-	c.store.floors.failed(c.start)
+	c.store.floors.failed(c.start, c.probedLow)
 	c.store.parts.release(c.start.gen)
 	c.start.gen = 0
 }
@@ -241,6 +241,9 @@ func (c *Claim) leftOut(outcomes []Outcome) int64 {
 	}
 	// Records as claimed: the caller may have left some out since.
 	left := c.firstSkipped // held back, still locked until now
+	if c.probedLow > 0 && (left == 0 || c.probedLow < left) {
+		left = c.probedLow // locked for a moment by the key check
+	}
 	for _, id := range c.held {
 		if !has[id] && id > c.start.floor {
 			if left == 0 || id < left {

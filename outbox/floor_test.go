@@ -622,15 +622,7 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
-	keyIn := func(part int) string {
-		t.Helper()
-		var key string
-		if err := s.Pool.QueryRow(ctx, `SELECT 'k' || g FROM generate_series(1, 1000) g
-			WHERE outbox_partition('k' || g, 0) = $1 LIMIT 1`, part).Scan(&key); err != nil {
-			t.Fatal(err)
-		}
-		return key
-	}
+	keyIn := func(part int) string { return keyInPartition(t, s, part) }
 	// Another process, z, holds partition 3: b's range is 0 to 7, and its
 	// claims read the longest run it holds, 4 to 7.
 	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('z', now() + interval '1 hour')`)
@@ -672,6 +664,73 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 	}
 	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != fmt.Sprint([]int64{stranded}) {
 		t.Fatalf("claim once partition 1 joined the run = %v, want [%d]; %s", got, stranded, outbox.FloorState(st))
+	}
+}
+
+// keyInPartition is a key whose rows fall into partition part.
+func keyInPartition(t *testing.T, s *pgtest.Schema, part int) string {
+	t.Helper()
+	var key string
+	if err := s.Pool.QueryRow(context.Background(), `SELECT 'k' || g FROM generate_series(1, 1000) g
+		WHERE outbox_partition('k' || g, 0) = $1 LIMIT 1`, part).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+// A partition that leaves a store's range is held until no claim of it is
+// in flight, and claims stop reading it at once. If the range takes it back
+// before it is given up (the claimers changed again), claims read it from
+// where they stopped, not from the store's floor, which moved on past rows
+// committed to it meanwhile.
+func TestPartitionBackInRangeBeforeGivenUpIsReadFromWhereItLeft(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p')`, keyInPartition(t, s, 0))
+	inFlight := claim(t, st, 1)
+
+	// b joins: a's range is 0 to 7; it holds 8 to 15 while the claim
+	// that read them is in flight.
+	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('b', now() + interval '1 hour')`)
+	if err := st.SyncPartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Share(); got.Lo != 0 || got.Hi != 7 || got.Giving != 8 {
+		t.Fatalf("a's share = %+v, want partitions 0-7 read and 8 still to give up", got)
+	}
+	complete(t, inFlight, sent(inFlight.Records[0].ID))
+
+	var stranded int64
+	if err := s.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`, keyInPartition(t, s, 9)).Scan(&stranded); err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', $1, 'p' FROM generate_series(1, 5)`, keyInPartition(t, s, 1))
+	for range 2 {
+		outbox.HeadClaimDue(st)
+		c := claim(t, st, 10)
+		var out []outbox.Outcome
+		for _, r := range c.Records {
+			if r.ID == stranded {
+				t.Fatalf("claims of partitions 0-7 took row %d of partition 9", r.ID)
+			}
+			out = append(out, sent(r.ID))
+		}
+		complete(t, c, out...)
+	}
+
+	// b goes before a synced again: a's range is every partition once
+	// more, and it still holds 8 to 15.
+	s.Exec(t, `DELETE FROM outbox_claimers WHERE claimer = 'b'`)
+	if err := st.SyncPartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Share(); got.Lo != 0 || got.Hi != outbox.Partitions-1 {
+		t.Fatalf("a's share = %+v, want every partition", got)
+	}
+	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != fmt.Sprint([]int64{stranded}) {
+		t.Fatalf("claim once partition 9 came back = %v, want [%d]; %s", got, stranded, outbox.FloorState(st))
 	}
 }
 

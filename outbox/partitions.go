@@ -43,7 +43,8 @@ const (
 // checks. A partition given up keeps the giver's floor, where its next
 // owner starts; one whose owner vanished keeps the floor it last
 // recorded, and its next owner also reads from there until that owner's
-// locks must have ended.
+// locks must have ended. One that comes back into the range before it was
+// given up is read again from where claims stopped reading it.
 type partitionSet struct {
 	mu       sync.Mutex
 	owned    [Partitions]bool
@@ -178,6 +179,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	for _, r := range rows {
 		mine := r.Owner == s.claimer
 		inRange := r.Part >= lo && r.Part <= hi
+		left, wasLeaving := s.parts.leaving[r.Part]
 		if mine && !inRange {
 			// Claims stop reading it now; its floor stays where it is.
 			if _, ok := s.parts.leaving[r.Part]; !ok {
@@ -188,6 +190,13 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 			delete(s.parts.leaving, r.Part)
 		}
 		switch {
+		case mine && inRange && wasLeaving:
+			// Back in range before it was given up: claims stopped
+			// reading it when it left, and read it again from there.
+			from := min(left, s.parts.floorOf(r.Part, floor))
+			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, from)
+			owned[r.Part] = true
+			taken[r.Part] = unreadPart{floor: from}
 		case mine && inRange:
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.floorOf(r.Part, floor))
 			owned[r.Part] = true

@@ -24,12 +24,12 @@ func keyed(keys ...string) []outbox.Record {
 func TestInflightKeysElsewhere(t *testing.T) {
 	t.Parallel()
 	var f inflightKeys
-	mine := f.add(0, keyed("a", "b"))
-	mineAhead := f.add(1, keyed("g"))
-	other := f.add(2, keyed("c", "", "d"))
-	leasedOne := f.add(leasedOwner, keyed("e"))
-	leasedTwo := f.add(leasedOwner, keyed("f", "e"))
-	empty := f.add(2, nil)
+	mine := f.add(0, keyed("a", "b"), nil)
+	mineAhead := f.add(1, keyed("g"), nil)
+	other := f.add(2, keyed("c", "", "d"), nil)
+	leasedOne := f.add(leasedOwner, keyed("e"), nil)
+	leasedTwo := f.add(leasedOwner, keyed("f", "e"), nil)
+	empty := f.add(2, nil, nil)
 
 	elsewhere := func(worker int, keys ...string) string {
 		got, _ := f.elsewhere(worker, slices.Clone(keys))
@@ -63,9 +63,18 @@ func TestInflightKeysElsewhere(t *testing.T) {
 		t.Errorf("after removing every batch: %s, %d batches left", got, len(f.batches))
 	}
 	// The lowest id in flight is of the keys found, not of the batch.
-	f.add(2, []outbox.Record{{ID: 30, Key: "p", HasKey: true}, {ID: 10, Key: "q", HasKey: true}, {ID: 20, Key: "r", HasKey: true}})
+	claimed := f.add(2, []outbox.Record{{ID: 30, Key: "p", HasKey: true}, {ID: 10, Key: "q", HasKey: true}, {ID: 20, Key: "r", HasKey: true}}, nil)
 	if got, lowest := f.elsewhere(0, []string{"p", "r", "x"}); fmt.Sprint(got) != "[p r]" || lowest != 20 {
 		t.Errorf("worker 0 sees %v from %d, want [p r] from 20", got, lowest)
+	}
+	f.remove(claimed)
+	// A batch claimed ahead holds rows of its keys above those of the
+	// batch before it, which may have failed to send them and left them
+	// pending: the lowest counts the rows it follows of the keys asked.
+	f.add(3, []outbox.Record{{ID: 40, Key: "p", HasKey: true}, {ID: 50, Key: "r", HasKey: true}},
+		[]outbox.KeyedRow{{Key: "q", ID: 5}, {Key: "p", ID: 12}, {Key: "r", ID: 15}})
+	if got, lowest := f.elsewhere(0, []string{"p", "r"}); fmt.Sprint(got) != "[p r]" || lowest != 12 {
+		t.Errorf("worker 0 sees %v from %d, want [p r] from 12, the lowest followed row of theirs", got, lowest)
 	}
 }
 

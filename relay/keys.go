@@ -67,13 +67,16 @@ type inflightKeys struct {
 type inflightID int64
 
 type inflightBatch struct {
-	owner int
-	recs  []outbox.Record
+	owner   int
+	recs    []outbox.Record
+	follows []outbox.KeyedRow
 }
 
 // add registers recs in flight under owner until remove is called with
-// the id it returns.
-func (f *inflightKeys) add(owner int, recs []outbox.Record) inflightID {
+// the id it returns. follows are the rows a batch claimed ahead follows
+// (see outbox.ClaimParams.Follows): those the batch before failed to send
+// stay pending below its rows of their keys while it is in flight.
+func (f *inflightKeys) add(owner int, recs []outbox.Record, follows []outbox.KeyedRow) inflightID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.next++
@@ -81,7 +84,7 @@ func (f *inflightKeys) add(owner int, recs []outbox.Record) inflightID {
 		if f.batches == nil {
 			f.batches = map[inflightID]inflightBatch{}
 		}
-		f.batches[f.next] = inflightBatch{owner: owner, recs: recs}
+		f.batches[f.next] = inflightBatch{owner: owner, recs: recs, follows: follows}
 	}
 	return f.next
 }
@@ -102,8 +105,8 @@ func (f *inflightKeys) remove(id inflightID) {
 // elsewhere returns those of keys that another worker than the owner's
 // has in flight, in their order: a worker's batch and the one it claims
 // ahead of it (owners 2i and 2i+1) are both its own. It also returns the
-// lowest id in flight of those keys (0 for none): the rows of theirs a
-// claim passes over lie above it.
+// lowest id of those keys in flight or followed by a batch in flight (0
+// for none): the rows of theirs a claim passes over lie above it.
 func (f *inflightKeys) elsewhere(owner int, keys []string) ([]string, int64) {
 	if len(keys) == 0 {
 		return nil, 0
@@ -126,6 +129,11 @@ func (f *inflightKeys) elsewhere(owner int, keys []string) ([]string, int64) {
 						lowest = r.ID
 					}
 				}
+			}
+		}
+		for _, r := range b.follows {
+			if _, asked := found[r.Key]; asked && (lowest == 0 || r.ID < lowest) {
+				lowest = r.ID
 			}
 		}
 	}

@@ -33,7 +33,7 @@ type leaser struct {
 // start delivers g in the background; its keys stay in flight until its
 // write-back. The group's bulkhead slots are its until then too.
 func (l *leaser) start(inflight context.Context, g *group, expiry map[int64]time.Time) {
-	g.inflight = l.inflight.add(leasedOwner, g.recs) // taken over from the worker
+	g.inflight = l.inflight.add(leasedOwner, g.recs, nil) // taken over from the worker
 	l.wg.Add(1)
 	go l.deliver(inflight, g, expiry)
 }

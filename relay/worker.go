@@ -276,7 +276,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 		w.avgRowBytes = total / n
 	}
 	w.avoid.add(claim.SkippedKeys, start)
-	id := s.inflight.add(owner, claim.Records)
+	id := s.inflight.add(owner, claim.Records, follows)
 	if len(claim.Records) > 0 {
 		s.r.stirFleet()
 	}

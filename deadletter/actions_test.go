@@ -1263,3 +1263,59 @@ func TestResultListsBoundedIDs(t *testing.T) {
 		t.Fatalf("dry run over %d rows: count %d, %d ids, truncated %v", n, res.Count, len(res.Changed), res.Truncated)
 	}
 }
+
+// A claim passes over the rows other transactions have locked and, if it
+// comes back short, the relay takes them for read: its floor rises past
+// them, and below it only rows that waited are found again. So an
+// operator's action never locks a pending row that never waited: it
+// neither waits for the claim holding one nor hides one from the claims.
+// Releasing a key, which must wait for the claims that hold its rows,
+// puts the key's rows that never waited on the waiting rows' index
+// instead, where claims find them wherever the floor is.
+func TestActionsLeaveRowsThatNeverWaitedToTheClaims(t *testing.T) {
+	t.Parallel()
+	// Bounded: an action that waits for the claim's lock fails at its end.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	fresh := addPending(t, s, "F", 0, "", "")
+
+	claim, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claim.Rollback(context.Background()) //nolint:errcheck // a no-op after Rollback
+	if _, err := claim.Exec(ctx, `SELECT id FROM outbox WHERE id = $1 FOR UPDATE`, fresh); err != nil {
+		t.Fatal(err)
+	}
+	p := deadletter.ReplayParams{BulkParams: byRefs(deadletter.Ref{ID: fresh})}
+	p.Reason = "not a dead letter"
+	res, err := st.Replay(ctx, p)
+	if err != nil || len(res.Changed) != 0 || len(res.Unchanged) != 1 || res.Unchanged[0].Status != "pending" {
+		t.Errorf("Replay of a pending row a claim holds = %+v, %v; want it unchanged, pending", res, err)
+	}
+	dp := byRefs(deadletter.Ref{ID: fresh})
+	dp.Reason = "not a dead letter"
+	if res, err := st.Discard(ctx, dp); err != nil || len(res.Changed) != 0 || len(res.Unchanged) != 1 {
+		t.Errorf("Discard of a pending row a claim holds = %+v, %v; want it unchanged", res, err)
+	}
+	if res, err := st.Edit(ctx, deadletter.EditParams{Ref: deadletter.Ref{ID: fresh}, Topic: "x", Actor: actor}); !errors.Is(err, deadletter.ErrNotDeadLettered) {
+		t.Errorf("Edit of a pending row a claim holds = %+v, %v; want ErrNotDeadLettered", res, err)
+	}
+	if err := claim.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	k := addParked(t, s, "K", base)
+	behind := addPending(t, s, "K", 0, "", "") // written since the key was parked, not claimed yet
+	if _, err := st.Release(ctx, deadletter.ReleaseParams{Key: "K", Actor: actor, Reason: "consumer fixed"}); err != nil {
+		t.Fatal(err)
+	}
+	checkReleased(t, s, k)
+	var ready, waited bool
+	query(t, s, `SELECT next_attempt_at <= now(), next_attempt_at <> created_at FROM outbox WHERE id = $1`, []any{behind}, &ready, &waited)
+	if !ready || !waited {
+		t.Errorf("row %d of the released key: ready %v, on the waiting rows' index %v; want both", behind, ready, waited)
+	}
+}

@@ -79,9 +79,25 @@ ORDER BY top.n DESC, top.last DESC, top.id
 
 {{define "parked_key_count"}}SELECT count(DISTINCT key) FROM {{.Outbox}} WHERE key_parked{{end}}
 
+{{/*
+Operators' statements never lock a pending row that never waited: claims
+pass over a locked row and, if they come back short, take it for read, and
+the relay's floor rises past it, where only rows on the waiting rows'
+indexes are found again. Such a row is no dead letter either, so it is
+only looked at; a row that waited, or any other, is locked.
+*/}}
+
+{{define "unwaited"}}status = 'pending' AND next_attempt_at = created_at{{end}}
+
 {{define "lock_refs"}}
-SELECT id, event_id, status, key, key_parked, coalesce(dead_lettered_at, now())
-FROM {{.Outbox}} WHERE id = ANY($1) OR event_id = ANY($2) ORDER BY id FOR UPDATE
+SELECT * FROM (
+    SELECT id, event_id, status, key, key_parked, coalesce(dead_lettered_at, now())
+    FROM {{.Outbox}} WHERE (id = ANY($1) OR event_id = ANY($2)) AND NOT ({{template "unwaited"}})
+    FOR UPDATE) AS locked
+UNION ALL
+SELECT id, event_id, status, key, key_parked, now()
+FROM {{.Outbox}} WHERE (id = ANY($1) OR event_id = ANY($2)) AND {{template "unwaited"}}
+ORDER BY 1
 {{end}}
 
 {{define "lock_dead_letters"}}
@@ -110,8 +126,13 @@ WHERE id = ANY($1) AND status = 'dead_lettered'
 {{end}}
 
 {{define "lock_for_edit"}}
+SELECT * FROM (
+    SELECT id, status, topic, headers, payload, key, key_parked FROM {{.Outbox}}
+    WHERE {{template "ref_match"}} AND NOT ({{template "unwaited"}})
+    FOR UPDATE) AS locked
+UNION ALL
 SELECT id, status, topic, headers, payload, key, key_parked FROM {{.Outbox}}
-WHERE {{template "ref_match"}} FOR UPDATE
+WHERE {{template "ref_match"}} AND {{template "unwaited"}}
 {{end}}
 
 {{define "edit"}}
@@ -131,14 +152,18 @@ WHERE key = $1 AND key_parked RETURNING id
 {{define "lock_behind_keys"}}
 -- Waits for claims that hold the keys' rows: one that saw a key parked may
 -- be deferring them behind it right now, and the unpark that follows must
--- see that.
+-- see that. It locks the keys' rows that never waited too: the unpark
+-- puts them on the waiting rows' index, where claims find them whatever
+-- passed them over meanwhile.
 SELECT 1 FROM {{.Outbox}} WHERE key = ANY($1) AND status = 'pending' ORDER BY id FOR UPDATE
 {{end}}
 
 {{define "unpark"}}
--- Rows deferred behind the keys' parked rows are ready at once.
+-- Rows deferred behind the keys' parked rows are ready at once, and so are
+-- those that never waited, now on the waiting rows' index.
 UPDATE {{.Outbox}} SET next_attempt_at = now(), parked_behind = NULL
-WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL AND parked_behind IS NOT NULL
+WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL
+  AND (parked_behind IS NOT NULL OR next_attempt_at = created_at)
 {{end}}
 
 {{define "insert_audit"}}

@@ -985,3 +985,28 @@ func TestBacklogCountsEveryPendingRowFromTheFloor(t *testing.T) {
 		t.Fatalf("backlog %+v, want a: 1 (waiting below the floor), b: 4 (1 waiting, 3 above the floor)", backlog)
 	}
 }
+
+// A claim reads what its floor needs in its own transaction, its first
+// included: it never waits for a second connection while it holds one,
+// or claims that filled the pool would wait on each other until their
+// timeout.
+func TestClaimNeedsOneConnection(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t).WithConns(t, 1)
+	for _, strict := range []bool{false, true} {
+		st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: fmt.Sprint("c", strict), StrictOrder: strict})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.SyncPartitions(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100})
+		cancel()
+		if err != nil {
+			t.Fatalf("strict order %v: claim on a pool of one connection: %v", strict, err)
+		}
+		complete(t, c)
+	}
+}

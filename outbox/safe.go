@@ -59,7 +59,7 @@ func (c *Claim) observe(ctx context.Context, floor bool) (int64, error) {
 	if !s.strictOrder && !floor {
 		return math.MaxInt64, nil
 	}
-	seq, err := s.sequence(ctx)
+	seq, err := s.sequence(ctx, c.tx)
 	if err != nil {
 		if s.strictOrder || !errors.Is(err, ErrNoWatermark) {
 			return 0, err

@@ -105,14 +105,14 @@ func (w *watermark) held(now time.Time) time.Duration {
 
 // sequence returns the id sequence, checking the first time that strict
 // order can work on this table.
-func (s *Store) sequence(ctx context.Context) (string, error) {
+func (s *Store) sequence(ctx context.Context, q querier) (string, error) {
 	s.strict.mu.Lock()
 	seq := s.strict.seq
 	s.strict.mu.Unlock()
 	if seq != "" {
 		return seq, nil
 	}
-	if err := s.CheckStrictOrder(ctx); err != nil {
+	if err := s.checkStrictOrder(ctx, q); err != nil {
 		return "", err
 	}
 	s.strict.mu.Lock()
@@ -125,6 +125,18 @@ func (s *Store) sequence(ctx context.Context) (string, error) {
 // hands them out one at a time, and the relay may read it. A Store with
 // StrictOrder checks at its first claim; call it at start to fail early.
 func (s *Store) CheckStrictOrder(ctx context.Context) error {
+	return s.checkStrictOrder(ctx, s.pool)
+}
+
+// querier runs a query on a pool or in a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// checkStrictOrder is CheckStrictOrder through q: a claim checks in its own
+// transaction, so that it never waits for a second connection while it
+// holds one (claims that all did would wait on each other).
+func (s *Store) checkStrictOrder(ctx context.Context, q querier) error {
 	var (
 		enabled  string
 		seq      *string
@@ -132,7 +144,7 @@ func (s *Store) CheckStrictOrder(ctx context.Context) error {
 		readable *bool
 		problems []string
 	)
-	err := s.pool.QueryRow(ctx, `SELECT
+	err := q.QueryRow(ctx, `SELECT
     coalesce((SELECT tgenabled::text FROM pg_trigger WHERE tgrelid = $1::text::regclass AND tgname = $2), ''),
     pg_get_serial_sequence($1::text, 'id'),
     (SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence($1::text, 'id')::regclass),

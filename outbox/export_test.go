@@ -122,3 +122,7 @@ func NextClaimBounds(s *Store) (floor int64, lo, hi int) {
 // WhileProbing has f run while a key check of s holds the locks of its
 // probe for free rows.
 func WhileProbing(s *Store, f func()) { s.probing = f }
+
+// OnPartitionsWritten has f run once a sync of s has written the
+// partitions it holds, before its claims read the new ones.
+func OnPartitionsWritten(s *Store, f func()) { s.partitionsWritten = f }

@@ -734,6 +734,41 @@ func TestPartitionBackInRangeBeforeGivenUpIsReadFromWhereItLeft(t *testing.T) {
 	}
 }
 
+// A sync that gives partitions up (a claimer joined) has claims stop
+// reading them before it writes them free: another process may take them
+// the moment it commits, and a claim that began then and read them would
+// hold rows of that process's keys.
+func TestPartitionsGivenUpAreNotReadOnceFree(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	var theirs int64
+	if err := s.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`, keyInPartition(t, s, 9)).Scan(&theirs); err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('b', now() + interval '1 hour')`)
+	var during []int64
+	outbox.OnPartitionsWritten(st, func() {
+		c := claim(t, st, 10)
+		during = ids(c.Records)
+		if err := c.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := st.SyncPartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	outbox.OnPartitionsWritten(st, nil)
+	if slices.Contains(during, theirs) {
+		t.Fatalf("a claim that began once partition 9 was written free took its row %d", theirs)
+	}
+	var owner string
+	if err := s.Pool.QueryRow(ctx, `SELECT coalesce(owner, '') FROM outbox_claim_partitions WHERE part = 9`).Scan(&owner); err != nil || owner != "" {
+		t.Fatalf("partition 9 is held by %q (%v), want free", owner, err)
+	}
+}
+
 // The same, concurrently, as the relay claims: three claimers of one store,
 // each leaving out the keys the others hold, three producers committing
 // and rolling back transactions of several rows all along, out of id

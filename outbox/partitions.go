@@ -221,22 +221,6 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 			takenFloors = append(takenFloors, r.Floor)
 		}
 	}
-	s.parts.mu.Unlock()
-	if len(parts) > 0 {
-		if err := s.q.WritePartitions(ctx, tx, parts, owners, floors, s.lease); err != nil {
-			return fmt.Errorf("sync the outbox's partitions: %w", err)
-		}
-	}
-	if announce {
-		// Sent at commit, to every process listening on the channel.
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", s.tableName, PartitionsNotice); err != nil {
-			return fmt.Errorf("sync the outbox's partitions: %w", err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("sync the outbox's partitions: commit: %w", err)
-	}
-
 	// Claims read the longest run of partitions held in the range.
 	bestLo, bestHi := 0, -1
 	for i := lo; i <= hi; {
@@ -253,6 +237,46 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		}
 		i = j + 1
 	}
+	// What leaves the run leaves it now, before the partitions given up
+	// are written: a claim that begins after this cannot read one that
+	// another process takes meanwhile. A claim that began before is in
+	// flight, and holds its partitions until it ends. What joins the run
+	// joins it once written, with its marks (below).
+	keepLo, keepHi := max(s.parts.lo, bestLo), min(s.parts.hi, bestHi)
+	if s.parts.unread == nil {
+		s.parts.unread = map[int]unreadPart{}
+	}
+	for part := s.parts.lo; part <= s.parts.hi; part++ {
+		if (part < keepLo || part > keepHi) && owned[part] {
+			if _, ok := s.parts.unread[part]; !ok {
+				// Claims stop reading it: from here when they read it again.
+				s.parts.unread[part] = unreadPart{floor: floor}
+			}
+		}
+	}
+	if keepLo > keepHi {
+		keepLo, keepHi = 0, -1
+	}
+	s.parts.lo, s.parts.hi = keepLo, keepHi
+	s.parts.mu.Unlock()
+	if len(parts) > 0 {
+		if err := s.q.WritePartitions(ctx, tx, parts, owners, floors, s.lease); err != nil {
+			return fmt.Errorf("sync the outbox's partitions: %w", err)
+		}
+	}
+	if announce {
+		// Sent at commit, to every process listening on the channel.
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", s.tableName, PartitionsNotice); err != nil {
+			return fmt.Errorf("sync the outbox's partitions: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("sync the outbox's partitions: commit: %w", err)
+	}
+	if s.partitionsWritten != nil {
+		s.partitionsWritten()
+	}
+
 	// The run changes under the floors' lock, with the marks of the
 	// partitions it gains: a claim that reads a partition has them in its
 	// floor (its key check reads from there), and one that does not

@@ -126,7 +126,8 @@ type Store struct {
 	noFloor  atomic.Bool   // the safe id cannot be known here
 	noFloorN sync.Once
 
-	probing func() // tests: runs while a key check's probe holds its locks
+	probing           func() // tests: runs while a key check's probe holds its locks
+	partitionsWritten func() // tests: runs once a sync has written the partitions it holds
 }
 
 // NewStore returns a Store on pool for cfg.

@@ -13,10 +13,12 @@
 //     lease it renews at every sync; a replica that dies loses it when its
 //     lease ends.
 //   - A destination's in-flight limit is split evenly among the live
-//     replicas. A replica grows only into slots no one holds, and the
-//     fleet records for it at least what it may be using (its floor), so
-//     the shares never add up to more than the limit while the replicas
-//     are in touch.
+//     replicas. While some want more slots (rows waited for one), those
+//     that want none keep one (or what they used) and lend the rest, and
+//     one that wants takes every free slot while no other wants. A replica grows only into
+//     slots no one holds, and the fleet records for it at least what it
+//     may be using (its floor), so the shares never add up to more than
+//     the limit while the replicas are in touch.
 package fleet
 
 import (
@@ -79,16 +81,16 @@ func newQueries(s string) queries {
 				probe_until = CASE WHEN $6 <> '' THEN $7::timestamptz END,
 				last_error = nullif($8, ''), changed_by = $9, changed_at = now()
 			WHERE destination = $1`,
-		shares: `SELECT destination, coalesce(sum(slots), 0) FROM ` + s + `.outbox_fleet_shares
+		shares: `SELECT destination, coalesce(sum(slots), 0), bool_or(wants) FROM ` + s + `.outbox_fleet_shares
 			WHERE destination = ANY($1) AND replica <> $2 GROUP BY destination`,
 		leave:   `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE replica = $1`,
 		release: `UPDATE ` + s + `.outbox_fleet_breakers SET probe_by = NULL, probe_until = NULL WHERE probe_by = $1`,
 		// A share that did not change is not written again: no new row
 		// version every sync.
-		share: `INSERT INTO ` + s + `.outbox_fleet_shares (destination, replica, slots)
-			SELECT unnest($1::text[]), $2, unnest($3::int[])
-			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots
-			WHERE outbox_fleet_shares.slots <> excluded.slots`,
+		share: `INSERT INTO ` + s + `.outbox_fleet_shares (destination, replica, slots, wants)
+			SELECT unnest($1::text[]), $2, unnest($3::int[]), unnest($4::bool[])
+			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots, wants = excluded.wants
+			WHERE (outbox_fleet_shares.slots, outbox_fleet_shares.wants) <> (excluded.slots, excluded.wants)`,
 	}
 }
 
@@ -154,14 +156,16 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 		return rs.Err()
 	})
 	held := map[string]int{}
+	wanted := map[string]bool{}
 	b.Queue(s.q.shares, names, req.Replica).Query(func(rs pgx.Rows) error {
 		for rs.Next() {
 			var name string
 			var n int
-			if err := rs.Scan(&name, &n); err != nil {
+			var wants bool
+			if err := rs.Scan(&name, &n, &wants); err != nil {
 				return err
 			}
-			held[name] = n
+			held[name], wanted[name] = n, wants
 		}
 		return rs.Err()
 	})
@@ -172,6 +176,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 	var writes pgx.Batch
 	var shareNames []string
 	var shareSlots []int32
+	var shareWants []bool
 	view.Destinations = make([]relay.FleetBreaker, len(req.Destinations))
 	for i, d := range req.Destinations {
 		r, ok := rows[d.Name]
@@ -187,13 +192,14 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 			v.OpenUntil = r.openUntil
 		}
 		if d.MaxInFlight > 0 {
-			v.Slots = Share(d.MaxInFlight, view.Replicas, rank, held[d.Name])
+			v.Slots = Share(d.MaxInFlight, view.Replicas, rank, held[d.Name], Demand{Wants: d.Wants, Used: d.Used, OthersWant: wanted[d.Name]})
 			shareNames, shareSlots = append(shareNames, d.Name), append(shareSlots, int32(max(v.Slots, d.Floor)))
+			shareWants = append(shareWants, d.Wants)
 		}
 		view.Destinations[i] = v
 	}
 	if len(shareNames) > 0 {
-		writes.Queue(s.q.share, shareNames, req.Replica, shareSlots)
+		writes.Queue(s.q.share, shareNames, req.Replica, shareSlots, shareWants)
 	}
 	if writes.Len() > 0 {
 		if err := tx.SendBatch(ctx, &writes).Close(); err != nil {
@@ -234,18 +240,41 @@ func apply(r *breakerRow, d relay.FleetDestination, req relay.FleetSync, now tim
 	return changed
 }
 
+// Demand is what a replica's rows asked of a destination's slots since
+// its last sync.
+type Demand struct {
+	// Wants: rows waited for a slot.
+	Wants bool
+	// Used is the most slots in use at once.
+	Used int
+	// OthersWant: another replica's rows waited for a slot, as it last
+	// recorded.
+	OthersWant bool
+}
+
 // Share is what a replica may have in flight of limit, among replicas
 // live replicas, the rank-th by name, while the others hold others: an
-// even split, the remainder to the first, but only slots that the others
-// do not hold. What the fleet records for the replica is at least what it
-// may be using (its floor), so that a share shrinks in two syncs: the
-// replica first stops taking more, then the fleet records the smaller
-// share.
-func Share(limit, replicas, rank, others int) int {
+// even split, the remainder to the first. A replica that wants more while
+// no other does takes every free slot; one that wants none while another
+// does keeps what it used, at least one slot for the rows to come, and
+// lends the rest. Either way only slots that the others do not hold. What the fleet records for the replica is at least what it may be
+// using (its floor), so that a share shrinks in two syncs: the replica
+// first stops taking more, then the fleet records the smaller share; and
+// a replica whose rows want slots back gets its even split within two
+// syncs of the borrower's.
+func Share(limit, replicas, rank, others int, d Demand) int {
 	replicas = max(replicas, 1)
 	fair := limit / replicas
 	if rank < limit%replicas {
 		fair++
 	}
-	return max(0, min(fair, limit-others))
+	free := max(0, limit-others)
+	switch {
+	case d.Wants && !d.OthersWant:
+		return free
+	case d.Wants || !d.OthersWant:
+		return min(fair, free)
+	default:
+		return min(fair, free, max(1, d.Used))
+	}
 }

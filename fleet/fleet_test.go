@@ -15,18 +15,36 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestShare(t *testing.T) {
-	for _, c := range []struct{ limit, replicas, rank, others, want int }{
-		{limit: 10, replicas: 1, want: 10},
-		{limit: 10, replicas: 3, rank: 0, want: 4},
+	split, alone := fleet.Demand{Wants: true, OthersWant: true}, fleet.Demand{Wants: true}
+	lends := fleet.Demand{OthersWant: true}
+	for _, c := range []struct {
+		limit, replicas, rank, others int
+		d                             fleet.Demand
+		want                          int
+	}{
+		{limit: 10, replicas: 1, d: split, want: 10},
+		{limit: 10, replicas: 3, rank: 0, d: split, want: 4},
+		{limit: 10, replicas: 3, rank: 1, d: split, want: 3},
+		{limit: 10, replicas: 3, rank: 2, d: split, want: 3},
+		{limit: 10, replicas: 3, rank: 2, others: 8, d: split, want: 2}, // only the free slots
+		{limit: 10, replicas: 2, rank: 1, others: 10, d: split, want: 0},
+		{limit: 10, replicas: 2, rank: 1, others: 12, d: split, want: 0}, // over-held after a fallback
+		{limit: 2, replicas: 3, rank: 2, d: split, want: 0},
+		// No other wants: every free slot.
+		{limit: 10, replicas: 3, rank: 2, others: 2, d: alone, want: 8},
+		{limit: 10, replicas: 3, rank: 2, others: 8, d: alone, want: 2},
+		// No one wants: the even split.
 		{limit: 10, replicas: 3, rank: 1, want: 3},
-		{limit: 10, replicas: 3, rank: 2, want: 3},
-		{limit: 10, replicas: 3, rank: 2, others: 8, want: 2}, // only the free slots
-		{limit: 10, replicas: 2, rank: 1, others: 10, want: 0},
-		{limit: 10, replicas: 2, rank: 1, others: 12, want: 0}, // over-held after a fallback
-		{limit: 2, replicas: 3, rank: 2, want: 0},
+		{limit: 10, replicas: 1, want: 10},
+		// Wants none while another does: what it used, at least one, at
+		// most the even split.
+		{limit: 10, replicas: 3, rank: 1, d: lends, want: 1},
+		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 2, OthersWant: true}, want: 2},
+		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 5, OthersWant: true}, want: 3},
+		{limit: 10, replicas: 3, rank: 1, others: 10, d: lends, want: 0},
 	} {
-		if got := fleet.Share(c.limit, c.replicas, c.rank, c.others); got != c.want {
-			t.Errorf("Share(%d, %d, %d, %d) = %d, want %d", c.limit, c.replicas, c.rank, c.others, got, c.want)
+		if got := fleet.Share(c.limit, c.replicas, c.rank, c.others, c.d); got != c.want {
+			t.Errorf("Share(%d, %d, %d, %d, %+v) = %d, want %d", c.limit, c.replicas, c.rank, c.others, c.d, got, c.want)
 		}
 	}
 }
@@ -160,7 +178,8 @@ func TestSharesNeverExceedTheLimit(t *testing.T) {
 		floor := max(st.slots, st.inUse)
 		mu.Unlock()
 		r := replica{t: t, store: store, name: name}
-		v := r.sync(relay.FleetDestination{MaxInFlight: limit, Floor: floor})
+		// Every replica uses all its slots, and wants more.
+		v := r.sync(relay.FleetDestination{MaxInFlight: limit, Floor: floor, Wants: true, Used: floor})
 		mu.Lock()
 		st.slots = v.Slots
 		st.inUse = min(st.inUse, v.Slots) // rows finish; no new ones past the share
@@ -309,5 +328,59 @@ func TestCountsReplicasThatDoNotLeasePartitions(t *testing.T) {
 	s.Exec(t, `DELETE FROM outbox_fleet_replicas WHERE replica = 'old'`)
 	if v := view(); v.Unleased != 0 {
 		t.Fatalf("after it left: %d without leases", v.Unleased)
+	}
+}
+
+// Replicas whose rows want no slots lend theirs to one whose rows do, and
+// get their even split back within two syncs of the borrower's once their
+// rows want them; the shares never add up to more than the limit.
+func TestIdleReplicasLendTheirSlots(t *testing.T) {
+	store, s := newStore(t)
+	const limit = 9
+	used := map[string]int{}
+	wants := map[string]bool{}
+	slots := map[string]int{}
+	sync := func(name string) {
+		r := replica{t: t, store: store, name: name}
+		floor := max(slots[name], used[name])
+		v := r.sync(relay.FleetDestination{MaxInFlight: limit, Floor: floor, Wants: wants[name], Used: used[name]})
+		slots[name] = v.Slots
+		if wants[name] {
+			used[name] = v.Slots // its rows take every slot it has
+		} else {
+			used[name] = min(used[name], v.Slots)
+		}
+		var total int
+		if err := s.Pool.QueryRow(context.Background(), "SELECT coalesce(sum(slots), 0) FROM outbox_fleet_shares").Scan(&total); err != nil {
+			t.Fatal(err)
+		}
+		if total > limit {
+			t.Fatalf("the fleet records %d slots of %d", total, limit)
+		}
+	}
+	round := func() {
+		for _, name := range []string{"r0", "r1", "r2"} {
+			sync(name)
+		}
+	}
+	for range 3 {
+		round() // r0 joined alone first, and shrinks in two syncs
+	}
+	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "3 3 3" {
+		t.Fatalf("shares while no rows want slots = %s, want 3 3 3", got)
+	}
+	wants["r0"] = true
+	for range 3 {
+		round()
+	}
+	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "7 1 1" {
+		t.Fatalf("shares while only r0's rows want slots = %s, want 7 1 1: r1 and r2 keep one each", got)
+	}
+	wants["r1"] = true
+	for range 3 {
+		round()
+	}
+	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "3 3 1" {
+		t.Fatalf("shares once r1's rows want slots too = %s, want 3 3 1", got)
 	}
 }

@@ -95,6 +95,41 @@ type bulkhead struct {
 	n       int
 	shared  bool
 	slots   int // this replica's share, while shared
+	// Since demand was last read: whether rows found it full, and the
+	// most slots in use at once.
+	wanted bool
+	peak   int
+	// opened is closed when a full bulkhead gets a free slot; nil while
+	// no one waits for one.
+	opened chan struct{}
+}
+
+// opening returns a channel closed once the bulkhead has a free slot, or
+// nil when it has one now.
+func (h *bulkhead) opening() <-chan struct{} {
+	if !h.limited {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lim, ok := h.limit(); !ok || h.n < lim {
+		return nil
+	}
+	if h.opened == nil {
+		h.opened = make(chan struct{})
+	}
+	return h.opened
+}
+
+// signalLocked wakes those waiting for a slot, if one is free.
+func (h *bulkhead) signalLocked() {
+	if h.opened == nil {
+		return
+	}
+	if lim, ok := h.limit(); !ok || h.n < lim {
+		close(h.opened)
+		h.opened = nil
+	}
 }
 
 // limit is the most rows in flight now, and whether there is a limit.
@@ -116,21 +151,32 @@ func (h *bulkhead) take(n int) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if lim, ok := h.limit(); ok {
-		n = max(0, min(n, lim-h.n))
+		granted := max(0, min(n, lim-h.n))
+		h.wanted = h.wanted || granted < n
+		n = granted
 	}
 	h.n += n
+	h.peak = max(h.peak, h.n)
 	return n
 }
 
-func (h *bulkhead) give(n int) {
+// give returns n slots, and reports whether that opened a full bulkhead:
+// rows held back for a slot may go now.
+func (h *bulkhead) give(n int) bool {
 	if !h.limited || n == 0 {
-		return
+		return false
 	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	lim, ok := h.limit()
+	wasFull := ok && h.n >= lim
 	h.n -= n
-	h.mu.Unlock()
+	h.signalLocked()
+	return wasFull && h.n < lim
 }
 
+// full reports whether every slot is taken; rows that find it so want
+// more.
 func (h *bulkhead) full() bool {
 	if !h.limited {
 		return false
@@ -138,7 +184,19 @@ func (h *bulkhead) full() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	lim, ok := h.limit()
-	return ok && h.n >= lim
+	full := ok && h.n >= lim
+	h.wanted = h.wanted || full
+	return full
+}
+
+// demand reports, and starts counting anew, whether rows found the
+// bulkhead full since the last call, and the most slots in use at once.
+func (h *bulkhead) demand() (wanted bool, peak int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	wanted, peak = h.wanted, h.peak
+	h.wanted, h.peak = false, h.n
+	return wanted, peak
 }
 
 // floor is the share the fleet must keep for this replica: its share, or
@@ -161,6 +219,7 @@ func (h *bulkhead) share(slots int) bool {
 	before, was := h.limit()
 	h.shared, h.slots = true, slots
 	after, _ := h.limit()
+	h.signalLocked()
 	return was && after > before
 }
 
@@ -168,6 +227,7 @@ func (h *bulkhead) share(slots int) bool {
 func (h *bulkhead) unshare() {
 	h.mu.Lock()
 	h.shared = false
+	h.signalLocked()
 	h.mu.Unlock()
 }
 

@@ -161,6 +161,11 @@ type dest struct {
 	// publishing counts the rows handed to the publisher and not yet
 	// answered.
 	publishing atomic.Int64
+	// freed wakes the idle workers: a full bulkhead has a slot again.
+	freed func()
+	// waiter says a batch claimed with the destination's rows waits for
+	// a slot of its full bulkhead: one at a time.
+	waiter atomic.Bool
 }
 
 // newDest readies d under the relay's cfg, its defaults applied.
@@ -440,22 +445,31 @@ func (d *dest) abandon(g *group) {
 	}
 }
 
-// release gives back the group's bulkhead slots once its rows are settled.
-func (d *dest) release(g *group) { d.bulk.give(len(g.recs)) }
+// release gives back the group's bulkhead slots once its rows are settled,
+// and wakes the idle workers if rows were held back for want of one.
+func (d *dest) release(g *group) {
+	if d.bulk.give(len(g.recs)) && d.freed != nil {
+		d.freed()
+	}
+}
 
 // closed reports whether the destination takes no rows now (its breaker
 // open or probing, its bulkhead full or its rate limit spent) and until
 // when, or else the topics it has paused as a whole and how long the
 // earliest stays so.
-func (d *dest) closed(now time.Time) (blocked bool, until time.Time, topics []string, left time.Duration) {
+//
+// A destination closed only because its bulkhead is full stays open to
+// claims that may wait for a slot: wait takes the destination's one place
+// for a waiting batch, and says whether it got it (see slotWaits).
+func (d *dest) closed(now time.Time, wait func(*dest) bool) (blocked bool, until time.Time, topics []string, left time.Duration) {
 	blocked, until = d.breaker.blocked(now)
-	if !blocked && d.bulk.full() {
-		blocked, until = true, now.Add(bulkheadRecheck)
-	}
 	if !blocked {
-		if wait := d.rate.wait(now); wait > 0 {
-			blocked, until = true, now.Add(wait)
+		if w := d.rate.wait(now); w > 0 {
+			blocked, until = true, now.Add(w)
 		}
+	}
+	if !blocked && d.bulk.full() && (wait == nil || !wait(d)) {
+		blocked, until = true, now.Add(bulkheadRecheck)
 	}
 	if blocked {
 		return true, until, nil, 0
@@ -465,7 +479,8 @@ func (d *dest) closed(now time.Time) (blocked bool, until time.Time, topics []st
 }
 
 // bulkheadRecheck is how long rows behind a row of a destination with a
-// full bulkhead wait: deliveries finish quickly or time out.
+// full bulkhead wait: deliveries finish quickly or time out. The row
+// itself is claimed as soon as a slot is free (see release).
 const bulkheadRecheck = 100 * time.Millisecond
 
 // DestinationStatus is a destination's state, for readiness and metrics.

@@ -110,6 +110,11 @@ type FleetDestination struct {
 	// (slots in use or allowed), 0 when it had none.
 	MaxInFlight int
 	Floor       int
+	// Wants says rows waited for a slot since the last sync, and Used is
+	// the most slots in use at once meanwhile: a replica that wants none
+	// lends what it does not use.
+	Wants bool
+	Used  int
 }
 
 // FleetView is the fleet as one sync found it.
@@ -322,6 +327,7 @@ func (d *dest) fleetRequest() (FleetDestination, uint64) {
 	seq := d.breaker.fleetEvent(time.Now(), &fd)
 	if d.fleetMax > 0 {
 		fd.Floor = d.bulk.floor()
+		fd.Wants, fd.Used = d.bulk.demand()
 	}
 	return fd, seq
 }

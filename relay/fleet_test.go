@@ -32,6 +32,10 @@ type endpoint struct {
 	attempts  map[string]int
 	first     map[string]time.Time // each replica's first attempt
 	delivered map[int64]bool
+	// Rows in flight over time: their sum over the time from the first
+	// publish to the last answer, in row-seconds.
+	area           float64
+	began, changed time.Time
 }
 
 func newEndpoint(delay time.Duration, failing bool) *endpoint {
@@ -48,6 +52,7 @@ type endpointReplica struct {
 func (p endpointReplica) Publish(ctx context.Context, recs []outbox.Record) []error {
 	e := p.e
 	e.mu.Lock()
+	e.account()
 	e.inFlight += len(recs)
 	e.most = max(e.most, e.inFlight)
 	e.publishes++
@@ -64,6 +69,7 @@ func (p endpointReplica) Publish(ctx context.Context, recs []outbox.Record) []er
 	time.Sleep(delay) // the endpoint's round trip
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.account()
 	e.inFlight -= len(recs)
 	e.publishes--
 	errs := make([]error, len(recs))
@@ -75,6 +81,28 @@ func (p endpointReplica) Publish(ctx context.Context, recs []outbox.Record) []er
 		e.delivered[r.ID] = true
 	}
 	return errs
+}
+
+// account adds the rows in flight since the last change to the area.
+func (e *endpoint) account() {
+	now := time.Now()
+	if e.began.IsZero() {
+		e.began = now
+	} else {
+		e.area += float64(e.inFlight) * now.Sub(e.changed).Seconds()
+	}
+	e.changed = now
+}
+
+// averageInFlight is how many rows were in flight on average, from the
+// first publish to the last answer.
+func (e *endpoint) averageInFlight() float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if span := e.changed.Sub(e.began).Seconds(); span > 0 {
+		return e.area / span
+	}
+	return 0
 }
 
 func (e *endpoint) snapshot() (attempts map[string]int, delivered int) {
@@ -106,7 +134,7 @@ func startReplicas(t *testing.T, s, coord *pgtest.Schema, e *endpoint, names []s
 			PauseBase: pause, PauseMax: pause,
 			Fleet: &relay.FleetConfig{Fleet: store, Replica: name, Interval: 20 * time.Millisecond, Lease: 2 * time.Second},
 		}
-		hs = append(hs, start(t, s, nil, options{cfg: cfg}))
+		hs = append(hs, start(t, s, nil, options{cfg: cfg, claimer: name}))
 	}
 	return hs
 }
@@ -128,6 +156,45 @@ func TestFleetSharesTheInFlightLimit(t *testing.T) {
 		}
 	}
 	t.Logf("most in flight %d of %d; rows per replica %v", e.most, limit, attempts)
+}
+
+// Replicas whose rows want no slots of a destination lend theirs to one
+// whose rows do: every key here falls in one partition, so one replica
+// claims every row, and its even split of the limit is 3 slots of 9.
+func TestFleetLendsIdleSlots(t *testing.T) {
+	s := pgtest.NewSchema(t)
+	e := newEndpoint(50*time.Millisecond, false)
+	const limit = 9
+	startReplicas(t, s, s, e, []string{"r0", "r1", "r2"}, relay.Destination{MaxInFlight: limit}, time.Second)
+	partitionsSettled(t, s, 3)
+	insert(t, s, `INSERT INTO outbox (topic, key, payload)
+		SELECT 't', k, 'x' FROM (SELECT 'k' || g AS k FROM generate_series(1, 100000) g) keys
+		WHERE outbox_partition(k, 0) = 0 LIMIT 300`)
+	testwait.For(t, "every row delivered", func() bool { _, n := e.snapshot(); return n == 300 })
+	attempts, _ := e.snapshot()
+	avg := e.averageInFlight()
+	t.Logf("on average %.2f rows in flight of %d, at most %d; rows per replica %v", avg, limit, e.most, attempts)
+	if e.most > limit {
+		t.Errorf("%d rows were in flight at once; the fleet's limit is %d", e.most, limit)
+	}
+	// The others keep one slot each, and lend the rest.
+	if e.most < 5 || avg <= 3 {
+		t.Errorf("at most %d rows in flight, %.2f on average: the busy replica did not use the slots the others lend", e.most, avg)
+	}
+}
+
+// partitionsSettled waits until n replicas hold the outbox's partitions
+// between them, every one held.
+func partitionsSettled(t *testing.T, s *pgtest.Schema, n int) {
+	t.Helper()
+	testwait.For(t, "the replicas to share the partitions", func() bool {
+		var owners, free int
+		if err := s.Pool.QueryRow(context.Background(),
+			`SELECT count(DISTINCT owner), count(*) FILTER (WHERE owner IS NULL) FROM outbox_claim_partitions`).Scan(&owners, &free); err != nil {
+			t.Fatal(err)
+		}
+		return owners == n && free == 0
+	})
 }
 
 func TestFleetSharesTheBreaker(t *testing.T) {

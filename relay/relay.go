@@ -267,13 +267,17 @@ func New(cfg Config) (*Relay, error) {
 		r.sources = append(r.sources, newSource(r, i, o))
 	}
 	r.turns = newTurns(cfg.Workers, len(r.sources))
+	wakeWorkers := func() {
+		for _, s := range r.sources {
+			s.wakeAll()
+		}
+	}
+	for _, d := range r.dests {
+		d.freed = wakeWorkers
+	}
 	if cfg.Fleet != nil {
 		r.fleet = newFleet(*cfg.Fleet, r.dests, r.cfg.QueryTimeout, r.log)
-		r.fleet.wakeWorkers = func() {
-			for _, s := range r.sources {
-				s.wakeAll()
-			}
-		}
+		r.fleet.wakeWorkers = wakeWorkers
 		r.fleet.quiet = r.quiet
 		r.fleet.unleased = func(present bool) {
 			if r.unleased.Swap(present) != present {
@@ -409,8 +413,14 @@ func writeBackContext(ctx context.Context, timeout time.Duration) (context.Conte
 // closedTopics returns the known topics whose rows no destination takes
 // now (its breaker open or probing, its bulkhead full, or the topic
 // paused), and how long the earliest of them stays so: the claim leaves
-// them out.
-func (r *Relay) closedTopics(now time.Time) ([]string, time.Duration) {
+// them out. A destination whose bulkhead alone is full stays open to one
+// claim at a time, whose batch waits for a slot: waits records those
+// (nil: the claim cannot wait).
+func (r *Relay) closedTopics(now time.Time, waits *slotWaits) ([]string, time.Duration) {
+	var wait func(*dest) bool
+	if waits != nil {
+		wait = waits.take
+	}
 	var closed map[int]bool
 	var paused map[int]map[string]bool
 	var soonest time.Duration
@@ -420,7 +430,7 @@ func (r *Relay) closedTopics(now time.Time) ([]string, time.Duration) {
 		}
 	}
 	for i, d := range r.dests {
-		blocked, until, topics, left := d.closed(now)
+		blocked, until, topics, left := d.closed(now, wait)
 		if blocked {
 			if closed == nil {
 				closed = map[int]bool{}

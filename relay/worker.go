@@ -197,8 +197,9 @@ type taken struct {
 	owner    int        // its keys' owner in the in-flight registry
 	inflight inflightID // its entry there
 	limit    int
-	start    time.Time // when the claim began
-	ahead    bool      // claimed while the batch before it was delivered
+	start    time.Time  // when the claim began
+	ahead    bool       // claimed while the batch before it was delivered
+	waits    *slotWaits // full bulkheads it waits on
 	err      error
 }
 
@@ -249,7 +250,8 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	r, s := w.r, w.s
 	start := time.Now()
 	limit := w.claimLimit()
-	closed, closedFor := r.closedTopics(start)
+	waits := &slotWaits{}
+	closed, closedFor := r.closedTopics(start, waits)
 	s.sqlBusy.Add(1)
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	excluded, excludedFrom := s.inflight.elsewhere(owner, w.avoid.keys(start))
@@ -260,6 +262,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	cancel()
 	s.sqlBusy.Add(-1)
 	if err != nil {
+		waits.release()
 		return taken{err: err}
 	}
 	s.tally.claimed(time.Since(start), len(claim.Records))
@@ -280,7 +283,15 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	if len(claim.Records) > 0 {
 		s.r.stirFleet()
 	}
-	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil}
+	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil, waits: waits}
+}
+
+// releaseWaits gives back t's places among the batches waiting for a
+// slot, and wakes the idle workers so that one may take them.
+func (w *worker) releaseWaits(t taken) {
+	if t.waits.release() {
+		w.s.wakeAll()
+	}
 }
 
 // claimLimit sizes the next claim from the size of the rows the last one
@@ -296,6 +307,7 @@ func (w *worker) claimLimit() int {
 
 // drop gives a batch back undelivered: its rows stay as they were.
 func (w *worker) drop(ctx context.Context, t taken) {
+	w.releaseWaits(t)
 	if t.err != nil {
 		return
 	}
@@ -317,6 +329,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	r, s := w.r, w.s
 	claim, start, limit := t.claim, t.start, t.limit
 	defer s.inflight.remove(t.inflight)
+	defer w.releaseWaits(t)
 	if len(claim.Records) == 0 {
 		writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 		defer cancel()
@@ -330,6 +343,11 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 		}
 		return false, nil, claim.Release(writeCtx)
 	}
+
+	// A batch whose rows all wait for a full bulkhead's slot waits here,
+	// its claim open, as it would in a publish: the slot goes to it the
+	// moment a delivery frees one.
+	t.waits.await(ctx, r.planner, claim.Records, r.cfg.PublishTimeout)
 
 	// Planning and publishing take one of the turns the outboxes share;
 	// the write-back, on this outbox's own database, does not. The claim's
@@ -356,6 +374,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	}
 	defer giveBack()
 	all, outcomes := r.planner.plan(claim.Records, time.Now())
+	w.releaseWaits(t) // its slots are taken: the next batch may wait
 	var groups, leased []*group
 	for _, g := range all {
 		g.claimed, g.start = claim.Now, start
@@ -369,11 +388,17 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 			groups = append(groups, g)
 		}
 	}
-	handedOff := false
-	defer func() {
-		for _, g := range groups {
-			g.d.release(g)
+	handedOff, released := false, false
+	release := func() {
+		if !released {
+			released = true
+			for _, g := range groups {
+				g.d.release(g)
+			}
 		}
+	}
+	defer func() {
+		release()
 		if !handedOff {
 			for _, g := range leased {
 				g.d.release(g)
@@ -390,6 +415,9 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	for _, g := range groups {
 		outcomes = append(outcomes, g.d.settle(g, abandoned)...)
 	}
+	// The rows are no longer in flight at their destinations: their
+	// slots go to the next rows while this batch writes back.
+	release()
 	giveBack()
 	writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 	defer cancel()

@@ -1,0 +1,54 @@
+package relay
+
+import "testing"
+
+// A full bulkhead tells those waiting for a slot the moment one frees,
+// whether a delivery gives its slots back or the fleet grows the share;
+// and it reports the demand it saw since it was last asked.
+func TestBulkheadSignalsAFreeSlot(t *testing.T) {
+	h := bulkhead{max: 2, limited: true}
+	if h.opening() != nil {
+		t.Fatal("an empty bulkhead has a waiter wait")
+	}
+	if got := h.take(3); got != 2 {
+		t.Fatalf("take(3) = %d, want 2", got)
+	}
+	opened := h.opening()
+	if opened == nil {
+		t.Fatal("a full bulkhead has no one wait")
+	}
+	if h.give(0) {
+		t.Error("giving nothing opened it")
+	}
+	if !h.give(1) {
+		t.Error("giving a slot of a full bulkhead did not say it opened")
+	}
+	select {
+	case <-opened:
+	default:
+		t.Fatal("the waiter was not told of the free slot")
+	}
+	if h.give(1) {
+		t.Error("giving a slot of a bulkhead that was not full said it opened")
+	}
+	if wanted, peak := h.demand(); !wanted || peak != 2 {
+		t.Errorf("demand = %v, %d; want wanted (take(3) got 2), peak 2", wanted, peak)
+	}
+	if wanted, peak := h.demand(); wanted || peak != 0 {
+		t.Errorf("demand asked again = %v, %d; want nothing since", wanted, peak)
+	}
+
+	// Shared by a fleet: a larger share opens it too.
+	h.share(1)
+	h.take(1)
+	opened = h.opening()
+	if opened == nil || !h.full() {
+		t.Fatal("a bulkhead at its share is not full")
+	}
+	h.share(2)
+	select {
+	case <-opened:
+	default:
+		t.Fatal("a larger share did not tell the waiter")
+	}
+}

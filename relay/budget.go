@@ -160,6 +160,21 @@ func (h *bulkhead) take(n int) int {
 	return n
 }
 
+// room is how many more rows the bulkhead takes now, and its limit; ok is
+// false when it has none.
+func (h *bulkhead) room() (free, limit int, ok bool) {
+	if !h.limited {
+		return 0, 0, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lim, ok := h.limit()
+	if !ok {
+		return 0, 0, false
+	}
+	return max(0, lim-h.n), lim, true
+}
+
 // give returns n slots, and reports whether that opened a full bulkhead:
 // rows held back for a slot may go now.
 func (h *bulkhead) give(n int) bool {

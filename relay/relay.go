@@ -415,11 +415,30 @@ func writeBackContext(ctx context.Context, timeout time.Duration) (context.Conte
 // paused), and how long the earliest of them stays so: the claim leaves
 // them out. A destination whose bulkhead alone is full stays open to one
 // claim at a time, whose batch waits for a slot: waits records those
-// (nil: the claim cannot wait).
-func (r *Relay) closedTopics(now time.Time, waits *slotWaits) ([]string, time.Duration) {
+// (nil: the claim cannot wait). room is how many rows the destinations
+// open to the claim can take: their free slots, and the whole share of
+// those it waits on; -1 when one has no in-flight limit. A claim need not
+// take more: the rest would only be given back.
+func (r *Relay) closedTopics(now time.Time, waits *slotWaits) (topics []string, left time.Duration, room int) {
 	var wait func(*dest) bool
 	if waits != nil {
 		wait = waits.take
+	}
+	open := 0
+	addRoom := func(d *dest) {
+		open++
+		if room < 0 {
+			return
+		}
+		free, limit, ok := d.bulk.room()
+		switch {
+		case !ok:
+			room = -1
+		case waits.holds(d):
+			room += limit
+		default:
+			room += free
+		}
 	}
 	var closed map[int]bool
 	var paused map[int]map[string]bool
@@ -439,6 +458,7 @@ func (r *Relay) closedTopics(now time.Time, waits *slotWaits) ([]string, time.Du
 			shut(until.Sub(now))
 			continue
 		}
+		addRoom(d)
 		if len(topics) == 0 {
 			continue
 		}
@@ -451,10 +471,13 @@ func (r *Relay) closedTopics(now time.Time, waits *slotWaits) ([]string, time.Du
 		}
 		shut(left)
 	}
-	if closed == nil && paused == nil {
-		return nil, 0
+	if open == 0 {
+		room = -1 // nothing to size the claim by
 	}
-	return r.planner.router.topicsOf(func(rt routing) bool { return closed[rt.dest] || paused[rt.dest][rt.topic] }), soonest
+	if closed == nil && paused == nil {
+		return nil, 0, room
+	}
+	return r.planner.router.topicsOf(func(rt routing) bool { return closed[rt.dest] || paused[rt.dest][rt.topic] }), soonest, room
 }
 
 // nextReopen is when the earliest open breaker lets a probe through, or

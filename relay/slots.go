@@ -29,6 +29,21 @@ func (w *slotWaits) take(d *dest) bool {
 	return true
 }
 
+// holds reports whether w holds d's place.
+func (w *slotWaits) holds(d *dest) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, x := range w.dests {
+		if x == d {
+			return true
+		}
+	}
+	return false
+}
+
 // release gives the places back; the next batch may wait then. It
 // reports whether it held any.
 func (w *slotWaits) release() bool {

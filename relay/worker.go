@@ -251,7 +251,11 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	start := time.Now()
 	limit := w.claimLimit()
 	waits := &slotWaits{}
-	closed, closedFor := r.closedTopics(start, waits)
+	closed, closedFor, room := r.closedTopics(start, waits)
+	if room >= 0 {
+		// No more rows than the destinations open to it take now.
+		limit = min(limit, max(room, 1))
+	}
 	s.sqlBusy.Add(1)
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	excluded, excludedFrom := s.inflight.elsewhere(owner, w.avoid.keys(start))

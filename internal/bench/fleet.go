@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -63,7 +64,132 @@ func (r *runner) fleetCost(ctx context.Context) error {
 		detail += fmt.Sprintf("; %d syncs, %.2f ms each", syncs, ms(syncTime)/float64(syncs))
 	}
 	r.add(Result{Group: "fleet", Name: name + ", shared by a fleet", Value: s, Unit: "rows/s", Detail: detail})
+	return r.fleetSlots(ctx)
+}
+
+// fleetSlots measures how much of a destination's in-flight limit a fleet
+// keeps busy: three relays with their own stores, sharing flow control,
+// drain a backlog into an endpoint that answers each publish after 20 ms
+// and takes 3 rows at once across the fleet. The figure is the rows in
+// flight on average over the drain, against the limit.
+func (r *runner) fleetSlots(ctx context.Context) error {
+	const (
+		replicas = 3
+		limit    = 3
+		answer   = 20 * time.Millisecond
+	)
+	rows := min(1500, max(150, r.cfg.Rows/10))
+	e, err := r.newEnv(ctx, int32(replicas*6))
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	if err := r.fill(ctx, e, rows, distributions[0].expr); err != nil {
+		return err
+	}
+	coord, err := fleet.New(e.pool, e.schema)
+	if err != nil {
+		return err
+	}
+	ep := &slowEndpoint{answer: answer}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var rels []*relay.Relay
+	done := make(chan error, replicas)
+	for i := range replicas {
+		name := fmt.Sprintf("bench-%d", i)
+		store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, Claimer: name})
+		if err != nil {
+			return err
+		}
+		rel, err := relay.New(relay.Config{
+			Store: store, Workers: 2, BatchSize: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadBytes * 2,
+			Destinations: []relay.Destination{{Name: "endpoint", Publisher: ep, MaxInFlight: limit}},
+			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "endpoint"}},
+			Fleet:        &relay.FleetConfig{Fleet: coord, Replica: name},
+		})
+		if err != nil {
+			return err
+		}
+		rels = append(rels, rel)
+		go func() { done <- rel.Run(runCtx) }()
+	}
+	delivered := func() int64 {
+		var n int64
+		for _, rel := range rels {
+			n += rel.Stats().Delivered
+		}
+		return n
+	}
+	start := time.Now()
+	err = waitUntil(ctx, 10*time.Minute, func() bool { return delivered() >= int64(rows) })
+	elapsed := time.Since(start)
+	stop()
+	for range rels {
+		if runErr := <-done; runErr != nil && err == nil {
+			err = runErr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("fleet slots: %w (delivered %d of %d)", err, delivered(), rows)
+	}
+	avg := ep.average()
+	r.add(Result{Group: "fleet", Name: fmt.Sprintf("%d replicas, max_in_flight %d, 20 ms answers: slots busy", replicas, limit),
+		Value: 100 * avg / limit, Unit: "%",
+		Detail: fmt.Sprintf("%.2f rows in flight on average; %d rows at %.0f rows/s (at most %.0f)", avg, rows,
+			float64(rows)/elapsed.Seconds(), limit/answer.Seconds())})
 	return nil
+}
+
+// slowEndpoint answers every publish after a fixed time, and keeps the
+// rows in flight over time.
+type slowEndpoint struct {
+	answer   time.Duration
+	mu       sync.Mutex
+	inFlight int
+	area     float64 // row-seconds
+	began    time.Time
+	changed  time.Time
+}
+
+func (p *slowEndpoint) Publish(ctx context.Context, recs []outbox.Record) []error {
+	p.move(len(recs))
+	select {
+	case <-time.After(p.answer):
+	case <-ctx.Done():
+	}
+	p.move(-len(recs))
+	errs := make([]error, len(recs))
+	if ctx.Err() != nil {
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+	}
+	return errs
+}
+
+func (p *slowEndpoint) move(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if p.began.IsZero() {
+		p.began = now
+	} else {
+		p.area += float64(p.inFlight) * now.Sub(p.changed).Seconds()
+	}
+	p.inFlight += n
+	p.changed = now
+}
+
+// average is the rows in flight on average from the first publish to the
+// last answer.
+func (p *slowEndpoint) average() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if span := p.changed.Sub(p.began).Seconds(); span > 0 {
+		return p.area / span
+	}
+	return 0
 }
 
 func median(v []float64) float64 {

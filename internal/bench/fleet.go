@@ -162,7 +162,7 @@ func (r *runner) fleetSlotsOf(ctx context.Context, replicas, limit int) error {
 	}
 	r.add(Result{Group: "fleet", Name: fmt.Sprintf("%s, max_in_flight %d, 20 ms answers: slots busy", who, limit),
 		Value: 100 * avg / float64(limit), Unit: "%",
-		Detail: fmt.Sprintf("%.2f rows in flight on average; %d rows at %.0f rows/s (at most %.0f)", avg, rows,
+		Detail: fmt.Sprintf("%.2f rows in flight on average, %d at most; %d rows at %.0f rows/s (at most %.0f)", avg, ep.most, rows,
 			float64(rows)/span.Seconds(), float64(limit)/answer.Seconds())})
 	return nil
 }
@@ -173,6 +173,7 @@ type slowEndpoint struct {
 	answer   time.Duration
 	mu       sync.Mutex
 	inFlight int
+	most     int     // the most rows in flight at once
 	area     float64 // row-seconds
 	began    time.Time
 	changed  time.Time
@@ -204,6 +205,7 @@ func (p *slowEndpoint) move(n int) {
 		p.area += float64(p.inFlight) * now.Sub(p.changed).Seconds()
 	}
 	p.inFlight += n
+	p.most = max(p.most, p.inFlight)
 	p.changed = now
 }
 

@@ -682,7 +682,7 @@ func keyInPartition(t *testing.T, s *pgtest.Schema, part int) string {
 // in flight, and claims stop reading it at once. If the range takes it back
 // before it is given up (the claimers changed again), claims read it from
 // where they stopped, not from the store's floor, which moved on past rows
-// committed to it meanwhile.
+// committed to it meanwhile; also when the sync that takes it back fails.
 func TestPartitionBackInRangeBeforeGivenUpIsReadFromWhereItLeft(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -721,8 +721,21 @@ func TestPartitionBackInRangeBeforeGivenUpIsReadFromWhereItLeft(t *testing.T) {
 	}
 
 	// b goes before a synced again: a's range is every partition once
-	// more, and it still holds 8 to 15.
+	// more, and it still holds 8 to 15. The first sync after fails as it
+	// writes them (a timeout, a failover): the next must still know
+	// where claims stopped reading them.
 	s.Exec(t, `DELETE FROM outbox_claimers WHERE claimer = 'b'`)
+	s.Exec(t, `CREATE SEQUENCE sync_faults`)
+	s.Exec(t, `CREATE FUNCTION fail_first_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('sync_faults') = 1 THEN RAISE EXCEPTION 'the connection dropped'; END IF;
+			RETURN NULL;
+		END $$`)
+	s.Exec(t, `CREATE TRIGGER fail_first_sync BEFORE INSERT OR UPDATE ON outbox_claim_partitions
+		FOR EACH STATEMENT EXECUTE FUNCTION fail_first_sync()`)
+	if err := st.SyncPartitions(ctx); err == nil {
+		t.Fatal("the sync did not fail")
+	}
 	if err := st.SyncPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}

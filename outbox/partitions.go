@@ -169,6 +169,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	var floors []int64
 	var owned [Partitions]bool
 	var taken = map[int]unreadPart{} // partitions taken: where to read from
+	var givenUp []int
 	var takenFloors []int64
 	s.parts.mu.Lock()
 	heldNone := s.parts.owned == [Partitions]bool{}
@@ -193,10 +194,16 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		case mine && inRange && wasLeaving:
 			// Back in range before it was given up: claims stopped
 			// reading it when it left, and read it again from there.
+			// Recorded now: the sync may fail after it forgot that it
+			// was leaving.
 			from := min(left, s.parts.floorOf(r.Part, floor))
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, from)
 			owned[r.Part] = true
 			taken[r.Part] = unreadPart{floor: from}
+			if s.parts.unread == nil {
+				s.parts.unread = map[int]unreadPart{}
+			}
+			s.parts.unread[r.Part] = unreadPart{floor: from}
 		case mine && inRange:
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.floorOf(r.Part, floor))
 			owned[r.Part] = true
@@ -204,8 +211,10 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 			// Given up once no claim reads it.
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.leaving[r.Part])
 		case mine:
+			// Its floor is forgotten once it is written free: a sync
+			// that fails before then gives it up with the same floor.
 			parts, owners, floors = append(parts, r.Part), append(owners, ""), append(floors, s.parts.leaving[r.Part])
-			delete(s.parts.leaving, r.Part)
+			givenUp = append(givenUp, r.Part)
 			announce = true
 		case inRange && (r.Owner == "" || r.Expired):
 			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, r.Floor)
@@ -288,6 +297,9 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		s.parts.unread = map[int]unreadPart{}
 	}
 	maps.Copy(s.parts.unread, taken)
+	for _, part := range givenUp {
+		delete(s.parts.leaving, part)
+	}
 	now := s.floors.floorLocked()
 	var read []unreadPart
 	for part := range Partitions {

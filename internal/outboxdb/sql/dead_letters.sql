@@ -93,7 +93,7 @@ only looked at; a row that waited, or any other, is locked.
 SELECT * FROM (
     SELECT id, event_id, status, key, key_parked, coalesce(dead_lettered_at, now())
     FROM {{.Outbox}} WHERE (id = ANY($1) OR event_id = ANY($2)) AND NOT ({{template "unwaited"}})
-    FOR UPDATE) AS locked
+    ORDER BY id FOR UPDATE) AS locked
 UNION ALL
 SELECT id, event_id, status, key, key_parked, now()
 FROM {{.Outbox}} WHERE (id = ANY($1) OR event_id = ANY($2)) AND {{template "unwaited"}}
@@ -129,7 +129,7 @@ WHERE id = ANY($1) AND status = 'dead_lettered'
 SELECT * FROM (
     SELECT id, status, topic, headers, payload, key, key_parked FROM {{.Outbox}}
     WHERE {{template "ref_match"}} AND NOT ({{template "unwaited"}})
-    FOR UPDATE) AS locked
+    ORDER BY id FOR UPDATE) AS locked
 UNION ALL
 SELECT id, status, topic, headers, payload, key, key_parked FROM {{.Outbox}}
 WHERE {{template "ref_match"}} AND {{template "unwaited"}}

@@ -14,8 +14,8 @@
 //     lease ends.
 //   - A destination's in-flight limit is split evenly among the live
 //     replicas. While some want more slots (rows waited for one), those
-//     that want none keep one (or what they used) and lend the rest, and
-//     one that wants takes every free slot while no other wants. A replica grows only into
+//     that want none keep one (or what they used) and lend the rest, which
+//     those that want split. A replica grows only into
 //     slots no one holds, and the fleet records for it at least what it
 //     may be using (its floor), so the shares never add up to more than
 //     the limit while the replicas are in touch.
@@ -81,7 +81,9 @@ func newQueries(s string) queries {
 				probe_until = CASE WHEN $6 <> '' THEN $7::timestamptz END,
 				last_error = nullif($8, ''), changed_by = $9, changed_at = now()
 			WHERE destination = $1`,
-		shares: `SELECT destination, coalesce(sum(slots), 0), bool_or(wants) FROM ` + s + `.outbox_fleet_shares
+		shares: `SELECT destination, coalesce(sum(slots), 0), coalesce(sum(slots) FILTER (WHERE NOT wants), 0),
+				count(*) FILTER (WHERE wants), count(*) FILTER (WHERE wants AND replica < $2)
+			FROM ` + s + `.outbox_fleet_shares
 			WHERE destination = ANY($1) AND replica <> $2 GROUP BY destination`,
 		leave:   `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE replica = $1`,
 		release: `UPDATE ` + s + `.outbox_fleet_breakers SET probe_by = NULL, probe_until = NULL WHERE probe_by = $1`,
@@ -156,16 +158,16 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 		return rs.Err()
 	})
 	held := map[string]int{}
-	wanted := map[string]bool{}
+	others := map[string]Demand{}
 	b.Queue(s.q.shares, names, req.Replica).Query(func(rs pgx.Rows) error {
 		for rs.Next() {
 			var name string
 			var n int
-			var wants bool
-			if err := rs.Scan(&name, &n, &wants); err != nil {
+			var d Demand
+			if err := rs.Scan(&name, &n, &d.IdleHeld, &d.Wanting, &d.WantingBefore); err != nil {
 				return err
 			}
-			held[name], wanted[name] = n, wants
+			held[name], others[name] = n, d
 		}
 		return rs.Err()
 	})
@@ -192,7 +194,9 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 			v.OpenUntil = r.openUntil
 		}
 		if d.MaxInFlight > 0 {
-			v.Slots = Share(d.MaxInFlight, view.Replicas, rank, held[d.Name], Demand{Wants: d.Wants, Used: d.Used, OthersWant: wanted[d.Name]})
+			demand := others[d.Name]
+			demand.Wants, demand.Used = d.Wants, d.Used
+			v.Slots = Share(d.MaxInFlight, view.Replicas, rank, held[d.Name], demand)
 			shareNames, shareSlots = append(shareNames, d.Name), append(shareSlots, int32(max(v.Slots, d.Floor)))
 			shareWants = append(shareWants, d.Wants)
 		}
@@ -241,27 +245,29 @@ func apply(r *breakerRow, d relay.FleetDestination, req relay.FleetSync, now tim
 }
 
 // Demand is what a replica's rows asked of a destination's slots since
-// its last sync.
+// its last sync, and what the others' did, as they last recorded.
 type Demand struct {
 	// Wants: rows waited for a slot.
 	Wants bool
 	// Used is the most slots in use at once.
 	Used int
-	// OthersWant: another replica's rows waited for a slot, as it last
-	// recorded.
-	OthersWant bool
+	// Wanting is how many other replicas want more, WantingBefore how
+	// many of them come before this one by name, and IdleHeld what the
+	// others that want none hold.
+	Wanting, WantingBefore, IdleHeld int
 }
 
 // Share is what a replica may have in flight of limit, among replicas
-// live replicas, the rank-th by name, while the others hold others: an
-// even split, the remainder to the first. A replica that wants more while
-// no other does takes every free slot; one that wants none while another
-// does keeps what it used, at least one slot for the rows to come, and
-// lends the rest. Either way only slots that the others do not hold. What the fleet records for the replica is at least what it may be
-// using (its floor), so that a share shrinks in two syncs: the replica
-// first stops taking more, then the fleet records the smaller share; and
-// a replica whose rows want slots back gets its even split within two
-// syncs of the borrower's.
+// live replicas, the rank-th by name, while the others hold others. While
+// no replica wants more, an even split, the remainder to the first. While
+// some do, those that want none keep what they used, at least one slot for
+// the rows to come (never more than the even split), and those that want
+// split the rest evenly, the remainder to the first of them. Either way
+// only slots that the others do not hold. What the fleet records for the
+// replica is at least what it may be using (its floor), so that a share
+// shrinks in two syncs: the replica first stops taking more, then the
+// fleet records the smaller share; a lender's rows that want slots again
+// get their part within two syncs of the borrowers'.
 func Share(limit, replicas, rank, others int, d Demand) int {
 	replicas = max(replicas, 1)
 	fair := limit / replicas
@@ -270,9 +276,14 @@ func Share(limit, replicas, rank, others int, d Demand) int {
 	}
 	free := max(0, limit-others)
 	switch {
-	case d.Wants && !d.OthersWant:
-		return free
-	case d.Wants || !d.OthersWant:
+	case d.Wants:
+		pool, n := max(0, limit-d.IdleHeld), 1+d.Wanting
+		part := pool / n
+		if d.WantingBefore < pool%n {
+			part++
+		}
+		return min(max(part, 0), free)
+	case d.Wanting == 0:
 		return min(fair, free)
 	default:
 		return min(fair, free, max(1, d.Used))

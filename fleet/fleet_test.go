@@ -15,32 +15,38 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestShare(t *testing.T) {
-	split, alone := fleet.Demand{Wants: true, OthersWant: true}, fleet.Demand{Wants: true}
-	lends := fleet.Demand{OthersWant: true}
+	// Every replica of three wants more: an even split.
+	all := func(rank int) fleet.Demand { return fleet.Demand{Wants: true, Wanting: 2, WantingBefore: rank} }
+	lends := fleet.Demand{Wanting: 1}
 	for _, c := range []struct {
 		limit, replicas, rank, others int
 		d                             fleet.Demand
 		want                          int
 	}{
-		{limit: 10, replicas: 1, d: split, want: 10},
-		{limit: 10, replicas: 3, rank: 0, d: split, want: 4},
-		{limit: 10, replicas: 3, rank: 1, d: split, want: 3},
-		{limit: 10, replicas: 3, rank: 2, d: split, want: 3},
-		{limit: 10, replicas: 3, rank: 2, others: 8, d: split, want: 2}, // only the free slots
-		{limit: 10, replicas: 2, rank: 1, others: 10, d: split, want: 0},
-		{limit: 10, replicas: 2, rank: 1, others: 12, d: split, want: 0}, // over-held after a fallback
-		{limit: 2, replicas: 3, rank: 2, d: split, want: 0},
-		// No other wants: every free slot.
-		{limit: 10, replicas: 3, rank: 2, others: 2, d: alone, want: 8},
-		{limit: 10, replicas: 3, rank: 2, others: 8, d: alone, want: 2},
+		{limit: 10, replicas: 1, d: fleet.Demand{Wants: true}, want: 10},
+		{limit: 10, replicas: 3, rank: 0, d: all(0), want: 4},
+		{limit: 10, replicas: 3, rank: 1, d: all(1), want: 3},
+		{limit: 10, replicas: 3, rank: 2, d: all(2), want: 3},
+		{limit: 10, replicas: 3, rank: 2, others: 8, d: all(2), want: 2}, // only the free slots
+		{limit: 10, replicas: 2, rank: 1, others: 10, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1}, want: 0},
+		{limit: 10, replicas: 2, rank: 1, others: 12, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1}, want: 0}, // over-held after a fallback
+		{limit: 2, replicas: 3, rank: 2, d: all(2), want: 0},
 		// No one wants: the even split.
 		{limit: 10, replicas: 3, rank: 1, want: 3},
 		{limit: 10, replicas: 1, want: 10},
+		// The only one that wants: all the others do not hold.
+		{limit: 10, replicas: 3, rank: 2, others: 2, d: fleet.Demand{Wants: true, IdleHeld: 2}, want: 8},
+		{limit: 10, replicas: 3, rank: 2, others: 8, d: fleet.Demand{Wants: true, IdleHeld: 8}, want: 2},
+		// Two of three want, the third holds one slot: they split nine.
+		{limit: 10, replicas: 3, rank: 1, others: 1, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 0, IdleHeld: 1}, want: 5},
+		{limit: 10, replicas: 3, rank: 2, others: 1, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1, IdleHeld: 1}, want: 4},
+		// ... but only from the slots the others do not hold yet.
+		{limit: 10, replicas: 3, rank: 1, others: 8, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1, IdleHeld: 1}, want: 2},
 		// Wants none while another does: what it used, at least one, at
 		// most the even split.
 		{limit: 10, replicas: 3, rank: 1, d: lends, want: 1},
-		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 2, OthersWant: true}, want: 2},
-		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 5, OthersWant: true}, want: 3},
+		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 2, Wanting: 1}, want: 2},
+		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 5, Wanting: 1}, want: 3},
 		{limit: 10, replicas: 3, rank: 1, others: 10, d: lends, want: 0},
 	} {
 		if got := fleet.Share(c.limit, c.replicas, c.rank, c.others, c.d); got != c.want {
@@ -331,9 +337,10 @@ func TestCountsReplicasThatDoNotLeasePartitions(t *testing.T) {
 	}
 }
 
-// Replicas whose rows want no slots lend theirs to one whose rows do, and
-// get their even split back within two syncs of the borrower's once their
-// rows want them; the shares never add up to more than the limit.
+// Replicas whose rows want no slots lend theirs to those whose rows do,
+// which split them, and get their even split back within two syncs of the
+// borrowers' once their rows want them; the shares never add up to more
+// than the limit.
 func TestIdleReplicasLendTheirSlots(t *testing.T) {
 	store, s := newStore(t)
 	const limit = 9
@@ -380,7 +387,14 @@ func TestIdleReplicasLendTheirSlots(t *testing.T) {
 	for range 3 {
 		round()
 	}
-	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "3 3 1" {
-		t.Fatalf("shares once r1's rows want slots too = %s, want 3 3 1", got)
+	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "4 4 1" {
+		t.Fatalf("shares once r1's rows want slots too = %s, want 4 4 1: r0 and r1 split what r2 lends", got)
+	}
+	wants["r2"] = true
+	for range 3 {
+		round()
+	}
+	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "3 3 3" {
+		t.Fatalf("shares once every replica's rows want slots = %s, want 3 3 3", got)
 	}
 }

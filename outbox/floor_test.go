@@ -622,7 +622,6 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
-	keyIn := func(part int) string { return keyInPartition(t, s, part) }
 	// Another process, z, holds partition 3: b's range is 0 to 7, and its
 	// claims read the longest run it holds, 4 to 7.
 	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('z', now() + interval '1 hour')`)
@@ -632,23 +631,7 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 		t.Fatalf("b's claims read partitions %d-%d, want 4-7", got.Lo, got.Hi)
 	}
 
-	var stranded int64
-	if err := s.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`, keyIn(1)).Scan(&stranded); err != nil {
-		t.Fatal(err)
-	}
-	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', $1, 'p' FROM generate_series(1, 5)`, keyIn(5))
-	for range 2 {
-		outbox.HeadClaimDue(st)
-		c := claim(t, st, 10)
-		var out []outbox.Outcome
-		for _, r := range c.Records {
-			if r.ID == stranded {
-				t.Fatalf("claims of partitions 4-7 took row %d of partition 1", r.ID)
-			}
-			out = append(out, sent(r.ID))
-		}
-		complete(t, c, out...)
-	}
+	stranded := claimPast(t, s, st, 1, 5)
 	if floor, _, _ := outbox.NextClaimBounds(st); floor <= stranded {
 		t.Fatalf("b's floor %d, want above row %d: its claims moved on", floor, stranded)
 	}
@@ -665,6 +648,33 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != fmt.Sprint([]int64{stranded}) {
 		t.Fatalf("claim once partition 1 joined the run = %v, want [%d]; %s", got, stranded, outbox.FloorState(st))
 	}
+}
+
+// claimPast writes a row into partition unread, which st's claims do not
+// read, then rows into partition read, which they do, and has two claims
+// from the head deliver those: st's floor moves past the first row. It
+// returns that row's id.
+func claimPast(t *testing.T, s *pgtest.Schema, st *outbox.Store, unread, read int) int64 {
+	t.Helper()
+	var stranded int64
+	if err := s.Pool.QueryRow(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`,
+		keyInPartition(t, s, unread)).Scan(&stranded); err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', $1, 'p' FROM generate_series(1, 5)`, keyInPartition(t, s, read))
+	for range 2 {
+		outbox.HeadClaimDue(st)
+		c := claim(t, st, 10)
+		var out []outbox.Outcome
+		for _, r := range c.Records {
+			if r.ID == stranded {
+				t.Fatalf("claims that do not read partition %d took its row %d", unread, r.ID)
+			}
+			out = append(out, sent(r.ID))
+		}
+		complete(t, c, out...)
+	}
+	return stranded
 }
 
 // keyInPartition is a key whose rows fall into partition part.
@@ -702,23 +712,7 @@ func TestPartitionBackInRangeBeforeGivenUpIsReadFromWhereItLeft(t *testing.T) {
 	}
 	complete(t, inFlight, sent(inFlight.Records[0].ID))
 
-	var stranded int64
-	if err := s.Pool.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`, keyInPartition(t, s, 9)).Scan(&stranded); err != nil {
-		t.Fatal(err)
-	}
-	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', $1, 'p' FROM generate_series(1, 5)`, keyInPartition(t, s, 1))
-	for range 2 {
-		outbox.HeadClaimDue(st)
-		c := claim(t, st, 10)
-		var out []outbox.Outcome
-		for _, r := range c.Records {
-			if r.ID == stranded {
-				t.Fatalf("claims of partitions 0-7 took row %d of partition 9", r.ID)
-			}
-			out = append(out, sent(r.ID))
-		}
-		complete(t, c, out...)
-	}
+	stranded := claimPast(t, s, st, 9, 1)
 
 	// b goes before a synced again: a's range is every partition once
 	// more, and it still holds 8 to 15. The first sync after fails as it

@@ -66,6 +66,9 @@ func TestSmoke(t *testing.T) {
 				if !strings.Contains(r.Detail, "µs CPU a row") {
 					t.Errorf("%s: %q, want the relay's CPU a row", r.Name, r.Detail)
 				}
+				if strings.Contains(r.Detail, "database per row") && !strings.Contains(r.Detail, "buffers by statement: ") {
+					t.Errorf("%s: %q, want the statements that read the most buffers", r.Name, r.Detail)
+				}
 			case strings.Contains(r.Name, "idle"):
 				idle++
 			}

@@ -8,8 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -410,12 +413,35 @@ type relays struct {
 	cmds []*exec.Cmd
 	// started is when the first of them logged that it started.
 	started time.Time
+	// warned counts the warnings and errors they logged, by message.
+	mu     sync.Mutex
+	warned map[string]int
 }
+
+// warnings describes the warnings and errors the relays logged, the most
+// frequent first; "" for none.
+func (rs *relays) warnings() string {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	msgs := make([]string, 0, len(rs.warned))
+	for m := range rs.warned {
+		msgs = append(msgs, m)
+	}
+	sort.Slice(msgs, func(i, j int) bool { return rs.warned[msgs[i]] > rs.warned[msgs[j]] })
+	var parts []string
+	for _, m := range msgs[:min(len(msgs), 3)] {
+		parts = append(parts, fmt.Sprintf("%d× %s", rs.warned[m], m))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// logMessage is a log line's level and message, from the text format.
+var logMessage = regexp.MustCompile(`level=(WARN|ERROR) msg="((?:[^"\\]|\\.)*)"`)
 
 // startRelays starts procs outbox-relay run processes with env, and
 // waits for the first to start delivering.
 func startRelays(ctx context.Context, bin string, env []string, procs int) (*relays, error) {
-	rs := &relays{}
+	rs := &relays{warned: map[string]int{}}
 	started := make(chan time.Time, procs)
 	for range procs {
 		c := exec.Command(bin, "run")
@@ -437,6 +463,11 @@ func startRelays(ctx context.Context, bin string, env []string, procs int) (*rel
 				if !sent && strings.Contains(sc.Text(), `msg="relay started"`) {
 					started <- time.Now()
 					sent = true
+				}
+				if m := logMessage.FindStringSubmatch(sc.Text()); m != nil {
+					rs.mu.Lock()
+					rs.warned[m[1]+" "+m[2]]++
+					rs.mu.Unlock()
 				}
 			}
 		}()

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +30,8 @@ type dbCost struct {
 	claimTime                time.Duration
 	calls, buffers           int64
 	time                     time.Duration
+	// byQuery is each of those statements' calls and buffers, by queryid.
+	byQuery map[int64]statement
 	// cpu: ok when /proc showed the server's processes.
 	cpu bool
 	// relayBackends is the CPU time of each server process serving a
@@ -62,6 +66,7 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
 		c.statements = true
 		c.claimTime = time.Duration(claimMS * float64(time.Millisecond))
 		c.time = time.Duration(allMS * float64(time.Millisecond))
+		c.byQuery = readStatements(ctx, pool, schema)
 	}
 	var self int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&self); err != nil {
@@ -89,6 +94,47 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
 	return c
 }
 
+// statement is what pg_stat_statements counts of one statement.
+type statement struct {
+	query          string
+	calls, buffers int64
+}
+
+// readStatements reads the calls and buffers of each statement naming
+// schema, nil when they cannot be read.
+func readStatements(ctx context.Context, pool *pgxpool.Pool, schema string) map[int64]statement {
+	rows, err := pool.Query(ctx, `SELECT queryid, query, calls, shared_blks_hit + shared_blks_read
+FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%' AND queryid IS NOT NULL`, schema)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	out := map[int64]statement{}
+	for rows.Next() {
+		var id int64
+		var st statement
+		if rows.Scan(&id, &st.query, &st.calls, &st.buffers) == nil {
+			st.query = label(st.query, schema)
+			// One text can have several ids (one per user or database).
+			prev := out[id]
+			st.calls += prev.calls
+			st.buffers += prev.buffers
+			out[id] = st
+		}
+	}
+	return out
+}
+
+// label shortens a statement's text to a name a reader can place: its
+// first words, whitespace collapsed, without the schema.
+func label(query, schema string) string {
+	q := strings.Join(strings.Fields(strings.ReplaceAll(query, `"`+schema+`".`, "")), " ")
+	if r := []rune(q); len(r) > 60 {
+		q = string(r[:60]) + "…"
+	}
+	return q
+}
+
 // spent is what the database spent from c to later.
 type spent struct {
 	statements             bool
@@ -96,6 +142,7 @@ type spent struct {
 	claimTime              time.Duration
 	calls, buffers         int64
 	time                   time.Duration
+	byQuery                []statement // by buffers, the most first
 	cpu                    bool
 	relayBackends, cluster time.Duration
 }
@@ -106,6 +153,14 @@ func (c dbCost) until(later dbCost) spent {
 		s.claims, s.claimBuffers = later.claimCalls-c.claimCalls, later.claimBuffers-c.claimBuffers
 		s.claimTime = later.claimTime - c.claimTime
 		s.calls, s.buffers, s.time = later.calls-c.calls, later.buffers-c.buffers, later.time-c.time
+		for id, st := range later.byQuery {
+			st.calls -= c.byQuery[id].calls
+			st.buffers -= c.byQuery[id].buffers
+			if st.calls > 0 {
+				s.byQuery = append(s.byQuery, st)
+			}
+		}
+		slices.SortFunc(s.byQuery, func(a, b statement) int { return cmp.Compare(b.buffers, a.buffers) })
 	}
 	if s.cpu {
 		for pid, t := range later.relayBackends {
@@ -132,6 +187,20 @@ func (s spent) perRow(rows int64) string {
 		parts = append(parts, fmt.Sprintf("%.1f µs CPU in the relay's backends, %.1f µs in all of PostgreSQL", us(s.relayBackends)/float64(rows), us(s.cluster)/float64(rows)))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// statementsNote names the n statements that read the most buffers in s,
+// with their buffers per delivered row and per call.
+func (s spent) statementsNote(rows int64, n int) string {
+	if !s.statements || rows <= 0 || len(s.byQuery) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, st := range s.byQuery[:min(n, len(s.byQuery))] {
+		parts = append(parts, fmt.Sprintf("%.2f a row, %.0f a call (%d calls): %s",
+			float64(st.buffers)/float64(rows), float64(st.buffers)/float64(st.calls), st.calls, st.query))
+	}
+	return "buffers by statement: " + strings.Join(parts, " | ")
 }
 
 // claimsNote describes the claims in s.

@@ -1,21 +1,18 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go/compress"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 )
 
 // soaks offers the outbox-relay binary, at its default configuration, a
@@ -203,6 +200,10 @@ func (r *runner) soak(ctx context.Context, bin string, held bool) error {
 		detail := fmt.Sprintf("p50 %.1f ms; %d rows (%.0f/s); %s; relay %.1f µs CPU a row; %s; at most %d rows unacknowledged",
 			ms(percentile(m.latencies, 50)), m.rows, float64(m.rows)/r.cfg.SoakMinute.Seconds(), m.spent.claimsNote(),
 			us(m.relayCPU)/float64(max(m.rows, 1)), m.spent.perRow(m.rows), m.unacked)
+		detail += fmt.Sprintf("; max %.0f ms", ms(percentile(m.latencies, 100)))
+		if note := m.spent.statementsNote(m.rows, 6); note != "" {
+			detail += "; " + note
+		}
 		r.add(Result{Group: "soak", Name: name, Value: ms(percentile(m.latencies, 99)), Unit: "ms", Detail: detail})
 	}
 	first, last := stats[0].spent, stats[len(stats)-1].spent
@@ -217,6 +218,9 @@ func (r *runner) soak(ctx context.Context, bin string, held bool) error {
 		100*float64(idleRelay)/float64(idleFor), 100*float64(idle.relayBackends)/float64(idleFor), idleFor.Round(time.Second), idle.claimsNote())
 	if !idle.cpu {
 		detail += "; the server's processes are not visible here: the backends' CPU is left out"
+	}
+	if w := relays.warnings(); w != "" {
+		detail += "; the relay warned: " + w
 	}
 	r.add(Result{Group: "soak", Name: phase + ": idle relay and its backends", Value: share, Unit: "% of a core", Detail: detail})
 	return nil
@@ -300,64 +304,16 @@ func (b *ackBook) byInterval(start time.Time, interval time.Duration) [][]time.D
 // watchAcks has the broker tell each row it receives for topic, by the
 // outbox-id header of its record, as it receives it.
 func watchAcks(c *kfake.Cluster, topic string, acked func(id int64, at time.Time)) {
-	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		now := time.Now()
-		for _, t := range req.(*kmsg.ProduceRequest).Topics {
-			if t.Topic != topic {
-				continue
-			}
-			for _, p := range t.Partitions {
-				_ = eachRecord(p.Records, func(rec *kmsg.Record) {
-					for _, h := range rec.Headers {
-						if h.Key == "outbox-id" {
-							if id, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
-								acked(id, now)
-							}
-						}
-					}
-				})
+	kafkatest.WatchProduce(c, func(t string, _ int32, rec *kmsg.Record) {
+		if t != topic {
+			return
+		}
+		for _, h := range rec.Headers {
+			if h.Key == "outbox-id" {
+				if id, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+					acked(id, time.Now())
+				}
 			}
 		}
-		return nil, nil, false
 	})
-}
-
-// eachRecord decodes the record batches in b, decompressing them, and
-// passes each record to fn.
-func eachRecord(b []byte, fn func(*kmsg.Record)) error {
-	for len(b) >= 12 {
-		n := 12 + int(int32(binary.BigEndian.Uint32(b[8:12])))
-		if n > len(b) {
-			return errors.New("truncated record batch")
-		}
-		var batch kmsg.RecordBatch
-		if err := batch.ReadFrom(b[:n]); err != nil {
-			return err
-		}
-		b = b[n:]
-		recs := batch.Records
-		if codec := compress.Compression(batch.Attributes & 7); codec != 0 {
-			rd := codec.Codec().NewReader(bytes.NewReader(recs))
-			var err error
-			recs, err = io.ReadAll(rd)
-			rd.Close()
-			if err != nil {
-				return err
-			}
-		}
-		for range batch.NumRecords {
-			l, k := binary.Varint(recs)
-			if k <= 0 || int(l)+k > len(recs) {
-				return errors.New("truncated record")
-			}
-			var rec kmsg.Record
-			if err := rec.ReadFrom(recs[:k+int(l)]); err != nil {
-				return err
-			}
-			fn(&rec)
-			recs = recs[k+int(l):]
-		}
-	}
-	return nil
 }

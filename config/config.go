@@ -142,6 +142,7 @@ func defaults() Config {
 			AuditRetention:      relay.DefaultAuditRetention,
 			AuditPayloads:       deadletter.AuditPayloadsFull,
 			OnDeadLetter:        relay.OnDeadLetterRelease,
+			OrderScope:          relay.OrderScopeDestination,
 			Listen:              true,
 		},
 		Retry: Retry{

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/outbox-relay/outbox-relay/config"
+	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
@@ -378,5 +379,41 @@ func writeAt(t *testing.T, path, body string) {
 	}
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The order scope is destination unless set; an outbox may set its own,
+// and a bad one is named with every other problem.
+func TestOrderScope(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app"}, config.NeedDatabase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Outboxes()[0].OrderScope; got != relay.OrderScopeDestination {
+		t.Fatalf("order scope %q, want destination", got)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "relay.yaml")
+	if err := os.WriteFile(file, []byte(`
+relay: {order_scope: global}
+outboxes:
+  - {name: a, schema: a}
+  - {name: b, schema: b, order_scope: topic}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_CONFIG=" + file}, config.NeedDatabase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := cfg.Outboxes()[0].OrderScope, cfg.Outboxes()[1].OrderScope; a != relay.OrderScopeGlobal || b != relay.OrderScopeTopic {
+		t.Fatalf("order scopes %q and %q, want global (the relay's) and topic", a, b)
+	}
+	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_RELAY_ORDER_SCOPE=key",
+		"OUTBOX_RELAY_WORKERS=0"}, config.NeedDatabase)
+	if err == nil || !strings.Contains(err.Error(), `relay.order_scope is "key"; use destination, topic or global`) ||
+		!strings.Contains(err.Error(), "relay.workers is 0") {
+		t.Fatalf("err = %v, want the bad order scope named beside the other problem", err)
 	}
 }

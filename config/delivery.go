@@ -62,6 +62,12 @@ type Relay struct {
 	// OnDeadLetter is release (a dead-lettered row lets its key's later
 	// rows go on; the default) or block (it parks the key).
 	OnDeadLetter string `koanf:"on_dead_letter"`
+	// OrderScope is where a key's rows keep their id order: destination
+	// (the default: within each destination, so one destination's outage,
+	// backoff or parked key never holds back another's rows), topic
+	// (within each destination and topic) or global (across every topic
+	// and destination, as before order scopes existed).
+	OrderScope string `koanf:"order_scope"`
 	// Listen enables LISTEN/NOTIFY wake-ups. Default true; polling covers
 	// for it either way.
 	Listen bool `koanf:"listen"`
@@ -138,6 +144,9 @@ func (r Relay) problems(maxConns int32) []string {
 		p = append(p, "relay."+err.Error())
 	}
 	if err := relay.ValidateOnDeadLetter(r.OnDeadLetter); err != nil {
+		p = append(p, "relay."+err.Error())
+	}
+	if err := relay.ValidateOrderScope(r.OrderScope); err != nil {
 		p = append(p, "relay."+err.Error())
 	}
 	if maxConns >= 2 && r.Workers >= 1 && int(maxConns) < r.Workers+2 {

@@ -34,6 +34,9 @@ type Outbox struct {
 	// BatchSize is the most rows claimed per batch. Default
 	// relay.batch_size.
 	BatchSize int `koanf:"batch_size"`
+	// OrderScope is where the outbox's keys keep their order: destination,
+	// topic or global. Default relay.order_scope.
+	OrderScope string `koanf:"order_scope"`
 }
 
 // OutboxSettings is an outbox with every setting resolved.
@@ -44,6 +47,8 @@ type OutboxSettings struct {
 	Database Database
 	// Workers and BatchSize are the outbox's own; 0 takes the relay's.
 	Workers, BatchSize int
+	// OrderScope is the outbox's, or the relay's.
+	OrderScope string
 }
 
 // Outboxes returns the outboxes to deliver from, in the order of the
@@ -51,7 +56,7 @@ type OutboxSettings struct {
 // made of the database section.
 func (c *Config) Outboxes() []OutboxSettings {
 	if len(c.OutboxList) == 0 {
-		return []OutboxSettings{{Name: relay.DefaultOutbox, Database: c.Database}}
+		return []OutboxSettings{{Name: relay.DefaultOutbox, Database: c.Database, OrderScope: c.Relay.OrderScope}}
 	}
 	out := make([]OutboxSettings, 0, len(c.OutboxList))
 	for _, o := range c.OutboxList {
@@ -65,7 +70,8 @@ func (c *Config) Outboxes() []OutboxSettings {
 		if o.MaxConns != 0 {
 			db.MaxConns = o.MaxConns
 		}
-		out = append(out, OutboxSettings{Name: o.Name, Database: db, Workers: o.Workers, BatchSize: o.BatchSize})
+		out = append(out, OutboxSettings{Name: o.Name, Database: db, Workers: o.Workers, BatchSize: o.BatchSize,
+			OrderScope: cmp.Or(o.OrderScope, c.Relay.OrderScope)})
 	}
 	return out
 }
@@ -143,6 +149,9 @@ func (c *Config) outboxProblems(need Need) []string {
 		}
 		if o.BatchSize > 10000 {
 			p = append(p, fmt.Sprintf("%s: batch_size is %d; at most 10000 rows fit one claim", at, o.BatchSize))
+		}
+		if err := relay.ValidateOrderScope(o.OrderScope); err != nil {
+			p = append(p, at+": "+err.Error())
 		}
 		workers := cmp.Or(r.Workers, c.Relay.Workers)
 		if db.MaxConns >= 2 && workers >= 1 && int(db.MaxConns) < workers+2 {

@@ -29,7 +29,8 @@ type ClaimParams struct {
 	// stay pending below its own). Their pending rows lie above it, so
 	// the rows a claim passes over do too: claims read them again from
 	// there once their keys are free, not from where the claim began.
-	// Zero: from where it began.
+	// Zero: from where it began, as always with an OrderScope (a key's
+	// rows of another scope may be pending below those in flight).
 	ExcludedFrom int64
 	// ExcludeTopics are topics not to claim: their destination is not
 	// taking deliveries. A row of such a topic that holds its key counts
@@ -44,6 +45,11 @@ type ClaimParams struct {
 	// without an outcome, for a later claim to hold back behind the rows
 	// that failed. Unset, every row outside the claim holds its key.
 	Follows []KeyedRow
+	// OrderScope names the order scope of a topic's rows: a row is held
+	// back only by earlier rows of its key whose topics are in the same
+	// scope (a destination, or a topic). Nil keeps order per key across
+	// every topic.
+	OrderScope func(topic string) string
 }
 
 // KeyedRow is a claimed row's key and id.
@@ -194,6 +200,12 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
 	if len(p.ExcludeKeys) > 0 {
 		r.passedKeys, r.passedFrom = true, max(p.ExcludedFrom-1, 0)
+		if p.OrderScope != nil {
+			// A key in flight in one scope may have rows of another
+			// pending below it: the rows passed over lie anywhere
+			// the claim read.
+			r.passedFrom = 0
+		}
 	}
 	if c.probedLow > 0 && (lowest == 0 || c.probedLow < lowest) {
 		lowest = c.probedLow

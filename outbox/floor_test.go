@@ -44,12 +44,27 @@ func TestFloorsDeliverEveryRowInKeyOrder(t *testing.T) {
 	for seed := range uint64(8) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
-			floorsModel(t, seed)
+			floorsModel(t, seed, nil)
 		})
 	}
 }
 
-func floorsModel(t *testing.T, seed uint64) {
+// With order kept per topic, each topic's rows of a key keep their order,
+// and a key's rows of one topic never wait for those of the other.
+func TestFloorsDeliverEveryRowInScopedKeyOrder(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			floorsModel(t, seed, func(topic string) string { return topic })
+		})
+	}
+}
+
+// floorsModel runs claims, producers and stores joining at random, then
+// checks that every row was delivered, each key's rows in id order within
+// their order scope (scope, nil for the key's every row).
+func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 	ctx := context.Background()
 	rnd := rand.New(rand.NewPCG(seed, 7))
 	// Three claims and a producer's transaction open at once, and the
@@ -64,6 +79,13 @@ func floorsModel(t *testing.T, seed uint64) {
 	}
 	var claims []open
 	inserted := map[int64]string{} // id → key ("" for none)
+	scopeOf := map[int64]string{}  // id → its order scope
+	inScope := func(key, topic string) string {
+		if scope == nil {
+			return key
+		}
+		return key + "/" + scope(topic)
+	}
 	delivered := map[int64]bool{}
 	var order []int64 // first deliveries, in order
 	var late pgx.Tx   // a producer transaction left open
@@ -83,6 +105,9 @@ func floorsModel(t *testing.T, seed uint64) {
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, id := range ids {
+			scopeOf[id] = inScope(key, topic)
 		}
 		return ids
 	}
@@ -118,19 +143,20 @@ func floorsModel(t *testing.T, seed uint64) {
 		var outcomes []outbox.Outcome
 		failed := map[string]bool{}
 		for _, r := range o.claim.Records {
-			if r.HasKey && failed[r.Key] {
-				continue // no outcome after its key's failure
+			k := inScope(r.Key, r.Topic)
+			if r.HasKey && failed[k] {
+				continue // no outcome after its key's failure in its scope
 			}
 			switch n := rnd.IntN(20); {
 			case n < 2:
 				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Retried, Error: "503", Attempted: true,
 					Delay: time.Duration(rnd.IntN(3)) * 10 * time.Millisecond})
-				failed[r.Key] = r.HasKey
+				failed[k] = r.HasKey
 			case n < 3:
 				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Deferred, Delay: 5 * time.Millisecond})
-				failed[r.Key] = r.HasKey
+				failed[k] = r.HasKey
 			case n < 4:
-				failed[r.Key] = r.HasKey // left without an outcome, as a key's rows behind a failure are
+				failed[k] = r.HasKey // left without an outcome, as a key's rows behind a failure are
 			default:
 				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Sent})
 			}
@@ -183,7 +209,7 @@ func floorsModel(t *testing.T, seed uint64) {
 			}
 			exclude, excludedFrom := inFlight(st)
 			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(8), PayloadCap: 100, ExcludeKeys: exclude,
-				ExcludedFrom: excludedFrom, ExcludeTopics: topics, ExcludeFor: 20 * time.Millisecond})
+				ExcludedFrom: excludedFrom, ExcludeTopics: topics, ExcludeFor: 20 * time.Millisecond, OrderScope: scope})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -248,7 +274,7 @@ func floorsModel(t *testing.T, seed uint64) {
 			if err := st.SyncPartitions(ctx); err != nil {
 				t.Fatal(err)
 			}
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100})
+			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100, OrderScope: scope})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,13 +293,13 @@ func floorsModel(t *testing.T, seed uint64) {
 			}
 		}
 	}
-	// Each key's rows were first delivered in id order.
+	// Each key's rows were first delivered in id order in their scope.
 	last := map[string]int64{}
 	for _, id := range order {
-		key := inserted[id]
-		if key == "" {
+		if inserted[id] == "" {
 			continue
 		}
+		key := scopeOf[id]
 		if id < last[key] {
 			t.Errorf("seed %d: key %s: row %d first delivered after row %d", seed, key, id, last[key])
 		}

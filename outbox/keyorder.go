@@ -12,11 +12,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
-// keepKeyOrder drops the claimed rows that an earlier row of their key,
-// outside the claim and p.Follows, must precede, and defers them when
-// that row is waiting rather than in flight. The rows followed are
-// checked as if claimed: they are no blockers, and what holds them back
-// holds back the claimed rows of their keys too.
+// keepKeyOrder drops the claimed rows that an earlier row of their key
+// and order scope, outside the claim and p.Follows, must precede, and
+// defers them when that row is waiting rather than in flight. The rows
+// followed are checked as if claimed: they are no blockers, and what
+// holds them back holds back the claimed rows of their keys and scopes
+// too.
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var keys []string
 	var ids []int64
@@ -52,7 +53,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	// partitions' share of the span weighs.
 	span := (last - c.keyFloor + 1) * int64(c.partHi-c.partLo+1) / Partitions
 	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, Floor: c.keyFloor,
-		PartLo: c.partLo, PartHi: c.partHi, BySpan: c.store.keyCheck.bySpan(span, keys)})
+		PartLo: c.partLo, PartHi: c.partHi, BySpan: c.store.keyCheck.bySpan(span, keys), Scoped: p.OrderScope != nil})
 	if err != nil {
 		return fmt.Errorf("check key order: %w", err)
 	}
@@ -60,10 +61,12 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	for _, t := range p.ExcludeTopics {
 		excluded[t] = true
 	}
-	blocked := map[string]blocker{}
+	scope := newScopes(p.OrderScope)
+	blocked := map[scopedKey]blocker{}
 	for _, h := range holders {
-		if b, seen := blocked[h.Key]; seen && b.id < h.ID {
-			continue // only the key's lowest blocker counts
+		sk := scopedKey{h.Key, scope.of(h.Topic)}
+		if b, seen := blocked[sk]; seen && b.id < h.ID {
+			continue // only the lowest blocker of the key's scope counts
 		}
 		b := blocker{id: h.ID, waiting: h.Parked || h.Waiting, parked: h.Parked, leased: h.Leased && h.Waiting, until: h.NextAttemptAt}
 		switch {
@@ -72,7 +75,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		case !h.Waiting && excluded[h.Topic]:
 			b.waiting, b.until = true, c.Now.Add(max(p.ExcludeFor, time.Millisecond))
 		}
-		blocked[h.Key] = b
+		blocked[sk] = b
 	}
 	if len(blocked) == 0 {
 		return nil
@@ -85,7 +88,10 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var probe []int64
 	probed := map[int64]bool{}
 	for _, r := range c.Records {
-		if b, ok := blocked[r.Key]; ok && r.HasKey && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
+		if !r.HasKey {
+			continue
+		}
+		if b, ok := blocked[scopedKey{r.Key, scope.of(r.Topic)}]; ok && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
 			probe = append(probe, b.id)
 			probed[b.id] = true
 		}
@@ -106,10 +112,14 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	var deferAt, parkedAt []time.Time
 	var parkers []int64
 	for _, r := range c.Records {
-		b, ok := blocked[r.Key]
+		var b blocker
+		ok := false
+		if r.HasKey {
+			b, ok = blocked[scopedKey{r.Key, scope.of(r.Topic)}]
+		}
 		// A blocker above the row (the key check by span may find one)
 		// does not hold it back.
-		if !r.HasKey || !ok || r.ID < b.id {
+		if !ok || r.ID < b.id {
 			kept = append(kept, r)
 			continue
 		}
@@ -154,6 +164,30 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		}
 	}
 	return nil
+}
+
+// scopedKey is a key within an order scope: the rows that keep their
+// order among themselves.
+type scopedKey struct{ key, scope string }
+
+// scopes names the order scopes of topics, remembering the answers.
+type scopes struct {
+	of func(topic string) string
+}
+
+func newScopes(f func(topic string) string) scopes {
+	if f == nil {
+		return scopes{of: func(string) string { return "" }}
+	}
+	seen := map[string]string{}
+	return scopes{of: func(topic string) string {
+		s, ok := seen[topic]
+		if !ok {
+			s = f(topic)
+			seen[topic] = s
+		}
+		return s
+	}}
 }
 
 // behindFreeFor is how long a row that waited is deferred behind a row of

@@ -350,6 +350,10 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 			{Limit: 20}, {Limit: 100}, {Limit: 1000},
 			{Limit: 100, ExcludeTopics: []string{"t1"}, ExcludeFor: time.Minute},
 			{Limit: 100, ExcludeKeys: []string{"k3", "k4"}},
+			// Order kept per scope: t0 and t1 in one, t2 in another.
+			{Limit: 100, OrderScope: func(topic string) string { return strings.TrimPrefix(topic, "t") }},
+			{Limit: 1000, OrderScope: func(topic string) string { return fmt.Sprint(topic == "t2") },
+				ExcludeTopics: []string{"t1"}, ExcludeFor: time.Minute},
 		} {
 			p.PayloadCap = 100
 			want, got := run(byKey, p), run(bySpan, p)

@@ -42,12 +42,12 @@ func newPlanner(cfg *Config, dests []*dest) *planner {
 // destination, in id order. Undeliverable and unroutable rows get their
 // dead-letter outcome here; rows of a destination whose breaker is open, or
 // retries over its budget, are deferred without counting an attempt. A
-// key's rows travel together only while they go to one destination and
-// topic, so that a failure in one place can never let a later row of the
-// key through in another; and once the batch's byte budget or a
-// destination's bulkhead is spent, the remaining rows wait for the next
-// batch, untouched.
-func (p *planner) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.Outcome) {
+// key's rows in one order scope (scope, nil for the key's every row)
+// travel together only while they go to one destination and topic, so
+// that a failure in one place can never let a later row of the key through
+// in another; and once the batch's byte budget or a destination's
+// bulkhead is spent, the remaining rows wait for the next batch, untouched.
+func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic string) string) ([]*group, []outbox.Outcome) {
 	type keyRun struct {
 		dest    int
 		topic   string
@@ -69,11 +69,12 @@ func (p *planner) plan(recs []outbox.Record, now time.Time) ([]*group, []outbox.
 		}
 		var run *keyRun
 		if rec.HasKey {
-			run = runs[rec.Key]
+			key := scopedKey(scope, &rec)
+			run = runs[key]
 			if run == nil {
 				runBuf = append(runBuf, keyRun{dest: rt.dest, topic: rt.topic})
 				run = &runBuf[len(runBuf)-1]
-				runs[rec.Key] = run
+				runs[key] = run
 			}
 			if run.stopped || run.dest != rt.dest || run.topic != rt.topic {
 				run.stopped = true

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"), // k moves to b: its run ends at 1
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's next row goes in a later batch
-	}, time.Now())
+	}, time.Now(), nil)
 	ids, out := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 1 || got[0] != 1 {
 		t.Errorf("destination a got %v, want [1]", got)
@@ -85,9 +86,30 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 	}
 }
 
+// With order kept per destination, a key's rows of each destination
+// travel together, whatever the key's rows of another destination do.
+func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
+	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
+	groups, outcomes := p.plan([]outbox.Record{
+		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"),
+		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
+		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's row of a goes
+	}, time.Now(), p.router.scope(OrderScopeDestination))
+	ids, _ := planned(groups, outcomes)
+	if got := fmt.Sprint(ids["a"]); got != "[1 3 8]" {
+		t.Errorf("destination a got %v, want [1 3 8]", got)
+	}
+	if got := fmt.Sprint(ids["b"]); got != "[2 4 5 6]" {
+		t.Errorf("destination b got %v, want [2 4 5 6]", got)
+	}
+	if len(outcomes) != 1 {
+		t.Errorf("outcomes %+v, want only the unroutable row's", outcomes)
+	}
+}
+
 func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}}, twoDestinations)
-	groups, outcomes := p.plan([]outbox.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j")}, time.Now())
+	groups, outcomes := p.plan([]outbox.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j")}, time.Now(), nil)
 	ids, out := planned(groups, outcomes)
 	if o := out[1]; o.Kind != outbox.DeadLettered || !o.ParkKey {
 		t.Errorf("unroutable row: %+v, want dead-lettered and parking its key", o)
@@ -99,7 +121,7 @@ func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 
 func TestPlanStopsAtTheByteBudget(t *testing.T) {
 	p := testPlanner(t, Config{MaxBatchBytes: 3*(RecordOverhead+10) + 1}, []Destination{{Name: "a"}}, twoDestinations)
-	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now())
+	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, _ := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[2] != 3 {
 		t.Errorf("planned %v, want the first three rows", got)
@@ -113,7 +135,7 @@ func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 	p := testPlanner(t, Config{PauseBase: time.Minute, PauseMax: time.Minute}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1, lastErr: "refused"})
-	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now)
+	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
 	ids, out := planned(groups, outcomes)
 	if o := out[1]; o.Kind != outbox.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
 		t.Errorf("row of the open destination: %+v, want deferred circuit_open for its cool-down, no attempt", o)
@@ -134,7 +156,7 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 	for i := range 20 {
 		recs = append(recs, rec(int64(i+1), []string{"a.x", "a.y"}[i%2], []string{"k", "j", "", ""}[i%4]))
 	}
-	groups, _ := p.plan(recs, now.Add(time.Second))
+	groups, _ := p.plan(recs, now.Add(time.Second), nil)
 	if len(groups) != 1 || !groups[0].adm.probe {
 		t.Fatalf("groups %+v, want one probe", groups)
 	}
@@ -150,7 +172,7 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 		t.Errorf("probe of %d rows, by topic %v, by key %v", len(g.recs), byTopic, byKey)
 	}
 	// A second batch meanwhile is held: one probe at a time.
-	if groups, outcomes := p.plan(recs[:1], now.Add(time.Second)); len(groups) != 0 || outcomes[0].Reason != DeferCircuitOpen {
+	if groups, outcomes := p.plan(recs[:1], now.Add(time.Second), nil); len(groups) != 0 || outcomes[0].Reason != DeferCircuitOpen {
 		t.Errorf("a second batch during the probe: %d groups, outcomes %+v", len(groups), outcomes)
 	}
 }
@@ -159,7 +181,7 @@ func TestPlanHoldsRowsPastTheBulkheadAndDefersRetriesOverBudget(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a", MaxInFlight: 3, RetryBudget: RetryBudgetConfig{MinPerSecond: 0.1}}}, twoDestinations)
 	retryRec := func(id int64) outbox.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
 	// The budget holds one retry (a tenth per second, ten seconds' worth).
-	groups, outcomes := p.plan([]outbox.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now())
+	groups, outcomes := p.plan([]outbox.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, out := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[0] != 1 || got[1] != 3 || got[2] != 4 {
 		t.Errorf("planned %v, want [1 3 4]", got)
@@ -188,7 +210,7 @@ func TestSettleReleasesOrHoldsAKeyAfterAFailure(t *testing.T) {
 			policy = OnDeadLetterBlock
 		}
 		p := testPlanner(t, Config{OnDeadLetter: policy}, []Destination{{Name: "a"}}, twoDestinations)
-		groups, _ := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now())
+		groups, _ := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
 		g := groups[0]
 		g.errs = []error{retry.Permanent(errBad, "rejected"), nil, retry.Transient(errBad, 0), retry.ErrNotSent}
 		out := map[int64]outbox.Outcome{}

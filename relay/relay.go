@@ -42,6 +42,32 @@ const (
 	OnDeadLetterBlock = "block"
 )
 
+// Order scopes: the rows of one key that keep their order among
+// themselves.
+const (
+	// OrderScopeDestination delivers a key's rows in id order within each
+	// destination, independently across destinations: one destination's
+	// outage, backoff or parked key never holds back another's rows.
+	OrderScopeDestination = "destination"
+	// OrderScopeTopic delivers a key's rows in id order within each
+	// destination and topic (the topic the destination receives, after
+	// routing).
+	OrderScopeTopic = "topic"
+	// OrderScopeGlobal delivers a key's rows in id order across every
+	// topic and destination: a row waits for every earlier row of its key,
+	// wherever that one goes.
+	OrderScopeGlobal = "global"
+)
+
+// ValidateOrderScope checks an order scope's name.
+func ValidateOrderScope(scope string) error {
+	switch scope {
+	case "", OrderScopeDestination, OrderScopeTopic, OrderScopeGlobal:
+		return nil
+	}
+	return fmt.Errorf("order_scope is %q; use destination, topic or global", scope)
+}
+
 // Defaults of Config.
 const (
 	DefaultWorkers = 2
@@ -143,6 +169,11 @@ type Config struct {
 	// OnDeadLetter is release (default) or block, for destinations that do
 	// not set their own.
 	OnDeadLetter string
+	// OrderScope is where a key's rows keep their id order, for the
+	// outboxes that do not set their own: destination (the default),
+	// topic or global (see the OrderScope constants). A parked key parks
+	// it in its scope only.
+	OrderScope string
 	// SentRetention keeps sent rows this long before cleanup; 0 deletes
 	// rows as they are sent, retry.Forever keeps them. It must agree with
 	// the Store's KeepSent.
@@ -217,6 +248,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := ValidateOnDeadLetter(c.OnDeadLetter); err != nil {
+		errs = append(errs, fmt.Errorf("relay: %w", err))
+	}
+	if err := ValidateOrderScope(c.OrderScope); err != nil {
 		errs = append(errs, fmt.Errorf("relay: %w", err))
 	}
 	if c.Fleet != nil {
@@ -323,6 +357,9 @@ func (c *Config) setDefaults() error {
 	defDur(&c.PauseMax, max(DefaultPauseMax, c.PauseBase))
 	if c.OnDeadLetter == "" {
 		c.OnDeadLetter = OnDeadLetterRelease
+	}
+	if c.OrderScope == "" {
+		c.OrderScope = OrderScopeDestination
 	}
 	if c.Policy == nil {
 		p, err := retry.NewPolicy(retry.PolicyConfig{})

@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"sync"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Route sends the rows of matching topics to a destination. Routes are
@@ -96,6 +99,31 @@ func (rt *router) route(topic string) routing {
 	}
 	rt.mu.Unlock()
 	return got
+}
+
+// scope returns the function that names a topic's order scope, for an
+// OrderScope: the destination it is routed to, or that and the topic the
+// destination receives; nil for global order.
+func (rt *router) scope(scope string) func(topic string) string {
+	switch scope {
+	case OrderScopeDestination:
+		return func(topic string) string { return strconv.Itoa(rt.route(topic).dest) }
+	case OrderScopeTopic:
+		return func(topic string) string {
+			r := rt.route(topic)
+			return strconv.Itoa(r.dest) + "\x00" + r.topic
+		}
+	}
+	return nil
+}
+
+// scopedKey is a record's key in its order scope: the rows that keep their
+// order among themselves.
+func scopedKey(scope func(topic string) string, rec *outbox.Record) string {
+	if scope == nil {
+		return rec.Key
+	}
+	return rec.Key + "\x00" + scope(rec.Topic)
 }
 
 // topicsOf returns the known topics whose routing matches.

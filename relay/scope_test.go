@@ -34,6 +34,7 @@ import (
 type settled struct {
 	mu       sync.Mutex
 	lags     map[string][]time.Duration
+	commits  map[string][]time.Time // when each delivered row was committed, beside lags
 	deferred map[string]int
 }
 
@@ -45,9 +46,10 @@ func (o *settled) Settled(destination string, kind outbox.OutcomeKind, reason st
 	switch kind {
 	case outbox.Sent:
 		if o.lags == nil {
-			o.lags = map[string][]time.Duration{}
+			o.lags, o.commits = map[string][]time.Duration{}, map[string][]time.Time{}
 		}
 		o.lags[destination] = append(o.lags[destination], lag)
+		o.commits[destination] = append(o.commits[destination], time.Now().Add(-lag))
 	case outbox.Deferred:
 		if o.deferred == nil {
 			o.deferred = map[string]int{}
@@ -59,8 +61,18 @@ func (o *settled) Settled(destination string, kind outbox.OutcomeKind, reason st
 // p99 returns the 99th percentile lag of destination's delivered rows and
 // how many there were.
 func (o *settled) p99(destination string) (time.Duration, int) {
+	return o.p99Between(destination, time.Time{}, time.Now().Add(time.Hour))
+}
+
+// p99Between is p99 for the rows committed from from to to.
+func (o *settled) p99Between(destination string, from, to time.Time) (time.Duration, int) {
 	o.mu.Lock()
-	lags := slices.Clone(o.lags[destination])
+	var lags []time.Duration
+	for i, at := range o.commits[destination] {
+		if !at.Before(from) && at.Before(to) {
+			lags = append(lags, o.lags[destination][i])
+		}
+	}
 	o.mu.Unlock()
 	if len(lags) == 0 {
 		return 0, 0

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Outbox struct {
 	Workers int
 	// BatchSize is the most rows claimed per batch. Default the relay's.
 	BatchSize int
+	// OrderScope is where the outbox's keys keep their order (see
+	// Config.OrderScope). Default the relay's.
+	OrderScope string
 	// Prepare, when set, runs before the outbox's workers, listener and
 	// cleaner start, while the other outboxes already deliver: it waits
 	// for what the outbox needs (its database, its schema) until ctx
@@ -71,6 +75,9 @@ func (o *Outbox) validate() []error {
 	if o.Workers < 0 || o.BatchSize < 0 {
 		errs = append(errs, fmt.Errorf("relay: outbox %s: workers and batch_size must not be negative", name))
 	}
+	if err := ValidateOrderScope(o.OrderScope); err != nil {
+		errs = append(errs, fmt.Errorf("relay: outbox %s: %w", name, err))
+	}
 	return errs
 }
 
@@ -92,6 +99,9 @@ type source struct {
 	inflight  inflightKeys
 	sqlBusy   atomic.Int32 // claims and write-backs under way
 	tally     tally
+	// scope names a topic's order scope (see outbox.ClaimParams), nil
+	// for order across every topic.
+	scope     func(topic string) string
 	ready     atomic.Bool // prepared, its workers started
 	partsDone chan struct{}
 	resync    chan struct{} // another process changed the partitions' share
@@ -107,6 +117,7 @@ func newSource(r *Relay, index int, o Outbox) *source {
 	if s.batchSize == 0 {
 		s.batchSize = cfg.BatchSize
 	}
+	s.scope = r.planner.router.scope(cmp.Or(o.OrderScope, cfg.OrderScope))
 	if s.tally.obs == nil {
 		s.tally.obs = cfg.Observer
 	}

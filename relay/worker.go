@@ -71,7 +71,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 					// are held behind another worker's batch (a hot key).
 					w.aheadPaused = time.Now().Add(avoidFor)
 				}
-				held = t.holdBack(unsent)
+				held = t.holdBack(unsent, s.scope)
 			}
 		} else {
 			t = w.claim(ctx, w.owner, nil)
@@ -150,7 +150,7 @@ func (w *worker) nudge() {
 // rows wait for older transactions (strict order).
 const heldRecheck = 2 * time.Millisecond
 
-// keySet is a set of keys.
+// keySet is a set of keys, each in its order scope (see scopedKey).
 type keySet map[string]bool
 
 // keyedRows returns the keys and ids of recs' keyed rows.
@@ -164,9 +164,9 @@ func keyedRows(recs []outbox.Record) []outbox.KeyedRow {
 	return out
 }
 
-// unsentKeys returns the keys of recs' keyed rows without a Sent outcome;
-// nil when every row was sent.
-func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome) keySet {
+// unsentKeys returns the keys of recs' keyed rows without a Sent outcome,
+// each in its order scope; nil when every row was sent.
+func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome, scope func(topic string) string) keySet {
 	n := 0
 	for i := range outcomes {
 		if outcomes[i].Kind == outbox.Sent {
@@ -185,7 +185,7 @@ func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome) keySet {
 	out := keySet{}
 	for i := range recs {
 		if r := &recs[i]; r.HasKey && !sent[r.ID] {
-			out[r.Key] = true
+			out[scopedKey(scope, r)] = true
 		}
 	}
 	return out
@@ -203,20 +203,20 @@ type taken struct {
 	err      error
 }
 
-// holdBack leaves out of t, a batch claimed ahead, the rows of keys that
-// the batch before it did not all send: they followed rows that failed
-// (or were given back), so they must not go out now. Left without an
-// outcome, they stay ready as they were, and the next claim holds them
-// back behind the failed rows, as it would have without following. It
-// reports whether it held back any row.
-func (t *taken) holdBack(unsent keySet) bool {
+// holdBack leaves out of t, a batch claimed ahead, the rows of keys, in
+// their order scope, that the batch before it did not all send: they
+// followed rows that failed (or were given back), so they must not go out
+// now. Left without an outcome, they stay ready as they were, and the next
+// claim holds them back behind the failed rows, as it would have without
+// following. It reports whether it held back any row.
+func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 	if len(unsent) == 0 {
 		return false
 	}
 	// A new slice: the in-flight registry holds the claimed one.
 	kept := make([]outbox.Record, 0, len(t.claim.Records))
 	for _, r := range t.claim.Records {
-		if !r.HasKey || !unsent[r.Key] {
+		if !r.HasKey || !unsent[scopedKey(scope, &r)] {
 			kept = append(kept, r)
 		}
 	}
@@ -261,7 +261,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	excluded, excludedFrom := s.inflight.elsewhere(owner, w.avoid.keys(start))
 	claim, err := s.store.Claim(claimCtx, outbox.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: excluded, ExcludedFrom: excludedFrom,
-		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows,
+		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows, OrderScope: s.scope,
 	})
 	cancel()
 	s.sqlBusy.Add(-1)
@@ -367,7 +367,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 			return false, nil, ctx.Err()
 		}
 		s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(claim.Records)))
-		return true, unsentKeys(claim.Records, nil), nil
+		return true, unsentKeys(claim.Records, nil, s.scope), nil
 	}
 	turn := true
 	giveBack := func() {
@@ -377,7 +377,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 		}
 	}
 	defer giveBack()
-	all, outcomes := r.planner.plan(claim.Records, time.Now())
+	all, outcomes := r.planner.plan(claim.Records, time.Now(), s.scope)
 	w.releaseWaits(t) // its slots are taken: the next batch may wait
 	var groups, leased []*group
 	for _, g := range all {
@@ -448,7 +448,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	more = len(outcomes) > 0 || claim.Deferred > 0
 	s.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
-	return more, unsentKeys(claim.Records, outcomes), nil
+	return more, unsentKeys(claim.Records, outcomes, s.scope), nil
 }
 
 // publish hands each group to its destination, the destinations in

@@ -148,6 +148,7 @@ func (a *app) run(ctx context.Context) error {
 		DrainTimeout:        cfg.Relay.DrainTimeout,
 		QueryTimeout:        cfg.Database.QueryTimeout,
 		OnDeadLetter:        cfg.Relay.OnDeadLetter,
+		OrderScope:          cfg.Relay.OrderScope,
 		SentRetention:       cfg.Relay.SentRetention,
 		DeadLetterRetention: cfg.Relay.DeadLetterRetention,
 		DiscardedRetention:  cfg.Relay.DiscardedRetention,
@@ -213,6 +214,13 @@ func (a *app) run(ctx context.Context) error {
 		attrs = append([]any{slog.String("schema", cfg.Database.Schema)}, attrs...)
 	}
 	a.log.Info("delivering outbox rows", attrs...)
+	for _, o := range outboxes {
+		if o.settings.OrderScope != relay.OrderScopeGlobal {
+			// Earlier versions kept a key's order across destinations.
+			a.log.Info("a key's rows keep their order within each "+o.settings.OrderScope+", not across destinations: set relay.order_scope: global to keep it across them (docs/ordering.md)",
+				slog.String("outbox", o.name), slog.String("order_scope", o.settings.OrderScope))
+		}
+	}
 	return r.Run(ctx)
 }
 
@@ -303,7 +311,7 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 	}
 	observer := m.Outbox(s.Name, destinations)
 	o.relay = relay.Outbox{Name: s.Name, Store: o.store, Listener: o.listener, Observer: observer,
-		Workers: s.Workers, BatchSize: s.BatchSize,
+		Workers: s.Workers, BatchSize: s.BatchSize, OrderScope: s.OrderScope,
 		Prepare: func(ctx context.Context) error { return a.prepareOutbox(ctx, o, log) },
 	}
 	return o, nil

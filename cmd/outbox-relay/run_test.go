@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -308,41 +310,97 @@ func TestRunReportsEveryConfigurationProblem(t *testing.T) {
 
 // A Jepsen-style check of the delivery contract: concurrent producers (some
 // rolling back), three relays SIGKILLed and restarted at random moments, a
-// broker failing produce requests now and then. Afterwards every committed
-// row was delivered, no rolled-back row was, first deliveries of each key
-// follow id order, and nothing is left pending.
+// broker failing produce requests now and then, rows of three topics on two
+// destinations (events and changes on one, audit on the other).
+// Afterwards every committed row was delivered, no rolled-back row was,
+// the rows of each key reached the brokers first in id order within the
+// order scope (the key's rows of a destination, of a topic, or all of
+// them), and nothing is left pending.
 //
 // By default per-key order needs producers to serialise a key's writes,
 // and they lock each key they write, as an application locking the
 // aggregate it changes does.
 func TestKillRestartChecker(t *testing.T) {
 	t.Parallel()
-	checkKillRestart(t, false)
+	checkKillRestart(t, false, "destination", 20_000)
 }
 
 // With strict order, producers write keys from concurrent transactions
 // without locking them, and the check is the same.
 func TestKillRestartCheckerStrictOrder(t *testing.T) {
 	t.Parallel()
-	checkKillRestart(t, true)
+	checkKillRestart(t, true, "destination", 20_000)
 }
 
-func checkKillRestart(t *testing.T, strict bool) {
+// Order per topic, and order across every destination: smaller runs, one
+// after the other.
+func TestKillRestartCheckerScopes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		scope  string
+		strict bool
+	}{{"topic", false}, {"global", false}} {
+		t.Run(fmt.Sprintf("%s, strict %v", c.scope, c.strict), func(t *testing.T) {
+			checkKillRestart(t, c.strict, c.scope, 8_000)
+		})
+	}
+}
+
+// checkerTopics are the checker's topics, and the destination of each.
+var checkerTopics = map[string]string{"events": "kafka", "changes": "kafka", "audit": "audit"}
+
+// checkKillRestart runs the checker in an order scope until producers
+// have committed rows rows.
+func checkKillRestart(t *testing.T, strict bool, scope string, rows int64) {
 	const (
-		rows      = 20_000
 		keys      = 200
 		producers = 4
 		relays    = 3
 		minKills  = 3
 	)
 	dsn, pool := migrated(t)
-	c := kafkatest.NewCluster(t, []string{"events"}, kfake.DefaultNumPartitions(6))
+	c := kafkatest.NewCluster(t, []string{"events", "changes", "audit"}, kfake.DefaultNumPartitions(6))
 	var produceRequests atomic.Int64
 	c.Fault(kfake.Fault{
-		Keys: []kmsg.Key{kmsg.Produce}, Topic: "events", Err: kerr.NotLeaderForPartition, Count: -1,
+		Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotLeaderForPartition, Count: -1,
 		When: func(kmsg.Request) bool { return produceRequests.Add(1)%13 == 0 },
 	})
+	// The order in which rows reach the brokers, across topics and
+	// destinations: a row's first arrival is its first delivery.
+	var arrivedMu sync.Mutex
+	var arrived []arrival
+	firstArrival := map[int64]bool{}
+	kafkatest.WatchProduce(c, func(topic string, _ int32, rec *kmsg.Record) {
+		for _, h := range rec.Headers {
+			if h.Key != kafka.HeaderID {
+				continue
+			}
+			id, err := strconv.ParseInt(string(h.Value), 10, 64)
+			if err != nil {
+				return
+			}
+			arrivedMu.Lock()
+			if !firstArrival[id] {
+				firstArrival[id] = true
+				arrived = append(arrived, arrival{id: id, key: string(rec.Key), topic: topic, at: time.Now()})
+			}
+			arrivedMu.Unlock()
+		}
+	})
+	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
+destinations:
+  audit:
+    kafka:
+      brokers: [%s]
+routes:
+  - {topics: [events, changes], destination: kafka}
+  - {topics: [audit], destination: audit}
+`, strings.Join(c.ListenAddrs(), ", "))), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	env := relayEnv(dsn, c,
+		"OUTBOX_CONFIG="+cfgFile,
 		"OUTBOX_RELAY_BATCH_SIZE=200",
 		"OUTBOX_RELAY_WORKERS=2",
 		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
@@ -353,6 +411,7 @@ func checkKillRestart(t *testing.T, strict bool) {
 		"OUTBOX_RETRY_PAUSE_MAX=200ms",
 		"OUTBOX_LOG_LEVEL=warn",
 		"OUTBOX_RELAY_STRICT_ORDER="+strconv.FormatBool(strict),
+		"OUTBOX_RELAY_ORDER_SCOPE="+scope,
 	)
 
 	// Producers: transactions of 1-20 rows over random keys, 10% rolled
@@ -379,7 +438,7 @@ func checkKillRestart(t *testing.T, strict bool) {
 				for i := range msgs {
 					k := "key-" + strconv.Itoa(rng.IntN(keys))
 					keySet[k] = true
-					msgs[i] = outbox.Message{Topic: "events", Key: k, Payload: []byte(strconv.Itoa(i))}
+					msgs[i] = outbox.Message{Topic: []string{"events", "changes", "audit"}[rng.IntN(3)], Key: k, Payload: []byte(strconv.Itoa(i))}
 				}
 				sorted := make([]string, 0, len(keySet))
 				for k := range keySet {
@@ -436,41 +495,23 @@ func checkKillRestart(t *testing.T, strict bool) {
 	}
 
 	// Check.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	recs := kafkatest.ConsumeAll(ctx, t, c, "events")
-	sort.SliceStable(recs, func(i, j int) bool {
-		if recs[i].Partition != recs[j].Partition {
-			return recs[i].Partition < recs[j].Partition
-		}
-		return recs[i].Offset < recs[j].Offset
-	})
+	var recs []kafkatest.Record
+	for topic := range checkerTopics {
+		recs = append(recs, kafkatest.ConsumeAll(ctx, t, c, topic)...)
+	}
 	delivered := map[uuid.UUID]int{}
-	lastFirst := map[string]int64{} // key → id of its latest first delivery
-	// Each key's first deliveries, to show around an order violation.
-	firsts := map[string][]string{}
 	for _, r := range recs {
 		id, err := uuid.Parse(r.Headers[kafka.HeaderEventID])
 		if err != nil {
 			t.Fatalf("message without a valid event id: %v", r.Headers)
 		}
 		delivered[id]++
-		if delivered[id] > 1 {
-			continue // a duplicate: only first deliveries are ordered
-		}
-		rowID, err := strconv.ParseInt(r.Headers[kafka.HeaderID], 10, 64)
-		if err != nil {
-			t.Fatalf("message without a row id: %v", r.Headers)
-		}
-		k := string(r.Key)
-		firsts[k] = append(firsts[k], fmt.Sprintf("%d@%d/%d %s", rowID, r.Partition, r.Offset, r.Timestamp.Format("15:04:05.000")))
-		if rowID < lastFirst[k] {
-			f := firsts[k]
-			t.Errorf("key %s: row %d first delivered after row %d; its first deliveries up to here (row@partition/offset time): %v",
-				k, rowID, lastFirst[k], f[max(0, len(f)-8):])
-		}
-		lastFirst[k] = rowID
 	}
+	arrivedMu.Lock()
+	checkScopeOrder(t, arrived, scope)
+	arrivedMu.Unlock()
 	book.check(t, delivered)
 	duplicates := 0
 	for _, n := range delivered {
@@ -481,13 +522,47 @@ func checkKillRestart(t *testing.T, strict bool) {
 	}
 	t.Logf("%d committed rows, %d rolled back, %d messages, %d duplicates (%.2f%%), kills per relay %v, produce requests %d (every 13th failed)",
 		len(book.committed), len(book.rolledBack), len(recs), duplicates, 100*float64(duplicates)/float64(len(book.committed)), kills, produceRequests.Load())
-	if len(book.committed) < rows {
+	if int64(len(book.committed)) < rows {
 		t.Errorf("only %d committed rows, want at least %d", len(book.committed), rows)
 	}
 	for i, k := range kills {
 		if k < minKills {
 			t.Errorf("relay %d was killed %d times, want at least %d", i, k, minKills)
 		}
+	}
+}
+
+// arrival is a row's first arrival at a broker.
+type arrival struct {
+	id         int64
+	key, topic string
+	at         time.Time
+}
+
+// checkScopeOrder checks that the rows of each key reached the brokers
+// first in id order within their order scope.
+func checkScopeOrder(t *testing.T, arrived []arrival, scope string) {
+	t.Helper()
+	last := map[string]int64{}       // key in its scope → the id of its latest first arrival
+	firsts := map[string][]arrival{} // the first arrivals of each key in its scope, to show around a violation
+	for _, a := range arrived {
+		k := a.key
+		switch scope {
+		case "destination":
+			k += "/" + checkerTopics[a.topic]
+		case "topic":
+			k += "/" + a.topic
+		}
+		firsts[k] = append(firsts[k], a)
+		if a.id < last[k] {
+			f := firsts[k]
+			var seen []string
+			for _, b := range f[max(0, len(f)-8):] {
+				seen = append(seen, fmt.Sprintf("%d@%s %s", b.id, b.topic, b.at.Format("15:04:05.000")))
+			}
+			t.Errorf("key %s: row %d first delivered after row %d; its first deliveries up to here (row@topic time): %v", k, a.id, last[k], seen)
+		}
+		last[k] = max(last[k], a.id)
 	}
 }
 

@@ -167,6 +167,10 @@ type HoldersArgs struct {
 	PartLo, PartHi int
 	// BySpan reads the claim's id span rather than probing each key.
 	BySpan bool
+	// Scoped returns, for each key, the lowest holder of each topic
+	// rather than only the key's lowest, for an order scope narrower
+	// than the key.
+	Scoped bool
 }
 
 // Holder is a row outside a claim that holds one of its keys.
@@ -185,14 +189,19 @@ type Holder struct {
 // Holders returns the rows outside the claim, unsorted, that hold its
 // keys: pending rows from Floor up, rows that wait below it, and parked
 // dead letters, below each key's last claimed row. Statements:
-// holding_by_span, holding_by_key.
+// holding_by_span, holding_by_key, and for an order scope holding_in_span,
+// holding_in_range.
 func (q *Queries) Holders(ctx context.Context, tx pgx.Tx, a HoldersArgs) ([]Holder, error) {
 	var rows pgx.Rows
 	var err error
+	bySpan, byKey := q.holdingBySpan, q.holdingByKey
+	if a.Scoped {
+		bySpan, byKey = q.holdingInSpan, q.holdingInRange
+	}
 	if a.BySpan {
-		rows, err = tx.Query(ctx, q.holdingBySpan, a.Keys, a.IDs, a.Floor, a.IDs[len(a.IDs)-1], a.PartLo, a.PartHi)
+		rows, err = tx.Query(ctx, bySpan, a.Keys, a.IDs, a.Floor, a.IDs[len(a.IDs)-1], a.PartLo, a.PartHi)
 	} else {
-		rows, err = tx.Query(ctx, q.holdingByKey, a.Keys, a.IDs, a.Floor)
+		rows, err = tx.Query(ctx, byKey, a.Keys, a.IDs, a.Floor)
 	}
 	if err != nil {
 		return nil, err

@@ -62,6 +62,7 @@ type Queries struct {
 	names names
 	// Fixed statements, rendered once.
 	claim, holdingBySpan, holdingByKey      string
+	holdingInSpan, holdingInRange           string
 	minPending, stranded                    string
 	claimerJoin, claimersExpire, claimers   string
 	partitionsLock, partitionsWrite         string
@@ -116,6 +117,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 	}
 	for name, dst := range map[string]*string{
 		"claim": &q.claim, "holding_by_span": &q.holdingBySpan, "holding_by_key": &q.holdingByKey,
+		"holding_in_span": &q.holdingInSpan, "holding_in_range": &q.holdingInRange,
 		"min_pending": &q.minPending, "stranded": &q.stranded,
 		"claimer_join": &q.claimerJoin, "claimers_expire": &q.claimersExpire, "claimers": &q.claimers,
 		"partitions_lock": &q.partitionsLock, "partitions_write": &q.partitionsWrite, "claimer_leave": &q.claimerLeave,

@@ -45,12 +45,14 @@ func outages(ctx context.Context, c *kfake.Cluster) {
 		case <-t.C:
 		}
 		down.Store(true)
+		fmt.Printf("\nbroker down for %s (on purpose): the webhook count keeps rising, its rows are not held back by Kafka's\n", outageLength)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(outageLength):
 		}
 		down.Store(false)
+		fmt.Println("\nbroker back: Kafka's rows catch up, each key's in id order")
 	}
 }
 

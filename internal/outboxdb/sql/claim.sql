@@ -101,6 +101,16 @@ index.
 
 Both return key, id, parked, next_attempt_at, waiting, topic, leased,
 unsorted.
+
+The scoped forms, holding_in_span and holding_in_range, serve an order
+scope narrower than the key (a destination, or a topic): only rows of the
+claimed row's scope hold it back, and the caller tells them apart by
+topic. A key's lowest row is then no longer enough: the lowest of each
+scope is. Rows that wait below the floor are found per topic, on the
+waiting rows' (key, topic, id) index: a skip scan takes the key's next
+topic, one descent each, and a probe its lowest row. Above the floor,
+the key form reads each key's whole range of the claim's span, without a
+LIMIT: rows of other scopes may come first.
 */}}
 
 {{define "claimed_keys"}}(SELECT c.key, max(c.id) AS max_id, count(*) AS n
@@ -186,4 +196,57 @@ SELECT count(*) FROM (
 UPDATE {{.Outbox}} AS o SET next_attempt_at = statement_timestamp()
 FROM unnest($1::bigint[], $2::timestamptz[]) AS d(id, until)
 WHERE o.id = d.id AND d.until > now() AND o.status = 'pending' AND o.next_attempt_at = d.until
+{{end}}
+
+{{define "other_holders_scoped"}}
+UNION ALL
+-- The lowest waiting row of each topic of each key below the floor: one
+-- descent a topic that has waiting rows of the key, and one for the key.
+SELECT t.key, w.id, false, w.next_attempt_at, w.next_attempt_at > statement_timestamp(), w.topic, w.lease_token IS NOT NULL
+FROM (
+    WITH RECURSIVE t(key, max_id, topic) AS (
+        SELECT c.key, c.max_id, (
+            SELECT min(p.topic) FROM {{.Outbox}} AS p
+            WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
+              AND p.key = c.key)
+        FROM {{template "claimed_keys" .}}
+      UNION ALL
+        SELECT t.key, t.max_id, (
+            SELECT min(p.topic) FROM {{.Outbox}} AS p
+            WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
+              AND p.key = t.key AND p.topic > t.topic)
+        FROM t WHERE t.topic IS NOT NULL)
+    SELECT * FROM t WHERE t.topic IS NOT NULL) AS t
+CROSS JOIN LATERAL (
+    SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
+    WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
+      AND p.key = t.key AND p.topic = t.topic AND p.id < least($3, t.max_id)
+      AND p.id NOT IN (SELECT unnest($2::bigint[]))
+    ORDER BY p.key, p.topic, p.id LIMIT 1) AS w
+UNION ALL
+SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
+FROM {{template "claimed_keys" .}}
+JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
+{{end}}
+
+{{define "holding_in_span"}}
+(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > statement_timestamp(), p.topic, p.lease_token IS NOT NULL
+FROM {{.Outbox}} AS p
+WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
+  AND {{.Partition}}(p.key, p.id) BETWEEN $5 AND $6
+  AND NOT p.key NOT IN (SELECT unnest($1::text[]))
+  AND p.id NOT IN (SELECT unnest($2::bigint[]))
+ORDER BY p.id)
+{{- template "other_holders_scoped" .}}
+{{end}}
+
+{{define "holding_in_range"}}
+SELECT c.key, h.id, false, h.next_attempt_at, h.next_attempt_at > statement_timestamp(), h.topic, h.lease_token IS NOT NULL
+FROM {{template "claimed_keys" .}}
+CROSS JOIN LATERAL (
+    SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
+    WHERE p.status = 'pending' AND p.key IS NOT NULL
+      AND p.key = c.key AND p.id >= $3 AND p.id <= c.max_id) AS h
+WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
+{{- template "other_holders_scoped" .}}
 {{end}}

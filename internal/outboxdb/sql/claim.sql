@@ -202,21 +202,28 @@ WHERE o.id = d.id AND d.until > now() AND o.status = 'pending' AND o.next_attemp
 UNION ALL
 -- The lowest waiting row of each topic of each key below the floor: one
 -- descent a topic that has waiting rows of the key, and one for the key.
+-- A key without waiting rows ends at its first descent: the skip scan's
+-- first step is a LATERAL, not a scalar subquery, so such a key yields
+-- no row to recurse on (the subquery's NULL cost a claim of 2000 keys
+-- a millisecond).
 SELECT t.key, w.id, false, w.next_attempt_at, w.next_attempt_at > statement_timestamp(), w.topic, w.lease_token IS NOT NULL
 FROM (
     WITH RECURSIVE t(key, max_id, topic) AS (
-        SELECT c.key, c.max_id, (
-            SELECT min(p.topic) FROM {{.Outbox}} AS p
-            WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
-              AND p.key = c.key)
+        SELECT c.key, c.max_id, f.topic
         FROM {{template "claimed_keys" .}}
-      UNION ALL
-        SELECT t.key, t.max_id, (
-            SELECT min(p.topic) FROM {{.Outbox}} AS p
+        CROSS JOIN LATERAL (
+            SELECT p.topic FROM {{.Outbox}} AS p
             WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
-              AND p.key = t.key AND p.topic > t.topic)
-        FROM t WHERE t.topic IS NOT NULL)
-    SELECT * FROM t WHERE t.topic IS NOT NULL) AS t
+              AND p.key = c.key
+            ORDER BY p.key, p.topic LIMIT 1) AS f
+      UNION ALL
+        SELECT t.key, t.max_id, n.topic
+        FROM t CROSS JOIN LATERAL (
+            SELECT p.topic FROM {{.Outbox}} AS p
+            WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
+              AND p.key = t.key AND p.topic > t.topic
+            ORDER BY p.key, p.topic LIMIT 1) AS n)
+    SELECT * FROM t) AS t
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
     WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at

@@ -47,10 +47,14 @@ type ClaimParams struct {
 	Follows []KeyedRow
 	// OrderScope names the order scope of a topic's rows: a row is held
 	// back only by earlier rows of its key whose topics are in the same
-	// scope (a destination, or a topic). Nil keeps order per key across
-	// every topic.
+	// scope (a destination, or a topic), or in EveryScope. Nil keeps
+	// order per key across every topic.
 	OrderScope func(topic string) string
 }
+
+// EveryScope is the order scope of rows that hold back their key's later
+// rows in every scope: rows whose destination is unknown (no route).
+const EveryScope = "*"
 
 // KeyedRow is a claimed row's key and id.
 type KeyedRow struct {
@@ -63,9 +67,9 @@ type KeyedRow struct {
 type Claim struct {
 	store *Store
 	tx    pgx.Tx
-	// Records are the claimed rows in id order. For each key they are the
-	// oldest rows that still hold it, consecutive: no other row of the key
-	// comes before or between them.
+	// Records are the claimed rows in id order. For each key and order
+	// scope they are the oldest rows that still hold it, consecutive: no
+	// other row of the key in the scope comes before or between them.
 	Records []Record
 	// Now is the database clock at the claim.
 	Now time.Time

@@ -80,6 +80,15 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	if len(blocked) == 0 {
 		return nil
 	}
+	// blockerOf is the lowest blocker of a claimed row: of its scope, or
+	// of every scope.
+	blockerOf := func(r *Record) (blocker, bool) {
+		b, ok := blocked[scopedKey{r.Key, scope.of(r.Topic)}]
+		if all, held := blocked[scopedKey{r.Key, EveryScope}]; held && (!ok || all.id < b.id) {
+			return all, true
+		}
+		return b, ok
+	}
 	// Rows that waited come back by when they are due, not in id order:
 	// a key's later row can be due before its first, which then holds it
 	// back while free, not in flight elsewhere, and would be passed over
@@ -91,7 +100,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		if !r.HasKey {
 			continue
 		}
-		if b, ok := blocked[scopedKey{r.Key, scope.of(r.Topic)}]; ok && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
+		if b, ok := blockerOf(&r); ok && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
 			probe = append(probe, b.id)
 			probed[b.id] = true
 		}
@@ -115,7 +124,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		var b blocker
 		ok := false
 		if r.HasKey {
-			b, ok = blocked[scopedKey{r.Key, scope.of(r.Topic)}]
+			b, ok = blockerOf(&r)
 		}
 		// A blocker above the row (the key check by span may find one)
 		// does not hold it back.

@@ -16,6 +16,8 @@ func scopeOfTopic(topic string) string {
 	switch topic {
 	case "a", "b":
 		return topic
+	case "lost":
+		return outbox.EveryScope
 	}
 	return "rest"
 }
@@ -118,5 +120,24 @@ func orderScopeHoldsBack(t *testing.T, kind string, form outbox.KeyCheckForm, sc
 				t.Errorf("row %d is parked behind %v, want %d", row, parkedBehind, blocker)
 			}
 		}
+	}
+}
+
+// A row of every scope (one without a route) that parks its key holds
+// back the key's rows of every scope.
+func TestRowOfEveryScopeHoldsBackEveryScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('lost','K','1'), ('a','K','2'), ('c','K','3'), ('a','L','4')`)
+	s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'no_route', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
+	c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100, OrderScope: scopeOfTopic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Release(ctx) })
+	if got := ids(c.Records); fmt.Sprint(got) != "[4]" || c.Deferred != 2 {
+		t.Fatalf("claim = %v deferred %d, want [4] with K's rows of a and of the rest parked behind row 1", got, c.Deferred)
 	}
 }

@@ -56,6 +56,7 @@ func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic str
 	// Sized for the batch, as growing them showed in profiles of drains.
 	runs := make(map[string]*keyRun, len(recs))
 	runBuf := make([]keyRun, 0, len(recs)) // never grows: pointers stay valid
+	var parkedEverywhere map[string]bool   // keys parked in every scope by a row without a route
 	groups := map[int]*group{}
 	var order []*group
 	var outcomes []outbox.Outcome
@@ -68,6 +69,9 @@ func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic str
 			rec.UndeliverableReason = outbox.ReasonNoRoute
 		}
 		var run *keyRun
+		if rec.HasKey && parkedEverywhere[rec.Key] {
+			continue
+		}
 		if rec.HasKey {
 			key := scopedKey(scope, &rec)
 			run = runs[key]
@@ -94,6 +98,12 @@ func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic str
 			outcomes = append(outcomes, o)
 			if o.ParkKey {
 				stop()
+				if scope != nil && rt.dest < 0 {
+					if parkedEverywhere == nil {
+						parkedEverywhere = map[string]bool{}
+					}
+					parkedEverywhere[rec.Key] = true
+				}
 			}
 			continue
 		}

@@ -107,15 +107,20 @@ func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 	}
 }
 
+// An unroutable row parks its key in every order scope: where it was
+// meant to go is unknown.
 func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
-	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}}, twoDestinations)
-	groups, outcomes := p.plan([]outbox.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j")}, time.Now(), nil)
-	ids, out := planned(groups, outcomes)
-	if o := out[1]; o.Kind != outbox.DeadLettered || !o.ParkKey {
-		t.Errorf("unroutable row: %+v, want dead-lettered and parking its key", o)
-	}
-	if got := ids["a"]; len(got) != 1 || got[0] != 3 {
-		t.Errorf("destination a got %v, want [3]: k is parked", got)
+	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
+	for _, scope := range []string{OrderScopeGlobal, OrderScopeDestination, OrderScopeTopic} {
+		groups, outcomes := p.plan([]outbox.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
+			time.Now(), p.router.scope(scope))
+		ids, out := planned(groups, outcomes)
+		if o := out[1]; o.Kind != outbox.DeadLettered || !o.ParkKey {
+			t.Errorf("%s: unroutable row: %+v, want dead-lettered and parking its key", scope, o)
+		}
+		if got := fmt.Sprint(ids["a"], ids["b"]); got != "[4] []" {
+			t.Errorf("%s: destinations a and b got %s, want [4] and nothing: k is parked", scope, got)
+		}
 	}
 }
 

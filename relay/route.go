@@ -103,14 +103,25 @@ func (rt *router) route(topic string) routing {
 
 // scope returns the function that names a topic's order scope, for an
 // OrderScope: the destination it is routed to, or that and the topic the
-// destination receives; nil for global order.
+// destination receives; nil for global order. A topic without a route
+// has every scope (outbox.EveryScope): where its rows were meant to go is
+// unknown, so one that parks its key parks it everywhere.
 func (rt *router) scope(scope string) func(topic string) string {
 	switch scope {
 	case OrderScopeDestination:
-		return func(topic string) string { return strconv.Itoa(rt.route(topic).dest) }
+		return func(topic string) string {
+			r := rt.route(topic)
+			if r.dest < 0 {
+				return outbox.EveryScope
+			}
+			return strconv.Itoa(r.dest)
+		}
 	case OrderScopeTopic:
 		return func(topic string) string {
 			r := rt.route(topic)
+			if r.dest < 0 {
+				return outbox.EveryScope
+			}
 			return strconv.Itoa(r.dest) + "\x00" + r.topic
 		}
 	}

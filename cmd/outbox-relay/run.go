@@ -217,7 +217,7 @@ func (a *app) run(ctx context.Context) error {
 	for _, o := range outboxes {
 		if o.settings.OrderScope != relay.OrderScopeGlobal {
 			// Earlier versions kept a key's order across destinations.
-			a.log.Info("a key's rows keep their order within each "+o.settings.OrderScope+", not across destinations: set relay.order_scope: global to keep it across them (docs/ordering.md)",
+			a.log.Info("a key's rows keep their order within each "+o.settings.OrderScope+", not across "+o.settings.OrderScope+"s: set relay.order_scope: global to keep it across every destination (docs/ordering.md)",
 				slog.String("outbox", o.name), slog.String("order_scope", o.settings.OrderScope))
 		}
 	}

@@ -370,31 +370,24 @@ func TestIdleReplicasLendTheirSlots(t *testing.T) {
 			sync(name)
 		}
 	}
-	for range 3 {
-		round() // r0 joined alone first, and shrinks in two syncs
-	}
-	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "3 3 3" {
-		t.Fatalf("shares while no rows want slots = %s, want 3 3 3", got)
-	}
-	wants["r0"] = true
-	for range 3 {
-		round()
-	}
-	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "7 1 1" {
-		t.Fatalf("shares while only r0's rows want slots = %s, want 7 1 1: r1 and r2 keep one each", got)
-	}
-	wants["r1"] = true
-	for range 3 {
-		round()
-	}
-	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "4 4 1" {
-		t.Fatalf("shares once r1's rows want slots too = %s, want 4 4 1: r0 and r1 split what r2 lends", got)
-	}
-	wants["r2"] = true
-	for range 3 {
-		round()
-	}
-	if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != "3 3 3" {
-		t.Fatalf("shares once every replica's rows want slots = %s, want 3 3 3", got)
+	// Each step: whose rows want slots, then the shares after three rounds
+	// (the first: r0 joined alone, and shrinks in two syncs).
+	for _, step := range []struct {
+		wanting, want, why string
+	}{
+		{"", "3 3 3", "while no rows want slots"},
+		{"r0", "7 1 1", "while only r0's rows want slots: r1 and r2 keep one each"},
+		{"r1", "4 4 1", "once r1's rows want slots too: r0 and r1 split what r2 lends"},
+		{"r2", "3 3 3", "once every replica's rows want slots"},
+	} {
+		if step.wanting != "" {
+			wants[step.wanting] = true
+		}
+		for range 3 {
+			round()
+		}
+		if got := fmt.Sprint(slots["r0"], slots["r1"], slots["r2"]); got != step.want {
+			t.Fatalf("shares %s = %s, want %s", step.why, got, step.want)
+		}
 	}
 }

@@ -116,6 +116,25 @@ LIMIT: rows of other scopes may come first.
 {{define "claimed_keys"}}(SELECT c.key, max(c.id) AS max_id, count(*) AS n
       FROM unnest($1::text[], $2::bigint[]) AS c(key, id) GROUP BY c.key) AS c{{end}}
 
+{{define "span_holders"}}
+(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > statement_timestamp(), p.topic, p.lease_token IS NOT NULL
+FROM {{.Outbox}} AS p
+WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
+  AND {{.Partition}}(p.key, p.id) BETWEEN $5 AND $6
+  AND NOT p.key NOT IN (SELECT unnest($1::text[]))
+  AND p.id NOT IN (SELECT unnest($2::bigint[]))
+ORDER BY p.id)
+{{end}}
+
+{{define "parked_holders"}}
+UNION ALL
+-- Parked dead letters of the claimed keys, below each key's last claimed
+-- row.
+SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
+FROM {{template "claimed_keys" .}}
+JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
+{{end}}
+
 {{define "other_holders"}}
 UNION ALL
 -- The lowest waiting row of each key below the floor, on the waiting rows'
@@ -129,20 +148,11 @@ CROSS JOIN LATERAL (
       AND (p.key, p.id) >= (c.key, 0) AND (p.key, p.id) < (c.key, least($3, c.max_id))
       AND p.id NOT IN (SELECT unnest($2::bigint[]))
     ORDER BY p.key, p.id LIMIT 1) AS w
-UNION ALL
-SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
-FROM {{template "claimed_keys" .}}
-JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
+{{- template "parked_holders" .}}
 {{end}}
 
 {{define "holding_by_span"}}
-(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > statement_timestamp(), p.topic, p.lease_token IS NOT NULL
-FROM {{.Outbox}} AS p
-WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
-  AND {{.Partition}}(p.key, p.id) BETWEEN $5 AND $6
-  AND NOT p.key NOT IN (SELECT unnest($1::text[]))
-  AND p.id NOT IN (SELECT unnest($2::bigint[]))
-ORDER BY p.id)
+{{- template "span_holders" .}}
 {{- template "other_holders" .}}
 {{end}}
 
@@ -230,20 +240,11 @@ CROSS JOIN LATERAL (
       AND p.key = t.key AND p.topic = t.topic AND p.id < least($3, t.max_id)
       AND p.id NOT IN (SELECT unnest($2::bigint[]))
     ORDER BY p.key, p.topic, p.id LIMIT 1) AS w
-UNION ALL
-SELECT p.key, p.id, true, p.next_attempt_at, false, p.topic, false
-FROM {{template "claimed_keys" .}}
-JOIN {{.Outbox}} AS p ON p.key = c.key AND p.id < c.max_id AND p.key_parked
+{{- template "parked_holders" .}}
 {{end}}
 
 {{define "holding_in_span"}}
-(SELECT p.key, p.id, false, p.next_attempt_at, p.next_attempt_at > statement_timestamp(), p.topic, p.lease_token IS NOT NULL
-FROM {{.Outbox}} AS p
-WHERE p.status = 'pending' AND p.id >= $3 AND p.id < $4 AND p.key IS NOT NULL
-  AND {{.Partition}}(p.key, p.id) BETWEEN $5 AND $6
-  AND NOT p.key NOT IN (SELECT unnest($1::text[]))
-  AND p.id NOT IN (SELECT unnest($2::bigint[]))
-ORDER BY p.id)
+{{- template "span_holders" .}}
 {{- template "other_holders_scoped" .}}
 {{end}}
 

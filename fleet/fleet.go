@@ -58,13 +58,17 @@ type queries struct {
 func newQueries(s string) queries {
 	return queries{
 		// claims = 1: this replica leases the outbox's partitions for its
-		// claims; older relays leave it empty.
+		// claims; older relays leave it empty. The entry is renewed only
+		// once less than $3 of it is left: each renewal leaves a row
+		// version that a snapshot held elsewhere keeps, and every sync
+		// reads them.
 		heartbeat: `INSERT INTO ` + s + `.outbox_fleet_replicas AS r (replica, expires_at, claims)
 			VALUES ($1, now() + $2 * interval '1 microsecond', 1)
 			ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at, claims = excluded.claims
-			RETURNING now()`,
+			WHERE r.expires_at < now() + $3 * interval '1 microsecond' OR r.claims IS DISTINCT FROM excluded.claims`,
 		forget: `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE expires_at < now()`,
-		members: `SELECT count(*), count(*) FILTER (WHERE replica < $1), count(*) FILTER (WHERE claims IS NULL)
+		members: `SELECT count(*), count(*) FILTER (WHERE replica < $1), count(*) FILTER (WHERE claims IS NULL),
+				now(), coalesce((extract(epoch FROM max(expires_at) FILTER (WHERE replica = $1) - now()) * 1e6)::bigint, 0)
 			FROM ` + s + `.outbox_fleet_replicas`,
 		ensure: `INSERT INTO ` + s + `.outbox_fleet_breakers (destination)
 			SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`,
@@ -141,9 +145,16 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 	var b pgx.Batch
 	var view relay.FleetView
 	var rank int
-	b.Queue(s.q.heartbeat, req.Replica, req.Lease.Microseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Now) })
+	var left int64
+	renew := req.RenewBelow
+	if renew <= 0 {
+		renew = req.Lease // every sync
+	}
+	b.Queue(s.q.heartbeat, req.Replica, req.Lease.Microseconds(), renew.Microseconds())
 	b.Queue(s.q.forget)
-	b.Queue(s.q.members, req.Replica).QueryRow(func(row pgx.Row) error { return row.Scan(&view.Replicas, &rank, &view.Unleased) })
+	b.Queue(s.q.members, req.Replica).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&view.Replicas, &rank, &view.Unleased, &view.Now, &left)
+	})
 	b.Queue(s.q.ensure, names)
 	rows := map[string]breakerRow{}
 	b.Queue(s.q.breakers, names).Query(func(rs pgx.Rows) error {
@@ -174,6 +185,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return view, err
 	}
+	view.Left = time.Duration(left) * time.Microsecond
 
 	var writes pgx.Batch
 	var shareNames []string

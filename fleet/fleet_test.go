@@ -391,3 +391,49 @@ func TestIdleReplicasLendTheirSlots(t *testing.T) {
 		}
 	}
 }
+
+// A sync renews the replica's entry only once less than RenewBelow of it
+// is left: each renewal leaves a row version that a snapshot held
+// elsewhere keeps, and every sync reads them. The view says how long the
+// entry lasts.
+func TestSyncRenewsTheEntryOnlyWhenDue(t *testing.T) {
+	store, s := newStore(t)
+	ctx := context.Background()
+	req := relay.FleetSync{Replica: "a", Lease: time.Minute, RenewBelow: 30 * time.Second,
+		Destinations: []relay.FleetDestination{{Name: "d"}}}
+	version := func() string {
+		t.Helper()
+		var xmin string
+		if err := s.Pool.QueryRow(ctx, `SELECT xmin::text FROM outbox_fleet_replicas WHERE replica = 'a'`).Scan(&xmin); err != nil {
+			t.Fatal(err)
+		}
+		return xmin
+	}
+	sync := func() relay.FleetView {
+		t.Helper()
+		v, err := store.Sync(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	v := sync()
+	joined := version()
+	if v.Left < 50*time.Second || v.Left > time.Minute {
+		t.Fatalf("the entry lasts %s after joining, want about a minute", v.Left)
+	}
+	for range 5 {
+		sync()
+	}
+	if got := version(); got != joined {
+		t.Fatalf("syncs with most of the lease left wrote the entry again (xmin %s, then %s)", joined, got)
+	}
+	s.Exec(t, `UPDATE outbox_fleet_replicas SET expires_at = now() + interval '20 seconds' WHERE replica = 'a'`)
+	short := version()
+	if v := sync(); v.Left < 50*time.Second {
+		t.Fatalf("the entry lasts %s after a sync with 20s left, want it renewed", v.Left)
+	}
+	if got := version(); got == short {
+		t.Fatal("a sync with less than RenewBelow left did not renew the entry")
+	}
+}

@@ -126,3 +126,11 @@ func WhileProbing(s *Store, f func()) { s.probing = f }
 // OnPartitionsWritten has f run once a sync of s has written the
 // partitions it holds, before its claims read the new ones.
 func OnPartitionsWritten(s *Store, f func()) { s.partitionsWritten = f }
+
+// RecordAtNextSync has s's next sync write every partition it holds, with
+// its floor, as it does every recordEvery.
+func RecordAtNextSync(s *Store) {
+	s.parts.mu.Lock()
+	s.parts.recorded = time.Time{}
+	s.parts.mu.Unlock()
+}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
 // Partitions is how many partitions the outbox's rows fall into, by a hash
@@ -24,6 +26,20 @@ const (
 	DefaultClaimLease = 5 * time.Second
 	ClaimSyncEvery    = time.Second
 	SweepEvery        = 10 * time.Minute
+)
+
+// A process renews its registration once less than renewShare of its
+// lease is left, and records its partitions, with its floor, every
+// recordEvery while they stay its own: each write leaves a row version
+// that a snapshot held elsewhere keeps, and every sync reads them, so a
+// sync that wrote every time would cost more by the minute such a
+// snapshot is held. A floor recorded a few seconds late only has the next
+// owner start a little lower. The lease recorded in a partition (for
+// relays that read it there, not from its owner's registration) outlasts
+// the next record.
+const (
+	renewShare  = 3 / 5.0
+	recordEvery = 10 * time.Second
 )
 
 // partitionSet is the store's share of the outbox's partitions.
@@ -50,6 +66,7 @@ type partitionSet struct {
 	owned    [Partitions]bool
 	lo, hi   int       // the range claims read, inclusive; lo > hi for none
 	until    time.Time // claims stop then without a sync
+	recorded time.Time // when the partitions held were last all written
 	open     map[uint64][2]int
 	synced   bool
 	claimers int // live claimers at the last sync
@@ -153,10 +170,11 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		return fmt.Errorf("sync the outbox's partitions: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	claimers, rows, _, err := s.q.JoinClaimers(ctx, tx, s.claimer, s.lease)
+	joined, err := s.q.JoinClaimers(ctx, tx, s.claimer, s.lease, time.Duration(float64(s.lease)*renewShare))
 	if err != nil {
 		return fmt.Errorf("sync the outbox's partitions: %w", err)
 	}
+	claimers, rows := joined.Live, joined.Partitions
 	rank := slices.Index(claimers, s.claimer)
 	if rank < 0 || len(rows) != Partitions {
 		return fmt.Errorf("sync the outbox's partitions: found %d partitions and this process among %d claimers at %d: run 'outbox-relay migrate up'",
@@ -172,6 +190,14 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	var givenUp []int
 	var takenFloors []int64
 	s.parts.mu.Lock()
+	// A partition is written when its owner changes, when its floor must
+	// go down, and with the others when their record is due.
+	due := start.Sub(s.parts.recorded) >= recordEvery
+	record := func(r outboxdb.PartitionRow, owner string, floor int64) {
+		if due || owner != r.Owner || floor < r.Floor {
+			parts, owners, floors = append(parts, r.Part), append(owners, owner), append(floors, floor)
+		}
+	}
 	heldNone := s.parts.owned == [Partitions]bool{}
 	announce := !s.parts.synced || len(claimers) != s.parts.claimers
 	if s.parts.leaving == nil {
@@ -197,7 +223,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 			// Recorded now: the sync may fail after it forgot that it
 			// was leaving.
 			from := min(left, s.parts.floorOf(r.Part, floor))
-			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, from)
+			record(r, s.claimer, from)
 			owned[r.Part] = true
 			taken[r.Part] = unreadPart{floor: from}
 			if s.parts.unread == nil {
@@ -205,15 +231,15 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 			}
 			s.parts.unread[r.Part] = unreadPart{floor: from}
 		case mine && inRange:
-			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.floorOf(r.Part, floor))
+			record(r, s.claimer, s.parts.floorOf(r.Part, floor))
 			owned[r.Part] = true
 		case mine && s.parts.inFlight(r.Part):
 			// Given up once no claim reads it.
-			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, s.parts.leaving[r.Part])
+			record(r, s.claimer, s.parts.leaving[r.Part])
 		case mine:
 			// Its floor is forgotten once it is written free: a sync
 			// that fails before then gives it up with the same floor.
-			parts, owners, floors = append(parts, r.Part), append(owners, ""), append(floors, s.parts.leaving[r.Part])
+			record(r, "", s.parts.leaving[r.Part])
 			givenUp = append(givenUp, r.Part)
 			announce = true
 		case inRange && (r.Owner == "" || r.Expired):
@@ -269,7 +295,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	s.parts.lo, s.parts.hi = keepLo, keepHi
 	s.parts.mu.Unlock()
 	if len(parts) > 0 {
-		if err := s.q.WritePartitions(ctx, tx, parts, owners, floors, s.lease); err != nil {
+		if err := s.q.WritePartitions(ctx, tx, parts, owners, floors, s.lease+2*recordEvery); err != nil {
 			return fmt.Errorf("sync the outbox's partitions: %w", err)
 		}
 	}
@@ -318,7 +344,12 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 		}
 	}
 	s.parts.owned, s.parts.lo, s.parts.hi = owned, bestLo, bestHi
-	s.parts.until = start.Add(s.lease * 4 / 5)
+	// Claims stop a fifth of the lease before the registration would end
+	// without a sync.
+	s.parts.until = start.Add(joined.Left - s.lease/5)
+	if due {
+		s.parts.recorded = start
+	}
 	s.parts.synced, s.parts.claimers = true, len(claimers)
 	s.parts.mu.Unlock()
 	for _, u := range read {

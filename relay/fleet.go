@@ -35,10 +35,12 @@ type FleetConfig struct {
 	// another replica's breaker takes to reach it. A breaker that opens,
 	// or waits for the probe, syncs at once. Default 200ms.
 	Interval time.Duration
-	// Lease is how long a replica's share of the fleet outlives its last
-	// sync: a replica that dies holds its share of an in-flight limit,
-	// and a probe it held, for this long. A replica that cannot sync for
-	// this long falls back to per-process flow control. Default 5s.
+	// Lease is how long a replica's share of the fleet outlives the sync
+	// that renewed it, which a sync does once less than RenewBelow of it
+	// is left (five eighths at the defaults): a replica that dies holds
+	// its share of an in-flight limit for that to the whole lease, and a
+	// probe it held for the lease. A replica that cannot sync until its share ends falls
+	// back to per-process flow control. Default 5s.
 	Lease time.Duration
 }
 
@@ -70,13 +72,23 @@ func (c *FleetConfig) problems() []error {
 // from the fleet.
 func MinFleetLease(interval time.Duration) time.Duration { return 3 * interval }
 
+// RenewBelow is how much of a replica's lease may be left before a sync
+// renews it: two and a half of its longest sync intervals (a quarter of
+// the lease while it is quiet), so that one slow or failed sync after the
+// last renewal does not drop the replica.
+func RenewBelow(interval, lease time.Duration) time.Duration {
+	return max(interval, lease/4) * 5 / 2
+}
+
 // FleetSync is one replica's sync: its lease and, per destination, what
 // it learnt since its last sync.
 type FleetSync struct {
 	Replica string
-	// Lease is how long the replica's entry lasts from now.
-	Lease        time.Duration
-	Destinations []FleetDestination
+	// Lease is how long the replica's entry lasts from now, once renewed;
+	// it is renewed when less than RenewBelow of it is left (every sync
+	// when RenewBelow is 0).
+	Lease, RenewBelow time.Duration
+	Destinations      []FleetDestination
 }
 
 // FleetEvent is a change of a replica's breaker that the fleet should
@@ -121,6 +133,8 @@ type FleetDestination struct {
 type FleetView struct {
 	// Now is the coordination database's clock, for OpenUntil.
 	Now time.Time
+	// Left is how long the replica's entry lasts from Now.
+	Left time.Duration
 	// Replicas is the number of live replicas, this one included.
 	Replicas int
 	// Unleased is the number of live replicas that claim rows without
@@ -181,6 +195,7 @@ type fleet struct {
 	mu     sync.Mutex
 	status FleetStatus
 	lastOK time.Time // the local clock when the last good sync began
+	ends   time.Time // the local clock when the replica's entry ends without a sync
 }
 
 func newFleet(cfg FleetConfig, dests []*dest, queryTimeout time.Duration, log *slog.Logger) *fleet {
@@ -247,7 +262,8 @@ func (f *fleet) stir() {
 // sync, it falls back to per-process flow control.
 func (f *fleet) sync(ctx context.Context) {
 	start := time.Now()
-	req := FleetSync{Replica: f.cfg.Replica, Lease: f.cfg.Lease, Destinations: make([]FleetDestination, len(f.dests))}
+	req := FleetSync{Replica: f.cfg.Replica, Lease: f.cfg.Lease, RenewBelow: RenewBelow(f.cfg.Interval, f.cfg.Lease),
+		Destinations: make([]FleetDestination, len(f.dests))}
 	seqs := make([]uint64, len(f.dests))
 	for i, d := range f.dests {
 		req.Destinations[i], seqs[i] = d.fleetRequest()
@@ -264,10 +280,10 @@ func (f *fleet) sync(ctx context.Context) {
 	f.status.Syncs++
 	f.status.SyncTime += took
 	if err == nil {
-		f.lastOK, f.status.Replicas = start, view.Replicas
+		f.lastOK, f.ends, f.status.Replicas = start, start.Add(view.Left), view.Replicas
 	}
 	wasUp, first := f.status.Up, f.status.Syncs == 1
-	f.status.Up = err == nil || (wasUp && time.Since(f.lastOK) < f.cfg.Lease)
+	f.status.Up = err == nil || (wasUp && time.Now().Before(f.ends))
 	nowUp := f.status.Up
 	f.mu.Unlock()
 

@@ -12,56 +12,75 @@ type PartitionRow struct {
 	Part int
 	// Owner is the process that leases it; "" for none.
 	Owner string
-	// Expired says its lease has ended (or it has none).
+	// Expired says its owner's registration has ended (or it has none).
 	Expired bool
 	// Floor is where its next owner starts.
 	Floor int64
 }
 
-// JoinClaimers renews claimer's registration for lease, forgets claimers
-// whose registration ended, and returns the live claimers in order and
-// every partition, locked until tx ends, with the database's clock.
-// Statements: claimer_join, claimers_expire, claimers, partitions_lock.
-func (q *Queries) JoinClaimers(ctx context.Context, tx pgx.Tx, claimer string, lease time.Duration) ([]string, []PartitionRow, time.Time, error) {
-	var now time.Time
+// JoinClaimers renews claimer's registration for lease once less than
+// renewBelow of it is left, forgets claimers whose registration ended,
+// and returns the live claimers in order, how long claimer's registration
+// lasts, and every partition, locked until tx ends, with the database's
+// clock. Statements: claimer_join, claimers_expire, claimers,
+// partitions_lock.
+func (q *Queries) JoinClaimers(ctx context.Context, tx pgx.Tx, claimer string, lease, renewBelow time.Duration) (Claimers, error) {
+	var c Claimers
 	b := &pgx.Batch{}
-	b.Queue(q.claimerJoin, claimer, lease.Microseconds())
+	b.Queue(q.claimerJoin, claimer, lease.Microseconds(), renewBelow.Microseconds())
 	b.Queue(q.claimersExpire)
-	b.Queue(q.claimers)
+	b.Queue(q.claimers, claimer)
 	b.Queue(q.partitionsLock)
 	res := tx.SendBatch(ctx, b)
 	defer res.Close()
 	for range 2 {
 		if _, err := res.Exec(); err != nil {
-			return nil, nil, now, err
+			return c, err
 		}
 	}
 	rows, err := res.Query()
 	if err != nil {
-		return nil, nil, now, err
+		return c, err
 	}
-	claimers, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, nil, now, err
-	}
-	rows, err = res.Query()
-	if err != nil {
-		return nil, nil, now, err
-	}
-	var parts []PartitionRow
-	var p PartitionRow
-	_, err = pgx.ForEachRow(rows, []any{&p.Part, &p.Owner, &p.Expired, &p.Floor, &now}, func() error {
-		parts = append(parts, p)
+	var name string
+	var left int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &left}, func() error {
+		c.Live = append(c.Live, name)
+		if name == claimer {
+			c.Left = time.Duration(left) * time.Microsecond
+		}
 		return nil
 	})
 	if err != nil {
-		return nil, nil, now, err
+		return c, err
 	}
-	return claimers, parts, now, res.Close()
+	rows, err = res.Query()
+	if err != nil {
+		return c, err
+	}
+	var p PartitionRow
+	_, err = pgx.ForEachRow(rows, []any{&p.Part, &p.Owner, &p.Expired, &p.Floor, &c.Now}, func() error {
+		c.Partitions = append(c.Partitions, p)
+		return nil
+	})
+	if err != nil {
+		return c, err
+	}
+	return c, res.Close()
 }
 
-// WritePartitions records the partitions' owners ("" for none), renewed
-// for lease, and their floors. Statement: partitions_write.
+// Claimers is what JoinClaimers found.
+type Claimers struct {
+	Live []string // the live claimers, in order
+	// Left is how long the registration of the claimer that joined
+	// lasts from Now.
+	Left       time.Duration
+	Partitions []PartitionRow
+	Now        time.Time
+}
+
+// WritePartitions records the partitions' owners ("" for none), their
+// floors, and a lease for relays that read it from the partitions. Statement: partitions_write.
 func (q *Queries) WritePartitions(ctx context.Context, tx pgx.Tx, parts []int, owners []string, floors []int64, lease time.Duration) error {
 	_, err := tx.Exec(ctx, q.partitionsWrite, parts, owners, floors, lease.Microseconds())
 	return err

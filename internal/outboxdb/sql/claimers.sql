@@ -1,12 +1,17 @@
 {{/*
 The relay's processes share the outbox's 16 partitions: each registers in
-{{.Claimers}} and leases a contiguous range of {{.Partitions}}, renewed at
-every sync. Durations are in microseconds.
+{{.Claimers}}, renewing its registration once less than a share of its
+lease is left, and holds a contiguous range of {{.Partitions}} for as
+long as its registration lasts. A partition's row is written when its
+owner changes and, with the owner's floor, every few seconds: rarely,
+because a snapshot held elsewhere keeps every row version written, and
+every sync reads them. Durations are in microseconds.
 */}}
 
 {{define "claimer_join"}}
-INSERT INTO {{.Claimers}} (claimer, expires_at) VALUES ($1, now() + $2 * interval '1 microsecond')
+INSERT INTO {{.Claimers}} AS c (claimer, expires_at) VALUES ($1, now() + $2 * interval '1 microsecond')
 ON CONFLICT (claimer) DO UPDATE SET expires_at = excluded.expires_at
+WHERE c.expires_at < now() + $3 * interval '1 microsecond'
 {{end}}
 
 {{define "claimers_expire"}}
@@ -14,20 +19,26 @@ DELETE FROM {{.Claimers}} WHERE expires_at < now()
 {{end}}
 
 {{define "claimers"}}
-SELECT claimer FROM {{.Claimers}} ORDER BY claimer
+-- The live claimers, and how long the registration of $1 lasts.
+SELECT claimer, CASE WHEN claimer = $1 THEN (extract(epoch FROM expires_at - now()) * 1e6)::bigint ELSE 0 END
+FROM {{.Claimers}} ORDER BY claimer
 {{end}}
 
 {{define "partitions_lock"}}
 -- Every sync locks all the partitions, in order: one process decides at a
--- time.
-SELECT part, coalesce(owner, ''), coalesce(expires_at < now(), true), floor, now()
-FROM {{.Partitions}} ORDER BY part FOR UPDATE
+-- time. A partition is free when it has no owner or its owner's
+-- registration ended (claimers_expire, just before, forgot it).
+SELECT p.part, coalesce(p.owner, ''),
+    p.owner IS NULL OR NOT EXISTS (SELECT FROM {{.Claimers}} c WHERE c.claimer = p.owner AND c.expires_at >= now()),
+    p.floor, now()
+FROM {{.Partitions}} AS p ORDER BY p.part FOR UPDATE OF p
 {{end}}
 
 {{define "partitions_write"}}
--- An owner renews its partitions (and records its floor in them); a
--- partition given up has no owner, and keeps the floor where its next
--- owner starts.
+-- An owner records its partitions (and its floor in them); a partition
+-- given up has no owner, and keeps the floor where its next owner starts.
+-- expires_at is for relays that read a partition's lease from it rather
+-- than from its owner's registration: it outlasts the next record.
 UPDATE {{.Partitions}} AS p SET
     owner = nullif(u.owner, ''),
     expires_at = CASE WHEN u.owner = '' THEN NULL ELSE now() + $4 * interval '1 microsecond' END,

@@ -1,0 +1,130 @@
+package outbox_test
+
+import (
+	"context"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/outbox"
+)
+
+// A sync writes a partition only when its owner changes, when its floor
+// must go down, or when its record is due; the process's registration
+// only once less than a share of its lease is left. Each write leaves a
+// row version that a snapshot held elsewhere keeps, and every sync reads
+// them: syncs that wrote every time would cost more by the minute.
+func TestSyncsWriteOnlyWhatChanged(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	versions := func() (parts map[int]string, claimer string) {
+		t.Helper()
+		parts = map[int]string{}
+		rows, err := s.Pool.Query(ctx, `SELECT part, xmin::text FROM outbox_claim_partitions`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var part int
+			var xmin string
+			if err := rows.Scan(&part, &xmin); err != nil {
+				t.Fatal(err)
+			}
+			parts[part] = xmin
+		}
+		if err := s.Pool.QueryRow(ctx, `SELECT xmin::text FROM outbox_claimers WHERE claimer = 'a'`).Scan(&claimer); err != nil {
+			t.Fatal(err)
+		}
+		return parts, claimer
+	}
+	sync := func() {
+		t.Helper()
+		if err := st.SyncPartitions(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recordedFloor := func() (floor int64) {
+		t.Helper()
+		if err := s.Pool.QueryRow(ctx, `SELECT min(floor) FROM outbox_claim_partitions`).Scan(&floor); err != nil {
+			t.Fatal(err)
+		}
+		return floor
+	}
+
+	// The floor moves on; syncs with nothing else changed write nothing.
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 10) g`)
+	c := claim(t, st, 10)
+	var out []outbox.Outcome
+	for _, r := range c.Records {
+		out = append(out, sent(r.ID))
+	}
+	complete(t, c, out...)
+	parts, claimer := versions()
+	before := recordedFloor()
+	for range 5 {
+		sync()
+	}
+	if p, c := versions(); c != claimer || len(p) != outbox.Partitions || !maps.Equal(p, parts) {
+		t.Fatalf("syncs with nothing changed wrote rows: partitions %v then %v, registration %s then %s", parts, p, claimer, c)
+	}
+
+	// Its record due, every partition is written, with the floor, and a
+	// lease that relays reading it from the partitions respect.
+	outbox.RecordAtNextSync(st)
+	sync()
+	if got := recordedFloor(); got <= before || got < 10 {
+		t.Fatalf("the recorded floor is %d after the record, %d before: want past the 10 rows delivered", got, before)
+	}
+	var short int
+	if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_claim_partitions
+		WHERE expires_at IS NULL OR expires_at < now() + interval '1 minute'`).Scan(&short); err != nil || short != 0 {
+		t.Fatalf("%d partitions recorded with less than the lease (%v)", short, err)
+	}
+
+	// Another process joins: only the partitions given up are written.
+	parts, _ = versions()
+	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('b', now() + interval '1 hour')`)
+	sync()
+	p, _ := versions()
+	for part := range outbox.Partitions {
+		if changed := p[part] != parts[part]; changed != (part >= 8) {
+			t.Errorf("partition %d written: %v, want only those given up (8-15)", part, changed)
+		}
+	}
+
+	// The registration is renewed once less than a share of the lease is
+	// left.
+	s.Exec(t, `UPDATE outbox_claimers SET expires_at = now() + interval '30 seconds' WHERE claimer = 'a'`)
+	_, claimer = versions()
+	sync()
+	var left time.Duration
+	if err := s.Pool.QueryRow(ctx, `SELECT expires_at - now() FROM outbox_claimers WHERE claimer = 'a'`).Scan(&left); err != nil || left < 50*time.Second {
+		t.Fatalf("the registration lasts %s (%v) after a sync with 30s of a minute left, want it renewed", left, err)
+	}
+	if _, c := versions(); c == claimer {
+		t.Fatal("the registration was not written again")
+	}
+	if got := st.Share(); got.Lo != 0 || got.Hi != 7 {
+		t.Fatalf("a's claims read partitions %d-%d after the renewal, want 0-7", got.Lo, got.Hi)
+	}
+}
+
+// A partition is free once its owner's registration ends, whatever lease
+// the partition itself records.
+func TestPartitionOfAnOwnerGoneIsTaken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := leasedStore(t, s, "a")
+	s.Exec(t, `UPDATE outbox_claim_partitions SET owner = 'z', expires_at = now() + interval '1 hour' WHERE part = 3`)
+	if err := st.SyncPartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var owner string
+	if err := s.Pool.QueryRow(ctx, `SELECT owner FROM outbox_claim_partitions WHERE part = 3`).Scan(&owner); err != nil || owner != "a" {
+		t.Fatalf("partition 3 of a process without a registration is owned by %q (%v), want a", owner, err)
+	}
+}

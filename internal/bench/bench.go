@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 )
 
@@ -78,8 +79,12 @@ type Config struct {
 	ConsoleLetters int
 	// SoakFor is how long the soak offers the binary SoakRate rows a
 	// second, with a snapshot held and again without; it reports every
-	// SoakMinute (a minute when zero), then idles SoakIdle (a minute when
-	// zero) on the empty outbox. Zero skips the soak.
+	// SoakMinute (a minute when zero), then idles SoakIdle on the empty
+	// outbox. When zero, that is a minute, or, for soaks longer than the
+	// relay's look below its floor (outbox.SweepEvery, a read of every
+	// index entry a held snapshot keeps), that interval: the idle cost
+	// then counts one look, spread over its interval, as the relay spends
+	// it. Zero SoakFor skips the soak.
 	SoakFor, SoakMinute, SoakIdle time.Duration
 	SoakRate                      int
 	// Only, when set, runs just the scenario groups it names
@@ -124,7 +129,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	cfg.SoakMinute = cmp.Or(cfg.SoakMinute, time.Minute)
-	cfg.SoakIdle = cmp.Or(cfg.SoakIdle, time.Minute)
+	if cfg.SoakIdle == 0 {
+		cfg.SoakIdle = time.Minute
+		if cfg.SoakFor > outbox.SweepEvery {
+			cfg.SoakIdle = outbox.SweepEvery
+		}
+	}
 	cfg.SoakRate = cmp.Or(cfg.SoakRate, 2000)
 	r := &runner{cfg: cfg}
 	steps := []struct {

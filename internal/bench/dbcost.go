@@ -39,6 +39,11 @@ type dbCost struct {
 	// of the whole server, exited processes included.
 	relayBackends map[int]time.Duration
 	cluster       time.Duration
+	// vacuum: ok when the outbox table's statistics answered; the times
+	// autovacuum has run on it, and its size with its indexes.
+	vacuum      bool
+	autovacuums int64
+	tableBytes  int64
 }
 
 // statementsReady creates pg_stat_statements where the server loads it;
@@ -68,6 +73,8 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
 		c.time = time.Duration(allMS * float64(time.Millisecond))
 		c.byQuery = readStatements(ctx, pool, schema)
 	}
+	c.vacuum = pool.QueryRow(ctx, `SELECT autovacuum_count, pg_total_relation_size(relid) FROM pg_stat_user_tables
+		WHERE schemaname = $1 AND relname = 'outbox'`, schema).Scan(&c.autovacuums, &c.tableBytes) == nil
 	var self int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&self); err != nil {
 		return c
@@ -98,12 +105,13 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
 type statement struct {
 	query          string
 	calls, buffers int64
+	time           time.Duration
 }
 
 // readStatements reads the calls and buffers of each statement naming
 // schema, nil when they cannot be read.
 func readStatements(ctx context.Context, pool *pgxpool.Pool, schema string) map[int64]statement {
-	rows, err := pool.Query(ctx, `SELECT queryid, query, calls, shared_blks_hit + shared_blks_read
+	rows, err := pool.Query(ctx, `SELECT queryid, query, calls, shared_blks_hit + shared_blks_read, total_exec_time
 FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%' AND queryid IS NOT NULL`, schema)
 	if err != nil {
 		return nil
@@ -113,12 +121,15 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%' AND queryid IS NOT 
 	for rows.Next() {
 		var id int64
 		var st statement
-		if rows.Scan(&id, &st.query, &st.calls, &st.buffers) == nil {
+		var ms float64
+		if rows.Scan(&id, &st.query, &st.calls, &st.buffers, &ms) == nil {
 			st.query = label(st.query, schema)
+			st.time = time.Duration(ms * float64(time.Millisecond))
 			// One text can have several ids (one per user or database).
 			prev := out[id]
 			st.calls += prev.calls
 			st.buffers += prev.buffers
+			st.time += prev.time
 			out[id] = st
 		}
 	}
@@ -145,10 +156,18 @@ type spent struct {
 	byQuery                []statement // by buffers, the most first
 	cpu                    bool
 	relayBackends, cluster time.Duration
+	// vacuum: autovacuum's runs on the outbox table meanwhile, and the
+	// table's size with its indexes at the end.
+	vacuum      bool
+	autovacuums int64
+	tableBytes  int64
 }
 
 func (c dbCost) until(later dbCost) spent {
-	s := spent{statements: c.statements && later.statements, cpu: c.cpu && later.cpu}
+	s := spent{statements: c.statements && later.statements, cpu: c.cpu && later.cpu, vacuum: c.vacuum && later.vacuum}
+	if s.vacuum {
+		s.autovacuums, s.tableBytes = later.autovacuums-c.autovacuums, later.tableBytes
+	}
 	if s.statements {
 		s.claims, s.claimBuffers = later.claimCalls-c.claimCalls, later.claimBuffers-c.claimBuffers
 		s.claimTime = later.claimTime - c.claimTime
@@ -156,6 +175,7 @@ func (c dbCost) until(later dbCost) spent {
 		for id, st := range later.byQuery {
 			st.calls -= c.byQuery[id].calls
 			st.buffers -= c.byQuery[id].buffers
+			st.time -= c.byQuery[id].time
 			if st.calls > 0 {
 				s.byQuery = append(s.byQuery, st)
 			}
@@ -186,19 +206,25 @@ func (s spent) perRow(rows int64) string {
 	if s.cpu {
 		parts = append(parts, fmt.Sprintf("%.1f µs CPU in the relay's backends, %.1f µs in all of PostgreSQL", us(s.relayBackends)/float64(rows), us(s.cluster)/float64(rows)))
 	}
+	if s.vacuum {
+		parts = append(parts, fmt.Sprintf("the outbox autovacuumed %d times, %.0f MB with its indexes", s.autovacuums, float64(s.tableBytes)/(1<<20)))
+	}
 	return strings.Join(parts, "; ")
 }
 
 // statementsNote names the n statements that read the most buffers in s,
-// with their buffers per delivered row and per call.
+// with their buffers per delivered row (when rows were) and per call.
 func (s spent) statementsNote(rows int64, n int) string {
-	if !s.statements || rows <= 0 || len(s.byQuery) == 0 {
+	if !s.statements || len(s.byQuery) == 0 {
 		return ""
 	}
 	var parts []string
 	for _, st := range s.byQuery[:min(n, len(s.byQuery))] {
-		parts = append(parts, fmt.Sprintf("%.2f a row, %.0f a call (%d calls): %s",
-			float64(st.buffers)/float64(rows), float64(st.buffers)/float64(st.calls), st.calls, st.query))
+		perCall := fmt.Sprintf("%.0f a call (%d calls, %.1f ms): %s", float64(st.buffers)/float64(st.calls), st.calls, ms(st.time), st.query)
+		if rows > 0 {
+			perCall = fmt.Sprintf("%.2f a row, %s", float64(st.buffers)/float64(rows), perCall)
+		}
+		parts = append(parts, perCall)
 	}
 	return "buffers by statement: " + strings.Join(parts, " | ")
 }

@@ -219,6 +219,9 @@ func (r *runner) soak(ctx context.Context, bin string, held bool) error {
 	if !idle.cpu {
 		detail += "; the server's processes are not visible here: the backends' CPU is left out"
 	}
+	if note := idle.statementsNote(0, 6); note != "" {
+		detail += "; " + note
+	}
 	if w := relays.warnings(); w != "" {
 		detail += "; the relay warned: " + w
 	}

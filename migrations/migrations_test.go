@@ -760,9 +760,10 @@ func TestCheckVersion(t *testing.T) {
 	}
 }
 
-// The outbox table is vacuumed without throttling, and migrating down
-// gives it back the server's setting.
-func TestOutboxVacuumedUnthrottled(t *testing.T) {
+// Autovacuum on the outbox table is throttled as on the rest of the
+// server: migration 13 made it unthrottled, migration 20 resets that, and
+// keeps a setting an operator chose, both ways.
+func TestOutboxVacuumThrottle(t *testing.T) {
 	t.Parallel()
 	db := openDB(t, pgtest.NewDatabase(t))
 	m := migrateUp(t, db)
@@ -773,12 +774,31 @@ func TestOutboxVacuumedUnthrottled(t *testing.T) {
 		}
 		return opts.String
 	}
+	if got := options(); got != "" {
+		t.Fatalf("outbox table options %q, want none: the server's throttle", got)
+	}
+	downThrough(t, m, 20)
 	if got := options(); got != "autovacuum_vacuum_cost_delay=0" {
-		t.Fatalf("outbox table options %q, want autovacuum_vacuum_cost_delay=0", got)
+		t.Fatalf("below migration 20, outbox table options %q, want autovacuum_vacuum_cost_delay=0", got)
 	}
 	downThrough(t, m, 13)
 	if got := options(); got != "" {
-		t.Fatalf("after migrating down, outbox table options %q, want none", got)
+		t.Fatalf("below migration 13, outbox table options %q, want none", got)
+	}
+
+	// An operator's own setting stays, down and up.
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`ALTER TABLE outbox SET (autovacuum_vacuum_cost_delay = 5)`); err != nil {
+		t.Fatal(err)
+	}
+	downThrough(t, m, 20)
+	if _, err := m.Up(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := options(); got != "autovacuum_vacuum_cost_delay=5" {
+		t.Fatalf("after down and up, outbox table options %q, want the operator's autovacuum_vacuum_cost_delay=5", got)
 	}
 }
 

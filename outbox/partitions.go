@@ -243,7 +243,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 			givenUp = append(givenUp, r.Part)
 			announce = true
 		case inRange && (r.Owner == "" || r.Expired):
-			parts, owners, floors = append(parts, r.Part), append(owners, s.claimer), append(floors, r.Floor)
+			record(r, s.claimer, r.Floor) // a new owner: always written
 			owned[r.Part] = true
 			// Rows of a partition taken can be ready anywhere above its
 			// floor. A lapsed owner's locks may last until its

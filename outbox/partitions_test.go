@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -23,17 +25,14 @@ func TestSyncsWriteOnlyWhatChanged(t *testing.T) {
 	versions := func() (parts map[int]string, claimer string) {
 		t.Helper()
 		parts = map[int]string{}
-		rows, err := s.Pool.Query(ctx, `SELECT part, xmin::text FROM outbox_claim_partitions`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var part int
-			var xmin string
-			if err := rows.Scan(&part, &xmin); err != nil {
-				t.Fatal(err)
-			}
+		rows, _ := s.Pool.Query(ctx, `SELECT part, xmin::text FROM outbox_claim_partitions`)
+		var part int
+		var xmin string
+		if _, err := pgx.ForEachRow(rows, []any{&part, &xmin}, func() error {
 			parts[part] = xmin
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 		if err := s.Pool.QueryRow(ctx, `SELECT xmin::text FROM outbox_claimers WHERE claimer = 'a'`).Scan(&claimer); err != nil {
 			t.Fatal(err)

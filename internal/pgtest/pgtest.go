@@ -1,9 +1,9 @@
 // Package pgtest gives tests a real PostgreSQL: one server per test package,
 // and a fresh schema or database per test that needs isolation.
 //
-// The server comes from, in order: OUTBOX_TEST_DATABASE_URL; a container
-// started with testcontainers-go when a Docker engine answers; or a
-// throwaway cluster started from the local PostgreSQL binaries.
+// The server comes from, in order: OUTBOX_TEST_DATABASE_URL; a throwaway
+// cluster started from the local PostgreSQL binaries; or, without them, a
+// container started with testcontainers-go when a Docker engine answers.
 package pgtest
 
 import (
@@ -78,9 +78,14 @@ func start() (stop func() error, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if u, stop, ok := startContainer(ctx); ok {
-		baseURL = u
-		return stop, nil
+	// Local binaries first: a cluster of the package's own starts in a
+	// second and allows what some tests need. A container only where
+	// there are none.
+	if _, err := pgserver.FindBinaries(); err != nil {
+		if u, stop, ok := startContainer(ctx); ok {
+			baseURL = u
+			return stop, nil
+		}
 	}
 	// Prepared transactions are allowed: tests of what holds the xmin
 	// horizon prepare one.

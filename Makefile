@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
-.PHONY: all build static test test-containers run bench vet fmt-check postgres browser clean
+.PHONY: all build static image test test-containers run bench vet fmt-check postgres browser clean
 
 all: build
 
@@ -15,13 +15,17 @@ build:
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w $(LDFLAGS)" -o bin/outbox-relay-static ./cmd/outbox-relay
 
-## test: vet, formatting, and every test with the race detector against a real PostgreSQL (and the console in a real browser)
-test: postgres browser vet fmt-check
-	OUTBOX_TEST_BROWSER=1 $(GO) test -race -count=1 -timeout 20m ./...
+## image: the relay's image, outbox-relay:local, built FROM scratch without a registry (needs a Docker engine)
+image:
+	@scripts/build-image outbox-relay:local
 
-## test-containers: the end-to-end scenarios against PostgreSQL and Kafka containers (needs a Docker engine; skips without one)
+## test: vet, formatting, and every test with the race detector against a real PostgreSQL, the console in a real browser, and the container tests under a Docker engine (started for the run when none answers)
+test: postgres browser vet fmt-check
+	OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m ./...
+
+## test-containers: the container tests alone
 test-containers: postgres
-	OUTBOX_TEST_CONTAINERS=1 $(GO) test -race -count=1 -timeout 20m -run '^TestScenarios(Local|Containers)$$' -v ./cmd/outbox-relay/
+	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/containertest/
 
 ## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it)
 run: postgres build

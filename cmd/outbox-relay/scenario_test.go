@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,21 +16,22 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
+	"github.com/testcontainers/testcontainers-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/containertest"
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
+	"github.com/outbox-relay/outbox-relay/relaycontainer"
 )
 
-// The end-to-end scenarios run the real binary against a database and a
+// The end-to-end scenarios run the relay against a database and a
 // Kafka-protocol cluster. TestScenariosLocal runs them on the local harness
-// (a local PostgreSQL and the in-process kfake cluster) in every test run;
-// TestScenariosContainers runs the same scenarios against PostgreSQL and
-// Kafka containers for those with a Docker engine (make test-containers).
-
-// envContainers turns the container scenarios on when set to 1.
-const envContainers = "OUTBOX_TEST_CONTAINERS"
+// (the binary as a process, a local PostgreSQL and the in-process kfake
+// cluster); TestScenariosContainers runs the same scenarios with everything
+// in containers built without a registry: the relay's image started through
+// the relaycontainer module, PostgreSQL from the distribution's binaries,
+// and the broker. `make test` starts a Docker engine for it.
 
 // The delivery headers of the contract, spelled out as a consumer sees them.
 const (
@@ -43,6 +45,20 @@ type stack struct {
 	dsn string
 	// brokers bootstrap a cluster on which the scenario's topics exist.
 	brokers []string
+	// start runs "outbox-relay run" with env.
+	start func(t *testing.T, env []string) relayRun
+}
+
+// relayRun is one running relay: a process, or a container.
+type relayRun interface {
+	// output is what it has logged so far.
+	output() string
+	// stop sends SIGTERM and fails t unless it drains and exits 0.
+	stop(t *testing.T)
+	// kill sends SIGKILL and waits for the end.
+	kill(t *testing.T)
+	// restart runs it again, as it was started, after it ended.
+	restart(t *testing.T)
 }
 
 // newStack gives a scenario its stack, with the topics it names created.
@@ -56,6 +72,7 @@ var scenarios = []struct {
 	{"DeliversCommittedRowsOnceInKeyOrder", scenarioDelivery},
 	{"DeadLettersUnroutedAndOversizedRows", scenarioDeadLetters},
 	{"DrainsOnSIGTERMAndResumes", scenarioRestart},
+	{"SurvivesSIGKILLLosingNothing", scenarioKill},
 }
 
 func runScenarios(t *testing.T, ns newStack) {
@@ -78,48 +95,18 @@ func TestScenariosLocal(t *testing.T) {
 		if err := kafkatest.CreateTopics(ctx, c.ListenAddrs(), 3, topics...); err != nil {
 			t.Fatal(err)
 		}
-		return stack{dsn: pgtest.NewDatabase(t), brokers: c.ListenAddrs()}
+		return stack{dsn: pgtest.NewDatabase(t), brokers: c.ListenAddrs(), start: startProcess}
 	})
 }
 
 func TestScenariosContainers(t *testing.T) {
-	if os.Getenv(envContainers) != "1" {
-		t.Skip("container scenarios are off: run them with `make test-containers` (sets " + envContainers +
-			"=1) where a Docker engine is reachable; the same scenarios run on the local harness in TestScenariosLocal")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if err := pgtest.CheckDocker(ctx); err != nil {
-		t.Skipf("no Docker engine reachable (%v): container tests skipped; the same scenarios run on the local harness in TestScenariosLocal", err)
-	}
-
-	var (
-		serverURL string
-		brokers   []string
-	)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		u, stop, err := pgtest.RunContainer(gctx)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { terminate(t, "PostgreSQL", stop) })
-		serverURL = u
-		return nil
-	})
-	g.Go(func() error {
-		b, stop, err := kafkatest.RunContainer(gctx)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { terminate(t, "Kafka", stop) })
-		brokers = b
-		return nil
-	})
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("PostgreSQL %s and Kafka %s (%s) in containers", pgtest.ContainerImage, kafkatest.ContainerImage, strings.Join(brokers, ","))
+	t.Parallel()
+	containertest.Require(t)
+	images := containertest.Build(t)
+	serverURL := containertest.Postgres(t, images.Postgres)
+	brokers := containertest.Kafka(t, images.Kafka)
+	t.Logf("the relay (%s), PostgreSQL (%s) and the broker (%s, %s) in containers",
+		images.Relay, images.Postgres, images.Kafka, strings.Join(brokers, ","))
 
 	runScenarios(t, func(t *testing.T, topics ...string) stack {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -137,15 +124,118 @@ func TestScenariosContainers(t *testing.T) {
 		if err := kafkatest.CreateTopics(ctx, brokers, 3, topics...); err != nil {
 			t.Fatal(err)
 		}
-		return stack{dsn: dsn, brokers: brokers}
+		start := func(t *testing.T, env []string) relayRun { return startContainer(t, images.Relay, env) }
+		return stack{dsn: dsn, brokers: brokers, start: start}
 	})
 }
 
-// terminate removes a container when the test is over, saying so if it
-// cannot.
-func terminate(t *testing.T, what string, stop func() error) {
-	if err := stop(); err != nil {
-		t.Errorf("remove the %s container: %v", what, err)
+// process is a relay run as a process of the binary under test.
+type process struct {
+	p   *relayProcess
+	env []string
+}
+
+func startProcess(t *testing.T, env []string) relayRun {
+	return &process{p: startRelay(t, env), env: env}
+}
+
+func (p *process) output() string    { return p.p.output.String() }
+func (p *process) stop(t *testing.T) { stopRelay(t, p.p) }
+
+func (p *process) kill(t *testing.T) {
+	t.Helper()
+	p.p.signal(t, syscall.SIGKILL)
+	p.p.wait(t, time.Minute)
+}
+
+func (p *process) restart(t *testing.T) { p.p = startRelay(t, p.env) }
+
+// box is a relay run as a container of the relay's image, on the host's
+// network, through the relaycontainer module.
+type box struct {
+	c      *relaycontainer.Container
+	docker *testcontainers.DockerProvider // to kill it at once
+}
+
+// startContainer starts image with env, whose OUTBOX_CONFIG, a file of the
+// host, goes into the container.
+func startContainer(t *testing.T, image string, env []string) relayRun {
+	t.Helper()
+	vars := map[string]string{}
+	opts := []testcontainers.ContainerCustomizer{relaycontainer.WithHostNetwork()}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "OUTBOX_CONFIG" {
+			b, err := os.ReadFile(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts = append(opts, relaycontainer.WithConfig(string(b)))
+			continue
+		}
+		vars[k] = v
+	}
+	opts = append(opts, testcontainers.WithEnv(vars))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := relaycontainer.Run(ctx, image, opts...)
+	testcontainers.CleanupContainer(t, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return &box{c: c, docker: p}
+}
+
+func (b *box) output() string {
+	out, err := b.c.Output(context.Background())
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	return out
+}
+
+func (b *box) stop(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	timeout := time.Minute
+	if err := b.c.Stop(ctx, &timeout); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.c.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ExitCode != 0 || st.OOMKilled {
+		t.Fatalf("exit code %d after SIGTERM, want 0; output:\n%s", st.ExitCode, b.output())
+	}
+	if out := b.output(); !strings.Contains(out, "relay stopped") {
+		t.Fatalf("no clean stop in the log:\n%s", out)
+	}
+}
+
+func (b *box) kill(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if err := b.docker.Client().ContainerKill(ctx, b.c.GetContainerID(), "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Within(t, time.Minute, "the killed container to end", func() bool {
+		st, err := b.c.State(ctx)
+		return err == nil && !st.Running
+	})
+}
+
+func (b *box) restart(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := b.c.Start(ctx); err != nil {
+		t.Fatalf("restart the relay's container: %v\n%s", err, b.output())
 	}
 }
 
@@ -164,8 +254,8 @@ func scenarioDelivery(t *testing.T, newStack newStack) {
 	topic := pgtest.UniqueName("orders")
 	st := newStack(t, topic)
 	pool := st.migrate(t)
-	p := startRelay(t, st.relayEnv("OUTBOX_RELAY_BATCH_SIZE=200"))
-	testwait.Within(t, time.Minute, "the relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
+	p := st.start(t, st.relayEnv("OUTBOX_RELAY_BATCH_SIZE=200"))
+	testwait.Within(t, time.Minute, "the relay to start", func() bool { return strings.Contains(p.output(), "relay started") })
 
 	ctx := context.Background()
 	want := map[string]outboxRow{}
@@ -200,9 +290,9 @@ RETURNING id, event_id::text, key, payload, headers->>'x-seq'`, topic, i, keys, 
 	}
 
 	testwait.Within(t, 90*time.Second, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
-	stopRelay(t, p)
+	p.stop(t)
 	recs := st.consume(t, topic)
-	checkDelivered(t, recs, want, rolledBack)
+	checkDelivered(t, recs, want, rolledBack, false)
 }
 
 // scenarioDeadLetters: with a route for one topic only and a 4 KiB payload
@@ -237,11 +327,11 @@ RETURNING id, event_id::text, key, payload, ''`, topic)[0]
 		want[r.eventID] = r
 	}
 
-	p := startRelay(t, st.relayEnv("OUTBOX_CONFIG="+cfgFile, "OUTBOX_RELAY_PAYLOAD_CAP=4096"))
+	p := st.start(t, st.relayEnv("OUTBOX_CONFIG="+cfgFile, "OUTBOX_RELAY_PAYLOAD_CAP=4096"))
 	testwait.Within(t, 90*time.Second, "only the two dead letters to be left", func() bool {
 		return countRows(t, pool, "true") == 2 && countRows(t, pool, "status = 'dead_lettered'") == 2
 	})
-	stopRelay(t, p)
+	p.stop(t)
 
 	for _, tc := range []struct {
 		row    outboxRow
@@ -291,7 +381,7 @@ RETURNING id, event_id::text, key, payload, ''`, topic)[0]
 	}
 
 	recs := st.consume(t, topic)
-	checkDelivered(t, recs, want, map[string]bool{noRoute.eventID: true, tooLarge.eventID: true})
+	checkDelivered(t, recs, want, map[string]bool{noRoute.eventID: true, tooLarge.eventID: true}, false)
 }
 
 // scenarioRestart: SIGTERM while a backlog drains makes the relay finish
@@ -314,9 +404,9 @@ RETURNING id, event_id::text, key, payload, headers->>'x-seq'`
 		want[r.eventID] = r
 	}
 
-	p := startRelay(t, env)
+	p := st.start(t, env)
 	testwait.Within(t, time.Minute, "the first deliveries", func() bool { return countRows(t, pool, "true") < 1500 })
-	stopRelay(t, p)
+	p.stop(t)
 	left := countRows(t, pool, "true")
 	if n := countRows(t, pool, "status <> 'pending' OR retry_count > 0"); n != 0 {
 		t.Fatalf("%d rows were failed, dead-lettered or left claimed by the stopped relay", n)
@@ -342,11 +432,82 @@ RETURNING id, event_id::text, key, payload, headers->>'x-seq'`
 		t.Fatalf("%d rows pending while the relay is down, want %d", n, left+500)
 	}
 
-	p = startRelay(t, env)
+	p = st.start(t, env)
 	testwait.Within(t, 90*time.Second, "the outbox to drain after the restart", func() bool { return countRows(t, pool, "true") == 0 })
-	stopRelay(t, p)
+	p.stop(t)
 	recs := st.consume(t, topic)
-	checkDelivered(t, recs, want, rolledBack)
+	checkDelivered(t, recs, want, rolledBack, false)
+}
+
+// scenarioKill: SIGKILL while a backlog drains; the killed relay is
+// restarted (the same container, in containers) while producers commit.
+// Every committed row arrives, none rolled back does, each key's rows in id
+// order; copies only of the batches in flight at the kill, which the relay
+// had published but not yet written back.
+func scenarioKill(t *testing.T, newStack newStack) {
+	topic := pgtest.UniqueName("orders")
+	st := newStack(t, topic)
+	pool := st.migrate(t)
+	const batch, workers = 50, 2
+
+	const insert = `INSERT INTO outbox (topic, key, payload, headers)
+SELECT $1, 'key-' || (n % 40), n::text::bytea, jsonb_build_object('x-seq', n::text)
+FROM generate_series($2::int, $3::int) n
+RETURNING id, event_id::text, key, payload, headers->>'x-seq'`
+	want := map[string]outboxRow{}
+	rolledBack := map[string]bool{}
+	// produce commits transactions of size rows, rolling back every
+	// fourth.
+	next := 1
+	produce := func(txs, size int) {
+		for i := range txs {
+			tx, err := pool.Begin(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows := insertRows(t, tx, insert, topic, next, next+size-1)
+			next += size
+			if i%4 == 3 {
+				for _, r := range rows {
+					rolledBack[r.eventID] = true
+				}
+				if err := tx.Rollback(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			if err := tx.Commit(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rows {
+				want[r.eventID] = r
+			}
+		}
+	}
+	// A backlog of 15,000 rows: the relay is killed after its first
+	// hundred, long before it could be done.
+	produce(20, 1000)
+	p := st.start(t, st.relayEnv(fmt.Sprintf("OUTBOX_RELAY_BATCH_SIZE=%d", batch), fmt.Sprintf("OUTBOX_RELAY_WORKERS=%d", workers)))
+	testwait.Within(t, time.Minute, "the first deliveries", func() bool { return countRows(t, pool, "true") < 14900 })
+	p.kill(t)
+	left := countRows(t, pool, "true")
+	t.Logf("SIGKILL left %d rows pending", left)
+	if left == 0 {
+		t.Fatal("the relay drained everything before the kill: the scenario proves nothing")
+	}
+	produce(20, 25) // while it is down
+
+	p.restart(t)
+	produce(20, 25) // while it runs again
+	testwait.Within(t, 90*time.Second, "the outbox to drain after the restart", func() bool { return countRows(t, pool, "true") == 0 })
+	p.stop(t)
+	copies := checkDelivered(t, st.consume(t, topic), want, rolledBack, true)
+	// A worker publishes one batch at a time (the one it claims ahead
+	// waits for it).
+	if most := workers * batch; copies > most {
+		t.Errorf("%d copies after one kill, want at most the %d rows the workers publish at once", copies, most)
+	}
+	t.Logf("%d rows delivered, %d copies of rows in flight at the kill", len(want), copies)
 }
 
 // outboxRow is what a scenario wrote to the outbox.
@@ -433,10 +594,11 @@ func stopRelay(t *testing.T, p *relayProcess) {
 }
 
 // checkDelivered checks the records of one topic against the rows written:
-// each row in want arrived exactly once with its key, payload, seq header,
-// event id and row id; none in never did; and per key, the rows arrived on
-// one partition in id order.
-func checkDelivered(t *testing.T, recs []kafkatest.Record, want map[string]outboxRow, never map[string]bool) {
+// each row in want arrived exactly once (at least once with dups) with its
+// key, payload, seq header, event id and row id; none in never did; and per
+// key, the rows arrived on one partition in id order (with dups: each row's
+// first copy). It returns how many copies arrived more than once.
+func checkDelivered(t *testing.T, recs []kafkatest.Record, want map[string]outboxRow, never map[string]bool, dups bool) (copies int) {
 	t.Helper()
 	sort.SliceStable(recs, func(i, j int) bool {
 		if recs[i].Partition != recs[j].Partition {
@@ -463,6 +625,9 @@ func checkDelivered(t *testing.T, recs []kafkatest.Record, want map[string]outbo
 			continue
 		case !ok:
 			report("record %d/%d: unknown event id %q (headers %v)", r.Partition, r.Offset, ev, r.Headers)
+			continue
+		case seen[ev] > 1 && dups:
+			copies++
 			continue
 		case seen[ev] > 1:
 			report("record %d/%d: row %d delivered %d times", r.Partition, r.Offset, w.id, seen[ev])
@@ -493,4 +658,5 @@ func checkDelivered(t *testing.T, recs []kafkatest.Record, want map[string]outbo
 	if missing > 0 || bad > 0 {
 		t.Errorf("%d records for %d rows: %d rows missing, %d problems", len(recs), len(want), missing, bad)
 	}
+	return copies
 }

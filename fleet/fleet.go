@@ -29,83 +29,32 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // Store is the fleet's state in one schema.
 type Store struct {
 	pool *pgxpool.Pool
-	q    queries
+	q    outboxdb.Fleet
 }
 
 // New returns the Store of the coordination tables in schemaName on pool.
 // The caller keeps the pool.
 func New(pool *pgxpool.Pool, schemaName string) (*Store, error) {
-	if schemaName == "" {
-		schemaName = schema.Default
-	}
-	if err := schema.Validate(schemaName); err != nil {
+	q, err := outboxdb.NewFleet(schemaName)
+	if err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, q: newQueries(schemaName)}, nil
-}
-
-type queries struct {
-	heartbeat, forget, members, ensure, breakers, update, shares, share, leave, release string
-}
-
-func newQueries(s string) queries {
-	return queries{
-		// claims = 1: this replica leases the outbox's partitions for its
-		// claims; older relays leave it empty. The entry is renewed only
-		// once less than $3 of it is left: each renewal leaves a row
-		// version that a snapshot held elsewhere keeps, and every sync
-		// reads them.
-		heartbeat: `INSERT INTO ` + s + `.outbox_fleet_replicas AS r (replica, expires_at, claims)
-			VALUES ($1, now() + $2 * interval '1 microsecond', 1)
-			ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at, claims = excluded.claims
-			WHERE r.expires_at < now() + $3 * interval '1 microsecond' OR r.claims IS DISTINCT FROM excluded.claims`,
-		forget: `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE expires_at < now()`,
-		members: `SELECT count(*), count(*) FILTER (WHERE replica < $1), count(*) FILTER (WHERE claims IS NULL),
-				now(), coalesce((extract(epoch FROM max(expires_at) FILTER (WHERE replica = $1) - now()) * 1e6)::bigint, 0)
-			FROM ` + s + `.outbox_fleet_replicas`,
-		ensure: `INSERT INTO ` + s + `.outbox_fleet_breakers (destination)
-			SELECT unnest($1::text[]) ON CONFLICT DO NOTHING`,
-		// Every sync locks its destinations' rows, in one order: the rows
-		// serialize the breaker rules and the shares of their destination.
-		breakers: `SELECT destination, state = 'open', coalesce(open_until, now()), streak, generation,
-				coalesce(probe_by, ''), coalesce(probe_until, now()), coalesce(last_error, '')
-			FROM ` + s + `.outbox_fleet_breakers
-			WHERE destination = ANY($1) ORDER BY destination FOR UPDATE`,
-		update: `UPDATE ` + s + `.outbox_fleet_breakers SET
-				state = CASE WHEN $2 THEN 'open' ELSE 'closed' END,
-				open_until = CASE WHEN $2 THEN $3::timestamptz END,
-				streak = $4, generation = $5, probe_by = nullif($6, ''),
-				probe_until = CASE WHEN $6 <> '' THEN $7::timestamptz END,
-				last_error = nullif($8, ''), changed_by = $9, changed_at = now()
-			WHERE destination = $1`,
-		shares: `SELECT destination, coalesce(sum(slots), 0), coalesce(sum(slots) FILTER (WHERE NOT wants), 0),
-				count(*) FILTER (WHERE wants), count(*) FILTER (WHERE wants AND replica < $2)
-			FROM ` + s + `.outbox_fleet_shares
-			WHERE destination = ANY($1) AND replica <> $2 GROUP BY destination`,
-		leave:   `DELETE FROM ` + s + `.outbox_fleet_replicas WHERE replica = $1`,
-		release: `UPDATE ` + s + `.outbox_fleet_breakers SET probe_by = NULL, probe_until = NULL WHERE probe_by = $1`,
-		// A share that did not change is not written again: no new row
-		// version every sync.
-		share: `INSERT INTO ` + s + `.outbox_fleet_shares (destination, replica, slots, wants)
-			SELECT unnest($1::text[]), $2, unnest($3::int[]), unnest($4::bool[])
-			ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots, wants = excluded.wants
-			WHERE (outbox_fleet_shares.slots, outbox_fleet_shares.wants) <> (excluded.slots, excluded.wants)`,
-	}
+	return &Store{pool: pool, q: q}, nil
 }
 
 // Leave implements relay.Fleet: the replica's row goes, its shares with
 // it, and the probes it held are free.
 func (s *Store) Leave(ctx context.Context, replica string) error {
 	var b pgx.Batch
-	b.Queue(s.q.leave, replica)
-	b.Queue(s.q.release, replica)
+	b.Queue(s.q.Leave, replica)
+	b.Queue(s.q.Release, replica)
 	if err := s.pool.SendBatch(ctx, &b).Close(); err != nil {
 		return fmt.Errorf("leave the fleet: %w", err)
 	}
@@ -150,14 +99,14 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 	if renew <= 0 {
 		renew = req.Lease // every sync
 	}
-	b.Queue(s.q.heartbeat, req.Replica, req.Lease.Microseconds(), renew.Microseconds())
-	b.Queue(s.q.forget)
-	b.Queue(s.q.members, req.Replica).QueryRow(func(row pgx.Row) error {
+	b.Queue(s.q.Heartbeat, req.Replica, req.Lease.Microseconds(), renew.Microseconds())
+	b.Queue(s.q.Forget)
+	b.Queue(s.q.Members, req.Replica).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&view.Replicas, &rank, &view.Unleased, &view.Now, &left)
 	})
-	b.Queue(s.q.ensure, names)
+	b.Queue(s.q.Ensure, names)
 	rows := map[string]breakerRow{}
-	b.Queue(s.q.breakers, names).Query(func(rs pgx.Rows) error {
+	b.Queue(s.q.Breakers, names).Query(func(rs pgx.Rows) error {
 		for rs.Next() {
 			var name string
 			var r breakerRow
@@ -170,7 +119,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 	})
 	held := map[string]int{}
 	others := map[string]Demand{}
-	b.Queue(s.q.shares, names, req.Replica).Query(func(rs pgx.Rows) error {
+	b.Queue(s.q.Shares, names, req.Replica).Query(func(rs pgx.Rows) error {
 		for rs.Next() {
 			var name string
 			var n int
@@ -198,7 +147,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 			return view, fmt.Errorf("destination %s has no breaker row", d.Name)
 		}
 		if apply(&r, d, req, view.Now) {
-			writes.Queue(s.q.update, d.Name, r.open, r.openUntil, r.streak, r.generation, r.probeBy, r.probeUntil, r.lastError, req.Replica)
+			writes.Queue(s.q.Update, d.Name, r.open, r.openUntil, r.streak, r.generation, r.probeBy, r.probeUntil, r.lastError, req.Replica)
 		}
 		v := relay.FleetBreaker{Generation: r.generation, Open: r.open, Streak: r.streak, LastError: r.lastError,
 			Probe: r.probeBy == req.Replica}
@@ -215,7 +164,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 		view.Destinations[i] = v
 	}
 	if len(shareNames) > 0 {
-		writes.Queue(s.q.share, shareNames, req.Replica, shareSlots, shareWants)
+		writes.Queue(s.q.Share, shareNames, req.Replica, shareSlots, shareWants)
 	}
 	if writes.Len() > 0 {
 		if err := tx.SendBatch(ctx, &writes).Close(); err != nil {

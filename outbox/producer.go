@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
@@ -82,7 +83,7 @@ type ProducerConfig struct {
 // concurrent use.
 type Producer struct {
 	table         pgx.Identifier
-	insertSQL     string
+	insert        outboxdb.Producer
 	copyThreshold int
 	propagator    propagation.TextMapPropagator
 }
@@ -101,17 +102,13 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
 	}
-	table := pgx.Identifier{cfg.Schema, "outbox"}
-	// WITH ORDINALITY and ORDER BY make ids follow the caller's order, which
-	// is the delivery order of messages that share a key.
-	insert := `INSERT INTO ` + table.Sanitize() + ` (event_id, topic, key, payload, headers, next_attempt_at)
-SELECT m.event_id, m.topic, m.key, m.payload, m.headers::jsonb, now() + m.delay_us * interval '1 microsecond'
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::bigint[])
-     WITH ORDINALITY AS m(event_id, topic, key, payload, headers, delay_us, ord)
-ORDER BY m.ord`
+	insert, err := outboxdb.NewProducer(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("outbox producer: %w", err)
+	}
 	return &Producer{
-		table:         table,
-		insertSQL:     insert,
+		table:         pgx.Identifier{cfg.Schema, "outbox"},
+		insert:        insert,
 		copyThreshold: cfg.CopyThreshold,
 		propagator:    cfg.Propagator,
 	}, nil
@@ -161,7 +158,8 @@ func (p *Producer) Write(ctx context.Context, db DB, msgs ...Message) ([]uuid.UU
 		payloads[i] = payloadOf(m)
 		delays[i] = m.Delay.Microseconds()
 	}
-	if _, err := db.Exec(ctx, p.insertSQL, ids, topics, keys, payloads, headers, delays); err != nil {
+	err := p.insert.Insert(ctx, db, outboxdb.Messages{EventIDs: ids, Topics: topics, Keys: keys, Payloads: payloads, Headers: headers, DelaysUS: delays})
+	if err != nil {
 		return nil, fmt.Errorf("write %d outbox messages: %w", len(msgs), err)
 	}
 	return ids, nil

@@ -5,7 +5,9 @@
 // template per statement, and is run through a typed method here. The
 // relay (package outbox) and the dead-letter operations (package
 // deadletter) both go through it, so a rule about a row's state is written
-// once.
+// once. The coordination tables' statements (the partitions' claimers,
+// and the fleet's, which package fleet runs in batches) are here too, in
+// the same form.
 //
 // The statements are written by hand rather than generated (sqlc): most
 // are fixed at start for the configured schema, but a few take conditions
@@ -92,25 +94,61 @@ type names struct {
 	// Claimers and Partitions are the tables through which the relay's
 	// processes share the partitions.
 	Claimers, Partitions string
+	// Replicas, Breakers and Shares are the fleet's.
+	Replicas, Breakers, Shares string
 }
 
-// New renders the statements for the outbox in schema (default "public").
-func New(schemaName string, opts Options) (*Queries, error) {
+// quoted returns the names of schemaName's tables and functions, quoted.
+func quoted(schemaName string) (names, error) {
 	if schemaName == "" {
 		schemaName = schema.Default
 	}
 	if err := schema.Validate(schemaName); err != nil {
+		return names{}, err
+	}
+	id := func(name string) string { return pgx.Identifier{schemaName, name}.Sanitize() }
+	return names{
+		Outbox: id("outbox"), Audit: id("outbox_audit"),
+		Fingerprint: id("outbox_error_fingerprint"), Group: id("outbox_error_group"), Partition: id("outbox_partition"),
+		Claimers: id("outbox_claimers"), Partitions: id("outbox_claim_partitions"),
+		Replicas: id("outbox_fleet_replicas"), Breakers: id("outbox_fleet_breakers"), Shares: id("outbox_fleet_shares"),
+	}, nil
+}
+
+// Fleet are the statements on the fleet's coordination tables (sql/fleet.sql),
+// rendered for one schema. Package fleet runs them, in batches of its own.
+type Fleet struct {
+	Heartbeat, Forget, Members, Ensure, Breakers string
+	Update, Shares, Share, Leave, Release        string
+}
+
+// NewFleet renders the fleet's statements for schemaName (default
+// "public").
+func NewFleet(schemaName string) (Fleet, error) {
+	n, err := quoted(schemaName)
+	if err != nil {
+		return Fleet{}, err
+	}
+	var f Fleet
+	for name, dst := range map[string]*string{
+		"fleet_heartbeat": &f.Heartbeat, "fleet_forget": &f.Forget, "fleet_members": &f.Members,
+		"fleet_ensure": &f.Ensure, "fleet_breakers": &f.Breakers, "fleet_update": &f.Update,
+		"fleet_shares": &f.Shares, "fleet_share": &f.Share, "fleet_leave": &f.Leave, "fleet_release": &f.Release,
+	} {
+		if *dst, err = render(name, n); err != nil {
+			return Fleet{}, err
+		}
+	}
+	return f, nil
+}
+
+// New renders the statements for the outbox in schema (default "public").
+func New(schemaName string, opts Options) (*Queries, error) {
+	n, err := quoted(schemaName)
+	if err != nil {
 		return nil, err
 	}
-	q := &Queries{names: names{
-		Outbox:      pgx.Identifier{schemaName, "outbox"}.Sanitize(),
-		Audit:       pgx.Identifier{schemaName, "outbox_audit"}.Sanitize(),
-		Fingerprint: pgx.Identifier{schemaName, "outbox_error_fingerprint"}.Sanitize(),
-		Group:       pgx.Identifier{schemaName, "outbox_error_group"}.Sanitize(),
-		Partition:   pgx.Identifier{schemaName, "outbox_partition"}.Sanitize(),
-		Claimers:    pgx.Identifier{schemaName, "outbox_claimers"}.Sanitize(),
-		Partitions:  pgx.Identifier{schemaName, "outbox_claim_partitions"}.Sanitize(),
-	}}
+	q := &Queries{names: n}
 	sent, leasedSent := "sent_delete", "leased_sent_delete"
 	if opts.KeepSent {
 		sent, leasedSent = "sent_mark", "leased_sent_mark"

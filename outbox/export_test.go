@@ -86,7 +86,7 @@ func NextXid(ctx context.Context, s *Store) (xmin, next int64, err error) {
 		return 0, 0, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // read only
-	err = tx.QueryRow(ctx, observeXidsSQL).Scan(&xmin, &next)
+	err = tx.QueryRow(ctx, s.q.Server().ObserveXids).Scan(&xmin, &next)
 	return xmin, next, err
 }
 

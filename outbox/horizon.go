@@ -69,53 +69,14 @@ type Horizon struct {
 // MaxHorizonHolders bounds the holders Horizon reports.
 const MaxHorizonHolders = 10
 
-// horizonSQL lists the horizon's holders, the oldest first. A session's
-// horizon is its snapshot's xmin or, without a snapshot, its own
-// transaction id; vacuum's own sessions are left out, as they hold back
-// no one, and so are walsenders, which are reported as standbys. A role
-// without pg_read_all_stats sees other users' sessions without their
-// type, start or state: sessions of no user (vacuum's) are left out then.
-const horizonSQL = `SELECT kind, pid, name, usr, app, state, client, x::text, age(x),
-       coalesce(extract(epoch FROM now() - since), 0)::float8
-FROM (
-    SELECT 'session' AS kind, pid, ''::text AS name, coalesce(usename::text, '') AS usr,
-           coalesce(application_name, '') AS app, coalesce(state, '') AS state, ''::text AS client,
-           coalesce(backend_xmin, backend_xid) AS x, xact_start AS since
-    FROM pg_stat_activity
-    WHERE datname = current_database() AND pid <> pg_backend_pid()
-      AND usename IS NOT NULL AND coalesce(backend_type, '') NOT IN ('autovacuum worker', 'walsender')
-      AND coalesce(backend_xmin, backend_xid) IS NOT NULL
-    UNION ALL
-    SELECT 'prepared', 0, gid, owner::text, '', 'prepared', '', transaction, prepared
-    FROM pg_prepared_xacts WHERE database = current_database()
-    UNION ALL
-    SELECT 'slot', coalesce(active_pid, 0), slot_name::text, '', '',
-           CASE WHEN active THEN 'active' ELSE 'inactive' END, slot_type, xmin, NULL
-    FROM pg_replication_slots WHERE xmin IS NOT NULL
-    UNION ALL
-    SELECT 'standby', pid, coalesce(application_name, ''), coalesce(usename::text, ''), coalesce(application_name, ''),
-           coalesce(state, ''), coalesce(host(client_addr), ''), backend_xmin, NULL
-    FROM pg_stat_replication WHERE backend_xmin IS NOT NULL
-) h
-ORDER BY age(x) DESC
-LIMIT $1`
-
-// indexStatsSQL sums the statistics of the outbox's indexes of pending
-// rows (those whose predicate names the pending status), and says whether
-// the role sees other sessions' details.
-const indexStatsSQL = `SELECT coalesce(sum(s.idx_scan), 0)::bigint, coalesce(sum(s.idx_tup_read), 0)::bigint,
-       coalesce(sum(s.idx_tup_fetch), 0)::bigint, pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
-FROM pg_stat_user_indexes s JOIN pg_index i ON i.indexrelid = s.indexrelid
-WHERE s.relid = $1::regclass AND pg_get_expr(i.indpred, i.indrelid) LIKE '%''pending''%'`
-
 // Horizon reports what holds the horizon of the outbox's database, and the
 // statistics of the indexes the relay's claims read. It reads system views
 // only: any role may, and pg_monitor shows more.
 func (s *Store) Horizon(ctx context.Context) (Horizon, error) {
 	var h Horizon
 	b := &pgx.Batch{}
-	b.Queue(horizonSQL, MaxHorizonHolders)
-	b.Queue(indexStatsSQL, s.table)
+	b.Queue(s.q.Server().HorizonHolders, MaxHorizonHolders)
+	b.Queue(s.q.Server().PendingIndexStats, s.table)
 	res := s.pool.SendBatch(ctx, b)
 	rows, err := res.Query()
 	if err == nil {

@@ -216,7 +216,7 @@ func later(a, b time.Time) time.Time {
 func (c *Claim) freeRows(ctx context.Context, ids []int64) (map[int64]bool, error) {
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT outbox_free_rows")
-	b.Queue("SELECT id FROM "+c.store.table+" WHERE id = ANY($1) FOR UPDATE SKIP LOCKED", ids)
+	b.Queue(c.store.q.Server().FreeRows, ids)
 	res := c.tx.SendBatch(ctx, b)
 	free := map[int64]bool{}
 	_, err := res.Exec()

@@ -35,22 +35,6 @@ type safeWatch struct {
 	started  time.Time // when the database server started, as last seen
 }
 
-// lockHoldersSQL is the oldest transaction, as a 64-bit id, among those
-// that hold the outbox's insert lock and the database's prepared
-// transactions; the next transaction id when there is none. It reads the
-// snapshot's oldest and the next id as observeXidsSQL does.
-const lockHoldersSQL = `WITH n AS (
-    SELECT x + age((x % 4294967296)::text::xid) AS next
-    FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS x) s)
-SELECT least(
-    (SELECT min(n.next - age(a.backend_xid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-     WHERE l.locktype = 'relation' AND l.relation = $1::regclass AND l.mode = 'RowExclusiveLock'
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND a.backend_xid IS NOT NULL AND a.pid <> pg_backend_pid()),
-    (SELECT min(n.next - age(p.transaction)) FROM pg_prepared_xacts p WHERE p.database = current_database()),
-    n.next)
-FROM n`
-
 // observe reads, in the claim's transaction, what its watermarks need: in
 // strict order the highest id it may take (any id otherwise), and, for a
 // floor it may trust, the safe id. The reads go in one round trip.
@@ -69,13 +53,13 @@ func (c *Claim) observe(ctx context.Context, floor bool) (int64, error) {
 	}
 	refine := floor && s.safe.due(time.Now())
 	b := &pgx.Batch{}
-	b.Queue(observeLastSQL, seq)
-	b.Queue(observeXidsSQL)
+	b.Queue(s.q.Server().ObserveLast, seq)
+	b.Queue(s.q.Server().ObserveXids)
 	if floor {
-		b.Queue(serverStartSQL)
+		b.Queue(s.q.Server().ServerStart)
 	}
 	if refine {
-		b.Queue(lockHoldersSQL, s.table)
+		b.Queue(s.q.Server().LockHolders, s.table)
 	}
 	res := c.tx.SendBatch(ctx, b)
 	var o observation
@@ -116,9 +100,6 @@ func (c *Claim) observe(ctx context.Context, floor bool) (int64, error) {
 	}
 	return bound, nil
 }
-
-// serverStartSQL tells one start of the database server from another.
-const serverStartSQL = `SELECT pg_postmaster_start_time()`
 
 // restarted records when the server last started and reports whether that
 // changed since the last look: the database may have lost what it did not

@@ -144,12 +144,7 @@ func (s *Store) checkStrictOrder(ctx context.Context, q querier) error {
 		readable *bool
 		problems []string
 	)
-	err := q.QueryRow(ctx, `SELECT
-    coalesce((SELECT tgenabled::text FROM pg_trigger WHERE tgrelid = $1::text::regclass AND tgname = $2), ''),
-    pg_get_serial_sequence($1::text, 'id'),
-    (SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence($1::text, 'id')::regclass),
-    has_sequence_privilege(pg_get_serial_sequence($1::text, 'id'), 'SELECT,USAGE')`,
-		s.table, xidTrigger).Scan(&enabled, &seq, &cache, &readable)
+	err := q.QueryRow(ctx, s.q.Server().StrictCheck, s.table, xidTrigger).Scan(&enabled, &seq, &cache, &readable)
 	if err != nil {
 		return fmt.Errorf("check strict order: %w", err)
 	}
@@ -177,18 +172,6 @@ func (s *Store) checkStrictOrder(ctx context.Context, q querier) error {
 	return nil
 }
 
-// The observation reads the sequence, then the transaction ids in a
-// statement of its own, after the sequence was read: the snapshot's xmin,
-// and the next transaction id, which no function returns without taking
-// it. age(xid) is the next transaction id minus xid, for a transaction
-// without one (read at its first call), so xmin plus its age is the next
-// transaction id with its epoch.
-const (
-	observeLastSQL = `SELECT coalesce(pg_sequence_last_value($1::regclass), 0)`
-	observeXidsSQL = `SELECT x, x + age((x % 4294967296)::text::xid)
-FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS x) s`
-)
-
 // OrderHolder is the transaction that holds strict-order delivery: the
 // oldest one running.
 type OrderHolder struct {
@@ -213,22 +196,6 @@ type OrderHold struct {
 	Holder *OrderHolder
 }
 
-// holderSQL finds the oldest transaction by its transaction id, among
-// backends and prepared transactions. backend_xid is shown for every
-// backend; its start time only to roles allowed to see it.
-const holderSQL = `SELECT coalesce(pid, 0), coalesce(gid, ''), coalesce(extract(epoch FROM now() - started), 0)::float8,
-       coalesce(datname, ''), coalesce(usename, ''), coalesce(application_name, ''), coalesce(state, '')
-FROM (
-    SELECT pid, NULL::text AS gid, backend_xid AS xid, xact_start AS started,
-           datname::text, usename::text, application_name, state
-    FROM pg_stat_activity WHERE backend_xid IS NOT NULL
-    UNION ALL
-    SELECT NULL, gid, transaction, prepared, database::text, owner::text, NULL, 'prepared'
-    FROM pg_prepared_xacts
-) t
-ORDER BY age(xid) DESC
-LIMIT 1`
-
 // OrderHold reports how long strict-order delivery has been held and by
 // which transaction. It asks the database only while ids wait.
 func (s *Store) OrderHold(ctx context.Context) (OrderHold, error) {
@@ -241,7 +208,7 @@ func (s *Store) OrderHold(ctx context.Context) (OrderHold, error) {
 	}
 	var o OrderHolder
 	var age float64
-	err := s.pool.QueryRow(ctx, holderSQL).Scan(&o.PID, &o.Prepared, &age, &o.Database, &o.User, &o.Application, &o.State)
+	err := s.pool.QueryRow(ctx, s.q.Server().OrderHolder).Scan(&o.PID, &o.Prepared, &age, &o.Database, &o.User, &o.Application, &o.State)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// It ended since the last claim.

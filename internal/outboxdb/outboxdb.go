@@ -82,7 +82,19 @@ type Queries struct {
 	lockBehindKeys, unpark                  string
 	insertAudit, auditedRows                string
 	groupRows                               string
+	server                                  Server
 }
+
+// Server are the statements the claim engine queues in batches of its own
+// (sql/server.sql, and free_rows of sql/claim.sql): reads of the server's
+// catalogs and functions, and the free rows' lock.
+type Server struct {
+	StrictCheck, ObserveLast, ObserveXids, OrderHolder, LockHolders string
+	ServerStart, HorizonHolders, PendingIndexStats, FreeRows        string
+}
+
+// Server returns the rendered statements of Server.
+func (q *Queries) Server() Server { return q.server }
 
 // names are the quoted tables a statement is rendered with.
 type names struct {
@@ -172,7 +184,12 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
 		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
 		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,
-		"group_rows": &q.groupRows,
+		"group_rows":   &q.groupRows,
+		"strict_check": &q.server.StrictCheck, "observe_last": &q.server.ObserveLast,
+		"observe_xids": &q.server.ObserveXids, "order_holder": &q.server.OrderHolder,
+		"lock_holders": &q.server.LockHolders, "server_start": &q.server.ServerStart,
+		"horizon_holders": &q.server.HorizonHolders, "pending_index_stats": &q.server.PendingIndexStats,
+		"free_rows": &q.server.FreeRows,
 	} {
 		s, err := render(name, q.names)
 		if err != nil {

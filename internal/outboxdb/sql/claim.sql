@@ -258,3 +258,12 @@ CROSS JOIN LATERAL (
 WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
 {{- template "other_holders_scoped" .}}
 {{end}}
+
+{{/*
+free_rows locks, of the ids $1, those no other transaction holds, without
+waiting; the caller takes them in a savepoint and gives them back, to
+learn which rows are free.
+*/}}
+{{define "free_rows"}}
+SELECT id FROM {{.Outbox}} WHERE id = ANY($1) FOR UPDATE SKIP LOCKED
+{{end}}

@@ -268,7 +268,7 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 		}
 	}
 	var cutoff time.Time
-	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&cutoff); err != nil {
+	if err := s.pool.QueryRow(ctx, outboxdb.Now).Scan(&cutoff); err != nil {
 		return nil, fmt.Errorf("%s: %w", action, err)
 	}
 	// Times before now are fixed at the start, so the selection does not

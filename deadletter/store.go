@@ -328,7 +328,7 @@ func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
 		// Times before now count from the first page's now, carried in
 		// the cursor, so the window does not slide during a walk.
 		if anchor.IsZero() {
-			if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&anchor); err != nil {
+			if err := s.pool.QueryRow(ctx, outboxdb.Now).Scan(&anchor); err != nil {
 				return nil, fmt.Errorf("list dead letters: %w", err)
 			}
 		}

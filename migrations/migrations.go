@@ -25,6 +25,7 @@ import (
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
@@ -191,19 +192,23 @@ const schemaLockPoll = 100 * time.Millisecond
 // tryCreateSchema creates the schema if the migration lock is free, and
 // reports whether it was.
 func (m *Migrator) tryCreateSchema(ctx context.Context) (bool, error) {
+	v, err := outboxdb.NewVersions(m.schema, VersionTable, CompatibilityTable)
+	if err != nil {
+		return false, err
+	}
 	tx, err := m.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	var locked bool
-	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", m.lockID).Scan(&locked); err != nil {
+	if err := tx.QueryRowContext(ctx, v.Lock, m.lockID).Scan(&locked); err != nil {
 		return false, fmt.Errorf("lock: %w", err)
 	}
 	if !locked {
 		return false, nil
 	}
-	if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
+	if _, err := tx.ExecContext(ctx, v.Create); err != nil {
 		return false, err
 	}
 	return true, tx.Commit()

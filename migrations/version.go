@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 )
 
 // Version is the schema version this binary ships and needs: the version of
@@ -64,21 +66,21 @@ type SchemaVersion struct {
 func Check(ctx context.Context, q Querier, schema string) (SchemaVersion, error) {
 	var sv SchemaVersion
 	var hasVersions, hasCompat bool
-	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
-		pgx.Identifier{schema, VersionTable}.Sanitize(), pgx.Identifier{schema, CompatibilityTable}.Sanitize(),
-	).Scan(&hasVersions, &hasCompat)
+	v, err := outboxdb.NewVersions(schema, VersionTable, CompatibilityTable)
+	if err != nil {
+		return sv, err
+	}
+	err = q.QueryRow(ctx, v.Tables, v.VersionsTable, v.CompatibilityTable).Scan(&hasVersions, &hasCompat)
 	if err != nil {
 		return sv, fmt.Errorf("read the schema version of %s: %w", schema, err)
 	}
 	if hasVersions {
-		// The newest applied migration, as goose reads it.
-		err := q.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM `+pgx.Identifier{schema, VersionTable}.Sanitize()).Scan(&sv.Found)
-		if err != nil {
+		if err := q.QueryRow(ctx, v.Found).Scan(&sv.Found); err != nil {
 			return sv, fmt.Errorf("read the schema version of %s: %w", schema, err)
 		}
 	}
 	if hasCompat {
-		err := q.QueryRow(ctx, `SELECT compatible_from FROM `+pgx.Identifier{schema, CompatibilityTable}.Sanitize()).Scan(&sv.CompatibleFrom)
+		err := q.QueryRow(ctx, v.CompatibleFrom).Scan(&sv.CompatibleFrom)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return sv, fmt.Errorf("read the schema compatibility of %s: %w", schema, err)
 		}

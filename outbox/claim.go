@@ -145,7 +145,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	if !c.start.partsOK {
 		// No partitions to claim (yet): an empty claim.
 		s.floors.claimed(c.start, claimResult{none: true})
-		if err := c.tx.QueryRow(ctx, "SELECT now()").Scan(&c.Now); err != nil {
+		if err := c.tx.QueryRow(ctx, outboxdb.Now).Scan(&c.Now); err != nil {
 			return fmt.Errorf("claim outbox rows: %w", err)
 		}
 		return nil

@@ -215,7 +215,7 @@ func later(a, b time.Time) time.Time {
 // keeping their locks: a savepoint takes them and gives them back.
 func (c *Claim) freeRows(ctx context.Context, ids []int64) (map[int64]bool, error) {
 	b := &pgx.Batch{}
-	b.Queue("SAVEPOINT outbox_free_rows")
+	b.Queue(outboxdb.FreeRowsSavepoint)
 	b.Queue(c.store.q.Server().FreeRows, ids)
 	res := c.tx.SendBatch(ctx, b)
 	free := map[int64]bool{}
@@ -236,7 +236,7 @@ func (c *Claim) freeRows(ctx context.Context, ids []int64) (map[int64]bool, erro
 	if c.store.probing != nil {
 		c.store.probing()
 	}
-	_, err = c.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT outbox_free_rows")
+	_, err = c.tx.Exec(ctx, outboxdb.FreeRowsRollback)
 	return free, err
 }
 

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
 	"github.com/outbox-relay/outbox-relay/internal/schema"
 )
 
@@ -33,13 +33,14 @@ type ListenerConfig struct {
 // LISTEN silently stops working; the listener notices because its own
 // probes stop arriving, says so, and the relay keeps polling.
 type Listener struct {
-	pool    *pgxpool.Pool
-	channel string
-	cfg     ListenerConfig
-	log     *slog.Logger
-	state   atomic.Int32 // listenUnknown, listenHealthy or listenBroken
-	cause   atomic.Pointer[string]
-	probeN  atomic.Int64
+	pool      *pgxpool.Pool
+	channel   string
+	listenSQL string // the LISTEN on channel
+	cfg       ListenerConfig
+	log       *slog.Logger
+	state     atomic.Int32 // listenUnknown, listenHealthy or listenBroken
+	cause     atomic.Pointer[string]
+	probeN    atomic.Int64
 }
 
 // NewListener returns a Listener on pool.
@@ -59,7 +60,12 @@ func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Listener{pool: pool, channel: cfg.Schema + ".outbox", cfg: cfg, log: cfg.Logger}, nil
+	channel := cfg.Schema + ".outbox"
+	listen, err := outboxdb.Listen(channel)
+	if err != nil {
+		return nil, fmt.Errorf("outbox listener: %w", err)
+	}
+	return &Listener{pool: pool, channel: channel, listenSQL: listen, cfg: cfg, log: cfg.Logger}, nil
 }
 
 // Channel is the notification channel the listener listens on.
@@ -138,7 +144,7 @@ func (l *Listener) listen(ctx context.Context, wake, resync func()) error {
 		_ = conn.Conn().Close(context.Background())
 		conn.Release()
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, l.listenSQL); err != nil {
 		return fmt.Errorf("listen on %s: %w", l.channel, err)
 	}
 	// Rows may have arrived while nobody listened.
@@ -155,7 +161,7 @@ func (l *Listener) listen(ctx context.Context, wake, resync func()) error {
 		deadline = time.Now().Add(l.cfg.ProbeTimeout)
 		pctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
-		_, err := l.pool.Exec(pctx, "SELECT pg_notify($1, $2)", l.channel, outstanding)
+		_, err := l.pool.Exec(pctx, outboxdb.Notify, l.channel, outstanding)
 		return err
 	}
 	if err := sendProbe(); err != nil {

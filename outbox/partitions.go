@@ -301,7 +301,7 @@ func (s *Store) SyncPartitions(ctx context.Context) error {
 	}
 	if announce {
 		// Sent at commit, to every process listening on the channel.
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", s.tableName, PartitionsNotice); err != nil {
+		if _, err := tx.Exec(ctx, outboxdb.Notify, s.tableName, PartitionsNotice); err != nil {
 			return fmt.Errorf("sync the outbox's partitions: %w", err)
 		}
 	}
@@ -373,7 +373,7 @@ func (s *Store) LeavePartitions(ctx context.Context) error {
 	if err := s.q.LeaveClaimers(ctx, s.pool, s.claimer, s.floors.floor()); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("give up the outbox's partitions: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.tableName, PartitionsNotice); err != nil {
+	if _, err := s.pool.Exec(ctx, outboxdb.Notify, s.tableName, PartitionsNotice); err != nil {
 		return fmt.Errorf("tell the others the outbox's partitions are free: %w", err)
 	}
 	return nil

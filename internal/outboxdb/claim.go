@@ -39,9 +39,13 @@ import (
 // transaction mode (which refuses such startup parameters) and never
 // reach another client's session there.
 func ClaimBegin(idle time.Duration) string {
-	b := "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off"
+	var ms int64
 	if idle > 0 {
-		b += fmt.Sprintf("; SET LOCAL idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
+		ms = max(idle.Milliseconds(), 1)
+	}
+	b, err := render("claim_begin", struct{ IdleMS int64 }{ms})
+	if err != nil {
+		panic(err) // a broken template, which every test sees
 	}
 	return b
 }

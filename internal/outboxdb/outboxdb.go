@@ -5,9 +5,13 @@
 // template per statement, and is run through a typed method here. The
 // relay (package outbox) and the dead-letter operations (package
 // deadletter) both go through it, so a rule about a row's state is written
-// once. The coordination tables' statements (the partitions' claimers,
-// and the fleet's, which package fleet runs in batches) are here too, in
-// the same form.
+// once. Every other statement of the relay's packages is here too, in the
+// same form: the coordination tables' (package fleet runs them in its own
+// batches), the producer's insert, the reads of the server's catalogs the
+// claim engine batches with its claims, and the schema's migration state.
+// Statements that a caller batches are handed out rendered; the rest run
+// through typed methods. No Go file holds SQL text
+// (TestNoSQLOutsideTheSQLFiles), and tables are named only quoted.
 //
 // The statements are written by hand rather than generated (sqlc): most
 // are fixed at start for the configured schema, but a few take conditions
@@ -85,12 +89,74 @@ type Queries struct {
 	server                                  Server
 }
 
+// Versions are the statements on a schema's migration state
+// (sql/versions.sql), rendered for one schema.
+type Versions struct {
+	// Tables says whether the two tables exist, given their quoted
+	// names (VersionsTable and CompatibilityTable) as arguments.
+	Tables                              string
+	VersionsTable, CompatibilityTable   string
+	Found, CompatibleFrom, Lock, Create string
+}
+
+// NewVersions renders the statements of Versions for schemaName, whose
+// tables are versions (goose's) and compatibility.
+func NewVersions(schemaName, versions, compatibility string) (Versions, error) {
+	if err := schema.Validate(schemaName); err != nil {
+		return Versions{}, err
+	}
+	n := struct{ Schema, Versions, Compatibility string }{
+		pgx.Identifier{schemaName}.Sanitize(),
+		pgx.Identifier{schemaName, versions}.Sanitize(),
+		pgx.Identifier{schemaName, compatibility}.Sanitize(),
+	}
+	v := Versions{VersionsTable: n.Versions, CompatibilityTable: n.Compatibility}
+	for name, dst := range map[string]*string{
+		"versions_tables": &v.Tables, "versions_found": &v.Found, "versions_compatible_from": &v.CompatibleFrom,
+		"versions_lock": &v.Lock, "versions_create_schema": &v.Create,
+	} {
+		var err error
+		if *dst, err = render(name, n); err != nil {
+			return Versions{}, err
+		}
+	}
+	return v, nil
+}
+
 // Server are the statements the claim engine queues in batches of its own
 // (sql/server.sql, and free_rows of sql/claim.sql): reads of the server's
 // catalogs and functions, and the free rows' lock.
 type Server struct {
 	StrictCheck, ObserveLast, ObserveXids, OrderHolder, LockHolders string
 	ServerStart, HorizonHolders, PendingIndexStats, FreeRows        string
+}
+
+// Statements that name no table, rendered once (sql/server.sql).
+var (
+	// Now reads the database's clock.
+	Now = mustRender("now")
+	// Notify sends a notification: $1 the channel, $2 the payload.
+	Notify = mustRender("notify")
+	// FreeRowsSavepoint and FreeRowsRollback surround Server.FreeRows.
+	FreeRowsSavepoint = mustRender("free_rows_savepoint")
+	FreeRowsRollback  = mustRender("free_rows_rollback")
+	// asyncCommit is the statement of QueueAsyncCommit.
+	asyncCommit = mustRender("async_commit")
+)
+
+// mustRender renders a statement that names no table; it fails only for a
+// broken template, which every test would see.
+func mustRender(name string) string {
+	s, err := render(name, nil)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Listen renders the listener's LISTEN on channel, quoted.
+func Listen(channel string) (string, error) {
+	return render("listen", struct{ Channel string }{pgx.Identifier{channel}.Sanitize()})
 }
 
 // Server returns the rendered statements of Server.

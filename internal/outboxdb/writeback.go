@@ -167,5 +167,5 @@ func collectIDs(applied func(id int64)) func(pgx.Rows) error {
 // waiting for the WAL flush, as a claim's does (see ClaimBegin); for the
 // transaction only. Queue it first.
 func QueueAsyncCommit(b *pgx.Batch) {
-	b.Queue("SELECT set_config('synchronous_commit', 'off', true)")
+	b.Queue(asyncCommit)
 }

@@ -267,3 +267,14 @@ learn which rows are free.
 {{define "free_rows"}}
 SELECT id FROM {{.Outbox}} WHERE id = ANY($1) FOR UPDATE SKIP LOCKED
 {{end}}
+
+{{/*
+claim_begin opens a claim's transaction (see ClaimBegin): read committed,
+sorts and JIT off, commits without waiting for the WAL flush, and, with
+.IdleMS, ended by the server after that long without a statement. Every
+setting is for the transaction only.
+*/}}
+{{define "claim_begin"}}
+BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off
+{{- if .IdleMS}}; SET LOCAL idle_in_transaction_session_timeout = {{.IdleMS}}{{end}}
+{{end}}

@@ -129,3 +129,32 @@ SELECT coalesce(sum(s.idx_scan), 0)::bigint, coalesce(sum(s.idx_tup_read), 0)::b
 FROM pg_stat_user_indexes s JOIN pg_index i ON i.indexrelid = s.indexrelid
 WHERE s.relid = $1::regclass AND pg_get_expr(i.indpred, i.indrelid) LIKE '%''pending''%'
 {{end}}
+
+{{/* The database's clock, for a claim that read no row, or an operator's cutoff. */}}
+{{define "now"}}
+SELECT now()
+{{end}}
+
+{{/* A notification on channel $1 with payload $2: wake-ups, partitions shared anew. */}}
+{{define "notify"}}
+SELECT pg_notify($1, $2)
+{{end}}
+
+{{/* The listener's subscription; the channel is an identifier. */}}
+{{define "listen"}}
+LISTEN {{.Channel}}
+{{end}}
+
+{{/* The free rows' look takes their locks in a savepoint and gives them back. */}}
+{{define "free_rows_savepoint"}}
+SAVEPOINT outbox_free_rows
+{{end}}
+
+{{define "free_rows_rollback"}}
+ROLLBACK TO SAVEPOINT outbox_free_rows
+{{end}}
+
+{{/* For the transaction only: commit without waiting for the WAL flush. */}}
+{{define "async_commit"}}
+SELECT set_config('synchronous_commit', 'off', true)
+{{end}}

@@ -220,13 +220,18 @@ func (c *Container) APIURL(ctx context.Context) (string, error) {
 
 // Output returns what the relay has logged so far.
 func (c *Container) Output(ctx context.Context) (string, error) {
+	b, err := readLogs(ctx, c)
+	return string(b), err
+}
+
+// readLogs reads c's log, stdout and stderr.
+func readLogs(ctx context.Context, c testcontainers.Container) ([]byte, error) {
 	r, err := c.Logs(ctx)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer r.Close()
-	b, err := io.ReadAll(r)
-	return string(b), err
+	return io.ReadAll(r)
 }
 
 // logLines is how much of the relay's log an error carries.
@@ -239,12 +244,7 @@ func logTail(c testcontainers.Container) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := c.Logs(ctx)
-	if err != nil {
-		return ""
-	}
-	defer r.Close()
-	b, _ := io.ReadAll(r)
+	b, _ := readLogs(ctx, c)
 	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
 	if len(lines) > logLines {
 		lines = lines[len(lines)-logLines:]

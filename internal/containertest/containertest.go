@@ -20,7 +20,6 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
@@ -155,17 +154,15 @@ func Postgres(t testing.TB, image string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := postgres.Run(ctx, image,
-		postgres.WithDatabase("postgres"), postgres.WithUsername("postgres"), postgres.WithPassword("postgres"),
-		postgres.BasicWaitStrategies())
-	terminateAtEnd(t, "PostgreSQL", c)
-	if err != nil {
-		t.Fatalf("start PostgreSQL from %s: %v", image, err)
-	}
-	u, err := c.ConnectionString(ctx, "sslmode=disable")
+	u, stop, err := pgtest.RunContainer(ctx, image)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("remove the PostgreSQL container: %v", err)
+		}
+	})
 	return u
 }
 
@@ -181,7 +178,11 @@ func Kafka(t testing.TB, image string) []string {
 	c, err := testcontainers.Run(ctx, image,
 		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
 		testcontainers.WithWaitStrategy(wait.ForLog(ready).WithStartupTimeout(time.Minute)))
-	terminateAtEnd(t, "Kafka", c)
+	t.Cleanup(func() {
+		if err := testcontainers.TerminateContainer(c); err != nil {
+			t.Errorf("remove the broker's container: %v", err)
+		}
+	})
 	if err != nil {
 		t.Fatalf("start the broker from %s: %v", image, err)
 	}
@@ -198,13 +199,4 @@ func Kafka(t testing.TB, image string) []string {
 	}
 	t.Fatalf("the broker's log has no line %q: %v", ready, sc.Err())
 	return nil
-}
-
-// terminateAtEnd removes c when t ends, if it was created.
-func terminateAtEnd(t testing.TB, what string, c testcontainers.Container) {
-	t.Cleanup(func() {
-		if err := testcontainers.TerminateContainer(c); err != nil {
-			t.Errorf("remove the %s container: %v", what, err)
-		}
-	})
 }

@@ -160,7 +160,7 @@ func Listen(channel string) (string, error) {
 }
 
 // Server returns the rendered statements of Server.
-func (q *Queries) Server() Server { return q.server }
+func (q *Queries) Server() *Server { return &q.server }
 
 // names are the quoted tables a statement is rendered with.
 type names struct {

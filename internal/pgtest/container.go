@@ -16,7 +16,7 @@ func startContainer(ctx context.Context) (dsn string, stop func() error, ok bool
 	if CheckDocker(ctx) != nil {
 		return "", nil, false
 	}
-	dsn, stop, err := RunContainer(ctx)
+	dsn, stop, err := RunContainer(ctx, ContainerImage)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest: Docker engine found but the PostgreSQL container did not start, using local binaries:", err)
 		return "", nil, false

@@ -52,11 +52,12 @@ func checkDocker(ctx context.Context) (err error) {
 	return nil
 }
 
-// RunContainer starts PostgreSQL (ContainerImage) in a container and
+// RunContainer starts PostgreSQL from image (ContainerImage, or one of
+// the same interface) through testcontainers-go's postgres module and
 // returns the server's URL, database "postgres", and a function that
 // removes the container. It needs a Docker engine: see CheckDocker.
-func RunContainer(ctx context.Context) (serverURL string, stop func() error, err error) {
-	c, err := postgres.Run(ctx, ContainerImage,
+func RunContainer(ctx context.Context, image string) (serverURL string, stop func() error, err error) {
+	c, err := postgres.Run(ctx, image,
 		postgres.WithDatabase("postgres"),
 		postgres.WithUsername("postgres"),
 		postgres.WithPassword("postgres"),
@@ -66,12 +67,12 @@ func RunContainer(ctx context.Context) (serverURL string, stop func() error, err
 		if c != nil {
 			_ = testcontainers.TerminateContainer(c)
 		}
-		return "", nil, fmt.Errorf("start PostgreSQL container %s: %w", ContainerImage, err)
+		return "", nil, fmt.Errorf("start PostgreSQL container %s: %w", image, err)
 	}
 	serverURL, err = c.ConnectionString(ctx, "sslmode=disable")
 	if err != nil {
 		_ = testcontainers.TerminateContainer(c)
-		return "", nil, fmt.Errorf("connection string of PostgreSQL container %s: %w", ContainerImage, err)
+		return "", nil, fmt.Errorf("connection string of PostgreSQL container %s: %w", image, err)
 	}
 	return serverURL, func() error { return testcontainers.TerminateContainer(c) }, nil
 }

@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
 // Reasons are the dead-letter reasons a filter may name.
 var Reasons = []string{
-	outbox.ReasonPermanent, outbox.ReasonRetriesExhausted, outbox.ReasonMaxAgeExceeded,
-	outbox.ReasonTooLarge, outbox.ReasonNoRoute, outbox.ReasonInvalidMessage,
+	retry.ReasonPermanent, retry.ReasonRetriesExhausted, retry.ReasonMaxAgeExceeded,
+	retry.ReasonTooLarge, retry.ReasonNoRoute, retry.ReasonInvalidMessage,
 }
 
 // Statuses of rows the dead-letter operations see.

@@ -12,7 +12,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -95,7 +96,7 @@ func addDead(t *testing.T, s *pgtest.Schema, d dead) (int64, uuid.UUID) {
 		d.Status = deadletter.StatusDeadLettered
 	}
 	if d.Reason == "" {
-		d.Reason = outbox.ReasonPermanent
+		d.Reason = retry.ReasonPermanent
 	}
 	if d.At.IsZero() {
 		d.At = base
@@ -175,10 +176,10 @@ func addParked(t *testing.T, s *pgtest.Schema, key string, at time.Time) parked 
 	t.Helper()
 	p := parked{Key: key}
 	p.Park, _ = addDead(t, s, dead{Key: key, At: at, Parked: true, Dest: "webhook"})
-	p.Noted = addPending(t, s, key, outbox.ParkedRecheck, "HTTP 503",
+	p.Noted = addPending(t, s, key, store.ParkedRecheck, "HTTP 503",
 		`[{"at":"2026-11-20T09:00:00Z","attempt":1,"class":"transient","error":"HTTP 500"},
 		  {"at":"2026-11-20T09:01:00Z","attempt":2,"class":"transient","error":"HTTP 503"}]`)
-	p.NotedNew = addPending(t, s, key, outbox.ParkedRecheck, "", "")
+	p.NotedNew = addPending(t, s, key, store.ParkedRecheck, "", "")
 	parkBehind(t, s, p.Park, p.Noted, p.NotedNew)
 	p.Own = addPending(t, s, key, time.Hour, "", "")
 	query(t, s, `SELECT next_attempt_at FROM outbox WHERE id = $1`, []any{p.Own}, &p.OwnReady)

@@ -14,7 +14,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func TestNewStoreSchema(t *testing.T) {
@@ -41,11 +42,11 @@ func TestListFilters(t *testing.T) {
 		d    dead
 	}{
 		{"created", dead{Topic: "orders.created", Dest: "kafka", Key: "k1", At: hoursAgo(1), LastError: "HTTP 400 Bad Request"}},
-		{"updated", dead{Topic: "orders.updated", Dest: "webhook", Key: "k2", At: hoursAgo(2), Reason: outbox.ReasonRetriesExhausted, LastError: "dial tcp: connection refused"}},
-		{"underscore", dead{Topic: "orders_x", Dest: "kafka", At: hoursAgo(3), Reason: outbox.ReasonTooLarge, LastError: "payload of 2_000_000 bytes"}},
-		{"letter", dead{Topic: "ordersAx", At: hoursAgo(4), Reason: outbox.ReasonNoRoute, LastError: "no route for topic"}},
-		{"percent", dead{Topic: "100%", At: hoursAgo(5), Reason: outbox.ReasonInvalidMessage, LastError: "headers are not a JSON object"}},
-		{"digits", dead{Topic: "1000", At: hoursAgo(6), Reason: outbox.ReasonMaxAgeExceeded, LastError: "older than 24h"}},
+		{"updated", dead{Topic: "orders.updated", Dest: "webhook", Key: "k2", At: hoursAgo(2), Reason: retry.ReasonRetriesExhausted, LastError: "dial tcp: connection refused"}},
+		{"underscore", dead{Topic: "orders_x", Dest: "kafka", At: hoursAgo(3), Reason: retry.ReasonTooLarge, LastError: "payload of 2_000_000 bytes"}},
+		{"letter", dead{Topic: "ordersAx", At: hoursAgo(4), Reason: retry.ReasonNoRoute, LastError: "no route for topic"}},
+		{"percent", dead{Topic: "100%", At: hoursAgo(5), Reason: retry.ReasonInvalidMessage, LastError: "headers are not a JSON object"}},
+		{"digits", dead{Topic: "1000", At: hoursAgo(6), Reason: retry.ReasonMaxAgeExceeded, LastError: "older than 24h"}},
 		{"backslash", dead{Topic: `a\b`, At: hoursAgo(7), LastError: "HTTP 404"}},
 		{"discarded", dead{Topic: "orders.created", Dest: "kafka", Key: "k1", At: hoursAgo(1.5), Status: deadletter.StatusDiscarded, LastError: "HTTP 400"}},
 	} {
@@ -82,8 +83,8 @@ func TestListFilters(t *testing.T) {
 		{"glob question mark is one character", "", deadletter.Filter{Topic: "10?"}, nil},
 		{"glob backslash is literal", "", deadletter.Filter{Topic: `a\*`}, []string{"backslash"}},
 		{"destination", "", deadletter.Filter{Destination: "kafka"}, []string{"created", "underscore"}},
-		{"reason", "", deadletter.Filter{Reason: outbox.ReasonTooLarge}, []string{"underscore"}},
-		{"reason all statuses", "all", deadletter.Filter{Reason: outbox.ReasonPermanent}, []string{"created", "discarded", "backslash"}},
+		{"reason", "", deadletter.Filter{Reason: retry.ReasonTooLarge}, []string{"underscore"}},
+		{"reason all statuses", "all", deadletter.Filter{Reason: retry.ReasonPermanent}, []string{"created", "discarded", "backslash"}},
 		{"key", "", deadletter.Filter{Key: "k2"}, []string{"updated"}},
 		{"since ago", "", deadletter.Filter{Since: ago(2.5)}, []string{"created", "updated"}},
 		{"until ago", "", deadletter.Filter{Until: ago(5.5)}, []string{"digits", "backslash"}},
@@ -94,9 +95,9 @@ func TestListFilters(t *testing.T) {
 		{"error contains ignores case", "", deadletter.Filter{ErrorContains: "http 4"}, []string{"created", "backslash"}},
 		{"error contains underscore is literal", "", deadletter.Filter{ErrorContains: "2_000"}, []string{"underscore"}},
 		{"error contains percent is literal", "", deadletter.Filter{ErrorContains: "%"}, nil},
-		{"every field", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: outbox.ReasonPermanent,
+		{"every field", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: retry.ReasonPermanent,
 			Key: "k1", Since: ago(2), Until: ago(0.5), ErrorContains: "bad request"}, []string{"created"}},
-		{"every field but one", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: outbox.ReasonPermanent,
+		{"every field but one", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: retry.ReasonPermanent,
 			Key: "k1", Since: ago(2), Until: ago(0.5), ErrorContains: "refused"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,9 +126,9 @@ func TestListLetterFields(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	at := base.Add(time.Minute)
-	keyed, ev := addDead(t, s, dead{Topic: "orders", Key: "k", Dest: "webhook", At: at, Reason: outbox.ReasonRetriesExhausted,
+	keyed, ev := addDead(t, s, dead{Topic: "orders", Key: "k", Dest: "webhook", At: at, Reason: retry.ReasonRetriesExhausted,
 		LastError: "HTTP 503", Retries: 7, Parked: true, Payload: []byte("12345"), Headers: `{"trace": "abc"}`})
-	plain, _ := addDead(t, s, dead{Topic: "t", Reason: outbox.ReasonNoRoute, At: base})
+	plain, _ := addDead(t, s, dead{Topic: "t", Reason: retry.ReasonNoRoute, At: base})
 
 	page, err := st.List(ctx, deadletter.ListParams{})
 	if err != nil {
@@ -138,7 +139,7 @@ func TestListLetterFields(t *testing.T) {
 	}
 	l := page.Letters[0]
 	if l.EventID != ev || l.Topic != "orders" || l.Key == nil || *l.Key != "k" || l.Destination != "webhook" ||
-		l.Status != deadletter.StatusDeadLettered || l.Reason != outbox.ReasonRetriesExhausted || !l.ParksKey ||
+		l.Status != deadletter.StatusDeadLettered || l.Reason != retry.ReasonRetriesExhausted || !l.ParksKey ||
 		l.Attempts != 7 || l.LastError != "HTTP 503" || l.PayloadBytes != 5 ||
 		l.DeadLetteredAt == nil || !l.DeadLetteredAt.Equal(at) || l.LastAttemptAt == nil || l.CreatedAt.IsZero() {
 		t.Errorf("letter = %+v", l)
@@ -455,7 +456,7 @@ func TestKeys(t *testing.T) {
 
 	later := addParked(t, s, "later", base.Add(time.Hour))
 	earlier, _ := addDead(t, s, dead{Key: "earlier", At: base, Parked: true})
-	parkBehind(t, s, earlier, addPending(t, s, "earlier", outbox.ParkedRecheck, "", ""))
+	parkBehind(t, s, earlier, addPending(t, s, "earlier", store.ParkedRecheck, "", ""))
 	// Rows of the key that are not pending do not wait.
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload, status, sent_at) VALUES ('orders', 'later', '{}', 'sent', now())`)
 	addDead(t, s, dead{Key: "later", At: base.Add(2 * time.Hour), Status: deadletter.StatusDiscarded})
@@ -504,10 +505,10 @@ func TestStats(t *testing.T) {
 		t.Errorf("Stats of no dead letters = %+v", empty)
 	}
 
-	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: outbox.ReasonPermanent, At: base.Add(time.Hour)})
-	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: outbox.ReasonRetriesExhausted, At: base.Add(2 * time.Hour), Key: "k1", Parked: true})
-	addDead(t, s, dead{Topic: "a", Dest: "webhook", Reason: outbox.ReasonRetriesExhausted, At: base.Add(3 * time.Hour), Key: "k2", Parked: true})
-	addDead(t, s, dead{Topic: "b", Reason: outbox.ReasonNoRoute, At: base.Add(4 * time.Hour)})
+	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: retry.ReasonPermanent, At: base.Add(time.Hour)})
+	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: retry.ReasonRetriesExhausted, At: base.Add(2 * time.Hour), Key: "k1", Parked: true})
+	addDead(t, s, dead{Topic: "a", Dest: "webhook", Reason: retry.ReasonRetriesExhausted, At: base.Add(3 * time.Hour), Key: "k2", Parked: true})
+	addDead(t, s, dead{Topic: "b", Reason: retry.ReasonNoRoute, At: base.Add(4 * time.Hour)})
 	// Discarded rows count apart, whenever they died.
 	addDead(t, s, dead{Topic: "c", Dest: "kafka", Status: deadletter.StatusDiscarded, At: base})
 	addDead(t, s, dead{Topic: "a", Dest: "kafka", Status: deadletter.StatusDiscarded, At: base.Add(5 * time.Hour)})
@@ -534,7 +535,7 @@ func TestStats(t *testing.T) {
 	}{
 		{"topic", got.ByTopic, map[string]int{"a": 3, "b": 1}},
 		{"destination", got.ByDestination, map[string]int{"kafka": 2, "webhook": 1, "": 1}},
-		{"reason", got.ByReason, map[string]int{outbox.ReasonPermanent: 1, outbox.ReasonRetriesExhausted: 2, outbox.ReasonNoRoute: 1}},
+		{"reason", got.ByReason, map[string]int{retry.ReasonPermanent: 1, retry.ReasonRetriesExhausted: 2, retry.ReasonNoRoute: 1}},
 	} {
 		if !maps.Equal(c.got, c.want) {
 			t.Errorf("by %s = %v, want %v", c.name, c.got, c.want)

@@ -11,7 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Defaults of BacklogConfig.
@@ -24,9 +25,9 @@ const (
 // OtherTopics is the topic label that sums the topics past MaxTopics.
 const OtherTopics = "_other"
 
-// BacklogSource measures the pending rows by topic (outbox.Store).
+// BacklogSource measures the pending rows by topic (store.Store).
 type BacklogSource interface {
-	Backlog(ctx context.Context) ([]outbox.TopicBacklog, error)
+	Backlog(ctx context.Context) ([]store.TopicBacklog, error)
 }
 
 // DeadLetterSource counts dead letters (deadletter.Store).
@@ -63,7 +64,7 @@ type backlog struct {
 
 	mu     sync.Mutex
 	at     time.Time // when last measured, zero before the first
-	topics []outbox.TopicBacklog
+	topics []store.TopicBacklog
 	stats  *deadletter.Stats
 	seen   map[string]bool // topics reported before: reported at zero once drained
 }
@@ -134,13 +135,13 @@ func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(b.parked, prometheus.GaugeValue, float64(stats.ParkedKeys))
 }
 
-var deadLetterReasons = []string{outbox.ReasonPermanent, outbox.ReasonRetriesExhausted, outbox.ReasonMaxAgeExceeded,
-	outbox.ReasonTooLarge, outbox.ReasonNoRoute, outbox.ReasonInvalidMessage}
+var deadLetterReasons = []string{retry.ReasonPermanent, retry.ReasonRetriesExhausted, retry.ReasonMaxAgeExceeded,
+	retry.ReasonTooLarge, retry.ReasonNoRoute, retry.ReasonInvalidMessage}
 
 // measure returns the latest measurement, taking a new one when the last
 // is older than MaxAge. Scrapes at the same time wait for one
 // measurement.
-func (b *backlog) measure() ([]outbox.TopicBacklog, *deadletter.Stats, bool) {
+func (b *backlog) measure() ([]store.TopicBacklog, *deadletter.Stats, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.at.IsZero() && time.Since(b.at) < b.cfg.MaxAge {
@@ -165,14 +166,14 @@ func (b *backlog) measure() ([]outbox.TopicBacklog, *deadletter.Stats, bool) {
 
 // capTopics keeps the MaxTopics topics with the most pending rows and sums
 // the others, and reports topics seen before at zero.
-func (b *backlog) capTopics(topics []outbox.TopicBacklog) []outbox.TopicBacklog {
-	slices.SortFunc(topics, func(x, y outbox.TopicBacklog) int {
+func (b *backlog) capTopics(topics []store.TopicBacklog) []store.TopicBacklog {
+	slices.SortFunc(topics, func(x, y store.TopicBacklog) int {
 		return cmp.Or(cmp.Compare(y.Pending, x.Pending), cmp.Compare(x.Topic, y.Topic))
 	})
 	out := topics
 	if len(topics) > b.cfg.MaxTopics {
 		out = slices.Clone(topics[:b.cfg.MaxTopics])
-		other := outbox.TopicBacklog{Topic: OtherTopics}
+		other := store.TopicBacklog{Topic: OtherTopics}
 		for _, t := range topics[b.cfg.MaxTopics:] {
 			other.Pending += t.Pending
 			other.OldestAge = max(other.OldestAge, t.OldestAge)
@@ -192,7 +193,7 @@ func (b *backlog) capTopics(topics []outbox.TopicBacklog) []outbox.TopicBacklog 
 	}
 	for t := range b.seen {
 		if !present[t] {
-			out = append(out, outbox.TopicBacklog{Topic: t})
+			out = append(out, store.TopicBacklog{Topic: t})
 		}
 	}
 	if len(b.seen) > 2*b.cfg.MaxTopics {

@@ -14,18 +14,18 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // scriptedBacklog answers each measurement with the next of its answers.
 type scriptedBacklog struct {
 	mu      sync.Mutex
-	answers [][]outbox.TopicBacklog
+	answers [][]store.TopicBacklog
 	calls   int
 	fail    bool
 }
 
-func (s *scriptedBacklog) Backlog(context.Context) ([]outbox.TopicBacklog, error) {
+func (s *scriptedBacklog) Backlog(context.Context) ([]store.TopicBacklog, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
@@ -36,7 +36,7 @@ func (s *scriptedBacklog) Backlog(context.Context) ([]outbox.TopicBacklog, error
 	if len(s.answers) > 1 {
 		s.answers = s.answers[1:]
 	}
-	return append([]outbox.TopicBacklog(nil), a...), nil
+	return append([]store.TopicBacklog(nil), a...), nil
 }
 
 type stats struct{}
@@ -47,11 +47,11 @@ func (stats) Stats(context.Context) (*deadletter.Stats, error) {
 
 func TestBacklogCapsTopicsAndKeepsDrainedOnesAtZero(t *testing.T) {
 	t.Parallel()
-	var many []outbox.TopicBacklog
+	var many []store.TopicBacklog
 	for i := range 5 {
-		many = append(many, outbox.TopicBacklog{Topic: fmt.Sprintf("t%d", i), Pending: int64(10 * (i + 1)), OldestAge: time.Duration(i+1) * time.Second})
+		many = append(many, store.TopicBacklog{Topic: fmt.Sprintf("t%d", i), Pending: int64(10 * (i + 1)), OldestAge: time.Duration(i+1) * time.Second})
 	}
-	src := &scriptedBacklog{answers: [][]outbox.TopicBacklog{many, {{Topic: "t4", Pending: 1, OldestAge: time.Second}}}}
+	src := &scriptedBacklog{answers: [][]store.TopicBacklog{many, {{Topic: "t4", Pending: 1, OldestAge: time.Second}}}}
 	c := metrics.NewBacklog(metrics.BacklogConfig{Backlog: src, DeadLetters: stats{}, MaxAge: -1, MaxTopics: 3})
 
 	// Three topics with the most rows, the other two summed.
@@ -101,7 +101,7 @@ outbox_parked_keys 1
 
 func TestBacklogReusesAMeasurementAndReportsFailures(t *testing.T) {
 	t.Parallel()
-	src := &scriptedBacklog{answers: [][]outbox.TopicBacklog{{{Topic: "a", Pending: 2}}}}
+	src := &scriptedBacklog{answers: [][]store.TopicBacklog{{{Topic: "a", Pending: 2}}}}
 	c := metrics.NewBacklog(metrics.BacklogConfig{Backlog: src, DeadLetters: stats{}, MaxAge: time.Hour})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)

@@ -24,8 +24,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // deployDir holds the deployment artifacts. They are checked against what
@@ -54,13 +55,13 @@ func exposed(t *testing.T) series {
 	}
 	o := m.Outbox("default", []string{"kafka"})
 	o.Claimed(3*time.Millisecond, 10)
-	o.Settled("kafka", outbox.Sent, "", 250*time.Millisecond)
-	o.Settled("kafka", outbox.Retried, "", 0)
-	o.Settled("", outbox.Deferred, relay.DeferKeyWaiting, 0)
-	o.Settled("kafka", outbox.Deferred, relay.DeferCircuitOpen, 0)
-	o.Settled("kafka", outbox.DeadLettered, outbox.ReasonPermanent, 0)
-	o.Settled("", outbox.DeadLettered, outbox.ReasonNoRoute, 0)
-	o.Settled("kafka", outbox.Leased, "", 0)
+	o.Settled("kafka", store.Sent, "", 250*time.Millisecond)
+	o.Settled("kafka", store.Retried, "", 0)
+	o.Settled("", store.Deferred, relay.DeferKeyWaiting, 0)
+	o.Settled("kafka", store.Deferred, relay.DeferCircuitOpen, 0)
+	o.Settled("kafka", store.DeadLettered, retry.ReasonPermanent, 0)
+	o.Settled("", store.DeadLettered, retry.ReasonNoRoute, 0)
+	o.Settled("kafka", store.Leased, "", 0)
 	if errs := m.Publisher("kafka", nopPublisher{}).Publish(context.Background(), nil); len(errs) != 0 {
 		t.Fatalf("Publish: %v", errs)
 	}
@@ -125,18 +126,18 @@ func exposed(t *testing.T) series {
 
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(context.Context, []outbox.Record) []error { return nil }
+func (nopPublisher) Publish(context.Context, []store.Record) []error { return nil }
 
 type fakeBacklog struct{}
 
-func (fakeBacklog) Backlog(context.Context) ([]outbox.TopicBacklog, error) {
-	return []outbox.TopicBacklog{{Topic: "orders.placed", Pending: 3, OldestAge: 2 * time.Second}}, nil
+func (fakeBacklog) Backlog(context.Context) ([]store.TopicBacklog, error) {
+	return []store.TopicBacklog{{Topic: "orders.placed", Pending: 3, OldestAge: 2 * time.Second}}, nil
 }
 
 type fakeDeadLetters struct{}
 
 func (fakeDeadLetters) Stats(context.Context) (*deadletter.Stats, error) {
-	return &deadletter.Stats{DeadLettered: 1, ParkedKeys: 1, ByReason: map[string]int{outbox.ReasonPermanent: 1}}, nil
+	return &deadletter.Stats{DeadLettered: 1, ParkedKeys: 1, ByReason: map[string]int{retry.ReasonPermanent: 1}}, nil
 }
 
 // expr is a PromQL expression found in a file, with where it was.

@@ -7,13 +7,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // HorizonSource reports what holds the outbox database's xmin horizon
-// (outbox.Store).
+// (store.Store).
 type HorizonSource interface {
-	Horizon(ctx context.Context) (outbox.Horizon, error)
+	Horizon(ctx context.Context) (store.Horizon, error)
 }
 
 // Defaults of HorizonWatch.
@@ -46,10 +46,10 @@ type HorizonWatch struct {
 	age, xids, pid, dead prometheus.Gauge
 
 	seen     map[string]time.Time // when each holder was first seen
-	warned   map[string]outbox.HorizonHolder
+	warned   map[string]store.HorizonHolder
 	told     bool // that the role does not see other sessions' details
 	failing  bool // the last look failed, and that was logged
-	last     outbox.Horizon
+	last     store.Horizon
 	haveLast bool
 }
 
@@ -57,7 +57,7 @@ type HorizonWatch struct {
 func NewHorizonWatch(reg prometheus.Registerer, src HorizonSource, log *slog.Logger) (*HorizonWatch, error) {
 	w := &HorizonWatch{
 		src: src, log: log, Every: DefaultHorizonEvery, Warn: DefaultHorizonWarn,
-		seen: map[string]time.Time{}, warned: map[string]outbox.HorizonHolder{},
+		seen: map[string]time.Time{}, warned: map[string]store.HorizonHolder{},
 		age: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "xmin_horizon_age_seconds",
 			Help: "How long the oldest holder of the outbox database's xmin horizon (a session's snapshot, a prepared transaction, a replication slot, a standby's feedback) has kept deleted rows from being removed; 0 when none does.",
@@ -175,7 +175,7 @@ func (w *HorizonWatch) Check(ctx context.Context) {
 	w.last, w.haveLast = h, true
 }
 
-func holderAttrs(o outbox.HorizonHolder) []any {
+func holderAttrs(o store.HorizonHolder) []any {
 	a := []any{slog.String("kind", o.Kind), slog.String("xmin", o.Xmin)}
 	if o.PID != 0 {
 		a = append(a, slog.Int("pid", o.PID))

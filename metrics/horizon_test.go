@@ -14,15 +14,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 type horizonSequence struct {
-	views []outbox.Horizon
+	views []store.Horizon
 	errs  []error
 }
 
-func (h *horizonSequence) Horizon(context.Context) (outbox.Horizon, error) {
+func (h *horizonSequence) Horizon(context.Context) (store.Horizon, error) {
 	v, err := h.views[0], h.errs[0]
 	h.views, h.errs = h.views[1:], h.errs[1:]
 	return v, err
@@ -33,18 +33,18 @@ func TestHorizonWatch(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	report := outbox.HorizonHolder{Kind: "session", PID: 4242, User: "analyst", Application: "nightly-report", Xmin: "900", XidAge: 5000}
-	slot := outbox.HorizonHolder{Kind: "slot", Name: "standby_1", Client: "physical", State: "inactive", Xmin: "950", XidAge: 4000}
-	prepared := outbox.HorizonHolder{Kind: "prepared", Name: "tx-17", User: "app", Xmin: "990", XidAge: 100, Age: 6 * time.Minute}
-	stats := func(scans, entries, rows int64) outbox.Horizon {
-		return outbox.Horizon{IndexScans: scans, IndexEntries: entries, IndexRows: rows}
+	report := store.HorizonHolder{Kind: "session", PID: 4242, User: "analyst", Application: "nightly-report", Xmin: "900", XidAge: 5000}
+	slot := store.HorizonHolder{Kind: "slot", Name: "standby_1", Client: "physical", State: "inactive", Xmin: "950", XidAge: 4000}
+	prepared := store.HorizonHolder{Kind: "prepared", Name: "tx-17", User: "app", Xmin: "990", XidAge: 100, Age: 6 * time.Minute}
+	stats := func(scans, entries, rows int64) store.Horizon {
+		return store.Horizon{IndexScans: scans, IndexEntries: entries, IndexRows: rows}
 	}
-	with := func(h outbox.Horizon, holders ...outbox.HorizonHolder) outbox.Horizon {
+	with := func(h store.Horizon, holders ...store.HorizonHolder) store.Horizon {
 		h.Holders = holders
 		return h
 	}
 	src := &horizonSequence{
-		views: []outbox.Horizon{
+		views: []store.Horizon{
 			with(stats(10, 100, 100)),
 			with(stats(20, 5100, 200), report),         // 10 scans passed 4,900 dead entries
 			with(stats(20, 5100, 200), report, slot),   // no scans: nothing passed

@@ -14,8 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Namespace starts every metric name.
@@ -134,20 +134,20 @@ func (o outboxMetrics) Claimed(elapsed time.Duration, rows int) {
 }
 
 // Settled implements relay.Observer.
-func (o outboxMetrics) Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration) {
+func (o outboxMetrics) Settled(destination string, kind store.OutcomeKind, reason string, lag time.Duration) {
 	m := o.m
 	if destination == "" {
 		destination = NoDestination
 	}
 	switch kind {
-	case outbox.Sent:
+	case store.Sent:
 		m.delivered.WithLabelValues(o.name, destination).Inc()
 		m.lag.WithLabelValues(o.name, destination).Observe(lag.Seconds())
-	case outbox.Retried:
+	case store.Retried:
 		m.retried.WithLabelValues(o.name, destination).Inc()
-	case outbox.Deferred:
+	case store.Deferred:
 		m.deferred.WithLabelValues(o.name, destination, reason).Inc()
-	case outbox.DeadLettered:
+	case store.DeadLettered:
 		m.deadLettered.WithLabelValues(o.name, destination, reason).Inc()
 	}
 }
@@ -163,7 +163,7 @@ type timedPublisher struct {
 	hist prometheus.Observer
 }
 
-func (t timedPublisher) Publish(ctx context.Context, records []outbox.Record) []error {
+func (t timedPublisher) Publish(ctx context.Context, records []store.Record) []error {
 	start := time.Now()
 	errs := t.next.Publish(ctx, records)
 	t.hist.Observe(time.Since(start).Seconds())

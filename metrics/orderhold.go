@@ -7,13 +7,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // OrderHoldSource reports how strict-order delivery is held
-// (outbox.Store).
+// (store.Store).
 type OrderHoldSource interface {
-	OrderHold(ctx context.Context) (outbox.OrderHold, error)
+	OrderHold(ctx context.Context) (store.OrderHold, error)
 }
 
 // Defaults of OrderHoldWatch.
@@ -37,8 +37,8 @@ type OrderHoldWatch struct {
 
 	held, age, pid prometheus.Gauge
 
-	logged *outbox.OrderHolder // the holder last logged, while held
-	since  time.Duration       // how long the logged hold had lasted
+	logged *store.OrderHolder // the holder last logged, while held
+	since  time.Duration      // how long the logged hold had lasted
 }
 
 // NewOrderHoldWatch registers the strict-order gauges with reg.

@@ -13,15 +13,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 type holdSequence struct {
-	holds []outbox.OrderHold
+	holds []store.OrderHold
 	err   error
 }
 
-func (h *holdSequence) OrderHold(context.Context) (outbox.OrderHold, error) {
+func (h *holdSequence) OrderHold(context.Context) (store.OrderHold, error) {
 	o := h.holds[0]
 	h.holds = h.holds[1:]
 	return o, h.err
@@ -32,13 +32,13 @@ func TestOrderHoldWatch(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	first := &outbox.OrderHolder{PID: 4242, Age: time.Minute, Application: "billing", State: "idle in transaction"}
-	src := &holdSequence{holds: []outbox.OrderHold{
+	first := &store.OrderHolder{PID: 4242, Age: time.Minute, Application: "billing", State: "idle in transaction"}
+	src := &holdSequence{holds: []store.OrderHold{
 		{},
 		{Held: 2 * time.Second, Holder: first}, // not yet long enough to log
 		{Held: 6 * time.Second, Holder: first},
 		{Held: 7 * time.Second, Holder: first}, // logged once
-		{Held: 8 * time.Second, Holder: &outbox.OrderHolder{Prepared: "tx-17", Age: time.Hour, State: "prepared"}},
+		{Held: 8 * time.Second, Holder: &store.OrderHolder{Prepared: "tx-17", Age: time.Hour, State: "prepared"}},
 		{},
 	}}
 	w, err := metrics.NewOrderHoldWatch(reg, src, log)
@@ -82,7 +82,7 @@ func TestOrderHoldWatch(t *testing.T) {
 	}
 
 	// A failed lookup still reports how long rows wait.
-	src.holds, src.err = []outbox.OrderHold{{Held: time.Second}}, errors.New("connection refused")
+	src.holds, src.err = []store.OrderHold{{Held: time.Second}}, errors.New("connection refused")
 	w.Check(context.Background())
 	if got := gauges(); got != "held_seconds=1 holder_age_seconds=0 holder_pid=0" {
 		t.Errorf("after a failed lookup: %s, want the time held", got)

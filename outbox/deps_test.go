@@ -39,3 +39,24 @@ func TestProducerAPIDependencies(t *testing.T) {
 		t.Fatalf("go list found no pgx among the dependencies: %q", out)
 	}
 }
+
+// The producer API is apart from the relay's claim engine: of this module it
+// needs only the statements and the schema names.
+func TestProducerAPIStaysApartFromTheRelay(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	const module = "github.com/outbox-relay/outbox-relay/"
+	allowed := map[string]bool{
+		module + "outbox":            true,
+		module + "internal/outboxdb": true,
+		module + "internal/schema":   true,
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, module) && !allowed[p] {
+			t.Errorf("the producer API imports %s", p)
+		}
+	}
+}

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // cleanerConfig configures the cleaner.
@@ -39,7 +39,7 @@ type cleanedBatch struct {
 // maintenance lock and report busy when another replica holds it).
 type cleaner struct {
 	config  cleanerConfig
-	store   *outbox.Store
+	store   *store.Store
 	log     *slog.Logger
 	signals *testsignal.Signal[cleanedBatch] // tells tests of each delete
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Destination is one place rows are delivered to: a Kafka cluster or an
@@ -250,7 +250,7 @@ type breakerChange struct {
 type group struct {
 	d     *dest
 	adm   admission // the breaker's, for the whole batch
-	recs  []outbox.Record
+	recs  []store.Record
 	errs  []error
 	token uuid.UUID // the lease, for a destination with a visibility timeout
 	// asked are the pauses asked about in this batch (the first ask of a
@@ -281,7 +281,7 @@ func (d *dest) begin(now time.Time, rows int) *group {
 	if g.adm.probe {
 		g.mix = &probeMix{keys: map[string]bool{}, topics: map[string]int{}}
 	} else if g.adm.ok {
-		g.recs = make([]outbox.Record, 0, rows)
+		g.recs = make([]store.Record, 0, rows)
 	}
 	return g
 }
@@ -303,7 +303,7 @@ const (
 // a destination's, takes a few rows of different keys; the rest of the
 // batch's rows there wait for a later batch. On admitted, the row is the
 // group's to take (see take), with the pauses whose probe it joins.
-func (d *dest) admit(g *group, rec outbox.Record, topic string, now time.Time) (verdict, outbox.Outcome, []subject) {
+func (d *dest) admit(g *group, rec store.Record, topic string, now time.Time) (verdict, store.Outcome, []subject) {
 	if !g.adm.ok {
 		return deferred, d.deferral(rec, DeferCircuitOpen, g.adm.until.Sub(now)), nil
 	}
@@ -317,39 +317,39 @@ func (d *dest) admit(g *group, rec outbox.Record, topic string, now time.Time) (
 		}
 	}
 	if g.adm.probe && !g.mix.fits(rec, topic, len(g.recs)) {
-		return held, outbox.Outcome{}, nil
+		return held, store.Outcome{}, nil
 	}
 	for _, s := range paused {
 		if m := g.probing[s]; m != nil && !m.fitsPause(rec) {
-			return held, outbox.Outcome{}, nil
+			return held, store.Outcome{}, nil
 		}
 	}
-	return admitted, outbox.Outcome{}, paused
+	return admitted, store.Outcome{}, paused
 }
 
 // take gives rec a slot of the bulkhead, a token of the rate limit and,
 // for a retry, a share of the retry budget.
-func (d *dest) take(rec outbox.Record, now time.Time) (verdict, outbox.Outcome) {
+func (d *dest) take(rec store.Record, now time.Time) (verdict, store.Outcome) {
 	if d.bulk.take(1) == 0 {
-		return held, outbox.Outcome{}
+		return held, store.Outcome{}
 	}
 	if !d.rate.take(now) {
 		d.bulk.give(1)
-		return held, outbox.Outcome{}
+		return held, store.Outcome{}
 	}
 	if rec.RetryCount > 0 && !d.budget.spend(now) {
 		d.bulk.give(1)
 		return deferred, d.deferral(rec, DeferRetryBudget, budgetDeferral)
 	}
-	return admitted, outbox.Outcome{}
+	return admitted, store.Outcome{}
 }
 
-func (d *dest) deferral(rec outbox.Record, reason string, wait time.Duration) outbox.Outcome {
-	return outbox.Outcome{ID: rec.ID, Kind: outbox.Deferred, Delay: max(wait, time.Millisecond), Reason: reason, Destination: d.Name}
+func (d *dest) deferral(rec store.Record, reason string, wait time.Duration) store.Outcome {
+	return store.Outcome{ID: rec.ID, Kind: store.Deferred, Delay: max(wait, time.Millisecond), Reason: reason, Destination: d.Name}
 }
 
 // add puts an admitted and taken rec, bound for topic, in g.
-func (g *group) add(rec outbox.Record, topic string, paused []subject) {
+func (g *group) add(rec store.Record, topic string, paused []subject) {
 	if g.adm.probe {
 		g.mix.add(rec, topic)
 	}
@@ -383,7 +383,7 @@ func (g *group) add(rec outbox.Record, topic string, paused []subject) {
 // askPauses checks rec, bound for topic, against the destination's paused
 // topic and partitions. It returns the pauses whose probe rec joins, or,
 // when rec must wait, the deferral reason and until when.
-func (d *dest) askPauses(g *group, rec outbox.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
+func (d *dest) askPauses(g *group, rec store.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
 	ask := func(s subject) (admission, bool) {
 		if a, ok := g.asked[s]; ok {
 			return a, true

@@ -15,9 +15,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
@@ -32,7 +32,7 @@ func TestValidateRoutes(t *testing.T) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
 	}
-	_, err = relay.New(relay.Config{Store: &outbox.Store{}, Destinations: []relay.Destination{{Name: "a", Publisher: &fakePublisher{}}, {Name: "a"}}})
+	_, err = relay.New(relay.Config{Store: &store.Store{}, Destinations: []relay.Destination{{Name: "a", Publisher: &fakePublisher{}}, {Name: "a"}}})
 	for _, want := range []string{"destination a needs a publisher", "destination a is defined twice", "destinations need routes"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
@@ -128,7 +128,7 @@ type switchable struct {
 	once      sync.Once
 }
 
-func (p *switchable) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *switchable) Publish(ctx context.Context, recs []store.Record) []error {
 	if p.down.Load() {
 		p.callsDown.Add(1)
 		errs := make([]error, len(recs))
@@ -196,7 +196,7 @@ var noAnswer = retry.DestinationFailure(retry.ClassTransient, errors.New("read t
 func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(outbox.Record, int) error { return noAnswer }}
+	p := &fakePublisher{fail: func(store.Record, int) error { return noAnswer }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 50)`)
 	h := start(t, s, nil, options{
 		policy: retry.PolicyConfig{MaxAttempts: 1000, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
@@ -231,7 +231,7 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 func TestRetryBudgetLimitsFailingRetries(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(outbox.Record, int) error { return errors.New("500 Internal Server Error") }}
+	p := &fakePublisher{fail: func(store.Record, int) error { return errors.New("500 Internal Server Error") }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 40)`)
 	start := time.Now()
 	h := startRelay(t, s, retry.PolicyConfig{MaxAttempts: 1000, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}, relay.Config{
@@ -267,7 +267,7 @@ type gate struct {
 	sent     atomic.Int32
 }
 
-func (g *gate) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (g *gate) Publish(ctx context.Context, recs []store.Record) []error {
 	n := g.inFlight.Add(int32(len(recs)))
 	defer g.inFlight.Add(-int32(len(recs)))
 	for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
@@ -379,7 +379,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(outbox.Record, int) error { return noAnswer }}
+	p := &fakePublisher{fail: func(store.Record, int) error { return noAnswer }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	// The failed row waits an hour; the breaker's cool-down is short. It
 	// must not stay open for want of a row to probe it with.
@@ -403,7 +403,7 @@ type stampPublisher struct {
 	ids   map[int64]int
 }
 
-func (p *stampPublisher) Publish(_ context.Context, recs []outbox.Record) []error {
+func (p *stampPublisher) Publish(_ context.Context, recs []store.Record) []error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ids == nil {
@@ -479,7 +479,7 @@ type stuckPublisher struct {
 	release chan struct{}
 }
 
-func (p *stuckPublisher) Publish(_ context.Context, recs []outbox.Record) []error {
+func (p *stuckPublisher) Publish(_ context.Context, recs []store.Record) []error {
 	select {
 	case p.got <- struct{}{}:
 	default:

@@ -13,9 +13,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/fleet"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // endpoint is one destination that several replicas publish to: it
@@ -49,7 +49,7 @@ type endpointReplica struct {
 	name string
 }
 
-func (p endpointReplica) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p endpointReplica) Publish(ctx context.Context, recs []store.Record) []error {
 	e := p.e
 	e.mu.Lock()
 	e.account()
@@ -324,7 +324,7 @@ type waitingPublisher struct {
 	synced chan bool
 }
 
-func (p waitingPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p waitingPublisher) Publish(ctx context.Context, recs []store.Record) []error {
 	from := p.fleet.syncs.Load()
 	ok, _ := testwait.Poll(30*time.Second, func() (bool, string) { return p.fleet.syncs.Load() >= from+3, "" })
 	p.synced <- ok

@@ -9,8 +9,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // The relay, its store leasing the outbox's partitions and reading from
@@ -36,11 +36,11 @@ func TestFloorsDeliverEveryRowOfConcurrentProducers(t *testing.T) {
 	}
 	defer held.Exec(ctx, "ROLLBACK") //nolint:errcheck // released either way
 
-	st, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: s.Name, Claimer: "relay"})
+	st, err := store.New(pool, store.Config{Schema: s.Name, Claimer: "relay"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	listener, err := outbox.NewListener(pool, outbox.ListenerConfig{Schema: s.Name})
+	listener, err := store.NewListener(pool, store.ListenerConfig{Schema: s.Name})
 	if err != nil {
 		t.Fatal(err)
 	}

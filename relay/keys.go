@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // avoidKeys are keys a worker recently found in flight elsewhere (a hot key
@@ -68,15 +68,15 @@ type inflightID int64
 
 type inflightBatch struct {
 	owner   int
-	recs    []outbox.Record
-	follows []outbox.KeyedRow
+	recs    []store.Record
+	follows []store.KeyedRow
 }
 
 // add registers recs in flight under owner until remove is called with
 // the id it returns. follows are the rows a batch claimed ahead follows
-// (see outbox.ClaimParams.Follows): those the batch before failed to send
+// (see store.ClaimParams.Follows): those the batch before failed to send
 // stay pending below its rows of their keys while it is in flight.
-func (f *inflightKeys) add(owner int, recs []outbox.Record, follows []outbox.KeyedRow) inflightID {
+func (f *inflightKeys) add(owner int, recs []store.Record, follows []store.KeyedRow) inflightID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.next++

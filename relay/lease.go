@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // leasedOwner owns, in the in-flight registry, the keys of leased
@@ -18,7 +18,7 @@ const leasedOwner = -1
 // outside any transaction, after the claim that leased them committed,
 // writing back only where the lease still holds.
 type leaser struct {
-	store          *outbox.Store
+	store          *store.Store
 	inflight       *inflightKeys
 	tally          *tally
 	log            *slog.Logger
@@ -51,16 +51,16 @@ func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]ti
 	for _, o := range outcomes {
 		decided[o.ID] = true
 	}
-	var unsent []outbox.Outcome
-	var keys []outbox.LeasedWork
+	var unsent []store.Outcome
+	var keys []store.LeasedWork
 	seenKey := map[string]bool{}
 	for _, rec := range g.recs {
 		if !decided[rec.ID] {
-			unsent = append(unsent, outbox.Outcome{ID: rec.ID})
+			unsent = append(unsent, store.Outcome{ID: rec.ID})
 		}
 		if rec.HasKey && !seenKey[rec.Key] {
 			seenKey[rec.Key] = true
-			keys = append(keys, outbox.LeasedWork{Key: rec.Key, FirstID: rec.ID, Until: expiry[rec.ID]})
+			keys = append(keys, store.LeasedWork{Key: rec.Key, FirstID: rec.ID, Until: expiry[rec.ID]})
 		}
 	}
 	for i := range outcomes {

@@ -9,9 +9,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // heldPublisher holds its first publish until released, then publishes
@@ -24,7 +24,7 @@ type heldPublisher struct {
 	calls   atomic.Int32
 }
 
-func (p *heldPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *heldPublisher) Publish(ctx context.Context, recs []store.Record) []error {
 	if p.calls.Add(1) == 1 {
 		p.once.Do(func() { close(p.held) })
 		select {
@@ -138,7 +138,7 @@ func TestLeasedRowsThatNeverFinishRunOutOfAttempts(t *testing.T) {
 func TestLeasedFailuresRetryAndDeferLikeInline(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(r outbox.Record, attempt int) error {
+	p := &fakePublisher{fail: func(r store.Record, attempt int) error {
 		switch string(r.Payload) {
 		case "transient":
 			if attempt == 1 {

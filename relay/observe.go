@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Observer is told what the relay does, for metrics. The workers call it
@@ -18,7 +18,7 @@ type Observer interface {
 	// dead-letter reason or the Defer* reason, and for a sent row the
 	// time from its creation to the destination's acknowledgement, by
 	// the database clock.
-	Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration)
+	Settled(destination string, kind store.OutcomeKind, reason string, lag time.Duration)
 }
 
 // Why rows are deferred (Observer.Settled's reason for Deferred rows).
@@ -64,7 +64,7 @@ func (t *tally) claimed(elapsed time.Duration, rows int) {
 
 // settled counts written-back outcomes of groups, and rows the claim
 // deferred behind a waiting row of their key.
-func (t *tally) settled(outcomes []outbox.Outcome, groups []*group, deferredByClaim int) {
+func (t *tally) settled(outcomes []store.Outcome, groups []*group, deferredByClaim int) {
 	t.count(outcomes, deferredByClaim)
 	t.observe(outcomes, groups, deferredByClaim)
 }
@@ -91,12 +91,12 @@ func (t *tally) stats() Stats {
 
 // observe tells the observer of written-back outcomes, and of rows the
 // claim deferred behind a waiting row of their key.
-func (t *tally) observe(outcomes []outbox.Outcome, groups []*group, deferredByClaim int) {
+func (t *tally) observe(outcomes []store.Outcome, groups []*group, deferredByClaim int) {
 	if t.obs == nil {
 		return
 	}
 	for range deferredByClaim {
-		t.obs.Settled("", outbox.Deferred, DeferKeyWaiting, 0)
+		t.obs.Settled("", store.Deferred, DeferKeyWaiting, 0)
 	}
 	var lag map[int64]time.Duration
 	for _, g := range groups {
@@ -110,8 +110,8 @@ func (t *tally) observe(outcomes []outbox.Outcome, groups []*group, deferredByCl
 	}
 	for _, o := range outcomes {
 		switch o.Kind {
-		case outbox.Leased: // told when its delivery is done
-		case outbox.Sent:
+		case store.Leased: // told when its delivery is done
+		case store.Sent:
 			t.obs.Settled(o.Destination, o.Kind, "", max(lag[o.ID], 0))
 		default:
 			t.obs.Settled(o.Destination, o.Kind, o.Reason, 0)
@@ -119,17 +119,17 @@ func (t *tally) observe(outcomes []outbox.Outcome, groups []*group, deferredByCl
 	}
 }
 
-func (t *tally) count(outcomes []outbox.Outcome, deferredByClaim int) {
+func (t *tally) count(outcomes []store.Outcome, deferredByClaim int) {
 	t.deferred.Add(int64(deferredByClaim))
 	for _, o := range outcomes {
 		switch o.Kind {
-		case outbox.Sent:
+		case store.Sent:
 			t.delivered.Add(1)
-		case outbox.Retried:
+		case store.Retried:
 			t.retried.Add(1)
-		case outbox.Deferred:
+		case store.Deferred:
 			t.deferred.Add(1)
-		case outbox.DeadLettered:
+		case store.DeadLettered:
 			t.deadLettered.Add(1)
 		}
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // byTopic records acknowledged ids per topic, in publish order: each
@@ -25,7 +25,7 @@ type byTopic struct {
 	at func(counts map[string]int)
 }
 
-func (p *byTopic) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *byTopic) Publish(ctx context.Context, recs []store.Record) []error {
 	if p.delay > 0 {
 		// The destination's round trip: what makes turns worth having.
 		time.Sleep(p.delay)
@@ -77,11 +77,11 @@ func (p *byTopic) published(topic string) []int64 {
 func runOutboxes(t *testing.T, cfg relay.Config, pub relay.Publisher, names []string, schemas []*pgtest.Schema, workers []int) *relay.Relay {
 	t.Helper()
 	for i, s := range schemas {
-		store, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name})
+		st, err := store.New(s.Pool, store.Config{Schema: s.Name})
 		if err != nil {
 			t.Fatal(err)
 		}
-		o := relay.Outbox{Name: names[i], Store: store}
+		o := relay.Outbox{Name: names[i], Store: st}
 		if workers != nil {
 			o.Workers = workers[i]
 		}

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Partitioner tells which partition of its topic a record goes to, for
@@ -18,7 +18,7 @@ import (
 type Partitioner interface {
 	// Partition returns rec's partition without I/O, or false when it is
 	// not known in advance (a record without a key is placed per publish).
-	Partition(rec outbox.Record) (int, bool)
+	Partition(rec store.Record) (int, bool)
 }
 
 // subject is a part of a destination that can pause on its own: a topic

@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // planner decides, for each claimed batch, which rows are published now
@@ -47,7 +47,7 @@ func newPlanner(cfg *Config, dests []*dest) *planner {
 // that a failure in one place can never let a later row of the key through
 // in another; and once the batch's byte budget or a destination's
 // bulkhead is spent, the remaining rows wait for the next batch, untouched.
-func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic string) string) ([]*group, []outbox.Outcome) {
+func (p *planner) plan(recs []store.Record, now time.Time, scope func(topic string) string) ([]*group, []store.Outcome) {
 	type keyRun struct {
 		dest    int
 		topic   string
@@ -59,14 +59,14 @@ func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic str
 	var parkedEverywhere map[string]bool   // keys parked in every scope by a row without a route
 	groups := map[int]*group{}
 	var order []*group
-	var outcomes []outbox.Outcome
+	var outcomes []store.Outcome
 	bytes := 0
 	full := false
 	for _, rec := range recs {
 		rt := p.router.route(rec.Topic)
 		if rec.Undeliverable == "" && rt.dest < 0 {
 			rec.Undeliverable = fmt.Sprintf("no route matches topic %q", rec.Topic)
-			rec.UndeliverableReason = outbox.ReasonNoRoute
+			rec.UndeliverableReason = retry.ReasonNoRoute
 		}
 		var run *keyRun
 		if rec.HasKey && parkedEverywhere[rec.Key] {
@@ -143,11 +143,11 @@ func (p *planner) plan(recs []outbox.Record, now time.Time, scope func(topic str
 // deadLetter returns the outcome of a row that cannot be delivered at all,
 // bound for d (nil without a route): one the claim found undeliverable, or
 // a leased row whose attempts all ran out.
-func (p *planner) deadLetter(d *dest, rec outbox.Record) (outbox.Outcome, bool) {
+func (p *planner) deadLetter(d *dest, rec store.Record) (store.Outcome, bool) {
 	if rec.Undeliverable != "" {
 		// Without a destination, the relay's own policy applies.
 		park := rec.HasKey && ((d != nil && d.block) || (d == nil && p.block))
-		o := outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered,
+		o := store.Outcome{ID: rec.ID, Kind: store.DeadLettered,
 			Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park}
 		if d != nil {
 			o.Destination = d.Name
@@ -160,14 +160,14 @@ func (p *planner) deadLetter(d *dest, rec outbox.Record) (outbox.Outcome, bool) 
 		// Leases count their attempt up front: this row's leases all
 		// ended without an outcome, as when it crashes the relay.
 		msg := fmt.Sprintf("all %d attempts used; the last leases ended without an outcome (the relay stopped or crashed while delivering)", rec.RetryCount)
-		return outbox.Outcome{ID: rec.ID, Kind: outbox.DeadLettered, Reason: outbox.ReasonRetriesExhausted,
+		return store.Outcome{ID: rec.ID, Kind: store.DeadLettered, Reason: retry.ReasonRetriesExhausted,
 			Error: msg, Class: retry.ClassTransient.String(), ParkKey: d.block && rec.HasKey, Destination: d.Name}, true
 	}
-	return outbox.Outcome{}, false
+	return store.Outcome{}, false
 }
 
 // recordSize is what a record counts against MaxBatchBytes.
-func recordSize(rec outbox.Record) int {
+func recordSize(rec store.Record) int {
 	size := RecordOverhead + rec.PayloadSize + len(rec.Key)
 	for k, v := range rec.Headers {
 		size += len(k) + len(v)

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // The planner needs no database: these tests give it claimed rows and
@@ -16,7 +16,7 @@ import (
 
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(_ context.Context, recs []outbox.Record) []error {
+func (nopPublisher) Publish(_ context.Context, recs []store.Record) []error {
 	return make([]error, len(recs))
 }
 
@@ -37,20 +37,20 @@ func testPlanner(t *testing.T, cfg Config, ds []Destination, routes []Route) *pl
 	return newPlanner(&cfg, dests)
 }
 
-func rec(id int64, topic, key string) outbox.Record {
-	return outbox.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", PayloadSize: 10}
+func rec(id int64, topic, key string) store.Record {
+	return store.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", PayloadSize: 10}
 }
 
 // planned returns the ids of each group's rows, by destination, and the
 // outcomes by id.
-func planned(groups []*group, outcomes []outbox.Outcome) (map[string][]int64, map[int64]outbox.Outcome) {
+func planned(groups []*group, outcomes []store.Outcome) (map[string][]int64, map[int64]store.Outcome) {
 	ids := map[string][]int64{}
 	for _, g := range groups {
 		for _, r := range g.recs {
 			ids[g.d.Name] = append(ids[g.d.Name], r.ID)
 		}
 	}
-	byID := map[int64]outbox.Outcome{}
+	byID := map[int64]store.Outcome{}
 	for _, o := range outcomes {
 		byID[o.ID] = o
 	}
@@ -61,7 +61,7 @@ var twoDestinations = []Route{{Topics: []string{"a.*"}, Destination: "a"}, {Topi
 
 func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
-	groups, outcomes := p.plan([]outbox.Record{
+	groups, outcomes := p.plan([]store.Record{
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"), // k moves to b: its run ends at 1
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's next row goes in a later batch
@@ -78,7 +78,7 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 			t.Errorf("b's rows go to topic %q, want the route's renamed", g.recs[0].Topic)
 		}
 	}
-	if o := out[7]; o.Kind != outbox.DeadLettered || o.Reason != outbox.ReasonNoRoute || o.ParkKey {
+	if o := out[7]; o.Kind != store.DeadLettered || o.Reason != retry.ReasonNoRoute || o.ParkKey {
 		t.Errorf("unroutable row: %+v, want dead-lettered no_route, not parked", o)
 	}
 	if len(outcomes) != 1 {
@@ -90,7 +90,7 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 // travel together, whatever the key's rows of another destination do.
 func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
-	groups, outcomes := p.plan([]outbox.Record{
+	groups, outcomes := p.plan([]store.Record{
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"),
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's row of a goes
@@ -112,10 +112,10 @@ func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	for _, scope := range []string{OrderScopeGlobal, OrderScopeDestination, OrderScopeTopic} {
-		groups, outcomes := p.plan([]outbox.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
+		groups, outcomes := p.plan([]store.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
 			time.Now(), p.router.scope(scope))
 		ids, out := planned(groups, outcomes)
-		if o := out[1]; o.Kind != outbox.DeadLettered || !o.ParkKey {
+		if o := out[1]; o.Kind != store.DeadLettered || !o.ParkKey {
 			t.Errorf("%s: unroutable row: %+v, want dead-lettered and parking its key", scope, o)
 		}
 		if got := fmt.Sprint(ids["a"], ids["b"]); got != "[4] []" {
@@ -126,7 +126,7 @@ func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 
 func TestPlanStopsAtTheByteBudget(t *testing.T) {
 	p := testPlanner(t, Config{MaxBatchBytes: 3*(RecordOverhead+10) + 1}, []Destination{{Name: "a"}}, twoDestinations)
-	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
+	groups, outcomes := p.plan([]store.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, _ := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[2] != 3 {
 		t.Errorf("planned %v, want the first three rows", got)
@@ -140,9 +140,9 @@ func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 	p := testPlanner(t, Config{PauseBase: time.Minute, PauseMax: time.Minute}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1, lastErr: "refused"})
-	groups, outcomes := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
+	groups, outcomes := p.plan([]store.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
 	ids, out := planned(groups, outcomes)
-	if o := out[1]; o.Kind != outbox.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
+	if o := out[1]; o.Kind != store.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
 		t.Errorf("row of the open destination: %+v, want deferred circuit_open for its cool-down, no attempt", o)
 	}
 	if _, ok := out[2]; ok {
@@ -157,7 +157,7 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 	p := testPlanner(t, Config{PauseBase: time.Millisecond, PauseMax: time.Millisecond}, []Destination{{Name: "a"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1})
-	var recs []outbox.Record
+	var recs []store.Record
 	for i := range 20 {
 		recs = append(recs, rec(int64(i+1), []string{"a.x", "a.y"}[i%2], []string{"k", "j", "", ""}[i%4]))
 	}
@@ -184,14 +184,14 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 
 func TestPlanHoldsRowsPastTheBulkheadAndDefersRetriesOverBudget(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a", MaxInFlight: 3, RetryBudget: RetryBudgetConfig{MinPerSecond: 0.1}}}, twoDestinations)
-	retryRec := func(id int64) outbox.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
+	retryRec := func(id int64) store.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
 	// The budget holds one retry (a tenth per second, ten seconds' worth).
-	groups, outcomes := p.plan([]outbox.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
+	groups, outcomes := p.plan([]store.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, out := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[0] != 1 || got[1] != 3 || got[2] != 4 {
 		t.Errorf("planned %v, want [1 3 4]", got)
 	}
-	if o := out[2]; o.Kind != outbox.Deferred || o.Reason != DeferRetryBudget {
+	if o := out[2]; o.Kind != store.Deferred || o.Reason != DeferRetryBudget {
 		t.Errorf("second retry: %+v, want deferred retry_budget", o)
 	}
 	if _, ok := out[5]; ok {
@@ -215,20 +215,20 @@ func TestSettleReleasesOrHoldsAKeyAfterAFailure(t *testing.T) {
 			policy = OnDeadLetterBlock
 		}
 		p := testPlanner(t, Config{OnDeadLetter: policy}, []Destination{{Name: "a"}}, twoDestinations)
-		groups, _ := p.plan([]outbox.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
+		groups, _ := p.plan([]store.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
 		g := groups[0]
 		g.errs = []error{retry.Permanent(errBad, "rejected"), nil, retry.Transient(errBad, 0), retry.ErrNotSent}
-		out := map[int64]outbox.Outcome{}
+		out := map[int64]store.Outcome{}
 		for _, o := range g.d.settle(g, false) {
 			out[o.ID] = o
 		}
-		if o := out[1]; o.Kind != outbox.DeadLettered || o.ParkKey != block {
+		if o := out[1]; o.Kind != store.DeadLettered || o.ParkKey != block {
 			t.Errorf("%s: permanent failure: %+v", policy, o)
 		}
 		if _, ok := out[2]; ok == block {
 			t.Errorf("%s: the key's next row has an outcome: %v", policy, ok)
 		}
-		if o := out[3]; o.Kind != outbox.Retried || !o.Attempted {
+		if o := out[3]; o.Kind != store.Retried || !o.Attempted {
 			t.Errorf("%s: transient failure: %+v", policy, o)
 		}
 		if _, ok := out[4]; ok {

@@ -8,10 +8,10 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // The fake the relay's tests publish to keeps the Publisher contract too.
@@ -20,7 +20,7 @@ func TestFakePublisherConformance(t *testing.T) {
 	const limit = 1 << 10
 	publishertest.Run(t, publishertest.Sink{
 		New: func(t *testing.T) publishertest.Destination {
-			f := &fakePublisher{fail: func(r outbox.Record, _ int) error {
+			f := &fakePublisher{fail: func(r store.Record, _ int) error {
 				switch {
 				case r.Headers["X-Conformance"] == "reject":
 					return retry.Permanent(errors.New("rejected"), "")
@@ -37,11 +37,11 @@ func TestFakePublisherConformance(t *testing.T) {
 				return out
 			}}
 		},
-		Reject:   func(rec *outbox.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
-		TooLarge: func(rec *outbox.Record) { rec.Payload = make([]byte, 2*limit) },
+		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
+		TooLarge: func(rec *store.Record) { rec.Payload = make([]byte, 2*limit) },
 		Unreachable: func(*testing.T) relay.Publisher {
 			refused := retry.NetworkFailure(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
-			return &fakePublisher{fail: func(outbox.Record, int) error { return refused }}
+			return &fakePublisher{fail: func(store.Record, int) error { return refused }}
 		},
 	})
 }

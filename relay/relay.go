@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Publisher delivers records to a destination. Publish returns one error
@@ -29,7 +29,7 @@ import (
 // relay's, read by other workers while they are in flight: a Publisher
 // reads them and never changes them.
 type Publisher interface {
-	Publish(ctx context.Context, records []outbox.Record) []error
+	Publish(ctx context.Context, records []store.Record) []error
 }
 
 // Dead-letter policies of a destination.
@@ -109,7 +109,7 @@ const (
 type Config struct {
 	// Store claims rows and writes outcomes back: the relay's one
 	// outbox, named DefaultOutbox. Either give Store or Outboxes.
-	Store *outbox.Store
+	Store *store.Store
 	// Outboxes are the outbox tables the relay delivers from, each with
 	// its own workers, listener and maintenance.
 	Outboxes []Outbox
@@ -124,7 +124,7 @@ type Config struct {
 	Publisher Publisher
 	// Listener wakes Store's workers when rows are inserted; without one
 	// they only poll.
-	Listener *outbox.Listener
+	Listener *store.Listener
 	// Policy decides what happens to failed rows. Default retry defaults.
 	Policy *retry.Policy
 	// Logger receives the relay's logs. Default discards.

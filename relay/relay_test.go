@@ -20,10 +20,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -32,12 +32,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // says to.
 type fakePublisher struct {
 	mu    sync.Mutex
-	calls [][]outbox.Record
-	fail  func(r outbox.Record, attempt int) error
+	calls [][]store.Record
+	fail  func(r store.Record, attempt int) error
 	seen  map[int64]int
 }
 
-func (f *fakePublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (f *fakePublisher) Publish(ctx context.Context, recs []store.Record) []error {
 	errs := make([]error, len(recs))
 	if err := ctx.Err(); err != nil {
 		for i := range errs {
@@ -100,7 +100,7 @@ func (f *fakePublisher) published() []int64 {
 type harness struct {
 	t      *testing.T
 	schema *pgtest.Schema
-	store  *outbox.Store
+	store  *store.Store
 	relay  *relay.Relay
 	// signals say what the relay did, from before it started.
 	signals relay.TestSignals
@@ -119,7 +119,7 @@ type options struct {
 
 func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harness {
 	t.Helper()
-	store, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, KeepSent: o.keepSent, Claimer: o.claimer, ClaimLease: 2 * time.Second})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name, KeepSent: o.keepSent, Claimer: o.claimer, ClaimLease: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 		t.Fatal(err)
 	}
 	cfg := o.cfg
-	cfg.Store, cfg.Policy = store, policy
+	cfg.Store, cfg.Policy = st, policy
 	if pub != nil {
 		cfg.Publisher = pub
 	}
@@ -147,7 +147,7 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if o.listener {
-		l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name, Logger: cfg.Logger})
+		l, err := store.NewListener(s.Pool, store.ListenerConfig{Schema: s.Name, Logger: cfg.Logger})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, schema: s, store: store, relay: r, signals: r.InitTestSignals(), cancel: cancel, done: make(chan error, 1)}
+	h := &harness{t: t, schema: s, store: st, relay: r, signals: r.InitTestSignals(), cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- r.Run(ctx) }()
 	t.Cleanup(func() { h.stop() })
 	return h
@@ -294,7 +294,7 @@ func TestPartialBatchFailure(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES
 		('t', 'K', 'a'), ('t', 'K', 'b'), ('t', 'J', 'c'), ('t', NULL, 'd'), ('t', 'K', 'e')`)
-	pub := &fakePublisher{fail: func(r outbox.Record, attempt int) error {
+	pub := &fakePublisher{fail: func(r store.Record, attempt int) error {
 		if string(r.Payload) == "a" && attempt == 1 {
 			return retry.Transient(errors.New("leader moved"), 0)
 		}
@@ -335,7 +335,7 @@ func TestHeadInBackoffHoldsOnlyItsKey(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'stuck', 'head')`)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload)
 		SELECT 't', CASE WHEN g % 5 = 0 THEN 'stuck' ELSE 'k' || (g % 7) END, 'x' FROM generate_series(1, 500) g`)
-	pub := &fakePublisher{fail: func(r outbox.Record, _ int) error {
+	pub := &fakePublisher{fail: func(r store.Record, _ int) error {
 		if string(r.Payload) == "head" {
 			return retry.Transient(errors.New("503"), 0)
 		}
@@ -398,7 +398,7 @@ func TestExhaustedAttemptsAndMaxAge(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'a', 'young')`)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload, created_at) VALUES ('t', 'b', 'old', now() - interval '2 hours')`)
-	pub := &fakePublisher{fail: func(outbox.Record, int) error {
+	pub := &fakePublisher{fail: func(store.Record, int) error {
 		return retry.Transient(errors.New("HTTP 503 Service Unavailable"), 0)
 	}}
 	start(t, s, pub, options{policy: retry.PolicyConfig{MaxAttempts: 3, MaxAge: time.Hour, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
@@ -419,7 +419,7 @@ func TestOnDeadLetterReleaseAndBlock(t *testing.T) {
 			t.Parallel()
 			s := pgtest.NewSchema(t)
 			insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'K', 'poison'), ('t', 'K', 'next'), ('t', 'J', 'other')`)
-			pub := &fakePublisher{fail: func(r outbox.Record, _ int) error {
+			pub := &fakePublisher{fail: func(r store.Record, _ int) error {
 				if string(r.Payload) == "poison" {
 					return retry.Permanent(errors.New("HTTP 422"), "")
 				}
@@ -530,7 +530,7 @@ type blockingPublisher struct {
 	once    sync.Once
 }
 
-func (b *blockingPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (b *blockingPublisher) Publish(ctx context.Context, recs []store.Record) []error {
 	b.once.Do(func() { close(b.started) })
 	errs := make([]error, len(recs))
 	select {
@@ -580,7 +580,7 @@ type stepPublisher struct {
 	step  func(call int)
 }
 
-func (p *stepPublisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *stepPublisher) Publish(ctx context.Context, recs []store.Record) []error {
 	p.mu.Lock()
 	p.calls++
 	call := p.calls
@@ -769,7 +769,7 @@ type crashAfter struct {
 	crash func()
 }
 
-func (c crashAfter) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (c crashAfter) Publish(ctx context.Context, recs []store.Record) []error {
 	errs := c.inner.Publish(ctx, recs)
 	c.crash()
 	return errs

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Route sends the rows of matching topics to a destination. Routes are
@@ -104,7 +104,7 @@ func (rt *router) route(topic string) routing {
 // scope returns the function that names a topic's order scope, for an
 // OrderScope: the destination it is routed to, or that and the topic the
 // destination receives; nil for global order. A topic without a route
-// has every scope (outbox.EveryScope): where its rows were meant to go is
+// has every scope (store.EveryScope): where its rows were meant to go is
 // unknown, so one that parks its key parks it everywhere.
 func (rt *router) scope(scope string) func(topic string) string {
 	switch scope {
@@ -112,7 +112,7 @@ func (rt *router) scope(scope string) func(topic string) string {
 		return func(topic string) string {
 			r := rt.route(topic)
 			if r.dest < 0 {
-				return outbox.EveryScope
+				return store.EveryScope
 			}
 			return strconv.Itoa(r.dest)
 		}
@@ -120,7 +120,7 @@ func (rt *router) scope(scope string) func(topic string) string {
 		return func(topic string) string {
 			r := rt.route(topic)
 			if r.dest < 0 {
-				return outbox.EveryScope
+				return store.EveryScope
 			}
 			return strconv.Itoa(r.dest) + "\x00" + r.topic
 		}
@@ -130,7 +130,7 @@ func (rt *router) scope(scope string) func(topic string) string {
 
 // scopedKey is a record's key in its order scope: the rows that keep their
 // order among themselves.
-func scopedKey(scope func(topic string) string, rec *outbox.Record) string {
+func scopedKey(scope func(topic string) string, rec *store.Record) string {
 	if scope == nil {
 		return rec.Key
 	}

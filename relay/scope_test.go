@@ -23,10 +23,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // settled records what the relay reports of each row: the lag of delivered
@@ -40,17 +40,17 @@ type settled struct {
 
 func (o *settled) Claimed(time.Duration, int) {}
 
-func (o *settled) Settled(destination string, kind outbox.OutcomeKind, reason string, lag time.Duration) {
+func (o *settled) Settled(destination string, kind store.OutcomeKind, reason string, lag time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch kind {
-	case outbox.Sent:
+	case store.Sent:
 		if o.lags == nil {
 			o.lags, o.commits = map[string][]time.Duration{}, map[string][]time.Time{}
 		}
 		o.lags[destination] = append(o.lags[destination], lag)
 		o.commits[destination] = append(o.commits[destination], time.Now().Add(-lag))
-	case outbox.Deferred:
+	case store.Deferred:
 		if o.deferred == nil {
 			o.deferred = map[string]int{}
 		}
@@ -260,7 +260,7 @@ AND retry_count = 4 AND last_error LIKE '%500 Internal Server Error%refunds are 
 func TestEndpointFailingEveryRowOpensTheBreaker(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(outbox.Record, int) error { return errors.New("500 Internal Server Error") }}
+	p := &fakePublisher{fail: func(store.Record, int) error { return errors.New("500 Internal Server Error") }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 300)`)
 	h := start(t, s, nil, options{
 		policy: retry.PolicyConfig{MaxAttempts: 1000, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond},
@@ -311,7 +311,7 @@ type poisoned struct {
 
 var errUnreachable = retry.Systemic(errors.New("dial tcp: connection refused"))
 
-func (p *poisoned) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *poisoned) Publish(ctx context.Context, recs []store.Record) []error {
 	if p.down.Load() {
 		errs := make([]error, len(recs))
 		for i := range errs {
@@ -337,7 +337,7 @@ func (p *poisoned) Publish(ctx context.Context, recs []outbox.Record) []error {
 func TestProbeIsNotPoisonedByFailingRows(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &poisoned{fakePublisher: fakePublisher{fail: func(r outbox.Record, _ int) error {
+	p := &poisoned{fakePublisher: fakePublisher{fail: func(r store.Record, _ int) error {
 		if string(r.Payload) == "poison" {
 			return errors.New("500 Internal Server Error")
 		}
@@ -387,7 +387,7 @@ type topicDenied struct {
 	calls  atomic.Int32 // publishes carrying a secret row while denied
 }
 
-func (p *topicDenied) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *topicDenied) Publish(ctx context.Context, recs []store.Record) []error {
 	if !p.denied.Load() {
 		return p.fakePublisher.Publish(ctx, recs)
 	}
@@ -474,7 +474,7 @@ func TestPartitionWithoutLeaderPausesAlone(t *testing.T) {
 		}
 		for i := range 30 {
 			key := fmt.Sprintf("k%d", i)
-			if part, ok := k.Partition(outbox.Record{Topic: "events", Key: key, HasKey: true}); ok && part == 1 {
+			if part, ok := k.Partition(store.Record{Topic: "events", Key: key, HasKey: true}); ok && part == 1 {
 				blocked[key] = true
 			}
 		}

@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // settle turns a group's publish results into outcomes and feeds them, as
@@ -15,9 +15,9 @@ import (
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's. The rows of a probe that failed count no
 // attempt (see failedProbes).
-func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
+func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
 	elapsed := g.done.Sub(g.start)
-	outcomes := make([]outbox.Outcome, 0, len(g.recs))
+	outcomes := make([]store.Outcome, 0, len(g.recs))
 	failedKeys := map[string]bool{}
 	firsts, retriesSent, refunds := 0, 0, 0
 	var dev evidence              // about the destination
@@ -42,7 +42,7 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 		}
 		err := g.errs[i]
 		if err == nil {
-			outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Sent, Destination: d.Name})
+			outcomes = append(outcomes, store.Outcome{ID: rec.ID, Kind: store.Sent, Destination: d.Name})
 			dev.sent++
 			if len(g.pauses) > 0 {
 				if _, ok := g.pauses[subject{rec.Topic, wholeTopic}]; ok {
@@ -119,12 +119,12 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 		default:
 			dec = d.policy.Decide(retry.Failure{Err: err, Attempt: rec.RetryCount, Age: age, PrevDelay: rec.LastDelay})
 		}
-		o := outbox.Outcome{ID: rec.ID, Error: ev.lastErr, Class: ce.Class.String(), Attempted: true, Destination: d.Name}
+		o := store.Outcome{ID: rec.ID, Error: ev.lastErr, Class: ce.Class.String(), Attempted: true, Destination: d.Name}
 		switch dec.Action {
 		case retry.Retry:
-			o.Kind, o.Delay = outbox.Retried, dec.Delay
+			o.Kind, o.Delay = store.Retried, dec.Delay
 		case retry.Defer:
-			o.Kind, o.Reason = outbox.Deferred, DeferDestinationFailing
+			o.Kind, o.Reason = store.Deferred, DeferDestinationFailing
 			if scoped {
 				o.Reason = DeferTopicPaused
 				if paused.partition != wholeTopic {
@@ -142,7 +142,7 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 				probed[len(outcomes)] = true
 			}
 		case retry.DeadLetter:
-			o.Kind, o.Reason = outbox.DeadLettered, dec.Reason
+			o.Kind, o.Reason = store.DeadLettered, dec.Reason
 			o.ParkKey = d.block && rec.HasKey
 			if rec.HasKey && !d.block {
 				delete(failedKeys, rec.Key) // released: the key's next row may go
@@ -185,7 +185,7 @@ func (d *dest) settle(g *group, abandoned bool) []outbox.Outcome {
 		pausedFor[s] = left
 	}
 	for i := range outcomes {
-		if outcomes[i].Kind != outbox.Deferred {
+		if outcomes[i].Kind != store.Deferred {
 			continue
 		}
 		wait := cooldown

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Outbox is one outbox table a relay delivers from: a schema in a
@@ -24,10 +24,10 @@ type Outbox struct {
 	// digits, '_' and '-'. Required.
 	Name string
 	// Store claims the outbox's rows and writes outcomes back. Required.
-	Store *outbox.Store
+	Store *store.Store
 	// Listener wakes the outbox's workers when rows are inserted; without
 	// one they only poll.
-	Listener *outbox.Listener
+	Listener *store.Listener
 	// Observer is told of the outbox's claims and outcomes. Default the
 	// relay's Observer.
 	Observer Observer
@@ -89,8 +89,8 @@ type source struct {
 	index     int // in Relay.sources and turns
 	prepare   func(context.Context) error
 	name      string
-	store     *outbox.Store
-	listener  *outbox.Listener
+	store     *store.Store
+	listener  *store.Listener
 	log       *slog.Logger
 	batchSize int
 	workers   []*worker
@@ -99,7 +99,7 @@ type source struct {
 	inflight  inflightKeys
 	sqlBusy   atomic.Int32 // claims and write-backs under way
 	tally     tally
-	// scope names a topic's order scope (see outbox.ClaimParams), nil
+	// scope names a topic's order scope (see store.ClaimParams), nil
 	// for order across every topic.
 	scope     func(topic string) string
 	ready     atomic.Bool // prepared, its workers started
@@ -167,9 +167,9 @@ func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight con
 	s.partsDone = make(chan struct{})
 	go func() {
 		defer close(s.partsDone)
-		t := time.NewTicker(outbox.ClaimSyncEvery)
+		t := time.NewTicker(store.ClaimSyncEvery)
 		defer t.Stop()
-		sweep := time.NewTimer(outbox.SweepEvery)
+		sweep := time.NewTimer(store.SweepEvery)
 		defer sweep.Stop()
 		// While it has partitions to give up, it syncs again as soon as
 		// the claims reading them may have ended.
@@ -269,7 +269,7 @@ func (s *source) sweepBelowFloor(ctx context.Context) time.Duration {
 		s.log.Warn("found a pending row with an id below those already delivered (given by its producer?): delivering it now; its key's later rows may have gone first")
 		s.wakeAll()
 	}
-	return max(outbox.SweepEvery, took*sweepShare)
+	return max(store.SweepEvery, took*sweepShare)
 }
 
 // sweepShare bounds what looking below the floor costs: a look that took
@@ -315,7 +315,7 @@ func (s *source) askHelp() {
 // with fresh connections when the old ones lead to a server that cannot
 // take the relay's writes.
 func (s *source) batchFailed(worker int, err error, retryIn time.Duration) {
-	p, ok := outbox.ExplainDBError(err)
+	p, ok := store.ExplainDBError(err)
 	if !ok {
 		s.log.Error("batch failed", slog.Int("worker", worker), slog.Any("error", err), slog.Duration("retry_in", retryIn))
 		return

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // worker is one of the relay's delivery loops, with what it keeps between
@@ -154,11 +154,11 @@ const heldRecheck = 2 * time.Millisecond
 type keySet map[string]bool
 
 // keyedRows returns the keys and ids of recs' keyed rows.
-func keyedRows(recs []outbox.Record) []outbox.KeyedRow {
-	out := make([]outbox.KeyedRow, 0, len(recs))
+func keyedRows(recs []store.Record) []store.KeyedRow {
+	out := make([]store.KeyedRow, 0, len(recs))
 	for i := range recs {
 		if r := &recs[i]; r.HasKey {
-			out = append(out, outbox.KeyedRow{Key: r.Key, ID: r.ID})
+			out = append(out, store.KeyedRow{Key: r.Key, ID: r.ID})
 		}
 	}
 	return out
@@ -166,10 +166,10 @@ func keyedRows(recs []outbox.Record) []outbox.KeyedRow {
 
 // unsentKeys returns the keys of recs' keyed rows without a Sent outcome,
 // each in its order scope; nil when every row was sent.
-func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome, scope func(topic string) string) keySet {
+func unsentKeys(recs []store.Record, outcomes []store.Outcome, scope func(topic string) string) keySet {
 	n := 0
 	for i := range outcomes {
-		if outcomes[i].Kind == outbox.Sent {
+		if outcomes[i].Kind == store.Sent {
 			n++
 		}
 	}
@@ -178,7 +178,7 @@ func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome, scope func(topi
 	}
 	sent := make(map[int64]bool, n)
 	for i := range outcomes {
-		if outcomes[i].Kind == outbox.Sent {
+		if outcomes[i].Kind == store.Sent {
 			sent[outcomes[i].ID] = true
 		}
 	}
@@ -193,7 +193,7 @@ func unsentKeys(recs []outbox.Record, outcomes []outbox.Outcome, scope func(topi
 
 // taken is a claimed batch not yet delivered.
 type taken struct {
-	claim    *outbox.Claim
+	claim    *store.Claim
 	owner    int        // its keys' owner in the in-flight registry
 	inflight inflightID // its entry there
 	limit    int
@@ -214,7 +214,7 @@ func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 		return false
 	}
 	// A new slice: the in-flight registry holds the claimed one.
-	kept := make([]outbox.Record, 0, len(t.claim.Records))
+	kept := make([]store.Record, 0, len(t.claim.Records))
 	for _, r := range t.claim.Records {
 		if !r.HasKey || !unsent[scopedKey(scope, &r)] {
 			kept = append(kept, r)
@@ -245,8 +245,8 @@ func (w *worker) claimAhead(t taken) bool {
 
 // claim claims a batch, its keys in flight under owner until the batch is
 // delivered or dropped. A batch claimed ahead follows the keyed rows of
-// the one being delivered (see outbox.ClaimParams.Follows).
-func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow) taken {
+// the one being delivered (see store.ClaimParams.Follows).
+func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow) taken {
 	r, s := w.r, w.s
 	start := time.Now()
 	limit := w.claimLimit()
@@ -259,7 +259,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []outbox.KeyedRow
 	s.sqlBusy.Add(1)
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	excluded, excludedFrom := s.inflight.elsewhere(owner, w.avoid.keys(start))
-	claim, err := s.store.Claim(claimCtx, outbox.ClaimParams{
+	claim, err := s.store.Claim(claimCtx, store.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: excluded, ExcludedFrom: excludedFrom,
 		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows, OrderScope: s.scope,
 	})
@@ -386,7 +386,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 			leased = append(leased, g)
 			g.token = uuid.New()
 			for _, rec := range g.recs {
-				outcomes = append(outcomes, outbox.Outcome{ID: rec.ID, Kind: outbox.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
+				outcomes = append(outcomes, store.Outcome{ID: rec.ID, Kind: store.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
 			}
 		} else {
 			groups = append(groups, g)

@@ -25,8 +25,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // InstrumentationName names the relay's tracer.
@@ -118,9 +118,9 @@ type tracedPublisher struct {
 // Publish starts a span per record, parented on the record's own trace
 // context, puts the span's context in a copy of the record's headers,
 // and ends each span with the record's result.
-func (p *tracedPublisher) Publish(ctx context.Context, records []outbox.Record) []error {
+func (p *tracedPublisher) Publish(ctx context.Context, records []store.Record) []error {
 	spans := make([]trace.Span, len(records))
-	out := make([]outbox.Record, len(records))
+	out := make([]store.Record, len(records))
 	for i, rec := range records {
 		parent := p.prop.Extract(ctx, propagation.MapCarrier(rec.Headers))
 		attrs := []attribute.KeyValue{

@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
@@ -94,11 +95,11 @@ func TestDeliverySpanContinuesTheRowsTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	store, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(relay.Config{Store: store, Publisher: tr.Publisher("kafka", "kafka", p), PollInterval: 10 * time.Millisecond})
+	r, err := relay.New(relay.Config{Store: st, Publisher: tr.Publisher("kafka", "kafka", p), PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,9 +165,9 @@ func TestDeliverySpanContinuesTheRowsTrace(t *testing.T) {
 	}
 }
 
-type failSecond struct{ got []outbox.Record }
+type failSecond struct{ got []store.Record }
 
-func (f *failSecond) Publish(_ context.Context, recs []outbox.Record) []error {
+func (f *failSecond) Publish(_ context.Context, recs []store.Record) []error {
 	f.got = recs
 	errs := make([]error, len(recs))
 	errs[1] = errors.New("broker said no")
@@ -181,7 +182,7 @@ func TestPublisherRecordsFailuresAndCopiesHeaders(t *testing.T) {
 	tr := &tracing.Tracing{Provider: sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)), Propagator: propagation.TraceContext{}}
 	inner := &failSecond{}
 	shared := map[string]string{"content-type": "application/json"}
-	recs := []outbox.Record{{ID: 1, Topic: "t", Headers: shared}, {ID: 2, Topic: "t", Headers: shared}}
+	recs := []store.Record{{ID: 1, Topic: "t", Headers: shared}, {ID: 2, Topic: "t", Headers: shared}}
 	errs := tr.Publisher("hooks", "", inner).Publish(context.Background(), recs)
 	if errs[0] != nil || errs[1] == nil {
 		t.Fatalf("errors %v, want the inner publisher's", errs)

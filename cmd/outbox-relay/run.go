@@ -23,10 +23,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
@@ -229,10 +229,10 @@ type runOutbox struct {
 	name     string
 	settings config.OutboxSettings
 	pool     *pgxpool.Pool
-	store    *outbox.Store
+	store    *store.Store
 	dead     *deadletter.Store
 	// listener is nil when wake-up notifications are off.
-	listener *outbox.Listener
+	listener *store.Listener
 	// watch measures strict order's holds; nil without strict order.
 	watch *metrics.OrderHoldWatch
 	// horizon shows what holds the database's xmin horizon.
@@ -272,7 +272,7 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 	}()
 	o := &runOutbox{name: s.Name, settings: s, pool: pool}
 	schema := s.Database.Schema
-	o.store, err = outbox.NewStore(pool, outbox.StoreConfig{
+	o.store, err = store.New(pool, store.Config{
 		Schema: schema, KeepSent: cfg.Relay.SentRetention > 0, StrictOrder: cfg.Relay.StrictOrder,
 		// A claim's transaction stays open while its batch waits for a
 		// turn and is published, and a batch claimed ahead also waits for
@@ -288,7 +288,7 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 		return nil, err
 	}
 	if cfg.Relay.Listen {
-		o.listener, err = outbox.NewListener(pool, outbox.ListenerConfig{Schema: schema, Logger: log})
+		o.listener, err = store.NewListener(pool, store.ListenerConfig{Schema: schema, Logger: log})
 		if err != nil {
 			return nil, err
 		}
@@ -333,7 +333,7 @@ func (a *app) prepareOutbox(ctx context.Context, o *runOutbox, log *slog.Logger)
 		if err == nil && a.cfg.Relay.StrictOrder {
 			err = o.store.CheckStrictOrder(ctx)
 		}
-		p, known := outbox.ExplainDBError(err)
+		p, known := store.ExplainDBError(err)
 		if err == nil || !known || ctx.Err() != nil {
 			return err
 		}
@@ -370,7 +370,7 @@ func waitForDatabase(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) 
 			return false, fmt.Errorf("connect to database: %w", err)
 		}
 		hint := "the database cannot be reached"
-		if p, ok := outbox.ExplainDBError(err); ok {
+		if p, ok := store.ExplainDBError(err); ok {
 			hint = p.Hint
 		}
 		log.Warn("waiting for the database: "+hint, slog.Any("error", err), slog.Duration("retry_in", delay))

@@ -33,8 +33,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Config sizes a run.
@@ -81,7 +81,7 @@ type Config struct {
 	// second, with a snapshot held and again without; it reports every
 	// SoakMinute (a minute when zero), then idles SoakIdle on the empty
 	// outbox. When zero, that is a minute, or, for soaks longer than the
-	// relay's look below its floor (outbox.SweepEvery, a read of every
+	// relay's look below its floor (store.SweepEvery, a read of every
 	// index entry a held snapshot keeps), that interval: the idle cost
 	// then counts one look, spread over its interval, as the relay spends
 	// it. Zero SoakFor skips the soak.
@@ -131,8 +131,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	cfg.SoakMinute = cmp.Or(cfg.SoakMinute, time.Minute)
 	if cfg.SoakIdle == 0 {
 		cfg.SoakIdle = time.Minute
-		if cfg.SoakFor > outbox.SweepEvery {
-			cfg.SoakIdle = outbox.SweepEvery
+		if cfg.SoakFor > store.SweepEvery {
+			cfg.SoakIdle = store.SweepEvery
 		}
 	}
 	cfg.SoakRate = cmp.Or(cfg.SoakRate, 2000)

@@ -21,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // users measures what users run: the outbox-relay binary with its
@@ -194,14 +194,14 @@ func (r *runner) orderCeiling(ctx context.Context, rows int, keyExpr string) (fl
 		return 0, err
 	}
 	defer e.close()
-	store, err := claimingStore(ctx, e, outbox.StoreConfig{})
+	st, err := claimingStore(ctx, e, store.Config{})
 	if err != nil {
 		return 0, err
 	}
 	var done atomic.Int64
 	start := time.Now()
 	for done.Load() < int64(rows) {
-		if _, err := claimAndAck(ctx, store, relay.DefaultBatchSize, &done); err != nil {
+		if _, err := claimAndAck(ctx, st, relay.DefaultBatchSize, &done); err != nil {
 			return 0, err
 		}
 	}

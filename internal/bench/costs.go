@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // producers measures what each of the table's triggers costs producers:
@@ -120,7 +121,7 @@ func (r *runner) naive(ctx context.Context) error {
 	for n < r.cfg.NaiveRows && time.Now().Before(deadline) {
 		err := pgx.BeginFunc(ctx, e.relayPool, func(tx pgx.Tx) error {
 			var key *string
-			rec := outbox.Record{Topic: "bench"}
+			rec := store.Record{Topic: "bench"}
 			err := tx.QueryRow(ctx, `SELECT id, event_id, key, payload FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
 				ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&rec.ID, &rec.EventID, &key, &rec.Payload)
 			if err != nil {
@@ -129,7 +130,7 @@ func (r *runner) naive(ctx context.Context) error {
 			if key != nil {
 				rec.Key, rec.HasKey = *key, true
 			}
-			if err := pub.Publish(ctx, []outbox.Record{rec})[0]; err != nil {
+			if err := pub.Publish(ctx, []store.Record{rec})[0]; err != nil {
 				return err
 			}
 			_, err = tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1", rec.ID)
@@ -170,7 +171,7 @@ func (r *runner) claimsUnderMaintenance(ctx context.Context) error {
 		autovacuum_vacuum_scale_factor = 0, autovacuum_analyze_threshold = 1000, autovacuum_analyze_scale_factor = 0)`); err != nil {
 		return err
 	}
-	store, err := claimingStore(ctx, e, outbox.StoreConfig{})
+	st, err := claimingStore(ctx, e, store.Config{})
 	if err != nil {
 		return err
 	}
@@ -190,7 +191,7 @@ func (r *runner) claimsUnderMaintenance(ctx context.Context) error {
 	var done atomic.Int64
 	var took []time.Duration
 	for done.Load() < int64(r.cfg.Rows) {
-		d, err := claimAndAck(ctx, store, r.cfg.BatchSize, &done)
+		d, err := claimAndAck(ctx, st, r.cfg.BatchSize, &done)
 		if err != nil {
 			stopMaint()
 			<-maintDone

@@ -10,8 +10,8 @@ import (
 
 	"github.com/prometheus/procfs"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // drains measures backlog drain throughput of the relay and of its SQL
@@ -180,12 +180,12 @@ func (r *runner) drainWith(ctx context.Context, keep bool, keyExpr string, worke
 		return 0, usage{}, err
 	}
 	defer pub.Close()
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, KeepSent: keep, Claimer: "bench"})
+	st, err := store.New(e.relayPool, store.Config{Schema: e.schema, KeepSent: keep, Claimer: "bench"})
 	if err != nil {
 		return 0, usage{}, err
 	}
 	cfg := relay.Config{
-		Store: store, Publisher: pub, Workers: workers, BatchSize: r.cfg.BatchSize,
+		Store: st, Publisher: pub, Workers: workers, BatchSize: r.cfg.BatchSize,
 		MaxBatchBytes: r.cfg.BatchSize * (r.cfg.PayloadBytes + relay.RecordOverhead + 64), PayloadCap: r.cfg.PayloadBytes * 2,
 		PollInterval: 5 * time.Millisecond,
 	}
@@ -231,7 +231,7 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 	if err := r.fill(ctx, e, r.cfg.Rows, keyExpr); err != nil {
 		return 0, usage{}, err
 	}
-	store, err := claimingStore(ctx, e, outbox.StoreConfig{KeepSent: keep})
+	st, err := claimingStore(ctx, e, store.Config{KeepSent: keep})
 	if err != nil {
 		return 0, usage{}, err
 	}
@@ -239,7 +239,7 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 	start, startUse := time.Now(), usageNow()
 	err = parallel(workers, func(int) error {
 		for done.Load() < int64(r.cfg.Rows) {
-			if _, err := claimAndAck(ctx, store, r.cfg.BatchSize, &done); err != nil {
+			if _, err := claimAndAck(ctx, st, r.cfg.BatchSize, &done); err != nil {
 				return err
 			}
 		}
@@ -251,25 +251,25 @@ func (r *runner) sqlCeiling(ctx context.Context, keep bool, keyExpr string, work
 // claimingStore returns a store of e's outbox that leases every
 // partition, as one relay process alone does, for claims made in a loop
 // rather than by a relay (which renews the lease every second).
-func claimingStore(ctx context.Context, e *env, cfg outbox.StoreConfig) (*outbox.Store, error) {
+func claimingStore(ctx context.Context, e *env, cfg store.Config) (*store.Store, error) {
 	cfg.Schema, cfg.Claimer, cfg.ClaimLease = e.schema, "bench", 24*time.Hour
-	st, err := outbox.NewStore(e.relayPool, cfg)
+	st, err := store.New(e.relayPool, cfg)
 	if err != nil {
 		return nil, err
 	}
 	return st, st.SyncPartitions(ctx)
 }
 
-func claimAndAck(ctx context.Context, store *outbox.Store, limit int, done *atomic.Int64) (time.Duration, error) {
+func claimAndAck(ctx context.Context, st *store.Store, limit int, done *atomic.Int64) (time.Duration, error) {
 	start := time.Now()
-	c, err := store.Claim(ctx, outbox.ClaimParams{Limit: limit, PayloadCap: 1 << 20})
+	c, err := st.Claim(ctx, store.ClaimParams{Limit: limit, PayloadCap: 1 << 20})
 	if err != nil {
 		return 0, err
 	}
 	took := time.Since(start)
-	outcomes := make([]outbox.Outcome, len(c.Records))
+	outcomes := make([]store.Outcome, len(c.Records))
 	for i, rec := range c.Records {
-		outcomes[i] = outbox.Outcome{ID: rec.ID, Kind: outbox.Sent}
+		outcomes[i] = store.Outcome{ID: rec.ID, Kind: store.Sent}
 	}
 	if err := c.Complete(ctx, outcomes); err != nil {
 		return 0, err

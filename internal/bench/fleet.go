@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/fleet"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // fleetCost measures what sharing flow control with a fleet costs a
@@ -31,11 +32,11 @@ func (r *runner) fleetCost(ctx context.Context) error {
 				cfg.Routes = []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}}
 				cfg.Publisher = nil
 				if withFleet {
-					store, err := fleet.New(e.pool, e.schema)
+					st, err := fleet.New(e.pool, e.schema)
 					if err != nil {
 						return err
 					}
-					cfg.Fleet = &relay.FleetConfig{Fleet: store, Replica: "bench"}
+					cfg.Fleet = &relay.FleetConfig{Fleet: st, Replica: "bench"}
 				}
 				return nil
 			}
@@ -104,12 +105,12 @@ func (r *runner) fleetSlotsOf(ctx context.Context, replicas, limit int) error {
 	done := make(chan error, replicas)
 	for i := range replicas {
 		name := fmt.Sprintf("bench-%d", i)
-		store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, Claimer: name})
+		st, err := store.New(e.relayPool, store.Config{Schema: e.schema, Claimer: name})
 		if err != nil {
 			return err
 		}
 		cfg := relay.Config{
-			Store: store, Workers: 2, BatchSize: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadBytes * 2,
+			Store: st, Workers: 2, BatchSize: r.cfg.BatchSize, PayloadCap: r.cfg.PayloadBytes * 2,
 			Destinations: []relay.Destination{{Name: "endpoint", Publisher: ep, MaxInFlight: limit}},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "endpoint"}},
 		}
@@ -200,7 +201,7 @@ type slowEndpoint struct {
 	changed  time.Time
 }
 
-func (p *slowEndpoint) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *slowEndpoint) Publish(ctx context.Context, recs []store.Record) []error {
 	p.move(len(recs))
 	select {
 	case <-time.After(p.answer):
@@ -299,15 +300,15 @@ func (r *runner) fairness(ctx context.Context) error {
 		name string
 		e    *env
 	}{{"busy", busy}, {"quiet", quiet}} {
-		store, err := outbox.NewStore(o.e.relayPool, outbox.StoreConfig{Schema: o.e.schema, Claimer: "bench"})
+		st, err := store.New(o.e.relayPool, store.Config{Schema: o.e.schema, Claimer: "bench"})
 		if err != nil {
 			return err
 		}
-		listener, err := outbox.NewListener(o.e.relayPool, outbox.ListenerConfig{Schema: o.e.schema})
+		listener, err := store.NewListener(o.e.relayPool, store.ListenerConfig{Schema: o.e.schema})
 		if err != nil {
 			return err
 		}
-		outboxes = append(outboxes, relay.Outbox{Name: o.name, Store: store, Listener: listener})
+		outboxes = append(outboxes, relay.Outbox{Name: o.name, Store: st, Listener: listener})
 	}
 	rel, err := relay.New(relay.Config{Outboxes: outboxes, Publisher: acks, Workers: workers, BatchSize: r.cfg.BatchSize})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // ackTimes wraps a publisher and records when each event was acknowledged.
@@ -22,7 +23,7 @@ type ackTimes struct {
 	at    map[uuid.UUID]time.Time
 }
 
-func (a *ackTimes) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (a *ackTimes) Publish(ctx context.Context, recs []store.Record) []error {
 	errs := a.inner.Publish(ctx, recs)
 	now := time.Now()
 	a.mu.Lock()
@@ -100,15 +101,15 @@ func (r *runner) latency(ctx context.Context, rate, failEvery int, strict bool) 
 	}
 	defer pub.Close()
 	acks := &ackTimes{inner: pub, at: map[uuid.UUID]time.Time{}}
-	store, err := outbox.NewStore(e.relayPool, outbox.StoreConfig{Schema: e.schema, StrictOrder: strict, Claimer: "bench"})
+	outboxStore, err := store.New(e.relayPool, store.Config{Schema: e.schema, StrictOrder: strict, Claimer: "bench"})
 	if err != nil {
 		return nil, st, err
 	}
-	listener, err := outbox.NewListener(e.relayPool, outbox.ListenerConfig{Schema: e.schema})
+	listener, err := store.NewListener(e.relayPool, store.ListenerConfig{Schema: e.schema})
 	if err != nil {
 		return nil, st, err
 	}
-	rel, err := relay.New(relay.Config{Store: store, Publisher: acks, Listener: listener, Workers: workers, BatchSize: r.cfg.BatchSize})
+	rel, err := relay.New(relay.Config{Store: outboxStore, Publisher: acks, Listener: listener, Workers: workers, BatchSize: r.cfg.BatchSize})
 	if err != nil {
 		return nil, st, err
 	}

@@ -16,10 +16,10 @@ import (
 	"regexp"
 	"sync"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func init() {
@@ -92,7 +92,7 @@ var topicName = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*$`)
 // and permanently; a file that cannot be opened or written fails its
 // records as the destination's failure. After a key's record fails, the
 // key's later records are not written (retry.ErrNotSent).
-func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	errs := make([]error, len(records))
@@ -130,7 +130,7 @@ func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []erro
 }
 
 // write appends r to its topic's file, opened once per publish.
-func (p *Publisher) write(ctx context.Context, files map[string]*os.File, r outbox.Record) error {
+func (p *Publisher) write(ctx context.Context, files map[string]*os.File, r store.Record) error {
 	if err := ctx.Err(); err != nil {
 		return retry.Transient(fmt.Errorf("file: %w", err), 0)
 	}

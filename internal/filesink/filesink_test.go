@@ -15,11 +15,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/filesink"
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -48,8 +48,8 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
-		Reject:   func(rec *outbox.Record) { rec.Topic = "../" + rec.Topic },
-		TooLarge: func(rec *outbox.Record) { rec.Payload = []byte(strings.Repeat("x", conformanceLimit)) },
+		Reject:   func(rec *store.Record) { rec.Topic = "../" + rec.Topic },
+		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", conformanceLimit)) },
 		Unreachable: func(t *testing.T) relay.Publisher {
 			return filesink.New(filepath.Join(t.TempDir(), "missing"), 0)
 		},
@@ -93,7 +93,7 @@ routes:
 		d.Relay.Publisher = p
 		dests = append(dests, d.Relay)
 	}
-	store, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ routes:
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(relay.Config{Store: store, Destinations: dests, Routes: routes, Policy: policy,
+	r, err := relay.New(relay.Config{Store: st, Destinations: dests, Routes: routes, Policy: policy,
 		Logger: slog.New(slog.DiscardHandler), PollInterval: 10 * time.Millisecond, BatchSize: 40})
 	if err != nil {
 		t.Fatal(err)

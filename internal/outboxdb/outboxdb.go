@@ -3,7 +3,7 @@
 // key check, write-back, lease, retention, and the operators' replay,
 // edit, discard and release) lives in the embedded sql/*.sql files, one
 // template per statement, and is run through a typed method here. The
-// relay (package outbox) and the dead-letter operations (package
+// claim engine (package relay/store) and the dead-letter operations (package
 // deadletter) both go through it, so a rule about a row's state is written
 // once. Every other statement of the relay's packages is here too, in the
 // same form: the coordination tables' (package fleet runs them in its own

@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/segmentio/kafka-go/compress"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // castagnoli is the checksum of a record batch (CRC-32C).
@@ -51,7 +51,7 @@ const (
 // encode appends records[idx], in that order, to dst as one record batch,
 // framed as a produce request's records field: the batch's size, then the
 // batch.
-func (e *batchEncoder) encode(dst []byte, records []outbox.Record, idx []int, now time.Time) []byte {
+func (e *batchEncoder) encode(dst []byte, records []store.Record, idx []int, now time.Time) []byte {
 	first, last := now.UnixMilli(), now.UnixMilli()
 	if e.createdAt {
 		first, last = math.MaxInt64, math.MinInt64
@@ -106,7 +106,7 @@ func (e *batchEncoder) encode(dst []byte, records []outbox.Record, idx []int, no
 
 // appendRecord appends r as the record at offsetDelta in a batch whose
 // first timestamp is first.
-func (e *batchEncoder) appendRecord(dst []byte, r *outbox.Record, offsetDelta int, first int64) []byte {
+func (e *batchEncoder) appendRecord(dst []byte, r *store.Record, offsetDelta int, first int64) []byte {
 	var tsDelta int64
 	if e.createdAt {
 		tsDelta = r.CreatedAt.UnixMilli() - first

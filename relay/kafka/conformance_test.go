@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // The sink under the conformance suite takes messages up to this size.
@@ -36,8 +36,8 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		// A topic name no broker takes: refused before it is sent.
-		Reject:   func(rec *outbox.Record) { rec.Topic = "not a topic" },
-		TooLarge: func(rec *outbox.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },
+		Reject:   func(rec *store.Record) { rec.Topic = "not a topic" },
+		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },
 		Unreachable: func(t *testing.T) relay.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Headers added to every message, beside the row's own.
@@ -223,7 +224,7 @@ type batch struct {
 // Publish writes records and returns one classified error per record. Each
 // topic partition's records go in one request, and the requests go out at
 // once, so an unusable topic or partition fails only its own records.
-func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
 	errs := make([]error, len(records))
 	p.closing.RLock()
 	defer p.closing.RUnlock()
@@ -250,7 +251,7 @@ func (p *Publisher) Publish(ctx context.Context, records []outbox.Record) []erro
 // partition. A record of an unknown or unreachable topic gets its topic's
 // error, one above MaxMessageBytes a permanent error, and the later records
 // of its key, in any topic, are not sent.
-func (p *Publisher) route(ctx context.Context, records []outbox.Record, errs []error) []*batch {
+func (p *Publisher) route(ctx context.Context, records []store.Record, errs []error) []*batch {
 	type topicRoute struct {
 		ids     []int
 		err     error
@@ -417,7 +418,7 @@ func (p *Publisher) markPartition(topic string, partition int, failed bool) {
 // read of its topic's metadata, without asking the cluster; false when
 // rec has no key (its partition is picked per publish) or the topic's
 // partitions are not known.
-func (p *Publisher) Partition(rec outbox.Record) (int, bool) {
+func (p *Publisher) Partition(rec store.Record) (int, bool) {
 	if !rec.HasKey {
 		return 0, false
 	}
@@ -433,7 +434,7 @@ func (p *Publisher) Partition(rec outbox.Record) (int, bool) {
 // send produces b's records in one request and sets their errors. When the
 // broker refuses the request for good, one bad record may have failed its
 // neighbours: they are sent again one at a time to tell them apart.
-func (p *Publisher) send(ctx context.Context, records []outbox.Record, b *batch, errs []error) {
+func (p *Publisher) send(ctx context.Context, records []store.Record, b *batch, errs []error) {
 	err := p.produce(ctx, records, b.topic, b.partition, b.idx)
 	if err == nil {
 		p.markPartition(b.topic, b.partition, false)
@@ -453,7 +454,7 @@ func (p *Publisher) send(ctx context.Context, records []outbox.Record, b *batch,
 
 // isolate sends each of b's records alone, in order. After a key's record
 // fails, its later ones are not sent.
-func (p *Publisher) isolate(ctx context.Context, records []outbox.Record, b *batch, errs []error) {
+func (p *Publisher) isolate(ctx context.Context, records []store.Record, b *batch, errs []error) {
 	stopped := map[string]bool{}
 	for _, i := range b.idx {
 		r := &records[i]
@@ -469,7 +470,7 @@ func (p *Publisher) isolate(ctx context.Context, records []outbox.Record, b *bat
 }
 
 // produce sends records[idx] to one topic partition in one request.
-func (p *Publisher) produce(ctx context.Context, records []outbox.Record, topic string, partition int, idx []int) error {
+func (p *Publisher) produce(ctx context.Context, records []store.Record, topic string, partition int, idx []int) error {
 	buf := p.buffers.Get().(*encodeBuffer)
 	buf.data = buf.enc.encode(buf.data[:0], records, idx, time.Now())
 	buf.reader.Reset(buf.data)
@@ -499,7 +500,7 @@ type encodeBuffer struct {
 
 // messageBytes is what a record weighs against MaxMessageBytes: what its
 // message carries, and the per-record framing.
-func messageBytes(r *outbox.Record) int {
+func messageBytes(r *store.Record) int {
 	const framing = 64 // lengths, offsets and timestamp deltas, generously
 	n := framing + len(r.Key) + len(r.Payload) +
 		len(HeaderEventID) + 36 + len(HeaderID) + 20
@@ -511,7 +512,7 @@ func messageBytes(r *outbox.Record) int {
 
 // tombstoneProblem says why r cannot be the tombstone its headers ask for;
 // nil when they do not ask for one or it can.
-func tombstoneProblem(r *outbox.Record) error {
+func tombstoneProblem(r *store.Record) error {
 	v, ok := r.Headers[HeaderTombstone]
 	switch {
 	case !ok:

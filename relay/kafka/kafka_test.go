@@ -27,13 +27,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func record(id int64, topic, key, payload string) outbox.Record {
-	return outbox.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
+func record(id int64, topic, key, payload string) store.Record {
+	return store.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload)}
 }
 
@@ -42,7 +42,7 @@ func newPublisher(t testing.TB, c *kfake.Cluster) *kafka.Publisher {
 	return newPublisherWith(t, c, kafka.Config{})
 }
 
-func publish(t *testing.T, p *kafka.Publisher, recs []outbox.Record) []error {
+func publish(t *testing.T, p *kafka.Publisher, recs []store.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -53,7 +53,7 @@ func TestPublishDeliveryFormat(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"orders", "audit"})
 	p := newPublisher(t, c)
-	recs := []outbox.Record{
+	recs := []store.Record{
 		record(1, "orders", "order-1", `{"n":1}`),
 		record(2, "audit", "", "no key"),
 		record(3, "orders", "order-1", `{"n":2}`),
@@ -130,7 +130,7 @@ func TestPublishRequiresAllReplicasToAcknowledge(t *testing.T) {
 	p := newPublisher(t, c)
 	// Several partitions at once, and a refused batch sent again one record
 	// at a time.
-	errs := publish(t, p, []outbox.Record{
+	errs := publish(t, p, []store.Record{
 		record(1, "orders", "a", "1"), record(2, "orders", "b", "2"), record(3, "orders", "c", "3"),
 		record(4, "small", "k", "x"), record(5, "small", "j", strings.Repeat("x", 3000)),
 	})
@@ -161,7 +161,7 @@ func TestPublishGivesTheBrokerTimeToAcknowledge(t *testing.T) {
 		min, max int32
 	}{{20 * time.Second, 4000, 5000}, {3 * time.Second, 1000, 1500}} {
 		ctx, cancel := context.WithTimeout(context.Background(), tc.within)
-		errs := p.Publish(ctx, []outbox.Record{record(1, "orders", "k", "x")})
+		errs := p.Publish(ctx, []store.Record{record(1, "orders", "k", "x")})
 		cancel()
 		if errs[0] != nil {
 			t.Fatal(errs[0])
@@ -177,7 +177,7 @@ func TestPublishAfterCloseFails(t *testing.T) {
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisher(t, c)
 	p.Close()
-	errs := publish(t, p, []outbox.Record{record(1, "orders", "k", "x")})
+	errs := publish(t, p, []store.Record{record(1, "orders", "k", "x")})
 	if e := retry.Classify(errs[0]); errs[0] == nil || e.Class != retry.ClassSystemic {
 		t.Fatalf("publish after Close: %v, want a systemic error", errs[0])
 	}
@@ -202,7 +202,7 @@ func TestPublishSendsEachPartitionInOneRequest(t *testing.T) {
 	})
 	p := newPublisher(t, c)
 	for round := range 5 {
-		var recs []outbox.Record
+		var recs []store.Record
 		for i := range 1500 {
 			recs = append(recs, record(int64(round*1500+i+1), []string{"a", "b"}[i%2], fmt.Sprintf("key-%d", i%100), "x"))
 		}
@@ -232,7 +232,7 @@ func TestMurmur2Partitioning(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisher(t, c)
-	var recs []outbox.Record
+	var recs []store.Record
 	for i := range 30 {
 		recs = append(recs, record(int64(i+1), "orders", fmt.Sprintf("key-%d", i), "x"))
 	}
@@ -261,7 +261,7 @@ func TestKeylessRecordsStickToAPartitionPerPublish(t *testing.T) {
 	p := newPublisher(t, c)
 	const publishes, each = 20, 10
 	for n := range publishes {
-		var recs []outbox.Record
+		var recs []store.Record
 		for i := range each {
 			recs = append(recs, record(int64(n*each+i+1), "events", "", "x"))
 		}
@@ -313,7 +313,7 @@ func TestPublishIsolatesTopics(t *testing.T) {
 	c := kafkatest.NewCluster(t, []string{"good", "bad"})
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "bad", Err: kerr.NotLeaderForPartition, Count: -1})
 	p := newPublisher(t, c)
-	errs := publish(t, p, []outbox.Record{record(1, "good", "a", "1"), record(2, "bad", "b", "2"), record(3, "good", "", "3")})
+	errs := publish(t, p, []store.Record{record(1, "good", "a", "1"), record(2, "bad", "b", "2"), record(3, "good", "", "3")})
 	if errs[0] != nil || errs[2] != nil {
 		t.Fatalf("good topic failed: %v", errs)
 	}
@@ -333,7 +333,7 @@ func TestPublishIsolatesOversizedMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPublisher(t, c)
-	recs := []outbox.Record{
+	recs := []store.Record{
 		record(1, "small", "k", "a"),
 		record(2, "small", "k", strings.Repeat("x", 3000)),
 		record(3, "small", "k", "c"),
@@ -371,7 +371,7 @@ func TestPublishRefusesMessageAboveLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	errs := publish(t, p, []outbox.Record{
+	errs := publish(t, p, []store.Record{
 		record(1, "orders", "k", "a"),
 		record(2, "orders", "k", strings.Repeat("x", 1000)),
 		record(3, "orders", "k", "c"),
@@ -406,7 +406,7 @@ func TestPublishUnknownTopic(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisher(t, c)
-	errs := publish(t, p, []outbox.Record{
+	errs := publish(t, p, []store.Record{
 		record(1, "missing", "k", "a"),
 		record(2, "orders", "k", "b"),
 		record(3, "missing", "", "c"),
@@ -439,7 +439,7 @@ func TestPublishBrokerDownIsSystemic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	errs := publish(t, p, []outbox.Record{record(1, "orders", "k", "x"), record(2, "orders", "", "y")})
+	errs := publish(t, p, []store.Record{record(1, "orders", "k", "x"), record(2, "orders", "", "y")})
 	for i, err := range errs {
 		if e := retry.Classify(err); err == nil || e.Class != retry.ClassSystemic {
 			t.Errorf("record %d: %v, want systemic", i, err)
@@ -545,7 +545,7 @@ func TestPublishRefusesIllegalTopicLocally(t *testing.T) {
 		return nil, nil, false
 	})
 	p := newPublisher(t, c)
-	errs := publish(t, p, []outbox.Record{
+	errs := publish(t, p, []store.Record{
 		record(1, "orders placed", "k", "a"),
 		record(2, "orders", "k", "b"),
 		record(3, "orders", "j", "c"),
@@ -574,7 +574,7 @@ func TestKeylessRecordsAvoidAFailingPartition(t *testing.T) {
 	// other partitions work.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		errs := publish(t, p, []outbox.Record{record(1, "events", "", "x")})
+		errs := publish(t, p, []store.Record{record(1, "events", "", "x")})
 		if errs[0] != nil {
 			e := retry.Classify(errs[0])
 			if e.Scope != retry.ScopePartition || e.Partition != 1 {
@@ -587,7 +587,7 @@ func TestKeylessRecordsAvoidAFailingPartition(t *testing.T) {
 		}
 	}
 	for i := range 20 {
-		if errs := publish(t, p, []outbox.Record{record(int64(i+2), "events", "", "x")}); errs[0] != nil {
+		if errs := publish(t, p, []store.Record{record(int64(i+2), "events", "", "x")}); errs[0] != nil {
 			t.Fatalf("publish %d after partition 1 failed: %v; records without a key should go to partition 0", i+1, errs[0])
 		}
 	}
@@ -621,7 +621,7 @@ func TestPublishWithSASL(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				errs := publish(t, p, []outbox.Record{record(1, "orders", "k", "x")})
+				errs := publish(t, p, []store.Record{record(1, "orders", "k", "x")})
 				p.Close()
 				if pass == "s3cret" && errs[0] != nil {
 					t.Fatalf("with the right password: %v", errs[0])

@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/internal/kafkatest"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func newPublisherWith(t testing.TB, c *kfake.Cluster, cfg kafka.Config) *kafka.Publisher {
@@ -58,7 +58,7 @@ func TestPublishCompressed(t *testing.T) {
 				return nil, nil, false
 			})
 			p := newPublisherWith(t, c, kafka.Config{Compression: codec})
-			var recs []outbox.Record
+			var recs []store.Record
 			payload := strings.Repeat(`{"order":"o-1","status":"paid","amount":1250},`, 20)
 			for i := range 50 {
 				r := record(int64(i+1), "orders", "order-1", payload+string(rune('a'+i%26)))
@@ -98,12 +98,12 @@ func TestPublishTombstones(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"customers"})
 	p := newPublisher(t, c)
-	tomb := func(id int64, key, payload, value string) outbox.Record {
+	tomb := func(id int64, key, payload, value string) store.Record {
 		r := record(id, "customers", key, payload)
 		r.Headers = map[string]string{kafka.HeaderTombstone: value, "traceparent": "00-abc-def-01"}
 		return r
 	}
-	recs := []outbox.Record{
+	recs := []store.Record{
 		record(1, "customers", "c-1", `{"name":"Ada"}`),
 		tomb(2, "c-1", "", "true"),
 		tomb(3, "c-2", "", "yes"),
@@ -156,7 +156,7 @@ func TestPublishCreatedAtTimestamps(t *testing.T) {
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisherWith(t, c, kafka.Config{Timestamp: kafka.TimestampCreatedAt, Compression: compress.Lz4})
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	recs := []outbox.Record{
+	recs := []store.Record{
 		record(1, "orders", "k", "1"), record(2, "orders", "k", "2"), record(3, "orders", "k", "3"),
 	}
 	recs[0].CreatedAt = base.Add(1500 * time.Millisecond)
@@ -212,7 +212,7 @@ func TestInvalidTimestampIsClassifiedByItsSource(t *testing.T) {
 			p := newPublisherWith(t, c, kafka.Config{Timestamp: tc.ts})
 			rec := record(1, "orders", "k", "x")
 			rec.CreatedAt = time.Now().Add(-90 * 24 * time.Hour)
-			err := publish(t, p, []outbox.Record{rec})[0]
+			err := publish(t, p, []store.Record{rec})[0]
 			ce := retry.Classify(err)
 			if ce.Class != tc.class || !strings.Contains(err.Error(), tc.says) {
 				t.Fatalf("%v classified %+v, want class %v saying %q", err, ce, tc.class, tc.says)

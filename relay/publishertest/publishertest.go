@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Topics the suite publishes to; a sink's destination must accept both.
@@ -47,10 +47,10 @@ type Sink struct {
 	New func(t *testing.T) Destination
 	// Reject changes rec so that the destination refuses it for good, as
 	// it refuses a malformed message.
-	Reject func(rec *outbox.Record)
+	Reject func(rec *store.Record)
 	// TooLarge changes rec so that it is larger than the destination, or
 	// the sink, takes.
-	TooLarge func(rec *outbox.Record)
+	TooLarge func(rec *store.Record)
 	// Unreachable returns a Publisher to a destination that refuses
 	// connections.
 	Unreachable func(t *testing.T) relay.Publisher
@@ -71,13 +71,13 @@ func Run(t *testing.T, s Sink) {
 const publishTimeout = 20 * time.Second
 
 // record is the id'th record; its payload is its id.
-func record(id int64, topic, key string) outbox.Record {
+func record(id int64, topic, key string) store.Record {
 	payload := []byte(strconv.FormatInt(id, 10))
-	return outbox.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
+	return store.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
 		Headers: map[string]string{"content-type": "text/plain"}, CreatedAt: time.Now()}
 }
 
-func publish(t *testing.T, p relay.Publisher, recs []outbox.Record) []error {
+func publish(t *testing.T, p relay.Publisher, recs []store.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
@@ -90,9 +90,9 @@ func publish(t *testing.T, p relay.Publisher, recs []outbox.Record) []error {
 
 // accepted returns how many times each id was accepted, and fails t when
 // a key's records were accepted out of order.
-func accepted(t *testing.T, d Destination, recs []outbox.Record) map[int64]int {
+func accepted(t *testing.T, d Destination, recs []store.Record) map[int64]int {
 	t.Helper()
-	byID := map[int64]outbox.Record{}
+	byID := map[int64]store.Record{}
 	for _, r := range recs {
 		byID[r.ID] = r
 	}
@@ -117,7 +117,7 @@ func accepted(t *testing.T, d Destination, recs []outbox.Record) map[int64]int {
 
 func orderPerKey(t *testing.T, s Sink) {
 	d := s.New(t)
-	var recs []outbox.Record
+	var recs []store.Record
 	for i := range 60 {
 		id := int64(i + 1)
 		switch i % 4 {
@@ -145,13 +145,13 @@ func orderPerKey(t *testing.T, s Sink) {
 func oneErrorPerRecord(t *testing.T, s Sink) {
 	d := s.New(t)
 	publish(t, d.Publisher, nil)
-	publish(t, d.Publisher, []outbox.Record{record(1, TopicA, "k")})
-	publish(t, d.Publisher, []outbox.Record{record(2, TopicA, ""), record(3, TopicB, "k"), record(4, TopicB, "")})
+	publish(t, d.Publisher, []store.Record{record(1, TopicA, "k")})
+	publish(t, d.Publisher, []store.Record{record(2, TopicA, ""), record(3, TopicB, "k"), record(4, TopicB, "")})
 }
 
 func failureStopsItsKey(t *testing.T, s Sink) {
 	d := s.New(t)
-	recs := []outbox.Record{
+	recs := []store.Record{
 		record(1, TopicA, "bad"), record(2, TopicA, "bad"), record(3, TopicA, "good"),
 		record(4, TopicA, "bad"), record(5, TopicB, "bad"), record(6, TopicA, "good"),
 		record(7, TopicA, ""), record(8, TopicA, ""),
@@ -174,7 +174,7 @@ func failureStopsItsKey(t *testing.T, s Sink) {
 }
 
 // change applies how to a record, keeping its payload size right.
-func change(rec *outbox.Record, how func(*outbox.Record)) {
+func change(rec *store.Record, how func(*store.Record)) {
 	how(rec)
 	rec.PayloadSize = len(rec.Payload)
 }
@@ -192,7 +192,7 @@ func outcome(err error) string {
 
 func tooLarge(t *testing.T, s Sink) {
 	d := s.New(t)
-	recs := []outbox.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicA, ""), record(4, TopicA, "j")}
+	recs := []store.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicA, ""), record(4, TopicA, "j")}
 	change(&recs[1], s.TooLarge)
 	errs := publish(t, d.Publisher, recs)
 	ce := retry.Classify(errs[1])
@@ -210,7 +210,7 @@ func cancelledContext(t *testing.T, s Sink) {
 	d := s.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	recs := []outbox.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
+	recs := []store.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
 	start := time.Now()
 	errs := d.Publisher.Publish(ctx, recs)
 	if took := time.Since(start); took > 5*time.Second {
@@ -231,7 +231,7 @@ func cancelledContext(t *testing.T, s Sink) {
 
 func connectionRefused(t *testing.T, s Sink) {
 	p := s.Unreachable(t)
-	recs := []outbox.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
+	recs := []store.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
 	for i, err := range publish(t, p, recs) {
 		if err == nil {
 			t.Fatalf("record %d acknowledged by a destination that refuses connections", recs[i].ID)

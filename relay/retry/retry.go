@@ -14,8 +14,6 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Class says how a failure is handled.
@@ -89,14 +87,14 @@ func (s Scope) String() string {
 	return fmt.Sprintf("Scope(%d)", int(s))
 }
 
-// Dead-letter reasons, as the outbox table defines them.
+// Dead-letter reasons: the values the outbox table's check constraint allows.
 const (
-	ReasonPermanent        = outbox.ReasonPermanent
-	ReasonRetriesExhausted = outbox.ReasonRetriesExhausted
-	ReasonMaxAgeExceeded   = outbox.ReasonMaxAgeExceeded
-	ReasonTooLarge         = outbox.ReasonTooLarge
-	ReasonNoRoute          = outbox.ReasonNoRoute
-	ReasonInvalidMessage   = outbox.ReasonInvalidMessage
+	ReasonPermanent        = "permanent"
+	ReasonRetriesExhausted = "retries_exhausted"
+	ReasonMaxAgeExceeded   = "max_age_exceeded"
+	ReasonTooLarge         = "too_large"
+	ReasonNoRoute          = "no_route"
+	ReasonInvalidMessage   = "invalid_message"
 )
 
 // ErrNotSent marks a record a Publisher did not send because an earlier

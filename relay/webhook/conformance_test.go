@@ -9,9 +9,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
@@ -48,8 +48,8 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
-		Reject:   func(rec *outbox.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
-		TooLarge: func(rec *outbox.Record) { rec.Payload = []byte(strings.Repeat("x", 2*receiverLimit)) },
+		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
+		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*receiverLimit)) },
 		Unreachable: func(t *testing.T) relay.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

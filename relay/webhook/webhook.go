@@ -28,8 +28,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Defaults of Config.
@@ -244,7 +244,7 @@ func (p *Publisher) Close() error {
 // Publish POSTs each record. Rows of one key go one after the other, in
 // order; after one fails, the key's later rows are not sent
 // (retry.ErrNotSent). Other rows go in parallel, up to Concurrency.
-func (p *Publisher) Publish(ctx context.Context, recs []outbox.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, recs []store.Record) []error {
 	errs := make([]error, len(recs))
 	// Lanes: one per key, in id order, and one per unkeyed row.
 	var lanes [][]int
@@ -300,7 +300,7 @@ func (p *Publisher) Publish(ctx context.Context, recs []outbox.Record) []error {
 }
 
 // send delivers one record.
-func (p *Publisher) send(parent context.Context, rec outbox.Record) error {
+func (p *Publisher) send(parent context.Context, rec store.Record) error {
 	ctx, cancel := context.WithTimeout(parent, p.cfg.Timeout)
 	defer cancel()
 	creds := p.creds.Load()
@@ -332,7 +332,7 @@ func (p *Publisher) send(parent context.Context, rec outbox.Record) error {
 }
 
 // request builds the POST for rec.
-func (p *Publisher) request(ctx context.Context, rec outbox.Record, creds *credentials) (*http.Request, error) {
+func (p *Publisher) request(ctx context.Context, rec store.Record, creds *credentials) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(rec.Payload))
 	if err != nil {
 		return nil, fmt.Errorf("build request to %s: %w", p.url, err)
@@ -354,7 +354,7 @@ func (p *Publisher) request(ctx context.Context, rec outbox.Record, creds *crede
 		req.Header.Set(k, v)
 	}
 	if len(bad) > 0 {
-		return nil, retry.Permanent(fmt.Errorf("headers %q cannot be sent over HTTP", bad), outbox.ReasonInvalidMessage)
+		return nil, retry.Permanent(fmt.Errorf("headers %q cannot be sent over HTTP", bad), retry.ReasonInvalidMessage)
 	}
 	req.Header.Set("Content-Type", contentType)
 	for k, v := range p.cfg.Headers {

@@ -25,13 +25,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/tlstest"
-	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
-func record(id int64, key string, payload string, headers map[string]string) outbox.Record {
-	return outbox.Record{ID: id, EventID: uuid.New(), Topic: "t", Key: key, HasKey: key != "",
+func record(id int64, key string, payload string, headers map[string]string) store.Record {
+	return store.Record{ID: id, EventID: uuid.New(), Topic: "t", Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload), Headers: headers}
 }
 
@@ -165,8 +165,8 @@ func TestRequest(t *testing.T) {
 		"X-Tenant": "row", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 		"Authorization": "Bearer stolen", "Idempotency-Key": "forged"})
 	plain := record(2, "", "hello", nil)
-	for _, rec := range []outbox.Record{withType, plain} {
-		if errs := p.Publish(context.Background(), []outbox.Record{rec}); errs[0] != nil {
+	for _, rec := range []store.Record{withType, plain} {
+		if errs := p.Publish(context.Background(), []store.Record{rec}); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 		r := <-reqs
@@ -224,7 +224,7 @@ func TestSameIdempotencyKeyOnEveryAttempt(t *testing.T) {
 	p := newPublisher(t, webhook.Config{URL: srv.URL, SigningSecrets: []string{newSecret(t)}})
 	rec := record(1, "k", "x", nil)
 	for i := 0; i < 3; i++ {
-		err := p.Publish(context.Background(), []outbox.Record{rec})[0]
+		err := p.Publish(context.Background(), []store.Record{rec})[0]
 		if (err == nil) != (i == 2) {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
@@ -279,7 +279,7 @@ func TestStatuses(t *testing.T) {
 		{"/409", retry.ClassSystemic, retry.ScopeDestination, 0, "409 Conflict", map[int]retry.Class{409: retry.ClassSystemic}},
 	} {
 		p := newPublisher(t, webhook.Config{URL: srv.URL + tc.path + "?token=secret", StatusClasses: tc.overrides})
-		err := p.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]
+		err := p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
 		if err == nil {
 			t.Fatalf("%s: no error", tc.path)
 		}
@@ -308,7 +308,7 @@ func TestRedirectNotFollowed(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := newPublisher(t, webhook.Config{URL: srv.URL})
-	err := p.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]
+	err := p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
 	if err == nil || retry.Classify(err).Class != retry.ClassSystemic || !strings.Contains(err.Error(), "307") {
 		t.Fatalf("redirect: %v (want a systemic 307 error)", err)
 	}
@@ -338,7 +338,7 @@ func TestNoResponseHeadersTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := []outbox.Record{record(1, "", "a", nil), record(2, "", "b", nil), record(3, "k", "c", nil)}
+	recs := []store.Record{record(1, "", "a", nil), record(2, "", "b", nil), record(3, "k", "c", nil)}
 	errs := p.Publish(context.Background(), recs)
 	for i, err := range errs {
 		var ne net.Error
@@ -363,7 +363,7 @@ func TestSSRFGuard(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = p.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]
+		err = p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
 		if err == nil || retry.Classify(err).Class != retry.ClassSystemic || !strings.Contains(err.Error(), "SSRF guard") {
 			t.Errorf("%s: %v (want a systemic SSRF refusal)", u, err)
 		}
@@ -382,7 +382,7 @@ func TestConnectionRefusedIsSystemic(t *testing.T) {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	p := newPublisher(t, webhook.Config{URL: "http://" + addr})
-	err = p.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]
+	err = p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
 	if err == nil || retry.Classify(err).Class != retry.ClassSystemic {
 		t.Fatalf("refused connection: %v (want systemic)", err)
 	}
@@ -421,7 +421,7 @@ func TestKeyOrderAndConcurrency(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := newPublisher(t, webhook.Config{URL: srv.URL, Concurrency: 3})
-	recs := []outbox.Record{record(1, "k", "k1", nil), record(2, "", "u1", nil), record(3, "k", "k2", nil),
+	recs := []store.Record{record(1, "k", "k1", nil), record(2, "", "u1", nil), record(3, "k", "k2", nil),
 		record(4, "", "u2", nil), record(5, "k", "k3", nil), record(6, "j", "j1", nil)}
 	errs := p.Publish(context.Background(), recs)
 	if errs[0] != nil || errs[1] != nil || errs[3] != nil || errs[5] != nil {
@@ -468,15 +468,15 @@ func TestMutualTLS(t *testing.T) {
 	roots.AddCert(srv.Certificate())
 
 	p := newPublisher(t, webhook.Config{URL: srv.URL, TLS: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{clientCert}}})
-	if err := p.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]; err != nil {
+	if err := p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]; err != nil {
 		t.Fatalf("with a client certificate: %v", err)
 	}
 	without := newPublisher(t, webhook.Config{URL: srv.URL, TLS: &tls.Config{RootCAs: roots}})
-	if err := without.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]; err == nil {
+	if err := without.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]; err == nil {
 		t.Fatal("without a client certificate: delivered")
 	}
 	untrusted := newPublisher(t, webhook.Config{URL: srv.URL})
-	err := untrusted.Publish(context.Background(), []outbox.Record{record(1, "", "{}", nil)})[0]
+	err := untrusted.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
 	if err == nil || retry.Classify(err).Class != retry.ClassSystemic {
 		t.Fatalf("server certificate from an unknown authority: %v (want systemic)", err)
 	}
@@ -493,7 +493,7 @@ func TestRowsNotStartedByTheDeadlineAreNotSent(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := newPublisher(t, webhook.Config{URL: srv.URL, Concurrency: 1})
-	var recs []outbox.Record
+	var recs []store.Record
 	for i := range 6 {
 		recs = append(recs, record(int64(i+1), "", "x", nil))
 	}

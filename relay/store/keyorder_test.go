@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -6,18 +6,18 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // claimFollowing claims up to limit rows behind the keyed rows of claims
 // still in flight.
-func claimFollowing(t *testing.T, st *outbox.Store, limit int, claims ...*outbox.Claim) *outbox.Claim {
+func claimFollowing(t *testing.T, st *store.Store, limit int, claims ...*store.Claim) *store.Claim {
 	t.Helper()
-	var follows []outbox.KeyedRow
+	var follows []store.KeyedRow
 	for _, c := range claims {
 		for _, r := range c.Records {
 			if r.HasKey {
-				follows = append(follows, outbox.KeyedRow{Key: r.Key, ID: r.ID})
+				follows = append(follows, store.KeyedRow{Key: r.Key, ID: r.ID})
 			}
 		}
 	}
@@ -26,9 +26,9 @@ func claimFollowing(t *testing.T, st *outbox.Store, limit int, claims ...*outbox
 
 // claimBehind claims up to limit rows behind the rows follows, releasing
 // the claim when the test ends, like claim.
-func claimBehind(t *testing.T, st *outbox.Store, limit int, follows []outbox.KeyedRow) *outbox.Claim {
+func claimBehind(t *testing.T, st *store.Store, limit int, follows []store.KeyedRow) *store.Claim {
 	t.Helper()
-	c, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: limit, PayloadCap: 100, Follows: follows})
+	c, err := st.Claim(context.Background(), store.ClaimParams{Limit: limit, PayloadCap: 100, Follows: follows})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func claimBehind(t *testing.T, st *outbox.Store, limit int, follows []outbox.Key
 // A claim that follows rows in flight takes their keys' next rows behind
 // them; rows in flight that it does not follow still hold their keys.
 func TestClaimFollowsRowsInFlight(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		// ids 1..6: K K K K J K
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES
 			('t','K','1'), ('t','K','2'), ('t','K','3'), ('t','K','4'), ('t','J','5'), ('t','K','6')`)
@@ -60,7 +60,7 @@ func TestClaimFollowsRowsInFlight(t *testing.T) {
 		complete(t, c, sent(5))
 
 		// Following [3 4] only: 1 and 2, in flight, still hold K.
-		outbox.HeadClaimDue(st)
+		store.HeadClaimDue(st)
 		d := claimFollowing(t, st, 1, b)
 		if got := ids(d.Records); len(got) != 0 || d.Skipped != 1 {
 			t.Fatalf("claim following [3 4] only = %v, %d skipped; want 6 skipped behind 1 and 2", got, d.Skipped)
@@ -80,18 +80,18 @@ func TestClaimFollowsRowsInFlight(t *testing.T) {
 // its caller must then leave without an outcome. Once that claim ends,
 // the next one holds them back behind the failed row, as usual.
 func TestFollowedRowThatFailedIsLeftToTheCaller(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','K','3')`)
 		a := claim(t, st, 1)
-		follows := []outbox.KeyedRow{{Key: "K", ID: a.Records[0].ID}}
-		complete(t, a, outbox.Outcome{ID: 1, Kind: outbox.Retried, Error: "503", Class: "transient", Attempted: true, Delay: 3600e9})
+		follows := []store.KeyedRow{{Key: "K", ID: a.Records[0].ID}}
+		complete(t, a, store.Outcome{ID: 1, Kind: store.Retried, Error: "503", Class: "transient", Attempted: true, Delay: 3600e9})
 
 		b := claimBehind(t, st, 2, follows)
 		if got := ids(b.Records); fmt.Sprint(got) != "[2 3]" {
 			t.Fatalf("claim following the failed 1 = %v, want [2 3]", got)
 		}
 		complete(t, b) // left without an outcome
-		outbox.HeadClaimDue(st)
+		store.HeadClaimDue(st)
 		c := claim(t, st, 2)
 		if len(c.Records) != 0 || c.Deferred != 2 {
 			t.Fatalf("next claim = %v, %d deferred; want 2 and 3 deferred behind 1", ids(c.Records), c.Deferred)

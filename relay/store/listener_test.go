@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // newListener returns a listener on s with the default probe interval.
-func newListener(t *testing.T, s *pgtest.Schema) *outbox.Listener {
+func newListener(t *testing.T, s *pgtest.Schema) *store.Listener {
 	t.Helper()
-	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name})
+	l, err := store.NewListener(s.Pool, store.ListenerConfig{Schema: s.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,21 +63,21 @@ func TestListenerStatus(t *testing.T) {
 	defer cancel()
 	s := pgtest.NewSchema(t)
 	l := newListener(t, s)
-	if state, cause := l.Status(); state != outbox.ListenerStarting || cause != "" {
+	if state, cause := l.Status(); state != store.ListenerStarting || cause != "" {
 		t.Fatalf("Status before Run = %q, %q", state, cause)
 	}
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx, func() {}, func() {}) }()
-	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == store.ListenerArriving })
 
 	// The server ends the listening session (this schema's only: tests
 	// run in parallel).
 	s.Exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN "`+l.Channel()+`"'`)
-	testwait.For(t, "notifications reported lost", func() bool { state, _ := l.Status(); return state == outbox.ListenerNotArriving })
+	testwait.For(t, "notifications reported lost", func() bool { state, _ := l.Status(); return state == store.ListenerNotArriving })
 	if _, cause := l.Status(); cause == "" {
 		t.Error("no cause for the lost notifications")
 	}
-	testwait.For(t, "notifications arriving again", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	testwait.For(t, "notifications arriving again", func() bool { state, _ := l.Status(); return state == store.ListenerArriving })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -93,13 +93,13 @@ func TestListenerReplacesAConnectionThatMissedItsProbe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := pgtest.NewSchema(t)
-	l, err := outbox.NewListener(s.Pool, outbox.ListenerConfig{Schema: s.Name, ProbeInterval: 200 * time.Millisecond, ProbeTimeout: time.Second})
+	l, err := store.NewListener(s.Pool, store.ListenerConfig{Schema: s.Name, ProbeInterval: 200 * time.Millisecond, ProbeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx, func() {}, func() {}) }()
-	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	testwait.For(t, "notifications arriving", func() bool { state, _ := l.Status(); return state == store.ListenerArriving })
 
 	// Freeze the listening server process: its socket stays open, and
 	// nothing it is sent is read.
@@ -115,11 +115,11 @@ func TestListenerReplacesAConnectionThatMissedItsProbe(t *testing.T) {
 		t.Fatalf("freezing the listening backend %d: %v (the tests run as root or as the server's user)", pid, err)
 	}
 	defer func() { _ = proc.Signal(syscall.SIGCONT) }()
-	testwait.For(t, "the missed probe reported", func() bool { state, _ := l.Status(); return state == outbox.ListenerNotArriving })
+	testwait.For(t, "the missed probe reported", func() bool { state, _ := l.Status(); return state == store.ListenerNotArriving })
 	if _, cause := l.Status(); !strings.Contains(cause, "did not arrive within 1s") {
 		t.Errorf("cause %q, want the missed probe", cause)
 	}
-	testwait.For(t, "notifications arriving on a fresh connection", func() bool { state, _ := l.Status(); return state == outbox.ListenerArriving })
+	testwait.For(t, "notifications arriving on a fresh connection", func() bool { state, _ := l.Status(); return state == store.ListenerArriving })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -167,7 +167,7 @@ func TestPartitionChangesAreAnnounced(t *testing.T) {
 			t.Fatalf("%s: %d partitions notices, want none", what, n)
 		}
 	}
-	sync := func(st *outbox.Store) {
+	sync := func(st *store.Store) {
 		t.Helper()
 		if err := st.SyncPartitions(ctx); err != nil {
 			t.Fatal(err)
@@ -185,14 +185,14 @@ func TestPartitionChangesAreAnnounced(t *testing.T) {
 	}
 	sync(a)
 	announced("a gives partitions up")
-	half := outbox.Partitions / 2
+	half := store.Partitions / 2
 	if got := a.Share(); got.Lo != 0 || got.Hi != half-1 || got.Giving != 0 || got.Claimers != 2 {
 		t.Fatalf("a's share %+v, want partitions 0–%d of 2 claimers, none to give up", got, half-1)
 	}
 	sync(b)
 	quiet("b takes what a gave up")
-	if got := b.Share(); got.Lo != half || got.Hi != outbox.Partitions-1 {
-		t.Fatalf("b's share %+v, want partitions %d–%d", got, half, outbox.Partitions-1)
+	if got := b.Share(); got.Lo != half || got.Hi != store.Partitions-1 {
+		t.Fatalf("b's share %+v, want partitions %d–%d", got, half, store.Partitions-1)
 	}
 	if err := b.LeavePartitions(ctx); err != nil {
 		t.Fatal(err)
@@ -200,7 +200,7 @@ func TestPartitionChangesAreAnnounced(t *testing.T) {
 	announced("b leaves")
 	sync(a)
 	announced("a sees b gone")
-	if got := a.Share(); got.Lo != 0 || got.Hi != outbox.Partitions-1 {
+	if got := a.Share(); got.Lo != 0 || got.Hi != store.Partitions-1 {
 		t.Fatalf("a's share %+v after b left, want every partition", got)
 	}
 	cancel()

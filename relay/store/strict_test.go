@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -12,12 +12,12 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func strictStore(t *testing.T, s *pgtest.Schema) *outbox.Store {
+func strictStore(t *testing.T, s *pgtest.Schema) *store.Store {
 	t.Helper()
-	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, StrictOrder: true})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name, StrictOrder: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func eventually(t *testing.T, cond func() (bool, string)) {
 }
 
 // claimOnce claims and releases, returning the ids claimed.
-func claimOnce(t *testing.T, st *outbox.Store) []int64 {
+func claimOnce(t *testing.T, st *store.Store) []int64 {
 	t.Helper()
 	c := claim(t, st, 10)
 	got := ids(c.Records)
@@ -72,7 +72,7 @@ func claimOnce(t *testing.T, st *outbox.Store) []int64 {
 }
 
 // claimUntil claims (and releases) until a claim returns want.
-func claimUntil(t *testing.T, st *outbox.Store, want []int64) {
+func claimUntil(t *testing.T, st *store.Store, want []int64) {
 	t.Helper()
 	eventually(t, func() (bool, string) {
 		got := claimOnce(t, st)
@@ -186,7 +186,7 @@ func TestCheckStrictOrder(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error mentioning %q", err, tc.want)
 			}
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1, PayloadCap: 1})
+			c, err := st.Claim(ctx, store.ClaimParams{Limit: 1, PayloadCap: 1})
 			if err == nil {
 				_ = c.Release(ctx)
 			}
@@ -210,7 +210,7 @@ func TestObservationSeesTheNextTransactionID(t *testing.T) {
 	if err := young.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	xmin, next, err := outbox.NextXid(ctx, st)
+	xmin, next, err := store.NextXid(ctx, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestCheckStrictOrderNeedsTheSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	st, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: s.Name, StrictOrder: true})
+	st, err := store.New(pool, store.Config{Schema: s.Name, StrictOrder: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestCheckStrictOrderNeedsTheSequence(t *testing.T) {
 	if err := st.CheckStrictOrder(ctx); err != nil {
 		t.Fatalf("with the grant: %v", err)
 	}
-	c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1, PayloadCap: 1})
+	c, err := st.Claim(ctx, store.ClaimParams{Limit: 1, PayloadCap: 1})
 	if err != nil {
 		t.Fatalf("claim with the grant: %v", err)
 	}

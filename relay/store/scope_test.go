@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // scopeOfTopic puts topics a and b in scopes of their own and every other
@@ -17,7 +17,7 @@ func scopeOfTopic(topic string) string {
 	case "a", "b":
 		return topic
 	case "lost":
-		return outbox.EveryScope
+		return store.EveryScope
 	}
 	return "rest"
 }
@@ -31,7 +31,7 @@ func scopeOfTopic(topic string) string {
 func TestOrderScopeHoldsBackOnlyItsOwnRows(t *testing.T) {
 	t.Parallel()
 	for _, kind := range []string{"waiting", "parked"} {
-		for name, form := range map[string]outbox.KeyCheckForm{"by span": outbox.KeyCheckBySpan, "by key": outbox.KeyCheckByKey} {
+		for name, form := range map[string]store.KeyCheckForm{"by span": store.KeyCheckBySpan, "by key": store.KeyCheckByKey} {
 			for _, scoped := range []bool{true, false} {
 				t.Run(fmt.Sprintf("%s, %s, scoped %v", kind, name, scoped), func(t *testing.T) {
 					t.Parallel()
@@ -42,19 +42,19 @@ func TestOrderScopeHoldsBackOnlyItsOwnRows(t *testing.T) {
 	}
 }
 
-func orderScopeHoldsBack(t *testing.T, kind string, form outbox.KeyCheckForm, scoped bool) {
+func orderScopeHoldsBack(t *testing.T, kind string, form store.KeyCheckForm, scoped bool) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := leasedStore(t, s, "a")
-	outbox.SetKeyCheck(st, form)
+	store.SetKeyCheck(st, form)
 	var scope func(string) string
 	if scoped {
 		scope = scopeOfTopic
 	}
-	claim := func(limit int) *outbox.Claim {
+	claim := func(limit int) *store.Claim {
 		t.Helper()
-		outbox.HeadClaimDue(st)
-		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: limit, PayloadCap: 100, OrderScope: scope})
+		store.HeadClaimDue(st)
+		c, err := st.Claim(ctx, store.ClaimParams{Limit: limit, PayloadCap: 100, OrderScope: scope})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,13 +69,13 @@ func orderScopeHoldsBack(t *testing.T, kind string, form outbox.KeyCheckForm, sc
 	if got := ids(first.Records); fmt.Sprint(got) != "[1 2]" {
 		t.Fatalf("first claim = %v, want [1 2]", got)
 	}
-	var outcomes []outbox.Outcome
+	var outcomes []store.Outcome
 	for i, id := range []int64{1, 2} {
 		if kind == "waiting" {
-			outcomes = append(outcomes, outbox.Outcome{ID: id, Kind: outbox.Retried, Error: "503", Attempted: true,
+			outcomes = append(outcomes, store.Outcome{ID: id, Kind: store.Retried, Error: "503", Attempted: true,
 				Delay: time.Hour + time.Duration(i)*time.Minute})
 		} else {
-			outcomes = append(outcomes, outbox.Outcome{ID: id, Kind: outbox.DeadLettered, Reason: "permanent", Error: "400",
+			outcomes = append(outcomes, store.Outcome{ID: id, Kind: store.DeadLettered, Reason: "permanent", Error: "400",
 				Attempted: true, ParkKey: true})
 		}
 	}
@@ -95,7 +95,7 @@ func orderScopeHoldsBack(t *testing.T, kind string, form outbox.KeyCheckForm, sc
 	}
 	if got := ids(c.Records); fmt.Sprint(got) != want || c.Deferred != deferred || c.Skipped != 0 {
 		t.Fatalf("claim = %v deferred %d skipped %d, want %s with %d deferred; %s",
-			got, c.Deferred, c.Skipped, want, deferred, outbox.FloorState(st))
+			got, c.Deferred, c.Skipped, want, deferred, store.FloorState(st))
 	}
 	complete(t, c)
 	// Each deferred row waits behind the blocker of its scope.
@@ -132,7 +132,7 @@ func TestRowOfEveryScopeHoldsBackEveryScope(t *testing.T) {
 	st := newStore(t, s, false)
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('lost','K','1'), ('a','K','2'), ('c','K','3'), ('a','L','4')`)
 	s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'no_route', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
-	c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100, OrderScope: scopeOfTopic})
+	c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100, OrderScope: scopeOfTopic})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // A claim that finds every connection of its pool in use fails as
@@ -31,14 +31,14 @@ func TestClaimFailuresAreExplained(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	st, err := outbox.NewStore(pool, outbox.StoreConfig{Schema: s.Name})
+	st, err := store.New(pool, store.Config{Schema: s.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
 	claimWithin := func(d time.Duration) error {
 		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
-		c, err := st.Claim(cctx, outbox.ClaimParams{Limit: 10, PayloadCap: 1 << 20})
+		c, err := st.Claim(cctx, store.ClaimParams{Limit: 10, PayloadCap: 1 << 20})
 		if err == nil {
 			_ = c.Release(ctx)
 		}
@@ -51,7 +51,7 @@ func TestClaimFailuresAreExplained(t *testing.T) {
 	}
 	err = claimWithin(200 * time.Millisecond)
 	held.Release()
-	if p, ok := outbox.ExplainDBError(err); !ok || p.Kind != "pool_exhausted" || !errors.Is(err, outbox.ErrPoolExhausted) {
+	if p, ok := store.ExplainDBError(err); !ok || p.Kind != "pool_exhausted" || !errors.Is(err, store.ErrPoolExhausted) {
 		t.Fatalf("claim with the only connection held: %v explained as %+v, want pool_exhausted", err, p)
 	}
 
@@ -64,7 +64,7 @@ func TestClaimFailuresAreExplained(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = claimWithin(300 * time.Millisecond)
-	if p, ok := outbox.ExplainDBError(err); !ok || p.Kind != "query_timeout" {
+	if p, ok := store.ExplainDBError(err); !ok || p.Kind != "query_timeout" {
 		t.Fatalf("claim behind a lock: %v explained as %+v, want query_timeout", err, p)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -84,7 +84,7 @@ func TestExplainDBErrorBySQLState(t *testing.T) {
 		"57P01": "server_unavailable", "57P03": "server_unavailable", "26000": "prepared_statements",
 		"42P05": "prepared_statements", "23505": "",
 	} {
-		p, ok := outbox.ExplainDBError(&pgconn.PgError{Code: code})
+		p, ok := store.ExplainDBError(&pgconn.PgError{Code: code})
 		if ok != (kind != "") || p.Kind != kind {
 			t.Errorf("SQLSTATE %s explained as %+v (%v), want %q", code, p, ok, kind)
 		}

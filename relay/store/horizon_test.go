@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -17,13 +17,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // horizonSchema is an outbox schema in a database of its own: sessions and
 // prepared transactions hold the horizon of their own database only, so
 // other tests' transactions stay out of it.
-func horizonSchema(t *testing.T) (*pgtest.Schema, *outbox.Store) {
+func horizonSchema(t *testing.T) (*pgtest.Schema, *store.Store) {
 	t.Helper()
 	s := pgtest.NewSchemaIn(t, pgtest.NewDatabase(t))
 	return s, newStore(t, s, false)
@@ -31,9 +31,9 @@ func horizonSchema(t *testing.T) (*pgtest.Schema, *outbox.Store) {
 
 // findHolder waits until the store names a holder that matches, and
 // returns it.
-func findHolder(t *testing.T, st *outbox.Store, what string, match func(outbox.HorizonHolder) bool) outbox.HorizonHolder {
+func findHolder(t *testing.T, st *store.Store, what string, match func(store.HorizonHolder) bool) store.HorizonHolder {
 	t.Helper()
-	var found outbox.HorizonHolder
+	var found store.HorizonHolder
 	testwait.State(t, testwait.DefaultTimeout, func() (bool, string) {
 		h, err := st.Horizon(context.Background())
 		if err != nil {
@@ -71,7 +71,7 @@ func TestHorizonNamesASessionsSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := int(conn.PgConn().PID())
-	h := findHolder(t, st, "the report's snapshot named", func(o outbox.HorizonHolder) bool { return o.Kind == "session" && o.PID == pid })
+	h := findHolder(t, st, "the report's snapshot named", func(o store.HorizonHolder) bool { return o.Kind == "session" && o.PID == pid })
 	if h.Application != "nightly-report" || h.User == "" || h.State != "idle in transaction" || h.Xmin == "" || h.Age <= 0 {
 		t.Errorf("holder %+v, want the report's application, user, state, xmin and age", h)
 	}
@@ -100,11 +100,11 @@ func TestHorizonNamesASessionsSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer readerPool.Close()
-	reader, err := outbox.NewStore(readerPool, outbox.StoreConfig{Schema: s.Name})
+	reader, err := store.New(readerPool, store.Config{Schema: s.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := findHolder(t, reader, "the report's snapshot named to a role without privileges", func(o outbox.HorizonHolder) bool { return o.PID == pid })
+	seen := findHolder(t, reader, "the report's snapshot named to a role without privileges", func(o store.HorizonHolder) bool { return o.PID == pid })
 	if seen.Application != "nightly-report" || seen.User == "" || seen.Age != 0 || seen.Xmin != h.Xmin {
 		t.Errorf("an unprivileged role sees %+v, want the report's pid, user, application and xmin, and no age", seen)
 	}
@@ -176,7 +176,7 @@ func TestHorizonNamesAPreparedTransaction(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _, _ = s.Pool.Exec(context.Background(), "ROLLBACK PREPARED '"+gid+"'") })
-	h := findHolder(t, st, "the prepared transaction named", func(o outbox.HorizonHolder) bool { return o.Kind == "prepared" && o.Name == gid })
+	h := findHolder(t, st, "the prepared transaction named", func(o store.HorizonHolder) bool { return o.Kind == "prepared" && o.Name == gid })
 	if h.PID != 0 || h.User == "" || h.Age <= 0 {
 		t.Errorf("holder %+v, want no pid, the owner and an age", h)
 	}
@@ -191,12 +191,12 @@ func TestHorizonNamesSlotsAndStandbys(t *testing.T) {
 	slot := strings.ReplaceAll(pgtest.UniqueName("horizon"), "-", "_")
 
 	standby(t, "standby-a", slot)
-	h := findHolder(t, st, "the slot named", func(o outbox.HorizonHolder) bool { return o.Kind == "slot" && o.Name == slot })
+	h := findHolder(t, st, "the slot named", func(o store.HorizonHolder) bool { return o.Kind == "slot" && o.Name == slot })
 	if h.Client != "physical" || h.State != "active" || h.PID == 0 {
 		t.Errorf("holder %+v, want the active physical slot and its walsender", h)
 	}
 	standby(t, "standby-b", "")
-	h = findHolder(t, st, "the standby named", func(o outbox.HorizonHolder) bool { return o.Kind == "standby" && o.Name == "standby-b" })
+	h = findHolder(t, st, "the standby named", func(o store.HorizonHolder) bool { return o.Kind == "standby" && o.Name == "standby-b" })
 	if h.PID == 0 || h.Client == "" {
 		t.Errorf("holder %+v, want the walsender's pid and the standby's address", h)
 	}

@@ -1,4 +1,4 @@
-package outbox
+package store
 
 import (
 	"cmp"
@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 
 // ClaimParams bounds a claim.
@@ -231,10 +232,10 @@ func record(row *outboxdb.ClaimedRow, payloadCap int) Record {
 		RetryCount: row.RetryCount, LastDelay: row.LastDelay}
 	switch {
 	case row.HeadersProblem != "":
-		r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, ReasonInvalidMessage
+		r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, retry.ReasonInvalidMessage
 	case r.Payload == nil:
 		r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, payloadCap)
-		r.UndeliverableReason = ReasonTooLarge
+		r.UndeliverableReason = retry.ReasonTooLarge
 	}
 	return r
 }

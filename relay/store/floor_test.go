@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -16,13 +16,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // leasedStore is a store that leases partitions as claimer, synced once.
-func leasedStore(t *testing.T, s *pgtest.Schema, claimer string) *outbox.Store {
+func leasedStore(t *testing.T, s *pgtest.Schema, claimer string) *store.Store {
 	t.Helper()
-	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: claimer, ClaimLease: time.Minute})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name, Claimer: claimer, ClaimLease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,11 +71,11 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 	// statements beside them.
 	s := pgtest.NewSchema(t).WithConns(t, 10)
 	pool := s.Pool
-	stores := []*outbox.Store{leasedStore(t, s, "a")}
+	stores := []*store.Store{leasedStore(t, s, "a")}
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
 	type open struct {
-		st    *outbox.Store
-		claim *outbox.Claim
+		st    *store.Store
+		claim *store.Claim
 	}
 	var claims []open
 	inserted := map[int64]string{} // id → key ("" for none)
@@ -113,7 +113,7 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 	}
 	// inFlight is what the relay excludes: the keys st's open claims
 	// hold, and the lowest id they hold of them.
-	inFlight := func(st *outbox.Store) ([]string, int64) {
+	inFlight := func(st *store.Store) ([]string, int64) {
 		var out []string
 		var lowest int64
 		for _, o := range claims {
@@ -140,7 +140,7 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 			}
 			return
 		}
-		var outcomes []outbox.Outcome
+		var outcomes []store.Outcome
 		failed := map[string]bool{}
 		for _, r := range o.claim.Records {
 			k := inScope(r.Key, r.Topic)
@@ -149,23 +149,23 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 			}
 			switch n := rnd.IntN(20); {
 			case n < 2:
-				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Retried, Error: "503", Attempted: true,
+				outcomes = append(outcomes, store.Outcome{ID: r.ID, Kind: store.Retried, Error: "503", Attempted: true,
 					Delay: time.Duration(rnd.IntN(3)) * 10 * time.Millisecond})
 				failed[k] = r.HasKey
 			case n < 3:
-				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Deferred, Delay: 5 * time.Millisecond})
+				outcomes = append(outcomes, store.Outcome{ID: r.ID, Kind: store.Deferred, Delay: 5 * time.Millisecond})
 				failed[k] = r.HasKey
 			case n < 4:
 				failed[k] = r.HasKey // left without an outcome, as a key's rows behind a failure are
 			default:
-				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Sent})
+				outcomes = append(outcomes, store.Outcome{ID: r.ID, Kind: store.Sent})
 			}
 		}
 		if err := o.claim.Complete(ctx, outcomes); err != nil {
 			t.Fatal(err)
 		}
 		for _, oc := range outcomes {
-			if oc.Kind == outbox.Sent && !delivered[oc.ID] {
+			if oc.Kind == store.Sent && !delivered[oc.ID] {
 				delivered[oc.ID] = true
 				order = append(order, oc.ID)
 			}
@@ -208,7 +208,7 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 				topics = []string{"u"}
 			}
 			exclude, excludedFrom := inFlight(st)
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(8), PayloadCap: 100, ExcludeKeys: exclude,
+			c, err := st.Claim(ctx, store.ClaimParams{Limit: 1 + rnd.IntN(8), PayloadCap: 100, ExcludeKeys: exclude,
 				ExcludedFrom: excludedFrom, ExcludeTopics: topics, ExcludeFor: 20 * time.Millisecond, OrderScope: scope})
 			if err != nil {
 				t.Fatal(err)
@@ -223,7 +223,7 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 		// between them, which its claims do not read until they close.
 		if i == 150 || i == 300 {
 			name := map[int]string{150: "c", 300: "b"}[i]
-			st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: name, ClaimLease: time.Minute})
+			st, err := store.New(s.Pool, store.Config{Schema: s.Name, Claimer: name, ClaimLease: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +266,7 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 			}
 			rows.Close()
 			for _, st := range stores {
-				t.Log(outbox.FloorState(st))
+				t.Log(store.FloorState(st))
 			}
 			t.Fatalf("seed %d: %d of %d rows never delivered: %v", seed, len(missing), len(inserted), missing)
 		}
@@ -274,13 +274,13 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 			if err := st.SyncPartitions(ctx); err != nil {
 				t.Fatal(err)
 			}
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100, OrderScope: scope})
+			c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100, OrderScope: scope})
 			if err != nil {
 				t.Fatal(err)
 			}
-			var outcomes []outbox.Outcome
+			var outcomes []store.Outcome
 			for _, r := range c.Records {
-				outcomes = append(outcomes, outbox.Outcome{ID: r.ID, Kind: outbox.Sent})
+				outcomes = append(outcomes, store.Outcome{ID: r.ID, Kind: store.Sent})
 			}
 			if err := c.Complete(ctx, outcomes); err != nil {
 				t.Fatal(err)
@@ -308,7 +308,7 @@ func floorsModel(t *testing.T, seed uint64, scope func(topic string) string) {
 }
 
 // complete writes outcomes back for c, failing the test on error.
-func complete(t *testing.T, c *outbox.Claim, outcomes ...outbox.Outcome) {
+func complete(t *testing.T, c *store.Claim, outcomes ...store.Outcome) {
 	t.Helper()
 	if err := c.Complete(context.Background(), outcomes); err != nil {
 		t.Fatal(err)
@@ -316,17 +316,17 @@ func complete(t *testing.T, c *outbox.Claim, outcomes ...outbox.Outcome) {
 }
 
 // retryNow is a failed attempt whose retry is due at once.
-func retryNow(id int64) outbox.Outcome {
-	return outbox.Outcome{ID: id, Kind: outbox.Retried, Error: "503", Class: "transient", Attempted: true}
+func retryNow(id int64) store.Outcome {
+	return store.Outcome{ID: id, Kind: store.Retried, Error: "503", Class: "transient", Attempted: true}
 }
 
-func sent(id int64) outbox.Outcome { return outbox.Outcome{ID: id, Kind: outbox.Sent} }
+func sent(id int64) store.Outcome { return store.Outcome{ID: id, Kind: store.Sent} }
 
 // A row that failed waits for its retry on the waiting rows' index, and is
 // claimed again once due wherever the claims have got to, before its
 // key's later rows.
 func TestRetriedRowIsClaimedAgainWhereverClaimsAre(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		// ids 1..10: K x K y, then six without a key
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','x','2'), ('t','K','3'), ('t','y','4')`)
 		s.Exec(t, `INSERT INTO outbox (topic, payload) SELECT 't', 'p' FROM generate_series(5, 10)`)
@@ -364,7 +364,7 @@ func TestClaimFromTheHeadEverySoOften(t *testing.T) {
 	if got := ids(claim(t, st, 2).Records); fmt.Sprint(got) != "[6 7]" {
 		t.Fatalf("claim above the last = %v, want [6 7]", got)
 	}
-	outbox.HeadClaimDue(st)
+	store.HeadClaimDue(st)
 	if got := ids(claim(t, st, 2).Records); fmt.Sprint(got) != "[2 8]" {
 		t.Fatalf("claim from the head = %v, want [2 8]: 2 appeared below, 4 to 7 are locked", got)
 	}
@@ -392,14 +392,14 @@ func TestRowLockedByAKeyCheckProbeIsNotPassedOver(t *testing.T) {
 			s.Exec(t, `UPDATE outbox SET next_attempt_at = created_at - interval '1 second' WHERE id = 3`)
 
 			var during []int64
-			outbox.WhileProbing(st, func() {
-				outbox.HeadClaimDue(st)
+			store.WhileProbing(st, func() {
+				store.HeadClaimDue(st)
 				c := claim(t, st, 10)
 				during = ids(c.Records)
 				complete(t, c, sent(4))
 			})
 			probing := claim(t, st, 1)
-			outbox.WhileProbing(st, nil)
+			store.WhileProbing(st, nil)
 			if got := ids(probing.Records); fmt.Sprint(got) != "[]" || probing.Deferred != 1 {
 				t.Fatalf("probing claim = %v, deferred %d; want 3 taken and deferred behind 2", got, probing.Deferred)
 			}
@@ -465,11 +465,11 @@ func TestHeldSnapshotDoesNotChangeWhatAClaimReads(t *testing.T) {
 	const dead = 50_000
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || (g % 100), 'x' FROM generate_series(1, $1) g`, dead)
 	for delivered := 0; delivered < dead; {
-		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 5000, PayloadCap: 100})
+		c, err := st.Claim(ctx, store.ClaimParams{Limit: 5000, PayloadCap: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []outbox.Outcome
+		var out []store.Outcome
 		for _, r := range c.Records {
 			out = append(out, sent(r.ID))
 		}
@@ -481,7 +481,7 @@ func TestHeldSnapshotDoesNotChangeWhatAClaimReads(t *testing.T) {
 	}
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 5) g`)
 	// A claim of the relay's: the new rows.
-	outbox.HeadClaimDue(st)
+	store.HeadClaimDue(st)
 	c := claim(t, st, 100)
 	if len(c.Records) != 5 || c.Records[0].ID != dead+1 {
 		t.Fatalf("claimed %v, want the 5 new rows", ids(c.Records))
@@ -491,7 +491,7 @@ func TestHeldSnapshotDoesNotChangeWhatAClaimReads(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	floor, lo, hi := outbox.NextClaimBounds(st)
+	floor, lo, hi := store.NextClaimBounds(st)
 	if floor < dead-5000 {
 		t.Fatalf("the floor is %d, below the last claims' rows", floor)
 	}
@@ -509,9 +509,9 @@ func TestHeldSnapshotDoesNotChangeWhatAClaimReads(t *testing.T) {
 	}
 	read := func(from, keyFloor int64) [3]int {
 		return [3]int{
-			buffers(outbox.ClaimSQL(st), fmt.Sprintf("100, 100, '{}', '{}', 9223372036854775807, %d, %d, %d, true", from, lo, hi)),
-			buffers(outbox.HoldingByKeySQL(st), fmt.Sprintf("%s, %s, %d", keys, claimed, keyFloor)),
-			buffers(outbox.HoldingBySpanSQL(st), fmt.Sprintf("%s, %s, %d, %d, %d, %d", keys, claimed, keyFloor, dead+5, lo, hi)),
+			buffers(store.ClaimSQL(st), fmt.Sprintf("100, 100, '{}', '{}', 9223372036854775807, %d, %d, %d, true", from, lo, hi)),
+			buffers(store.HoldingByKeySQL(st), fmt.Sprintf("%s, %s, %d", keys, claimed, keyFloor)),
+			buffers(store.HoldingBySpanSQL(st), fmt.Sprintf("%s, %s, %d, %d, %d, %d", keys, claimed, keyFloor, dead+5, lo, hi)),
 		}
 	}
 	fromFloor, fromStart := read(floor, floor), read(0, 0)
@@ -538,7 +538,7 @@ func TestLateCommitBelowTheFloorIsDelivered(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			s := pgtest.NewSchema(t)
-			st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: "a", StrictOrder: strict})
+			st, err := store.New(s.Pool, store.Config{Schema: s.Name, Claimer: "a", StrictOrder: strict})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -549,11 +549,11 @@ func TestLateCommitBelowTheFloorIsDelivered(t *testing.T) {
 				t.Helper()
 				var order []int64
 				for {
-					c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 3, PayloadCap: 100})
+					c, err := st.Claim(ctx, store.ClaimParams{Limit: 3, PayloadCap: 100})
 					if err != nil {
 						t.Fatal(err)
 					}
-					var out []outbox.Outcome
+					var out []store.Outcome
 					for _, r := range c.Records {
 						out = append(out, sent(r.ID))
 						order = append(order, r.ID)
@@ -589,7 +589,7 @@ func TestLateCommitBelowTheFloorIsDelivered(t *testing.T) {
 			var rest []int64
 			testwait.State(t, testwait.DefaultTimeout, func() (bool, string) {
 				rest = append(rest, drain()...)
-				outbox.HeadClaimDue(st)
+				store.HeadClaimDue(st)
 				var left int
 				if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil {
 					t.Fatal(err)
@@ -619,7 +619,7 @@ func TestSweepFindsARowGivenAnIdBelowTheFloor(t *testing.T) {
 	st := leasedStore(t, s, "a")
 	s.Exec(t, `INSERT INTO outbox (topic, payload) SELECT 't', 'p' FROM generate_series(1, 10)`)
 	c := claim(t, st, 10)
-	var out []outbox.Outcome
+	var out []store.Outcome
 	for _, r := range c.Records {
 		out = append(out, sent(r.ID))
 	}
@@ -628,7 +628,7 @@ func TestSweepFindsARowGivenAnIdBelowTheFloor(t *testing.T) {
 		t.Fatalf("sweep with nothing below the floor: found %v, %v", found, err)
 	}
 	s.Exec(t, `INSERT INTO outbox (id, topic, payload) OVERRIDING SYSTEM VALUE VALUES (3, 't', 'p')`)
-	outbox.HeadClaimDue(st)
+	store.HeadClaimDue(st)
 	if got := ids(claim(t, st, 10).Records); len(got) != 0 {
 		t.Fatalf("a claim from the floor found %v: row 3 is below it", got)
 	}
@@ -658,7 +658,7 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 	}
 
 	stranded := claimPast(t, s, st, 1, 5)
-	if floor, _, _ := outbox.NextClaimBounds(st); floor <= stranded {
+	if floor, _, _ := store.NextClaimBounds(st); floor <= stranded {
 		t.Fatalf("b's floor %d, want above row %d: its claims moved on", floor, stranded)
 	}
 
@@ -668,11 +668,11 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 	if err := st.SyncPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := st.Share(); got.Lo != 0 || got.Hi != outbox.Partitions-1 {
+	if got := st.Share(); got.Lo != 0 || got.Hi != store.Partitions-1 {
 		t.Fatalf("b's claims read partitions %d-%d, want all", got.Lo, got.Hi)
 	}
 	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != fmt.Sprint([]int64{stranded}) {
-		t.Fatalf("claim once partition 1 joined the run = %v, want [%d]; %s", got, stranded, outbox.FloorState(st))
+		t.Fatalf("claim once partition 1 joined the run = %v, want [%d]; %s", got, stranded, store.FloorState(st))
 	}
 }
 
@@ -680,7 +680,7 @@ func TestPartitionJoiningTheRunIsReadFromItsFloor(t *testing.T) {
 // read, then rows into partition read, which they do, and has two claims
 // from the head deliver those: st's floor moves past the first row. It
 // returns that row's id.
-func claimPast(t *testing.T, s *pgtest.Schema, st *outbox.Store, unread, read int) int64 {
+func claimPast(t *testing.T, s *pgtest.Schema, st *store.Store, unread, read int) int64 {
 	t.Helper()
 	var stranded int64
 	if err := s.Pool.QueryRow(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('t', $1, 'p') RETURNING id`,
@@ -689,9 +689,9 @@ func claimPast(t *testing.T, s *pgtest.Schema, st *outbox.Store, unread, read in
 	}
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', $1, 'p' FROM generate_series(1, 5)`, keyInPartition(t, s, read))
 	for range 2 {
-		outbox.HeadClaimDue(st)
+		store.HeadClaimDue(st)
 		c := claim(t, st, 10)
-		var out []outbox.Outcome
+		var out []store.Outcome
 		for _, r := range c.Records {
 			if r.ID == stranded {
 				t.Fatalf("claims that do not read partition %d took its row %d", unread, r.ID)
@@ -753,18 +753,18 @@ func TestPartitionBackInRangeBeforeGivenUpIsReadFromWhereItLeft(t *testing.T) {
 		END $$`)
 	s.Exec(t, `CREATE TRIGGER fail_first_sync BEFORE INSERT OR UPDATE ON outbox_claim_partitions
 		FOR EACH STATEMENT EXECUTE FUNCTION fail_first_sync()`)
-	outbox.RecordAtNextSync(st)
+	store.RecordAtNextSync(st)
 	if err := st.SyncPartitions(ctx); err == nil {
 		t.Fatal("the sync did not fail")
 	}
 	if err := st.SyncPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := st.Share(); got.Lo != 0 || got.Hi != outbox.Partitions-1 {
+	if got := st.Share(); got.Lo != 0 || got.Hi != store.Partitions-1 {
 		t.Fatalf("a's share = %+v, want every partition", got)
 	}
 	if got := ids(claim(t, st, 10).Records); fmt.Sprint(got) != fmt.Sprint([]int64{stranded}) {
-		t.Fatalf("claim once partition 9 came back = %v, want [%d]; %s", got, stranded, outbox.FloorState(st))
+		t.Fatalf("claim once partition 9 came back = %v, want [%d]; %s", got, stranded, store.FloorState(st))
 	}
 }
 
@@ -783,7 +783,7 @@ func TestPartitionsGivenUpAreNotReadOnceFree(t *testing.T) {
 	}
 	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('b', now() + interval '1 hour')`)
 	var during []int64
-	outbox.OnPartitionsWritten(st, func() {
+	store.OnPartitionsWritten(st, func() {
 		c := claim(t, st, 10)
 		during = ids(c.Records)
 		if err := c.Release(ctx); err != nil {
@@ -793,7 +793,7 @@ func TestPartitionsGivenUpAreNotReadOnceFree(t *testing.T) {
 	if err := st.SyncPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
-	outbox.OnPartitionsWritten(st, nil)
+	store.OnPartitionsWritten(st, nil)
 	if slices.Contains(during, theirs) {
 		t.Fatalf("a claim that began once partition 9 was written free took its row %d", theirs)
 	}
@@ -899,7 +899,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 				}
 			}
 			mu.Unlock()
-			c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 1 + rnd.IntN(30), PayloadCap: 100,
+			c, err := st.Claim(ctx, store.ClaimParams{Limit: 1 + rnd.IntN(30), PayloadCap: 100,
 				ExcludeKeys: exclude, ExcludedFrom: excludedFrom})
 			if err != nil {
 				t.Error(err)
@@ -925,13 +925,13 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 					t.Error(err)
 				}
 			} else {
-				var out []outbox.Outcome
+				var out []store.Outcome
 				failed := map[string]bool{}
 				for _, r := range c.Records {
 					switch n := rnd.IntN(20); {
 					case failed[r.Key]:
 					case n == 0:
-						out = append(out, outbox.Outcome{ID: r.ID, Kind: outbox.Retried, Error: "503", Attempted: true, Delay: time.Millisecond})
+						out = append(out, store.Outcome{ID: r.ID, Kind: store.Retried, Error: "503", Attempted: true, Delay: time.Millisecond})
 						failed[r.Key] = true
 					case n == 1:
 						failed[r.Key] = true // left without an outcome
@@ -945,7 +945,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 				}
 				mu.Lock()
 				for _, o := range out {
-					if o.Kind == outbox.Sent {
+					if o.Kind == store.Sent {
 						delivered[o.ID] = true
 					}
 				}
@@ -977,11 +977,11 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	wg.Wait()
 
 	testwait.State(t, testwait.DefaultTimeout, func() (bool, string) {
-		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 100, PayloadCap: 100})
+		c, err := st.Claim(ctx, store.ClaimParams{Limit: 100, PayloadCap: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out []outbox.Outcome
+		var out []store.Outcome
 		for _, r := range c.Records {
 			out = append(out, sent(r.ID))
 			delivered[r.ID] = true
@@ -1025,9 +1025,9 @@ func TestBacklogCountsEveryPendingRowFromTheFloor(t *testing.T) {
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT CASE WHEN g <= 5 THEN 'a' ELSE 'b' END, 'k' || g, 'x' FROM generate_series(1, 10) g`)
 	c := claim(t, st, 10)
 	// 1 and 6 wait for a retry below the floor; the rest are delivered.
-	out := []outbox.Outcome{
-		{ID: 1, Kind: outbox.Retried, Error: "503", Attempted: true, Delay: time.Hour},
-		{ID: 6, Kind: outbox.Retried, Error: "503", Attempted: true, Delay: time.Hour},
+	out := []store.Outcome{
+		{ID: 1, Kind: store.Retried, Error: "503", Attempted: true, Delay: time.Hour},
+		{ID: 6, Kind: store.Retried, Error: "503", Attempted: true, Delay: time.Hour},
 	}
 	for _, id := range []int64{2, 3, 4, 5, 7, 8, 9, 10} {
 		out = append(out, sent(id))
@@ -1035,7 +1035,7 @@ func TestBacklogCountsEveryPendingRowFromTheFloor(t *testing.T) {
 	complete(t, c, out...)
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 'b', 'k' || g, 'x' FROM generate_series(1, 3) g`)
 	// The floor the process records when its record is due.
-	outbox.RecordAtNextSync(st)
+	store.RecordAtNextSync(st)
 	if err := st.SyncPartitions(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1064,7 +1064,7 @@ func TestClaimNeedsOneConnection(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t).WithConns(t, 1)
 	for _, strict := range []bool{false, true} {
-		st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, Claimer: fmt.Sprint("c", strict), StrictOrder: strict})
+		st, err := store.New(s.Pool, store.Config{Schema: s.Name, Claimer: fmt.Sprint("c", strict), StrictOrder: strict})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1072,7 +1072,7 @@ func TestClaimNeedsOneConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := st.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100})
+		c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
 		cancel()
 		if err != nil {
 			t.Fatalf("strict order %v: claim on a pool of one connection: %v", strict, err)

@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -17,19 +17,20 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func newStore(t *testing.T, s *pgtest.Schema, keepSent bool) *outbox.Store {
+func newStore(t *testing.T, s *pgtest.Schema, keepSent bool) *store.Store {
 	t.Helper()
-	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, KeepSent: keepSent, ErrorHistory: 3})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name, KeepSent: keepSent, ErrorHistory: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
 }
 
-func ids(recs []outbox.Record) []int64 {
+func ids(recs []store.Record) []int64 {
 	out := make([]int64, len(recs))
 	for i, r := range recs {
 		out[i] = r.ID
@@ -40,9 +41,9 @@ func ids(recs []outbox.Record) []int64 {
 // claim claims up to limit rows. A claim still open when the test ends,
 // failed or not, is released, so that its locks do not hold up dropping
 // the test's schema.
-func claim(t *testing.T, st *outbox.Store, limit int) *outbox.Claim {
+func claim(t *testing.T, st *store.Store, limit int) *store.Claim {
 	t.Helper()
-	c, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: limit, PayloadCap: 100})
+	c, err := st.Claim(context.Background(), store.ClaimParams{Limit: limit, PayloadCap: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +53,14 @@ func claim(t *testing.T, st *outbox.Store, limit int) *outbox.Claim {
 
 // forEachKeyCheck runs fn with the key check in each of its forms, each on
 // a schema of its own, as parallel subtests of a parallel test.
-func forEachKeyCheck(t *testing.T, fn func(t *testing.T, s *pgtest.Schema, st *outbox.Store)) {
+func forEachKeyCheck(t *testing.T, fn func(t *testing.T, s *pgtest.Schema, st *store.Store)) {
 	t.Parallel()
-	for name, form := range map[string]outbox.KeyCheckForm{"by span": outbox.KeyCheckBySpan, "by key": outbox.KeyCheckByKey} {
+	for name, form := range map[string]store.KeyCheckForm{"by span": store.KeyCheckBySpan, "by key": store.KeyCheckByKey} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			s := pgtest.NewSchema(t)
 			st := newStore(t, s, false)
-			outbox.SetKeyCheck(st, form)
+			store.SetKeyCheck(st, form)
 			fn(t, s, st)
 		})
 	}
@@ -85,11 +86,11 @@ func TestClaimReadsRows(t *testing.T) {
 	if a.Topic != "a" || !a.HasKey || a.Key != "k1" || string(a.Payload) != "hello" || a.Headers["h"] != "v" || a.Undeliverable != "" {
 		t.Errorf("row a = %+v", a)
 	}
-	if big.Payload != nil || big.PayloadSize != 101 || big.UndeliverableReason != outbox.ReasonTooLarge ||
+	if big.Payload != nil || big.PayloadSize != 101 || big.UndeliverableReason != retry.ReasonTooLarge ||
 		!strings.Contains(big.Undeliverable, "101 bytes") {
 		t.Errorf("oversized row = %+v: want no payload loaded and too_large", big)
 	}
-	if bad.UndeliverableReason != outbox.ReasonInvalidMessage ||
+	if bad.UndeliverableReason != retry.ReasonInvalidMessage ||
 		!strings.Contains(bad.Undeliverable, `header "n" is a number, not a string`) ||
 		!strings.Contains(bad.Undeliverable, `header "o" is an object`) {
 		t.Errorf("bad headers row = %+v", bad)
@@ -115,7 +116,7 @@ func TestClaimReadsPayloadsOfEverySize(t *testing.T) {
 		s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ($1, convert_to(rpad($2::int::text, $3, chr(97 + $2::int % 26)), 'UTF8'))`,
 			topic, i, n)
 	}
-	c, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: 100, PayloadCap: 1 << 20})
+	c, err := st.Claim(context.Background(), store.ClaimParams{Limit: 100, PayloadCap: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +151,7 @@ func TestClaimReadsPayloadsOfEverySize(t *testing.T) {
 // Two open claims never share a row, and a key's later rows wait for the
 // earlier ones in flight.
 func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		// ids 1..6: K K x K y K
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES
 			('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4'), ('t','y','5'), ('t','K','6')`)
@@ -168,7 +169,7 @@ func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
 				second.Skipped, second.SkippedKeys, second.Deferred)
 		}
 		// Told to leave K alone, a claim does not even lock its rows.
-		avoiding, err := st.Claim(context.Background(), outbox.ClaimParams{Limit: 10, PayloadCap: 100, ExcludeKeys: []string{"K"}})
+		avoiding, err := st.Claim(context.Background(), store.ClaimParams{Limit: 10, PayloadCap: 100, ExcludeKeys: []string{"K"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +179,7 @@ func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
 		if err := avoiding.Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if err := first.Complete(context.Background(), []outbox.Outcome{{ID: 1, Kind: outbox.Sent}, {ID: 2, Kind: outbox.Sent}}); err != nil {
+		if err := first.Complete(context.Background(), []store.Outcome{{ID: 1, Kind: store.Sent}, {ID: 2, Kind: store.Sent}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := second.Release(context.Background()); err != nil {
@@ -194,7 +195,7 @@ func TestConcurrentClaimsKeepKeyOrder(t *testing.T) {
 // A key whose head waits for its next attempt is deferred with it, and
 // does not hold back other keys.
 func TestWaitingHeadDefersItsKey(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		ctx := context.Background()
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','x','3'), ('t','K','4')`)
 		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = 1`)
@@ -223,7 +224,7 @@ func TestWaitingHeadDefersItsKey(t *testing.T) {
 }
 
 func TestParkedKeyHoldsLaterRows(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t', NULL, '3')`)
 		s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
 		c := claim(t, st, 10)
@@ -236,7 +237,7 @@ func TestParkedKeyHoldsLaterRows(t *testing.T) {
 // A key's row above its claimed ones, waiting, holds back nothing: the
 // key check by span reads it, as it lies below the claim's last row.
 func TestLaterRowOfAKeyHoldsNothingBack(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','L','3')`)
 		s.Exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '10 minutes', retry_count = 1 WHERE id = 2`)
 		c := claim(t, st, 10)
@@ -250,7 +251,7 @@ func TestLaterRowOfAKeyHoldsNothingBack(t *testing.T) {
 // dead letter, not the waiting row after it, which the key check reports
 // first.
 func TestLowestBlockerDecides(t *testing.T) {
-	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *outbox.Store) {
+	forEachKeyCheck(t, func(t *testing.T, s *pgtest.Schema, st *store.Store) {
 		ctx := context.Background()
 		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1'), ('t','K','2'), ('t','K','3')`)
 		s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', key_parked = true, dead_lettered_at = now() WHERE id = 1`)
@@ -269,9 +270,9 @@ func TestLowestBlockerDecides(t *testing.T) {
 		if err := s.Pool.QueryRow(ctx, `SELECT last_error, parked_behind, next_attempt_at - now() FROM outbox WHERE id = 3`).Scan(&lastErr, &behind, &wait); err != nil {
 			t.Fatal(err)
 		}
-		if behind == nil || *behind != 1 || lastErr != "its own error" || wait < outbox.ParkedRecheck-time.Minute || wait > outbox.ParkedRecheck {
+		if behind == nil || *behind != 1 || lastErr != "its own error" || wait < store.ParkedRecheck-time.Minute || wait > store.ParkedRecheck {
 			t.Fatalf("row 3 waits %v parked behind %v with last error %q, want about %v behind parked row 1, its error kept",
-				wait, behind, lastErr, outbox.ParkedRecheck)
+				wait, behind, lastErr, store.ParkedRecheck)
 		}
 	})
 }
@@ -286,15 +287,15 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	bySpan, byKey := newStore(t, s, false), newStore(t, s, false)
-	outbox.SetKeyCheck(bySpan, outbox.KeyCheckBySpan)
-	outbox.SetKeyCheck(byKey, outbox.KeyCheckByKey)
+	store.SetKeyCheck(bySpan, store.KeyCheckBySpan)
+	store.SetKeyCheck(byKey, store.KeyCheckByKey)
 	type result struct {
 		Records           []int64
 		Deferred, Skipped int
 		SkippedKeys       []string
 		Rows              map[int64]string
 	}
-	run := func(st *outbox.Store, p outbox.ClaimParams) result {
+	run := func(st *store.Store, p store.ClaimParams) result {
 		t.Helper()
 		c, err := st.Claim(ctx, p)
 		if err != nil {
@@ -305,7 +306,7 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 				t.Fatal(err)
 			}
 		}()
-		rows, err := outbox.Deferrals(ctx, c, outbox.ParkedRecheck, p.ExcludeFor)
+		rows, err := store.Deferrals(ctx, c, store.ParkedRecheck, p.ExcludeFor)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -346,7 +347,7 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 		if _, err := other.Exec(ctx, `SELECT id FROM outbox WHERE id = ANY($1) FOR UPDATE`, locked); err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range []outbox.ClaimParams{
+		for _, p := range []store.ClaimParams{
 			{Limit: 20}, {Limit: 100}, {Limit: 1000},
 			{Limit: 100, ExcludeTopics: []string{"t1"}, ExcludeFor: time.Minute},
 			{Limit: 100, ExcludeKeys: []string{"k3", "k4"}},
@@ -387,13 +388,13 @@ func TestKeyCheckFormsAgree(t *testing.T) {
 // leaseAndDeferBehind leases row 1 of key K for an hour, inserts row 2 of
 // K, and returns a claim that found row 2 behind the lease and deferred it,
 // not yet committed, with the lease's token and end.
-func leaseAndDeferBehind(t *testing.T, s *pgtest.Schema, st *outbox.Store) (*outbox.Claim, uuid.UUID, time.Time) {
+func leaseAndDeferBehind(t *testing.T, s *pgtest.Schema, st *store.Store) (*store.Claim, uuid.UUID, time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','1')`)
 	c := claim(t, st, 10)
 	token := uuid.New()
-	if err := c.Complete(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Leased, Token: token, Delay: time.Hour}}); err != nil {
+	if err := c.Complete(ctx, []store.Outcome{{ID: 1, Kind: store.Leased, Token: token, Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','K','2')`)
@@ -453,8 +454,8 @@ func TestRowsDeferredBehindALeaseWrittenBackMeanwhile(t *testing.T) {
 	behind, token, until := leaseAndDeferBehind(t, s, st)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := st.CompleteLeased(wctx, []outbox.Outcome{{ID: 1, Kind: outbox.Sent, Token: token}}, nil,
-		[]outbox.LeasedWork{{Key: "K", FirstID: 1, Until: until}}); err != nil {
+	if _, err := st.CompleteLeased(wctx, []store.Outcome{{ID: 1, Kind: store.Sent, Token: token}}, nil,
+		[]store.LeasedWork{{Key: "K", FirstID: 1, Until: until}}); err != nil {
 		t.Fatalf("lease write-back while a claim defers behind it: %v", err)
 	}
 	if err := behind.Complete(ctx, nil); err != nil {
@@ -477,9 +478,9 @@ func TestLeasedWriteBackReturnsWhatItWrote(t *testing.T) {
 			s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 4) g`)
 			c := claim(t, st, 10)
 			token := uuid.New()
-			var leases []outbox.Outcome
+			var leases []store.Outcome
 			for _, r := range c.Records {
-				leases = append(leases, outbox.Outcome{ID: r.ID, Kind: outbox.Leased, Token: token, Delay: time.Hour})
+				leases = append(leases, store.Outcome{ID: r.ID, Kind: store.Leased, Token: token, Delay: time.Hour})
 			}
 			if err := c.Complete(ctx, leases); err != nil {
 				t.Fatal(err)
@@ -487,17 +488,17 @@ func TestLeasedWriteBackReturnsWhatItWrote(t *testing.T) {
 			// Rows 2 and 4 were leased again by another delivery.
 			s.Exec(t, `UPDATE outbox SET lease_token = gen_random_uuid(), retry_count = 2 WHERE id IN (2, 4)`)
 
-			outcomes := []outbox.Outcome{
-				{ID: 1, Kind: outbox.Sent, Token: token},
-				{ID: 2, Kind: outbox.Sent, Token: token},
-				{ID: 3, Kind: outbox.Retried, Token: token, Error: "503", Delay: time.Minute},
-				{ID: 4, Kind: outbox.DeadLettered, Token: token, Error: "400", Reason: "rejected"},
+			outcomes := []store.Outcome{
+				{ID: 1, Kind: store.Sent, Token: token},
+				{ID: 2, Kind: store.Sent, Token: token},
+				{ID: 3, Kind: store.Retried, Token: token, Error: "503", Delay: time.Minute},
+				{ID: 4, Kind: store.DeadLettered, Token: token, Error: "400", Reason: "rejected"},
 			}
 			done, err := st.CompleteLeased(ctx, outcomes, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := []outbox.Outcome{outcomes[0], outcomes[2]}; !reflect.DeepEqual(done, want) {
+			if want := []store.Outcome{outcomes[0], outcomes[2]}; !reflect.DeepEqual(done, want) {
 				t.Errorf("CompleteLeased wrote %+v, want the outcomes of rows 1 and 3, those still leased by it", done)
 			}
 			var got string
@@ -554,9 +555,9 @@ func TestLookAtSeveralLeasesHoldsNoLockWhileWaiting(t *testing.T) {
 	st := newStore(t, s, false)
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t','A','1'), ('t','B','2'), ('t','C','3')`)
 	c := claim(t, st, 10)
-	var leases []outbox.Outcome
+	var leases []store.Outcome
 	for _, id := range []int64{1, 2, 3} {
-		leases = append(leases, outbox.Outcome{ID: id, Kind: outbox.Leased, Token: uuid.New(), Delay: time.Hour})
+		leases = append(leases, store.Outcome{ID: id, Kind: store.Leased, Token: uuid.New(), Delay: time.Hour})
 	}
 	if err := c.Complete(ctx, leases); err != nil {
 		t.Fatal(err)
@@ -609,11 +610,11 @@ func TestCompleteWritesOutcomes(t *testing.T) {
 			s.Exec(t, `UPDATE outbox SET retry_count = 2, error_history = '[{"error":"e1"},{"error":"e2"},{"error":"e3"}]' WHERE id = 2`)
 
 			c := claim(t, st, 10)
-			err := c.Complete(ctx, []outbox.Outcome{
-				{ID: 1, Kind: outbox.Sent},
-				{ID: 2, Kind: outbox.Retried, Delay: 90 * time.Second, Error: "timeout", Class: "transient", Attempted: true},
-				{ID: 3, Kind: outbox.Deferred, Delay: 30 * time.Second, Error: "connection refused", Class: "systemic", Attempted: true},
-				{ID: 4, Kind: outbox.DeadLettered, Reason: "too_large", Error: strings.Repeat("é", 3000), Class: "permanent", Attempted: true, ParkKey: true},
+			err := c.Complete(ctx, []store.Outcome{
+				{ID: 1, Kind: store.Sent},
+				{ID: 2, Kind: store.Retried, Delay: 90 * time.Second, Error: "timeout", Class: "transient", Attempted: true},
+				{ID: 3, Kind: store.Deferred, Delay: 30 * time.Second, Error: "connection refused", Class: "systemic", Attempted: true},
+				{ID: 4, Kind: store.DeadLettered, Reason: "too_large", Error: strings.Repeat("é", 3000), Class: "permanent", Attempted: true, ParkKey: true},
 				// 5: no outcome, left as it was
 			})
 			if err != nil {
@@ -667,7 +668,7 @@ func TestCompleteWritesOutcomes(t *testing.T) {
 			}
 			r, _ = get(4)
 			if r.status != "dead_lettered" || *r.reason != "too_large" || r.deadAt == nil || !r.parked || r.retries != 1 ||
-				len(*r.lastError) > outbox.MaxErrorLen || !strings.HasSuffix(*r.lastError, "…") {
+				len(*r.lastError) > store.MaxErrorLen || !strings.HasSuffix(*r.lastError, "…") {
 				t.Errorf("dead-lettered row = %+v (last_error %d bytes)", r, len(*r.lastError))
 			}
 			r, _ = get(5)
@@ -686,7 +687,7 @@ func TestCompleteStoresAnyErrorText(t *testing.T) {
 	st := newStore(t, s, false)
 	s.Exec(t, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	c := claim(t, st, 10)
-	err := c.Complete(ctx, []outbox.Outcome{{ID: 1, Kind: outbox.Retried, Delay: time.Second, Error: "body: \x00\xff\xfe end", Attempted: true}})
+	err := c.Complete(ctx, []store.Outcome{{ID: 1, Kind: store.Retried, Delay: time.Second, Error: "body: \x00\xff\xfe end", Attempted: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -731,13 +732,13 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	explain := preparedPlans(t, s, "force_generic_plan")
 	plan := func(sql, args string) string { return explain("", sql, args) }
 	for _, parts := range []string{"0, 15", "4, 7"} {
-		claimPlan := plan(outbox.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 100, "+parts+", true")
+		claimPlan := plan(store.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 100, "+parts+", true")
 		if !claimScans.MatchString(claimPlan) || !strings.Contains(claimPlan, "Index Scan using outbox_waiting_idx") ||
 			strings.Contains(claimPlan, "Seq Scan") {
 			t.Fatalf("claim plan of partitions %s does not read the claim index from its start, and the waiting rows' index:\n%s", parts, claimPlan)
 		}
 	}
-	holdingPlan := plan(outbox.HoldingByKeySQL(st), "'{k1,k2}', '{100,200}', 1")
+	holdingPlan := plan(store.HoldingByKeySQL(st), "'{k1,k2}', '{100,200}', 1")
 	if !strings.Contains(holdingPlan, "outbox_key_pending_idx") || !strings.Contains(holdingPlan, "outbox_key_parked_idx") ||
 		!strings.Contains(holdingPlan, "outbox_key_waiting_idx") || strings.Contains(holdingPlan, "Seq Scan on outbox") {
 		t.Fatalf("key order check does not use the holding indexes:\n%s", holdingPlan)
@@ -747,23 +748,23 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	if !strings.Contains(holdingPlan, "hashed SubPlan") {
 		t.Fatalf("key order check does not hash the claimed ids:\n%s", holdingPlan)
 	}
-	checkSpanPlan(t, "after ANALYZE", plan(outbox.HoldingBySpanSQL(st), "'{k1,k2}', '{100,200}', 1, 200, 0, 15"))
+	checkSpanPlan(t, "after ANALYZE", plan(store.HoldingBySpanSQL(st), "'{k1,k2}', '{100,200}', 1, 200, 0, 15"))
 
 	// A dominant key must not flip the key check to scanning every
 	// pending row: its probe stays bounded by the claimed count.
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'hot', 'x' FROM generate_series(1, 100000)`)
 	s.Exec(t, `ANALYZE outbox`)
-	skewedPlan := plan(outbox.HoldingByKeySQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
+	skewedPlan := plan(store.HoldingByKeySQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
 	bounded := regexp.MustCompile(`Limit .*\n\s*->  Index Scan using outbox_key_pending_idx on outbox p `)
 	if !bounded.MatchString(skewedPlan) || strings.Contains(skewedPlan, "outbox_pending_idx on outbox p ") ||
 		strings.Contains(skewedPlan, "Seq Scan on outbox") {
 		t.Fatalf("key check with a dominant key is not a bounded probe per key:\n%s", skewedPlan)
 	}
-	checkSpanPlan(t, "with a dominant key", plan(outbox.HoldingBySpanSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1, 200003, 0, 15"))
+	checkSpanPlan(t, "with a dominant key", plan(store.HoldingBySpanSQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1, 200003, 0, 15"))
 
 	// The key's last claimed row ends its probe, which does not read on
 	// through the dominant key's other rows.
-	run := explain("ANALYZE, BUFFERS", outbox.HoldingByKeySQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
+	run := explain("ANALYZE, BUFFERS", store.HoldingByKeySQL(st), "'{hot,hot,hot}', '{200001,200002,200003}', 1")
 	probe := regexp.MustCompile(`Index Scan using outbox_key_pending_idx on outbox p .*\n(?:\s+\w.*\n)*?\s+Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?`).FindStringSubmatch(run)
 	if probe == nil {
 		t.Fatalf("no buffer counts for the probe in:\n%s", run)
@@ -836,14 +837,14 @@ func TestKeyCheckPlanWithStaleStatistics(t *testing.T) {
 				reltuples = CASE p.relname WHEN 'outbox' THEN $1::real WHEN 'outbox_pending_idx' THEN $2::real ELSE $3::real END
 				FROM pages p WHERE c.oid = p.oid`, stats.table, stats.pending, stats.keys, stats.pages)
 			for mode, explain := range explainers {
-				plan := explain("", outbox.HoldingByKeySQL(st), "'{key-1,key-2}', '{19000,19001}', 1000")
+				plan := explain("", store.HoldingByKeySQL(st), "'{key-1,key-2}', '{19000,19001}', 1000")
 				if !probe.MatchString(plan) || strings.Contains(plan, "outbox_pending_idx") || strings.Contains(plan, "Seq Scan on outbox") ||
 					!strings.Contains(plan, "hashed SubPlan") {
 					t.Errorf("%s plan with statistics %+v (column statistics: %v): the key order check does not probe each key on its index and hash the claimed ids:\n%s",
 						mode, stats, columns, plan)
 				}
 				checkSpanPlan(t, fmt.Sprintf("%s plan with statistics %+v (column statistics: %v)", mode, stats, columns),
-					explain("", outbox.HoldingBySpanSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000, 19001, 3, 9"))
+					explain("", store.HoldingBySpanSQL(st), "'{key-1,key-2}', '{19000,19001}', 1000, 19001, 3, 9"))
 			}
 		}
 	}
@@ -889,7 +890,7 @@ func preparedPlans(t *testing.T, s *pgtest.Schema, planCacheMode string) func(op
 	prepared := 0
 	return func(options, sql, args string) string {
 		t.Helper()
-		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: outbox.ClaimBegin})
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: store.ClaimBegin})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -951,7 +952,7 @@ func TestDeleteSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, outbox.CleanupLockID(st)); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, store.CleanupLockID(st)); err != nil {
 		t.Fatal(err)
 	}
 	if _, busy, err := st.DeleteSent(ctx, 0, 10); err != nil || !busy {
@@ -967,7 +968,7 @@ func TestIdleClaimIsEndedByTheServer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
-	st, err := outbox.NewStore(s.Pool, outbox.StoreConfig{Schema: s.Name, IdleInTransactionTimeout: 300 * time.Millisecond})
+	st, err := store.New(s.Pool, store.Config{Schema: s.Name, IdleInTransactionTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -977,7 +978,7 @@ func TestIdleClaimIsEndedByTheServer(t *testing.T) {
 		t.Fatalf("claimed %d rows, want 3", len(c.Records))
 	}
 	for name, want := range map[string]string{"synchronous_commit": "off", "idle_in_transaction_session_timeout": "300ms"} {
-		got, err := outbox.ClaimSetting(ctx, c, name)
+		got, err := store.ClaimSetting(ctx, c, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -995,7 +996,7 @@ func TestIdleClaimIsEndedByTheServer(t *testing.T) {
 
 	other := newStore(t, s, false)
 	testwait.Within(t, 30*time.Second, "the idle claim's rows to be claimable again", func() bool {
-		c2, err := other.Claim(ctx, outbox.ClaimParams{Limit: 10, PayloadCap: 100})
+		c2, err := other.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
 		if err != nil {
 			t.Fatal(err)
 		}

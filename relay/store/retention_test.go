@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func remainingIDs(t *testing.T, s *pgtest.Schema) []int64 {
@@ -101,7 +101,7 @@ func TestDeleteExpiredDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, outbox.CleanupLockID(st)); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, store.CleanupLockID(st)); err != nil {
 		t.Fatal(err)
 	}
 	n, busy, err = st.DeleteExpiredDeadLetters(ctx, 0, 10)

@@ -1,4 +1,4 @@
-package outbox_test
+package store_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgtest"
-	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // A sync writes a partition only when its owner changes, when its floor
@@ -56,7 +56,7 @@ func TestSyncsWriteOnlyWhatChanged(t *testing.T) {
 	// The floor moves on; syncs with nothing else changed write nothing.
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'x' FROM generate_series(1, 10) g`)
 	c := claim(t, st, 10)
-	var out []outbox.Outcome
+	var out []store.Outcome
 	for _, r := range c.Records {
 		out = append(out, sent(r.ID))
 	}
@@ -66,13 +66,13 @@ func TestSyncsWriteOnlyWhatChanged(t *testing.T) {
 	for range 5 {
 		sync()
 	}
-	if p, c := versions(); c != claimer || len(p) != outbox.Partitions || !maps.Equal(p, parts) {
+	if p, c := versions(); c != claimer || len(p) != store.Partitions || !maps.Equal(p, parts) {
 		t.Fatalf("syncs with nothing changed wrote rows: partitions %v then %v, registration %s then %s", parts, p, claimer, c)
 	}
 
 	// Its record due, every partition is written, with the floor, and a
 	// lease that relays reading it from the partitions respect.
-	outbox.RecordAtNextSync(st)
+	store.RecordAtNextSync(st)
 	sync()
 	if got := recordedFloor(); got <= before || got < 10 {
 		t.Fatalf("the recorded floor is %d after the record, %d before: want past the 10 rows delivered", got, before)
@@ -88,7 +88,7 @@ func TestSyncsWriteOnlyWhatChanged(t *testing.T) {
 	s.Exec(t, `INSERT INTO outbox_claimers (claimer, expires_at) VALUES ('b', now() + interval '1 hour')`)
 	sync()
 	p, _ := versions()
-	for part := range outbox.Partitions {
+	for part := range store.Partitions {
 		if changed := p[part] != parts[part]; changed != (part >= 8) {
 			t.Errorf("partition %d written: %v, want only those given up (8-15)", part, changed)
 		}

@@ -1,4 +1,4 @@
-package outbox
+package store
 
 import (
 	"context"
@@ -43,16 +43,6 @@ type Record struct {
 	UndeliverableReason string
 }
 
-// Dead-letter reasons: the values the table's check constraint allows.
-const (
-	ReasonPermanent        = "permanent"
-	ReasonRetriesExhausted = "retries_exhausted"
-	ReasonMaxAgeExceeded   = "max_age_exceeded"
-	ReasonTooLarge         = "too_large"
-	ReasonNoRoute          = "no_route"
-	ReasonInvalidMessage   = "invalid_message"
-)
-
 // ParkedRecheck is how long rows behind a parked key are deferred before
 // they are looked at again. Releasing the key makes them ready at once.
 const ParkedRecheck = 5 * time.Minute
@@ -63,8 +53,8 @@ const DefaultErrorHistory = 10
 // MaxErrorLen bounds last_error and each error history entry, in bytes.
 const MaxErrorLen = 2048
 
-// StoreConfig configures a Store.
-type StoreConfig struct {
+// Config configures a Store.
+type Config struct {
 	// Schema holds the outbox table. Default "public".
 	Schema string
 	// KeepSent marks delivered rows sent instead of deleting them, for
@@ -130,8 +120,8 @@ type Store struct {
 	partitionsWritten func() // tests: runs once a sync has written the partitions it holds
 }
 
-// NewStore returns a Store on pool for cfg.
-func NewStore(pool *pgxpool.Pool, cfg StoreConfig) (*Store, error) {
+// New returns a Store on pool for cfg.
+func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if cfg.Schema == "" {
 		cfg.Schema = schema.Default
 	}

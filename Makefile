@@ -25,16 +25,16 @@ test: postgres browser vet fmt-check
 
 ## test-containers: the container tests alone
 test-containers: postgres
-	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/containertest/
+	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
 
 ## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it)
 run: postgres build
-	$(GO) build -o bin/localstack ./internal/cmd/localstack
+	$(GO) build -o bin/localstack ./internal/dev/cmd/localstack
 	bin/localstack -relay bin/outbox-relay
 
 ## bench: end-to-end throughput and latency figures, written to bench-results/ (not a pass/fail test)
 bench: postgres
-	$(GO) run ./internal/cmd/bench -out bench-results
+	$(GO) run ./internal/dev/cmd/bench -out bench-results
 
 vet:
 	$(GO) vet ./...

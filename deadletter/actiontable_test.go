@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
 // The audit table accepts exactly the actions of the table: an action

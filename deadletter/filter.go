@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
+	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
 

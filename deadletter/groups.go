@@ -6,7 +6,7 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
+	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
 )
 
 // Group is a failure group: the dead letters of one destination and

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
 const apiToken = "s3cret-admin-token-0123"

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/fleet"
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 

@@ -25,8 +25,8 @@ import (
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 
-	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
-	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
+	"github.com/outbox-relay/outbox-relay/internal/db/schema"
 )
 
 //go:embed *.sql

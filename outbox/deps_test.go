@@ -50,9 +50,9 @@ func TestProducerAPIStaysApartFromTheRelay(t *testing.T) {
 	}
 	const module = "github.com/outbox-relay/outbox-relay/"
 	allowed := map[string]bool{
-		module + "outbox":            true,
-		module + "internal/outboxdb": true,
-		module + "internal/schema":   true,
+		module + "outbox":               true,
+		module + "internal/db/outboxdb": true,
+		module + "internal/db/schema":   true,
 	}
 	for _, p := range strings.Fields(string(out)) {
 		if strings.HasPrefix(p, module) && !allowed[p] {

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/containertest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/containertest"
 )
 
 // images are the ones built for this run.

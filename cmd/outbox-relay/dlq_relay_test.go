@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"github.com/outbox-relay/outbox-relay/internal/testwait"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
 // receiver accepts order events over HTTP: 400 for a body marked bad, 422

@@ -6,5 +6,5 @@
 //
 // Applications do not import it: they write messages with package outbox.
 // The relay's engine (package relay) drives a Store; its statements are in
-// internal/outboxdb.
+// internal/db/outboxdb.
 package store

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
-	"github.com/outbox-relay/outbox-relay/internal/schema"
+	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
+	"github.com/outbox-relay/outbox-relay/internal/db/schema"
 )
 
 // ListenerConfig configures a Listener.

@@ -3,7 +3,7 @@ package store_test
 import (
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/outboxdb"
+	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
 )
 
 // Partitions is how many partitions the outbox's rows fall into, by a hash

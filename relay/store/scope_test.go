@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 

@@ -23,8 +23,8 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"go.uber.org/goleak"
 
-	"github.com/outbox-relay/outbox-relay/internal/testwait"
-	"github.com/outbox-relay/outbox-relay/internal/tlstest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"

@@ -21,9 +21,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/bench"
+	"github.com/outbox-relay/outbox-relay/internal/dev/bench"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgserver"
 	"github.com/outbox-relay/outbox-relay/internal/gctune"
-	"github.com/outbox-relay/outbox-relay/internal/pgserver"
 )
 
 func main() {

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/bench"
-	"github.com/outbox-relay/outbox-relay/internal/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/bench"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

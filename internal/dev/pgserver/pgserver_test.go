@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgserver"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgserver"
 )
 
 func TestStartRestartStop(t *testing.T) {

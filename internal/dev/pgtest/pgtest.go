@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/outbox-relay/outbox-relay/internal/pgserver"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgserver"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 

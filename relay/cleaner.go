@@ -58,8 +58,8 @@ func (c *cleaner) enabled() bool {
 // kept reports whether rows kept for retention are cleaned up after it.
 func kept(retention time.Duration) bool { return retention > 0 && retention != retry.Forever }
 
-// Run runs the cleaner every Interval until ctx ends.
-func (c *cleaner) Run(ctx context.Context) error {
+// run runs the cleaner every Interval until ctx ends.
+func (c *cleaner) run(ctx context.Context) error {
 	t := time.NewTicker(c.config.Interval)
 	defer t.Stop()
 	for {

@@ -157,7 +157,6 @@ type dest struct {
 	// pauseMax, the longest cool-down, how much longer a failed probe's
 	// rows wait than the rest.
 	pauseBase, pauseMax time.Duration
-	log                 *slog.Logger
 	// publishing counts the rows handed to the publisher and not yet
 	// answered.
 	publishing atomic.Int64
@@ -211,7 +210,6 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 		policy:      cfg.Policy,
 		pauseBase:   cfg.PauseBase,
 		pauseMax:    cfg.PauseMax,
-		log:         log,
 		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
 	}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,

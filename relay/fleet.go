@@ -174,9 +174,10 @@ type FleetStatus struct {
 // fleet runs a replica's syncs: it gathers what the destinations learnt,
 // syncs, and hands each destination the fleet's view.
 type fleet struct {
-	cfg   FleetConfig
-	dests []*dest
-	wakeC chan struct{}
+	service *service // the sync loop, run
+	cfg     FleetConfig
+	dests   []*dest
+	wakeC   chan struct{}
 	// wakeWorkers nudges the workers of every outbox, when a sync lets
 	// rows go that were held.
 	wakeWorkers func()
@@ -210,6 +211,7 @@ func newFleet(cfg FleetConfig, dests []*dest, queryTimeout time.Duration, log *s
 	for _, d := range dests {
 		d.breaker.wakeFleet = f.wake
 	}
+	f.service = newService("fleet sync", f.run)
 	return f
 }
 

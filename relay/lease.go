@@ -38,8 +38,9 @@ func (l *leaser) start(inflight context.Context, g *group, expiry map[int64]time
 	go l.deliver(inflight, g, expiry)
 }
 
-// wait waits for every leased delivery to end.
-func (l *leaser) wait() { l.wg.Wait() }
+// stop waits for every leased delivery to end: each is written back or,
+// abandoned at the drain timeout, left to its lease.
+func (l *leaser) stop() { l.wg.Wait() }
 
 func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]time.Time) {
 	defer l.wg.Done()
@@ -87,7 +88,7 @@ func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]ti
 		l.log.Warn("leases ran out before their write-back and another delivery took the rows; keep visibility_timeout well above the destination's timeout",
 			slog.String("destination", g.d.Name), slog.Int("rows", lost))
 	}
-	l.tally.settled(done, []*group{g}, 0)
+	l.tally.settled(done, []*group{g}, g.recs, 0)
 	l.written.Send(len(done))
 	l.wake()
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -47,9 +48,11 @@ type Stats struct {
 	Claims, Batches, Delivered, Retried, Deferred, DeadLettered int64
 }
 
-// tally counts what the relay did, for Stats, and tells the Observer.
+// tally counts what the relay did, for Stats, tells the Observer, and logs
+// every row dead-lettered.
 type tally struct {
 	obs Observer
+	log *slog.Logger
 
 	claims, batches, delivered, retried, deferred, deadLettered atomic.Int64
 }
@@ -63,10 +66,42 @@ func (t *tally) claimed(elapsed time.Duration, rows int) {
 }
 
 // settled counts written-back outcomes of groups, and rows the claim
-// deferred behind a waiting row of their key.
-func (t *tally) settled(outcomes []store.Outcome, groups []*group, deferredByClaim int) {
+// deferred behind a waiting row of their key; recs are the rows the
+// outcomes are about.
+func (t *tally) settled(outcomes []store.Outcome, groups []*group, recs []store.Record, deferredByClaim int) {
 	t.count(outcomes, deferredByClaim)
 	t.observe(outcomes, groups, deferredByClaim)
+	t.logDeadLetters(outcomes, recs)
+}
+
+// logDeadLetters logs each dead-lettered outcome once it is written back,
+// whoever decided it: the planner (a row undeliverable as it is, or without
+// a route) or a destination's settling.
+func (t *tally) logDeadLetters(outcomes []store.Outcome, recs []store.Record) {
+	var byID map[int64]*store.Record
+	for _, o := range outcomes {
+		if o.Kind != store.DeadLettered || t.log == nil {
+			continue
+		}
+		if byID == nil {
+			byID = make(map[int64]*store.Record, len(recs))
+			for i := range recs {
+				byID[recs[i].ID] = &recs[i]
+			}
+		}
+		attrs := []any{slog.Int64("id", o.ID), slog.String("reason", o.Reason), slog.String("error", o.Error)}
+		if o.Destination != "" {
+			attrs = append(attrs, slog.String("destination", o.Destination))
+		}
+		if rec := byID[o.ID]; rec != nil {
+			attempts := rec.RetryCount
+			if o.Attempted {
+				attempts++
+			}
+			attrs = append(attrs, slog.String("topic", rec.Topic), slog.Int("attempts", attempts))
+		}
+		t.log.Warn("row dead-lettered", attrs...)
+	}
 }
 
 func (s *Stats) add(o Stats) {

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -20,7 +19,6 @@ type planner struct {
 	// block parks the keys of rows dead-lettered without a destination.
 	block       bool
 	maxAttempts int
-	log         *slog.Logger
 }
 
 func newPlanner(cfg *Config, dests []*dest) *planner {
@@ -34,7 +32,6 @@ func newPlanner(cfg *Config, dests []*dest) *planner {
 		maxBytes:    cfg.MaxBatchBytes,
 		block:       cfg.OnDeadLetter == OnDeadLetterBlock,
 		maxAttempts: cfg.Policy.MaxAttempts,
-		log:         cfg.Logger,
 	}
 }
 
@@ -152,8 +149,6 @@ func (p *planner) deadLetter(d *dest, rec store.Record) (store.Outcome, bool) {
 		if d != nil {
 			o.Destination = d.Name
 		}
-		p.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
-			slog.String("reason", rec.UndeliverableReason), slog.String("error", rec.Undeliverable))
 		return o, true
 	}
 	if d.VisibilityTimeout > 0 && rec.RetryCount >= p.maxAttempts {

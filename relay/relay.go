@@ -6,6 +6,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -393,7 +394,10 @@ func (r *Relay) Stats() Stats {
 // stay pending and are delivered again later). It returns nil after a
 // clean stop.
 func (r *Relay) Run(ctx context.Context) error {
-	// An outbox that cannot be prepared stops the others.
+	// A failing service stops the relay, and so does an outbox that
+	// cannot be prepared.
+	ctx, fails := withFailures(ctx)
+	defer fails.stop()
 	g, ctx := errgroup.WithContext(ctx)
 	// inflight outlives ctx by the drain timeout: publishes use it.
 	inflight, abandon := context.WithCancel(context.WithoutCancel(ctx))
@@ -409,35 +413,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	defer stopDrain()
 
-	listenCtx, stopListen := context.WithCancel(ctx)
-	defer stopListen()
 	if r.fleet != nil {
 		// The first sync comes before any claim: a replica that starts
 		// while a destination's breaker is open elsewhere sends it nothing.
 		r.fleet.sync(ctx)
-		g.Go(func() error { return r.fleet.run(ctx) })
+		r.fleet.service.start(ctx, fails)
 	}
-	// Each outbox's share of its partitions is renewed until its last
-	// delivery is written back, after ctx ends, then given up.
-	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopParts()
 	for _, s := range r.sources {
-		s.run(g, ctx, listenCtx, partsCtx, inflight)
+		s.run(g, ctx, inflight, fails)
 	}
 	r.log.Info("relay started", slog.Int("outboxes", len(r.sources)), slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
 	err := g.Wait()
 	for _, s := range r.sources {
-		s.leases.wait()
-	}
-	stopParts()
-	for _, s := range r.sources {
-		s.leavePartitions(ctx)
+		s.stop(ctx)
 	}
 	if r.fleet != nil {
+		r.fleet.service.stop()
 		r.fleet.leave(ctx)
 	}
 	r.log.Info("relay stopped", slog.Int64("delivered", r.Stats().Delivered))
-	return err
+	return cmp.Or(err, fails.first())
 }
 
 // writeBackContext bounds a write-back by timeout, detached from ctx: a publish that

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"errors"
-	"log/slog"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -24,7 +23,8 @@ func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
 	var sev map[subject]*evidence // about its topics and partitions
 	var pausedBy map[int]subject  // deferred outcomes, by index, waiting on a pause
 	var probed map[int]bool       // deferred outcomes, by index, of a failed probe's rows
-	destProbeFailed, pauseProbeFailed := failedProbes(g, d.breaker.openedSince(g.adm.gen))
+	state := scopeState{destination: d.Name, policy: d.policy, block: d.block}
+	state.destProbeFailed, state.pauseProbeFailed = failedProbes(g, d.breaker.openedSince(g.adm.gen))
 	about := func(s subject) *evidence {
 		if sev == nil {
 			sev = map[subject]*evidence{}
@@ -74,84 +74,32 @@ func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
 		if rec.RetryCount == 0 {
 			firsts++
 		}
-		ce := retry.Classify(err)
-		ev, paused, scoped := &dev, subject{}, false
-		if ce.Class != retry.ClassPermanent {
-			switch ce.Scope {
-			case retry.ScopeTopic:
-				paused, scoped = subject{rec.Topic, wholeTopic}, true
-			case retry.ScopePartition:
-				paused, scoped = subject{rec.Topic, ce.Partition}, true
-				if ce.Partition < 0 { // the sink did not say which: the topic
-					paused.partition = wholeTopic
-				}
-			}
+		v := judge(rec, err, g.claimed.Sub(rec.CreatedAt)+elapsed, state)
+		ev := &dev
+		if v.scoped {
+			ev = about(v.about)
 		}
-		if scoped {
-			ev = about(paused)
-		}
-		switch {
-		case ce.Class == retry.ClassPermanent || ce.Scope == retry.ScopeRecord:
-			ev.rowFailed = append(ev.rowFailed, rec.ID)
-			if ce.Class != retry.ClassPermanent {
-				ev.rowTransient++
-				if rec.RetryCount == 0 {
-					ev.rowFirsts++
-				}
-			}
-		case ce.Class == retry.ClassSystemic:
-			ev.systemic++
-		default:
-			ev.transient++
-		}
-		ev.lastErr = err.Error()
-		age := g.claimed.Sub(rec.CreatedAt) + elapsed
-		// The failure of a probe that failed is the outage's: the row
-		// waits for the next probe, and ends by age only.
-		outage := ce.Class != retry.ClassPermanent && (destProbeFailed ||
-			scoped && (pauseProbeFailed[paused] || pauseProbeFailed[subject{rec.Topic, wholeTopic}]))
-		var dec retry.Decision
-		switch {
-		case outage && d.policy.Outlived(age):
-			dec = retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonMaxAgeExceeded}
-		case outage:
-			dec = retry.Decision{Action: retry.Defer}
-		default:
-			dec = d.policy.Decide(retry.Failure{Err: err, Attempt: rec.RetryCount, Age: age, PrevDelay: rec.LastDelay})
-		}
-		o := store.Outcome{ID: rec.ID, Error: ev.lastErr, Class: ce.Class.String(), Attempted: true, Destination: d.Name}
-		switch dec.Action {
-		case retry.Retry:
-			o.Kind, o.Delay = store.Retried, dec.Delay
-		case retry.Defer:
-			o.Kind, o.Reason = store.Deferred, DeferDestinationFailing
-			if scoped {
-				o.Reason = DeferTopicPaused
-				if paused.partition != wholeTopic {
-					o.Reason = DeferPartitionPaused
-				}
+		ev.add(v, rec)
+		switch v.outcome.Kind {
+		case store.Deferred:
+			if v.scoped {
 				if pausedBy == nil {
 					pausedBy = map[int]subject{}
 				}
-				pausedBy[len(outcomes)] = paused
+				pausedBy[len(outcomes)] = v.about
 			}
-			if outage {
+			if v.probed {
 				if probed == nil {
 					probed = map[int]bool{}
 				}
 				probed[len(outcomes)] = true
 			}
-		case retry.DeadLetter:
-			o.Kind, o.Reason = store.DeadLettered, dec.Reason
-			o.ParkKey = d.block && rec.HasKey
-			if rec.HasKey && !d.block {
+		case store.DeadLettered:
+			if rec.HasKey && !v.outcome.ParkKey {
 				delete(failedKeys, rec.Key) // released: the key's next row may go
 			}
-			d.log.Warn("row dead-lettered", slog.Int64("id", rec.ID), slog.String("topic", rec.Topic),
-				slog.String("reason", dec.Reason),
-				slog.Int("attempts", rec.RetryCount+1), slog.String("error", o.Error))
 		}
-		outcomes = append(outcomes, o)
+		outcomes = append(outcomes, v.outcome)
 	}
 	now := time.Now()
 	if abandoned {

@@ -101,10 +101,14 @@ type source struct {
 	tally     tally
 	// scope names a topic's order scope (see store.ClaimParams), nil
 	// for order across every topic.
-	scope     func(topic string) string
-	ready     atomic.Bool // prepared, its workers started
-	partsDone chan struct{}
-	resync    chan struct{} // another process changed the partitions' share
+	scope func(topic string) string
+	ready atomic.Bool // prepared, its workers started
+	// The outbox's services (see service): the renewal of its share of
+	// the partitions, whether its last renewal failed (its loop's alone),
+	// its listener and its cleaner.
+	partitions, listening, cleaning *service
+	partsFailing                    bool
+	resync                          chan struct{} // another process changed the partitions' share
 }
 
 func newSource(r *Relay, index int, o Outbox) *source {
@@ -114,6 +118,7 @@ func newSource(r *Relay, index int, o Outbox) *source {
 	if len(cfg.Outboxes) > 1 {
 		s.log = r.log.With(slog.String("outbox", o.Name))
 	}
+	s.tally.log = s.log
 	if s.batchSize == 0 {
 		s.batchSize = cfg.BatchSize
 	}
@@ -135,13 +140,17 @@ func newSource(r *Relay, index int, o Outbox) *source {
 		DiscardedRetention: cfg.DiscardedRetention, AuditRetention: cfg.AuditRetention,
 		Interval: cfg.CleanupInterval, Timeout: cfg.QueryTimeout, BatchSize: DefaultCleanupBatch,
 	}}
+	s.partitions = newService("partitions", s.renewPartitions)
+	s.listening = newService("listener", func(ctx context.Context) error {
+		return s.listener.Run(ctx, s.wakeAll, s.resyncSoon)
+	})
+	s.cleaning = newService("cleaner", s.cleaner.run)
 	return s
 }
 
-// run runs the outbox's workers, listener and cleaner in g until ctx
-// ends, once it is prepared, and its share of the partitions until
-// partsCtx ends; publishes use inflight.
-func (s *source) run(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight context.Context) {
+// run runs the outbox's workers in g until ctx ends, once it is
+// prepared, and starts its services; publishes use inflight.
+func (s *source) run(g *errgroup.Group, ctx, inflight context.Context, fails *failures) {
 	if s.prepare != nil {
 		g.Go(func() error {
 			if err := s.prepare(ctx); err != nil {
@@ -151,59 +160,75 @@ func (s *source) run(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight conte
 				return fmt.Errorf("outbox %s: %w", s.name, err)
 			}
 			if ctx.Err() == nil {
-				s.start(g, ctx, listenCtx, partsCtx, inflight)
+				s.start(g, ctx, inflight, fails)
 			}
 			return nil
 		})
 		return
 	}
-	s.start(g, ctx, listenCtx, partsCtx, inflight)
+	s.start(g, ctx, inflight, fails)
 }
 
-func (s *source) start(g *errgroup.Group, ctx, listenCtx, partsCtx, inflight context.Context) {
+func (s *source) start(g *errgroup.Group, ctx, inflight context.Context, fails *failures) {
 	// The first sync comes before the first claim, which takes no rows
-	// without partitions.
-	failing := s.syncPartitions(partsCtx, false)
-	s.partsDone = make(chan struct{})
-	go func() {
-		defer close(s.partsDone)
-		t := time.NewTicker(store.ClaimSyncEvery)
-		defer t.Stop()
-		sweep := time.NewTimer(store.SweepEvery)
-		defer sweep.Stop()
-		// While it has partitions to give up, it syncs again as soon as
-		// the claims reading them may have ended.
-		soon := time.NewTimer(givingEvery)
-		if s.store.Share().Giving == 0 {
-			soon.Stop()
-		}
-		defer soon.Stop()
-		for {
-			select {
-			case <-partsCtx.Done():
-				return
-			case <-t.C:
-			case <-s.resync:
-			case <-soon.C:
-			case <-sweep.C:
-				sweep.Reset(s.sweepBelowFloor(partsCtx))
-				continue
-			}
-			failing = s.syncPartitions(partsCtx, failing)
-			if s.store.Share().Giving > 0 {
-				soon.Reset(givingEvery)
-			}
-		}
-	}()
+	// without partitions. The share is renewed until the last delivery is
+	// written back, after ctx ends (see stop).
+	s.partsFailing = s.syncPartitions(ctx, false)
+	s.partitions.start(context.WithoutCancel(ctx), fails)
 	s.ready.Store(true)
 	for _, w := range s.workers {
 		g.Go(func() error { return w.run(ctx, inflight) })
 	}
 	if s.listener != nil {
-		g.Go(func() error { return s.listener.Run(listenCtx, s.wakeAll, s.resyncSoon) })
+		s.listening.start(ctx, fails)
 	}
 	if s.cleaner.enabled() {
-		g.Go(func() error { return s.cleaner.Run(listenCtx) })
+		s.cleaning.start(ctx, fails)
+	}
+}
+
+// stop stops the outbox's services once its workers have ended: its
+// listener and cleaner, then, after its leased deliveries, the renewal of
+// its partitions, which it gives up for the other processes to take at
+// once.
+func (s *source) stop(ctx context.Context) {
+	s.listening.stop()
+	s.cleaning.stop()
+	s.leases.stop()
+	if s.partitions.stop(); s.ready.Load() {
+		s.leavePartitions(ctx)
+	}
+}
+
+// renewPartitions renews the outbox's share of its partitions, and looks
+// below its floor now and then, until ctx ends.
+func (s *source) renewPartitions(ctx context.Context) error {
+	t := time.NewTicker(store.ClaimSyncEvery)
+	defer t.Stop()
+	sweep := time.NewTimer(store.SweepEvery)
+	defer sweep.Stop()
+	// While it has partitions to give up, it syncs again as soon as the
+	// claims reading them may have ended.
+	soon := time.NewTimer(givingEvery)
+	if s.store.Share().Giving == 0 {
+		soon.Stop()
+	}
+	defer soon.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-s.resync:
+		case <-soon.C:
+		case <-sweep.C:
+			sweep.Reset(s.sweepBelowFloor(ctx))
+			continue
+		}
+		s.partsFailing = s.syncPartitions(ctx, s.partsFailing)
+		if s.store.Share().Giving > 0 {
+			soon.Reset(givingEvery)
+		}
 	}
 }
 
@@ -279,10 +304,6 @@ const sweepShare = 500
 // leavePartitions gives up the outbox's partitions, after its last
 // delivery, for the other processes to take at once.
 func (s *source) leavePartitions(ctx context.Context) {
-	if s.partsDone == nil {
-		return
-	}
-	<-s.partsDone
 	lctx, cancel := writeBackContext(ctx, s.r.cfg.QueryTimeout)
 	defer cancel()
 	if err := s.store.LeavePartitions(lctx); err != nil {

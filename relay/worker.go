@@ -342,7 +342,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 			if err := claim.Complete(writeCtx, nil); err != nil {
 				return false, nil, err
 			}
-			s.tally.settled(nil, nil, claim.Deferred)
+			s.tally.settled(nil, nil, nil, claim.Deferred)
 			return true, nil, nil
 		}
 		return false, nil, claim.Release(writeCtx)
@@ -436,7 +436,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	}
 	handedOff = true
 	s.tally.batches.Add(1)
-	s.tally.settled(outcomes, groups, claim.Deferred)
+	s.tally.settled(outcomes, groups, claim.Records, claim.Deferred)
 	if claim.Claimed == limit && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.

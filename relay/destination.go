@@ -147,6 +147,7 @@ type dest struct {
 	pauses  *pauseSet
 	parts   Partitioner // nil: partitions are not known
 	bulk    bulkhead
+	gates   []gate // bulk, rate, budget
 	// fleetMax is MaxInFlight as configured, shared by the fleet; 0 when
 	// unlimited or not in a fleet.
 	fleetMax int
@@ -212,6 +213,8 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 		pauseMax:    cfg.PauseMax,
 		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
 	}
+	// The limits an admitted row passes, in order (see take).
+	x.gates = []gate{&x.bulk, x.rate, x.budget}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
 		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.PauseBase, max: cfg.PauseMax,
 		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool) {
@@ -323,23 +326,6 @@ func (d *dest) admit(g *group, rec store.Record, topic string, now time.Time) (v
 		}
 	}
 	return admitted, store.Outcome{}, paused
-}
-
-// take gives rec a slot of the bulkhead, a token of the rate limit and,
-// for a retry, a share of the retry budget.
-func (d *dest) take(rec store.Record, now time.Time) (verdict, store.Outcome) {
-	if d.bulk.take(1) == 0 {
-		return held, store.Outcome{}
-	}
-	if !d.rate.take(now) {
-		d.bulk.give(1)
-		return held, store.Outcome{}
-	}
-	if rec.RetryCount > 0 && !d.budget.spend(now) {
-		d.bulk.give(1)
-		return deferred, d.deferral(rec, DeferRetryBudget, budgetDeferral)
-	}
-	return admitted, store.Outcome{}
 }
 
 func (d *dest) deferral(rec store.Record, reason string, wait time.Duration) store.Outcome {

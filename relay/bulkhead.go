@@ -1,0 +1,167 @@
+package relay
+
+import (
+	"sync"
+)
+
+// bulkhead counts a destination's rows in flight. In a fleet, the
+// destination's limit is shared among the replicas, and this one may use
+// only its share (slots); it tells the fleet, as its floor, the most it
+// may be using, so that the shares never add up to more than the limit.
+type bulkhead struct {
+	max     int  // per process; 0: unlimited
+	limited bool // a limit of its own or the fleet's
+	mu      sync.Mutex
+	n       int
+	shared  bool
+	slots   int // this replica's share, while shared
+	// Since demand was last read: whether rows found it full, and the
+	// most slots in use at once.
+	wanted bool
+	peak   int
+	// opened is closed when a full bulkhead gets a free slot; nil while
+	// no one waits for one.
+	opened chan struct{}
+}
+
+// opening returns a channel closed once the bulkhead has a free slot, or
+// nil when it has one now.
+func (h *bulkhead) opening() <-chan struct{} {
+	if !h.limited {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lim, ok := h.limit(); !ok || h.n < lim {
+		return nil
+	}
+	if h.opened == nil {
+		h.opened = make(chan struct{})
+	}
+	return h.opened
+}
+
+// signalLocked wakes those waiting for a slot, if one is free.
+func (h *bulkhead) signalLocked() {
+	if h.opened == nil {
+		return
+	}
+	if lim, ok := h.limit(); !ok || h.n < lim {
+		close(h.opened)
+		h.opened = nil
+	}
+}
+
+// limit is the most rows in flight now, and whether there is a limit.
+func (h *bulkhead) limit() (int, bool) {
+	if !h.shared {
+		return h.max, h.max > 0
+	}
+	if h.max > 0 {
+		return min(h.max, h.slots), true
+	}
+	return h.slots, true
+}
+
+// take grants up to n slots and returns how many.
+func (h *bulkhead) take(n int) int {
+	if !h.limited {
+		return n
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if lim, ok := h.limit(); ok {
+		granted := max(0, min(n, lim-h.n))
+		h.wanted = h.wanted || granted < n
+		n = granted
+	}
+	h.n += n
+	h.peak = max(h.peak, h.n)
+	return n
+}
+
+// room is how many more rows the bulkhead takes now, and its limit; ok is
+// false when it has none.
+func (h *bulkhead) room() (free, limit int, ok bool) {
+	if !h.limited {
+		return 0, 0, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lim, ok := h.limit()
+	if !ok {
+		return 0, 0, false
+	}
+	return max(0, lim-h.n), lim, true
+}
+
+// give returns n slots, and reports whether that opened a full bulkhead:
+// rows held back for a slot may go now.
+func (h *bulkhead) give(n int) bool {
+	if !h.limited || n == 0 {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lim, ok := h.limit()
+	wasFull := ok && h.n >= lim
+	h.n -= n
+	h.signalLocked()
+	return wasFull && h.n < lim
+}
+
+// full reports whether every slot is taken; rows that find it so want
+// more.
+func (h *bulkhead) full() bool {
+	if !h.limited {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lim, ok := h.limit()
+	full := ok && h.n >= lim
+	h.wanted = h.wanted || full
+	return full
+}
+
+// demand reports, and starts counting anew, whether rows found the
+// bulkhead full since the last call, and the most slots in use at once.
+func (h *bulkhead) demand() (wanted bool, peak int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	wanted, peak = h.wanted, h.peak
+	h.wanted, h.peak = false, h.n
+	return wanted, peak
+}
+
+// floor is the share the fleet must keep for this replica: its share, or
+// more while rows taken under a larger one are still in flight; 0 when it
+// has no share.
+func (h *bulkhead) floor() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.shared {
+		return 0
+	}
+	return max(h.slots, h.n)
+}
+
+// share sets this replica's share of the fleet's limit, and reports
+// whether the limit grew.
+func (h *bulkhead) share(slots int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	before, was := h.limit()
+	h.shared, h.slots = true, slots
+	after, _ := h.limit()
+	h.signalLocked()
+	return was && after > before
+}
+
+// unshare returns to the per-process limit.
+func (h *bulkhead) unshare() {
+	h.mu.Lock()
+	h.shared = false
+	h.signalLocked()
+	h.mu.Unlock()
+}

@@ -645,3 +645,50 @@ func TestConsolePages(t *testing.T) {
 		t.Errorf("after logging out: %d, want a redirect to log in", code)
 	}
 }
+
+// The pages offer every action on a selection, from the action table:
+// reroute with its own field.
+func TestConsoleOffersEveryActionOnASelection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.deadLetter("hooks", "k1", `{"order":1}`, "HTTP 404: no such topic")
+	b := e.loggedIn()
+	_, _, groups := b.do("GET", "/console/groups", nil)
+	group := regexp.MustCompile(`id="group-([0-9a-f]{12})"`).FindStringSubmatch(groups)[1]
+	row := "/console/dead-letters/" + strconv.FormatInt(id, 10)
+	_, _, letter := b.do("GET", row, nil)
+	for _, a := range deadletter.SelectionActions() {
+		if !strings.Contains(groups, "/console/groups/"+group+"/"+a.Name+"?") {
+			t.Errorf("the groups page has no %s", a.Name)
+		}
+		if !strings.Contains(letter, `action="`+row+"/"+a.Name+`"`) {
+			t.Errorf("the row's page has no %s form", a.Name)
+		}
+		code, _, confirm := b.do("GET", "/console/groups/"+group+"/"+a.Name, nil)
+		if code != 200 || !strings.Contains(confirm, `<strong id="dry-run-count">1</strong>`) {
+			t.Errorf("%s's confirm page: %d\n%s", a.Name, code, confirm)
+		}
+		for _, in := range a.Inputs {
+			if !strings.Contains(confirm, `name="`+in.Name+`"`) || !strings.Contains(letter, `name="`+in.Name+`"`) {
+				t.Errorf("%s's forms have no field %s", a.Name, in.Name)
+			}
+		}
+	}
+	before := e.snapshot()
+	if code, body := b.post(row+"/reroute", url.Values{"why": {"renamed"}}); code != http.StatusBadRequest || !strings.Contains(body, "needs to") {
+		t.Errorf("reroute without a topic: %d\n%s", code, body)
+	}
+	if e.snapshot() != before {
+		t.Fatal("a refused reroute changed the tables")
+	}
+	if code, body := b.post(row+"/reroute", url.Values{"to": {"orders.v2"}, "why": {"renamed"}}); code != 200 || !strings.Contains(body, "rerouted 1 row") {
+		t.Fatalf("reroute: %d\n%s", code, body)
+	}
+	var topic string
+	if err := e.s.Pool.QueryRow(context.Background(), `SELECT topic FROM outbox WHERE id = $1`, id).Scan(&topic); err != nil {
+		t.Fatal(err)
+	}
+	if e.status(id) != "pending" || topic != "orders.v2" {
+		t.Errorf("row %d after the reroute: %s, topic %s", id, e.status(id), topic)
+	}
+}

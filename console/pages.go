@@ -43,6 +43,9 @@ func parsePages() (map[string]*template.Template, error) {
 			return strings.ToValidUTF8(s[:n], "") + "…"
 		},
 		"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+		// The actions on a selection of dead letters, whose buttons and
+		// forms the pages build.
+		"actions": deadletter.SelectionActions,
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"login", "error", "overview", "groups", "confirm", "result", "letters", "letter", "preview", "keys", "audit"} {
@@ -222,21 +225,29 @@ func (c *console) groups(w http.ResponseWriter, r *http.Request) {
 		"Filter": template.URL(suffix)}) //nolint:gosec // url.Values.Encode escapes every value
 }
 
-// groupAction is a bulk action on a failure group.
-type groupAction struct {
-	Name, Verb, Past string
+// selectionAction returns the action on a selection the request's path
+// names.
+func selectionAction(r *http.Request) (deadletter.ActionInfo, bool) {
+	a, ok := deadletter.LookupAction(r.PathValue("action"))
+	return a, ok && a.Apply != nil
 }
 
-var groupActions = map[string]groupAction{
-	deadletter.ActionReplay:  {deadletter.ActionReplay, "Replay", "replayed"},
-	deadletter.ActionDiscard: {deadletter.ActionDiscard, "Discard", "discarded"},
+// inputs reads the action's inputs from the form.
+func inputs(r *http.Request, a deadletter.ActionInfo) deadletter.Inputs {
+	in := deadletter.Inputs{}
+	for _, i := range a.Inputs {
+		if v := strings.TrimSpace(r.FormValue(i.Name)); v != "" {
+			in[i.Name] = v
+		}
+	}
+	return in
 }
 
 // groupRequest reads an action on a failure group: the store, the action,
 // and the selection: the group's rows that the groups page's filter, which
 // the confirm page carries on, matches.
-func (c *console) groupRequest(w http.ResponseWriter, r *http.Request) (*deadletter.Store, groupAction, deadletter.Filter, bool) {
-	a, ok := groupActions[r.PathValue("action")]
+func (c *console) groupRequest(w http.ResponseWriter, r *http.Request) (*deadletter.Store, deadletter.ActionInfo, deadletter.Filter, bool) {
+	a, ok := selectionAction(r)
 	if !ok {
 		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
 		return nil, a, deadletter.Filter{}, false
@@ -265,7 +276,7 @@ func (c *console) confirmGroup(w http.ResponseWriter, r *http.Request) {
 		c.failErr(w, r, err)
 		return
 	}
-	dry, err := c.bulk(r, st, a.Name, f, true, "")
+	dry, err := c.bulk(r, st, a, f, true, "")
 	if err != nil {
 		c.failErr(w, r, err)
 		return
@@ -278,7 +289,7 @@ func (c *console) actOnGroup(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := c.bulk(r, st, a.Name, f, false, r.PostForm.Get("why"))
+	res, err := c.bulk(r, st, a, f, false, r.PostForm.Get("why"))
 	c.done(w, r, res, err, a.Past, "groups")
 }
 
@@ -293,20 +304,16 @@ func filterFields(r *http.Request) url.Values {
 	return out
 }
 
-func (c *console) bulk(r *http.Request, st *deadletter.Store, action string, f deadletter.Filter, dry bool, reason string) (*deadletter.Result, error) {
-	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: f}, DryRun: dry, Actor: actor(r), Reason: reason}
+func (c *console) bulk(r *http.Request, st *deadletter.Store, a deadletter.ActionInfo, f deadletter.Filter, dry bool, reason string) (*deadletter.Result, error) {
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: f}, DryRun: dry, Actor: actor(r), Reason: reason,
+		CheckTopic: c.cfg.CheckTopic}
 	if dry {
 		// Nothing is locked or changed: the largest batches, the fewest
-		// round trips.
+		// round trips. The inputs are checked when the action is taken.
 		p.BatchSize = deadletter.MaxBatchSize
+		return st.Preview(r.Context(), a.Name, p)
 	}
-	if action == deadletter.ActionDiscard {
-		if !dry && strings.TrimSpace(reason) == "" {
-			return nil, &deadletter.InputError{Problems: []string{"say why the rows are discarded: the audit trail keeps it"}}
-		}
-		return st.Discard(r.Context(), p)
-	}
-	return st.Replay(r.Context(), deadletter.ReplayParams{BulkParams: p})
+	return a.Run(r.Context(), st, p, inputs(r, a))
 }
 
 // done shows what an action changed, with a link back to the list it
@@ -529,30 +536,20 @@ func (c *console) actOnRow(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	a, ok := selectionAction(r)
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
+		return
+	}
 	ref, err := deadletter.ParseRef(r.PathValue("ref"))
 	if err != nil {
 		c.failErr(w, r, err)
 		return
 	}
-	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("why")}
-	var res *deadletter.Result
-	past := ""
-	switch r.PathValue("action") {
-	case deadletter.ActionReplay:
-		res, err = st.Replay(r.Context(), deadletter.ReplayParams{BulkParams: p})
-		past = "replayed"
-	case deadletter.ActionDiscard:
-		if strings.TrimSpace(p.Reason) == "" {
-			c.fail(w, r, http.StatusBadRequest, "Nothing was changed.", "say why the row is discarded: the audit trail keeps it")
-			return
-		}
-		res, err = st.Discard(r.Context(), p)
-		past = "discarded"
-	default:
-		c.fail(w, r, http.StatusNotFound, "No such action: "+r.PathValue("action"))
-		return
-	}
-	c.done(w, r, res, err, past, "dead-letters")
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("why"),
+		CheckTopic: c.cfg.CheckTopic}
+	res, err := a.Run(r.Context(), st, p, inputs(r, a))
+	c.done(w, r, res, err, a.Past, "dead-letters")
 }
 
 func (c *console) keys(w http.ResponseWriter, r *http.Request) {

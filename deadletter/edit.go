@@ -59,11 +59,9 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 	if p.Topic == "" && p.Headers == nil && p.Payload == nil {
 		problems = append(problems, "nothing to change: give a new payload, headers or topic")
 	}
-	if p.Topic != "" && (strings.TrimSpace(p.Topic) != p.Topic || strings.ContainsFunc(p.Topic, unicode.IsControl)) {
-		problems = append(problems, fmt.Sprintf("topic %q has surrounding white space or control characters", p.Topic))
-	} else if p.Topic != "" && p.CheckTopic != nil {
-		if err := p.CheckTopic(p.Topic); err != nil {
-			problems = append(problems, fmt.Sprintf("topic %q: %v", p.Topic, err))
+	if p.Topic != "" {
+		if problem := topicProblem(p.Topic, p.CheckTopic); problem != "" {
+			problems = append(problems, problem)
 		}
 	}
 	if p.Headers != nil {
@@ -202,4 +200,18 @@ func nullIfNil(b []byte) *string {
 	}
 	s := string(b)
 	return &s
+}
+
+// topicProblem says what is wrong with a topic an operator gives rows, or
+// returns "".
+func topicProblem(topic string, check func(string) error) string {
+	if strings.TrimSpace(topic) != topic || strings.ContainsFunc(topic, unicode.IsControl) {
+		return fmt.Sprintf("topic %q has surrounding white space or control characters", topic)
+	}
+	if check != nil {
+		if err := check(topic); err != nil {
+			return fmt.Sprintf("topic %q: %v", topic, err)
+		}
+	}
+	return ""
 }

@@ -1,6 +1,7 @@
 package deadletter
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -68,12 +69,15 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	handle("GET /dead-letters/{ref}", h.show)
 	handle("GET /dead-letter-groups", h.groups)
 	handle("GET /parked-keys", h.keys)
-	actions := map[string]http.HandlerFunc{
-		ActionReplay: h.replay, ActionEdit: h.edit, ActionDiscard: h.discard, ActionRelease: h.release,
-	}
+	// Actions on a selection share one handler; edit and release have
+	// their own.
+	actions := map[string]http.HandlerFunc{ActionEdit: h.edit, ActionRelease: h.release}
 	for _, a := range Actions {
 		method, path, _ := strings.Cut(a.Route, " ")
 		handler, ok := actions[a.Name]
+		if a.Apply != nil {
+			handler, ok = h.selection(a), true
+		}
 		if !ok {
 			return nil, fmt.Errorf("dead-letter API: no handler for action %s", a.Name)
 		}
@@ -207,26 +211,63 @@ type bulkRequest struct {
 	Rate   float64 `json:"rate"`
 	Reason string  `json:"reason"`
 	Actor  string  `json:"actor"`
-	// At is when replayed rows become ready (replay only).
-	At time.Time `json:"at"`
 }
 
-func (h *api) bulkParams(w http.ResponseWriter, r *http.Request) (bulkRequest, BulkParams, bool) {
-	var req bulkRequest
-	if err := decode(r, &req); err != nil {
-		h.fail(w, r, err)
-		return req, BulkParams{}, false
+// selection handles an action on a selection: the fields of bulkRequest,
+// and the action's inputs as JSON strings.
+func (h *api) selection(a ActionInfo) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var fields map[string]json.RawMessage
+		if err := decode(r, &fields); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		in := Inputs{}
+		for _, i := range a.Inputs {
+			raw, ok := fields[i.Name]
+			if !ok || string(raw) == "null" {
+				continue
+			}
+			var v string
+			if err := json.Unmarshal(raw, &v); err != nil {
+				h.fail(w, r, &InputError{Problems: []string{fmt.Sprintf("%s: give a string: %s", i.Name, i.Usage)}})
+				return
+			}
+			in[i.Name] = v
+			delete(fields, i.Name)
+		}
+		var req bulkRequest
+		if err := strictJSON(fields, &req); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		refs, err := ParseRefs(req.IDs)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		p := BulkParams{
+			Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
+			DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(r, req.Actor), Reason: req.Reason,
+			CheckTopic: h.cfg.CheckTopic,
+		}
+		res, err := a.Run(r.Context(), store(r), p, in)
+		h.reply(w, r, res, err)
 	}
-	refs, err := ParseRefs(req.IDs)
+}
+
+// strictJSON decodes the object fields into v, refusing unknown fields.
+func strictJSON(fields map[string]json.RawMessage, v any) error {
+	b, err := json.Marshal(fields)
 	if err != nil {
-		h.fail(w, r, err)
-		return req, BulkParams{}, false
+		return &InputError{Problems: []string{"request body: " + err.Error()}}
 	}
-	p := BulkParams{
-		Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
-		DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(r, req.Actor), Reason: req.Reason,
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &InputError{Problems: []string{"request body: " + err.Error()}}
 	}
-	return req, p, true
+	return nil
 }
 
 // refList reads row ids given as numbers and event ids as strings.
@@ -252,24 +293,6 @@ func (l *refList) UnmarshalJSON(b []byte) error {
 	}
 	*l = out
 	return nil
-}
-
-func (h *api) replay(w http.ResponseWriter, r *http.Request) {
-	req, p, ok := h.bulkParams(w, r)
-	if !ok {
-		return
-	}
-	res, err := store(r).Replay(r.Context(), ReplayParams{BulkParams: p, At: req.At})
-	h.reply(w, r, res, err)
-}
-
-func (h *api) discard(w http.ResponseWriter, r *http.Request) {
-	_, p, ok := h.bulkParams(w, r)
-	if !ok {
-		return
-	}
-	res, err := store(r).Discard(r.Context(), p)
-	h.reply(w, r, res, err)
 }
 
 // editRequest is the body of edit. The payload is given in one of three

@@ -68,8 +68,10 @@ Exit codes: 0 done, 1 failed or bad input (nothing changed), 2 bad usage.`,
 	cmd.PersistentFlags().StringVar(&d.actor, "actor", "", "who is acting, for the audit trail (env "+envActor+", default the OS user)")
 	cmd.PersistentFlags().BoolVar(&d.json, "json", false, "print JSON instead of text")
 	cmd.PersistentFlags().StringVar(&d.outbox, "outbox", "", "the outbox to act on, by its name in outboxes (needed when there are several)")
-	cmd.AddCommand(d.listCmd(), d.showCmd(), d.replayCmd(), d.editCmd(), d.discardCmd(),
-		d.keysCmd(), d.releaseCmd(), d.auditCmd(), d.statsCmd(), d.groupsCmd())
+	cmd.AddCommand(d.listCmd(), d.showCmd(), d.editCmd(), d.keysCmd(), d.releaseCmd(), d.auditCmd(), d.statsCmd(), d.groupsCmd())
+	for _, a := range deadletter.SelectionActions() {
+		cmd.AddCommand(d.selectionCmd(a))
+	}
 	return cmd
 }
 
@@ -303,7 +305,67 @@ func (d *dlq) printDetail(r *deadletter.Detail) {
 	}
 }
 
-// bulkFlags are the flags of replay and discard.
+// selectionCmd is the command of an action on a selection of dead
+// letters, built from its entry in deadletter.Actions.
+func (d *dlq) selectionCmd(a deadletter.ActionInfo) *cobra.Command {
+	var b bulkFlags
+	inputs := make([]string, len(a.Inputs))
+	use := a.Name + " [ID|EVENT_ID ...]"
+	for _, i := range a.Inputs {
+		if i.Required {
+			use += " --" + i.Name + " " + strings.ToUpper(i.Name)
+		}
+	}
+	if a.NeedsReason {
+		use += " --reason TEXT"
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: a.Short,
+		Long: a.Long + `
+
+Select rows by id or event id, by filter flags, or with --all. Bulk actions
+run in batches of --batch-size rows, each in its own transaction with its own
+audit record, optionally paced by --rate. A filter applies to rows
+dead-lettered before the action began. A named row that is no longer
+dead-lettered is left as it is and reported. An unknown id changes nothing.`,
+		Example: a.Example,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if a.NeedsReason && !b.dryRun && strings.TrimSpace(b.reason) == "" {
+				return usageError{fmt.Errorf("%s needs --reason: say why, for the audit trail", a.Name)}
+			}
+			for n, i := range a.Inputs {
+				if i.Required && inputs[n] == "" {
+					return usageError{fmt.Errorf("%s needs --%s: %s", a.Name, i.Name, i.Usage)}
+				}
+			}
+			p, err := b.params(d, args)
+			if err != nil {
+				return err
+			}
+			_, p.CheckTopic = editChecks(d.cfg)
+			in := deadletter.Inputs{}
+			for n, i := range a.Inputs {
+				in[i.Name] = inputs[n]
+			}
+			res, err := a.Run(cmd.Context(), d.store, p, in)
+			d.printResult(res, a.Name)
+			return err
+		},
+	}
+	b.bind(cmd.Flags(), "be "+a.Past)
+	why := "why, for the audit trail"
+	if a.NeedsReason {
+		why = "why (required), for the audit trail"
+	}
+	cmd.Flags().StringVar(&b.reason, "reason", "", why)
+	for n, i := range a.Inputs {
+		cmd.Flags().StringVar(&inputs[n], i.Name, "", i.Usage)
+	}
+	return cmd
+}
+
+// bulkFlags are the flags of the actions on a selection.
 type bulkFlags struct {
 	filterFlags
 	all       bool
@@ -349,74 +411,6 @@ func (b *bulkFlags) params(d *dlq, args []string) (deadletter.BulkParams, error)
 	}
 	p.Refs, p.Filter, p.All = refs, filter, b.all
 	return p, nil
-}
-
-func (d *dlq) replayCmd() *cobra.Command {
-	var b bulkFlags
-	var at string
-	cmd := &cobra.Command{
-		Use:   "replay [ID|EVENT_ID ...]",
-		Short: "Deliver dead letters again",
-		Long: `Make dead letters pending again: retry_count 0, ready now (or --at), error
-history kept. Select rows by id or event id, by filter flags, or with --all.
-
-Bulk replays run in batches of --batch-size rows, each in its own transaction
-with its own audit record, optionally paced by --rate. A filter applies to
-rows dead-lettered before the replay began. A named row that is no longer
-dead-lettered is left as it is and reported. An unknown id changes nothing.`,
-		Example: `  outbox-relay dlq replay 1042 1043
-  outbox-relay dlq replay --topic 'orders.*' --reason-code retries_exhausted --since 6h --dry-run
-  outbox-relay dlq replay --destination hooks --rate 200 --reason "endpoint fixed"`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := b.params(d, args)
-			if err != nil {
-				return err
-			}
-			rp := deadletter.ReplayParams{BulkParams: p}
-			if at != "" {
-				t, err := parseInstant(at)
-				if err != nil {
-					return err
-				}
-				rp.At = t
-			}
-			res, err := d.store.Replay(cmd.Context(), rp)
-			d.printResult(res, deadletter.ActionReplay)
-			return err
-		},
-	}
-	b.bind(cmd.Flags(), "be replayed")
-	cmd.Flags().StringVar(&b.reason, "reason", "", "why, for the audit trail")
-	cmd.Flags().StringVar(&at, "at", "", "make the rows ready at this RFC 3339 time instead of now")
-	return cmd
-}
-
-func (d *dlq) discardCmd() *cobra.Command {
-	var b bulkFlags
-	cmd := &cobra.Command{
-		Use:   "discard [ID|EVENT_ID ...] --reason TEXT",
-		Short: "Give up on dead letters; they stay, discarded, until retention",
-		Long: `Mark dead letters discarded: they will not be delivered and stay in the table,
-with status discarded, until relay.dead_letter_retention deletes them.
-Discarding the row that parks a key releases the key. --reason is required.`,
-		Example: `  outbox-relay dlq discard 1042 --reason "duplicate of order 77"
-  outbox-relay dlq discard --topic 'test.*' --reason "test traffic"`,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if strings.TrimSpace(b.reason) == "" {
-				return usageError{errors.New("discard needs --reason: say why, for the audit trail")}
-			}
-			p, err := b.params(d, args)
-			if err != nil {
-				return err
-			}
-			res, err := d.store.Discard(cmd.Context(), p)
-			d.printResult(res, deadletter.ActionDiscard)
-			return err
-		},
-	}
-	b.bind(cmd.Flags(), "be discarded")
-	cmd.Flags().StringVar(&b.reason, "reason", "", "why (required), for the audit trail")
-	return cmd
 }
 
 func (d *dlq) editCmd() *cobra.Command {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
@@ -277,7 +278,7 @@ func TestDLQBadInputChangesNothing(t *testing.T) {
 		{[]string{"dlq", "edit", sid, "--payload", notJSON}, 1, "payload is JSON and the new one is not"},
 		{[]string{"dlq", "edit", sid, "--payload", filepath.Join(dir, "missing")}, 1, "--payload: open"},
 		{[]string{"dlq", "edit", sid}, 1, "nothing to change"},
-		{[]string{"dlq", "replay", sid, "--at", "tomorrow"}, 1, `--at "tomorrow"`},
+		{[]string{"dlq", "replay", sid, "--at", "tomorrow"}, 1, `at "tomorrow": use an RFC 3339 time`},
 		{[]string{"dlq", "release", "not-parked"}, 1, "key is not parked"},
 		{[]string{"dlq", "audit", "--action", "delete"}, 1, `action "delete"`},
 		{[]string{"dlq", "discard", sid}, 2, "discard needs --reason"},
@@ -477,4 +478,55 @@ func TestDLQGroups(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "not a failure group's id") {
 		t.Errorf("a bad group id: exit %d\n%s", r.code, r.stderr)
 	}
+}
+
+// Every action on a selection is a dlq command, with its inputs as flags;
+// reroute is one.
+func TestDLQSelectionActionsAreCommands(t *testing.T) {
+	t.Parallel()
+	c, pool := newCLI(t)
+	for _, a := range deadletter.SelectionActions() {
+		out := c.ok("dlq", a.Name, "--help")
+		for _, want := range append([]string{strings.Split(a.Long, "\n")[0], "--dry-run", "--reason"}, inputFlags(a)...) {
+			if !strings.Contains(out, want) {
+				t.Errorf("dlq %s --help does not show %q:\n%s", a.Name, want, out)
+			}
+		}
+	}
+	a := deadLetter(t, pool, letter{topic: "ordres", key: "c1", reason: "no_route", ago: time.Hour})
+	b := deadLetter(t, pool, letter{topic: "orders", key: "c2", reason: "permanent", ago: time.Hour})
+	if r := c.run("", "dlq", "reroute", "--reason-code", "no_route"); r.code != 2 || !strings.Contains(r.stderr, "reroute needs --to") {
+		t.Errorf("reroute without --to: exit %d, %q", r.code, r.stderr)
+	}
+	out := c.ok("dlq", "reroute", "--reason-code", "no_route", "--to", "orders", "--reason", "typo in the producer")
+	if !strings.Contains(out, "rerouted 1 row: "+strconv.FormatInt(a, 10)) {
+		t.Errorf("reroute printed %q", out)
+	}
+	var topic, status string
+	if err := pool.QueryRow(context.Background(), `SELECT topic, status FROM outbox WHERE id = $1`, a).Scan(&topic, &status); err != nil {
+		t.Fatal(err)
+	}
+	if topic != "orders" || status != "pending" {
+		t.Errorf("row %d after the reroute: %s, %s", a, topic, status)
+	}
+	if n := countRows(t, pool, fmt.Sprintf("id = %d AND status = 'dead_lettered'", b)); n != 1 {
+		t.Errorf("row %d outside the filter was rerouted", b)
+	}
+	var audit struct {
+		Records []struct {
+			Details map[string]any `json:"details"`
+		} `json:"records"`
+	}
+	c.json(&audit, "dlq", "audit", "--action", "reroute")
+	if len(audit.Records) != 1 || fmt.Sprint(audit.Records[0].Details["from_topics"]) != "[ordres]" {
+		t.Errorf("audit of the reroute: %+v", audit)
+	}
+}
+
+func inputFlags(a deadletter.ActionInfo) []string {
+	var out []string
+	for _, i := range a.Inputs {
+		out = append(out, "--"+i.Name)
+	}
+	return out
 }

@@ -388,6 +388,17 @@ func (q *Queries) Replay(ctx context.Context, tx pgx.Tx, ids []int64, at *time.T
 	return err
 }
 
+// Reroute gives the dead letters among ids topic and makes them pending,
+// ready at at (now if nil), and returns the topics they had. Statement:
+// reroute.
+func (q *Queries) Reroute(ctx context.Context, tx pgx.Tx, ids []int64, topic string, at *time.Time) ([]string, error) {
+	rows, err := tx.Query(ctx, q.reroute, ids, at, topic)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // Discard gives up on the dead letters among ids. Statement: discard.
 func (q *Queries) Discard(ctx context.Context, tx pgx.Tx, ids []int64) error {
 	_, err := tx.Exec(ctx, q.discard, ids)

@@ -1,7 +1,7 @@
 // Package outboxdb owns the SQL of the outbox table and its audit table:
 // every statement that reads or changes a row's delivery state (claim,
 // key check, write-back, lease, retention, and the operators' replay,
-// edit, discard and release) lives in the embedded sql/*.sql files, one
+// edit, reroute, discard and release) lives in the embedded sql/*.sql files, one
 // template per statement, and is run through a typed method here. The
 // claim engine (package relay/store) and the dead-letter operations (package
 // deadletter) both go through it, so a rule about a row's state is written
@@ -81,7 +81,7 @@ type Queries struct {
 	deleteDiscarded, deleteAudit            string
 	backlog                                 string
 	getRow, parkedKeys, counts, parkedCount string
-	lockRefs, replay, discard               string
+	lockRefs, replay, reroute, discard      string
 	lockForEdit, edit, releaseKey           string
 	lockBehindKeys, unpark                  string
 	insertAudit, auditedRows                string
@@ -246,7 +246,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"backlog": &q.backlog,
 		"get_row": &q.getRow, "parked_keys": &q.parkedKeys, "dead_letter_counts": &q.counts,
 		"parked_key_count": &q.parkedCount,
-		"lock_refs":        &q.lockRefs, "replay": &q.replay, "discard": &q.discard,
+		"lock_refs":        &q.lockRefs, "replay": &q.replay, "reroute": &q.reroute, "discard": &q.discard,
 		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
 		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
 		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,

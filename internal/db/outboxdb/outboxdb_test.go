@@ -12,7 +12,7 @@ func TestStatementsRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"claim", "delete_sent", "delete_expired_dead", "replay", "edit", "leased_fail", "insert_audit"} {
+	for _, name := range []string{"claim", "delete_sent", "delete_expired_dead", "replay", "reroute", "edit", "leased_fail", "insert_audit"} {
 		sql, err := q.Statement(name)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)

@@ -120,6 +120,18 @@ UPDATE {{.Outbox}} SET {{template "reset_to_pending"}}
 WHERE id = ANY($1) AND status = 'dead_lettered'
 {{end}}
 
+{{define "reroute"}}
+-- $3 is the new topic; it returns the topics the rows had, once each.
+WITH old AS (
+    SELECT id, topic FROM {{.Outbox}} WHERE id = ANY($1) AND status = 'dead_lettered'
+), moved AS (
+    UPDATE {{.Outbox}} AS o SET topic = $3, {{template "reset_to_pending"}}
+    FROM old WHERE o.id = old.id
+    RETURNING old.topic
+)
+SELECT DISTINCT topic FROM moved ORDER BY topic
+{{end}}
+
 {{define "discard"}}
 UPDATE {{.Outbox}} SET status = 'discarded', key_parked = false, discarded_at = now()
 WHERE id = ANY($1) AND status = 'dead_lettered'

@@ -1,0 +1,182 @@
+package deadletter_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: retry.ReasonNoRoute, Retries: 0})
+	b, _ := addDead(t, s, dead{Topic: "ordres.eu", At: base.Add(time.Second), Reason: retry.ReasonNoRoute})
+	c, _ := addDead(t, s, dead{Topic: "orders", At: base.Add(2 * time.Second), Reason: retry.ReasonPermanent})
+	k := addParked(t, s, "K", base)
+	before := snapshot(t, s)
+
+	noRoute := byFilter(deadletter.Filter{Reason: retry.ReasonNoRoute}, 1)
+	refused := errors.New("no route matches it")
+	checkTopic := func(topic string) error {
+		if topic != "orders" {
+			return refused
+		}
+		return nil
+	}
+	for name, p := range map[string]deadletter.RerouteParams{
+		"no topic":                       {BulkParams: noRoute},
+		"spaces":                         {BulkParams: noRoute, Topic: " orders"},
+		"control":                        {BulkParams: noRoute, Topic: "ord\ners"},
+		"no route takes it":              {BulkParams: withCheck(noRoute, checkTopic), Topic: "orders.v2"},
+		"no reason needed, but an actor": {BulkParams: deadletter.BulkParams{Selection: noRoute.Selection}, Topic: "orders"},
+	} {
+		if res, err := st.Reroute(ctx, p); !deadletter.IsInput(err) || res != nil {
+			t.Errorf("%s: Reroute = %+v, %v; want an input error", name, res, err)
+		}
+	}
+	dry := deadletter.RerouteParams{BulkParams: noRoute, Topic: "orders"}
+	dry.DryRun = true
+	if res, err := st.Reroute(ctx, dry); err != nil || res.Count != 2 || !res.DryRun {
+		t.Fatalf("dry run = %+v, %v; want two rows that would change", res, err)
+	}
+	checkUnchanged(t, s, before)
+
+	// In batches of one: each batch's audit record keeps the topic its
+	// rows had.
+	p := deadletter.RerouteParams{BulkParams: withCheck(noRoute, checkTopic), Topic: "orders"}
+	p.Reason = "typo in the producer"
+	res, err := st.Reroute(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Action != deadletter.ActionReroute || !slices.Equal(sorted(res.Changed), []int64{a, b}) {
+		t.Errorf("Reroute = %+v, want rows %d and %d", res, a, b)
+	}
+	for _, id := range []int64{a, b} {
+		checkReplayed(t, s, id, "")
+		if got := rowState(t, s, id).Topic; got != "orders" {
+			t.Errorf("row %d has topic %q after the reroute, want orders", id, got)
+		}
+	}
+	if got := statuses(t, s, c); got[0] != deadletter.StatusDeadLettered {
+		t.Errorf("row %d outside the filter is %s", c, got[0])
+	}
+	recs := auditRecords(t, s)
+	if len(recs) != 2 {
+		t.Fatalf("%d audit records, want one a batch", len(recs))
+	}
+	var from []string
+	for _, r := range recs {
+		checkAudit(t, r, deadletter.ActionReroute, "typo in the producer", r.RowIDs...)
+		if r.Details["topic"] != "orders" {
+			t.Errorf("audit details %v do not name the new topic", r.Details)
+		}
+		from = append(from, fmt.Sprint(r.Details["from_topics"]))
+	}
+	slices.Sort(from)
+	if !slices.Equal(from, []string{"[ordres.eu]", "[ordres]"}) {
+		t.Errorf("audit keeps the topics %v, want [ordres] and [ordres.eu]", from)
+	}
+
+	// Rerouting the row that parks a key releases the key, as a replay
+	// does; it can be made ready later, too.
+	at := time.Now().Add(time.Hour).Truncate(time.Second)
+	res, err = st.Reroute(ctx, deadletter.RerouteParams{BulkParams: byRefs(deadletter.Ref{ID: k.Park}), Topic: "orders", At: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.ReleasedKeys, []string{"K"}) {
+		t.Errorf("released keys = %v, want [K]", res.ReleasedKeys)
+	}
+	checkReleased(t, s, k)
+	if r := rowState(t, s, k.Park); r.Status != "pending" || r.Ready || !r.NextAttemptAt.Equal(at) {
+		t.Errorf("the parking row after a reroute at %s = %+v", at, r)
+	}
+}
+
+func withCheck(p deadletter.BulkParams, check func(string) error) deadletter.BulkParams {
+	p.CheckTopic = check
+	return p
+}
+
+// The table's Run checks an action's inputs, every problem at once.
+func TestActionRunChecksInputs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	a, _ := addDead(t, s, dead{At: base})
+	reroute, _ := deadletter.LookupAction(deadletter.ActionReroute)
+	discard, _ := deadletter.LookupAction(deadletter.ActionDiscard)
+	replay, _ := deadletter.LookupAction(deadletter.ActionReplay)
+	p := byRefs(deadletter.Ref{ID: a})
+	for _, tc := range []struct {
+		a    deadletter.ActionInfo
+		in   deadletter.Inputs
+		want []string
+	}{
+		{reroute, deadletter.Inputs{"color": "red"}, []string{"reroute needs to", "reroute takes no color"}},
+		{discard, nil, []string{"discard needs a reason"}},
+		{replay, deadletter.Inputs{"at": "tomorrow"}, []string{`at "tomorrow": use an RFC 3339 time`}},
+	} {
+		res, err := tc.a.Run(ctx, st, p, tc.in)
+		var ie *deadletter.InputError
+		if !errors.As(err, &ie) || res != nil {
+			t.Errorf("%s %v = %+v, %v; want an input error", tc.a.Name, tc.in, res, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s %v: %q does not say %q", tc.a.Name, tc.in, err, w)
+			}
+		}
+	}
+	if got := statuses(t, s, a); got[0] != deadletter.StatusDeadLettered {
+		t.Errorf("a refused action changed row %d: %s", a, got[0])
+	}
+	if _, err := func() (*deadletter.Result, error) {
+		edit, _ := deadletter.LookupAction(deadletter.ActionEdit)
+		return edit.Run(ctx, st, p, nil)
+	}(); err == nil {
+		t.Error("edit ran as an action on a selection")
+	}
+}
+
+func TestAPIReroute(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	h := newAPI(t, s)
+	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: retry.ReasonNoRoute})
+	path := strings.TrimSuffix(deadletter.APIPrefix, "/") + "/dead-letters/reroute"
+	for body, want := range map[string]string{
+		`{"filter":{"reason":"no_route"}}`:                           "reroute needs to",
+		`{"filter":{"reason":"no_route"},"to":7}`:                    "to: give a string",
+		`{"filter":{"reason":"no_route"},"to":"o","x":1}`:            `unknown field`,
+		`{"filter":{"reason":"no_route"},"to":"orders","at":"soon"}`: `use an RFC 3339 time`,
+	} {
+		if code, got := call(h, "POST", path, body); code != http.StatusBadRequest || !strings.Contains(got, want) {
+			t.Errorf("POST %s = %d %s; want 400 saying %q", body, code, got, want)
+		}
+	}
+	code, got := call(h, "POST", path, `{"filter":{"reason":"no_route"},"to":"orders","reason":"typo","actor":"ops"}`)
+	var res deadletter.Result
+	if err := json.Unmarshal([]byte(got), &res); code != http.StatusOK || err != nil ||
+		res.Action != deadletter.ActionReroute || !slices.Equal(res.Changed, []int64{a}) {
+		t.Fatalf("reroute = %d %s", code, got)
+	}
+	if r := rowState(t, s, a); r.Status != "pending" || r.Topic != "orders" {
+		t.Errorf("row after the API's reroute = %+v", r)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/outbox-relay/outbox-relay/relay/sink/builtin"
+
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/spf13/pflag"
 
@@ -176,15 +178,18 @@ func TestExampleDocumentsEveryDestinationField(t *testing.T) {
 	all := parseYAML(t, uncomment(raw))
 
 	dests, _ := lookup(all, "destinations")
-	byKind := map[string]string{} // kafka or http → a destination of that kind
+	byKind := map[string]string{} // a sink's kind → a destination of that kind
 	for name, d := range dests.(map[string]any) {
-		for _, kind := range []string{"kafka", "http"} {
+		for _, kind := range sink.Kinds() {
 			if _, ok := d.(map[string]any)[kind]; ok {
 				byKind[kind] = name
 			}
 		}
 	}
-	for _, kind := range []string{"kafka", "http"} {
+	if len(sink.Kinds()) < 2 {
+		t.Fatalf("registered sinks %v: the binary's are missing", sink.Kinds())
+	}
+	for _, kind := range sink.Kinds() {
 		name, ok := byKind[kind]
 		if !ok {
 			t.Errorf("the example has no %s destination", kind)

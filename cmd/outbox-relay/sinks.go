@@ -1,7 +1,4 @@
 package main
 
 // The sinks destinations may use; each registers itself (see relay/sink).
-import (
-	_ "github.com/outbox-relay/outbox-relay/relay/kafka"
-	_ "github.com/outbox-relay/outbox-relay/relay/webhook"
-)
+import _ "github.com/outbox-relay/outbox-relay/relay/sink/builtin"

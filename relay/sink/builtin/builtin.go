@@ -1,0 +1,9 @@
+// Package builtin registers the sinks the relay's binary ships: import it
+// for its side effect. The binary and the tests that check the documented
+// configuration of every sink import the same list.
+package builtin
+
+import (
+	_ "github.com/outbox-relay/outbox-relay/relay/kafka"   // kafka
+	_ "github.com/outbox-relay/outbox-relay/relay/webhook" // http
+)

@@ -192,14 +192,25 @@ func (s *Store) DeleteAudit(ctx context.Context, retention time.Duration, limit 
 }
 
 // TopicBacklog is what waits for delivery on one topic.
-type TopicBacklog = outboxdb.TopicBacklog
+type TopicBacklog struct {
+	Topic string
+	// Pending counts the topic's pending rows, ready or waiting.
+	Pending int64
+	// OldestAge is the age of its oldest pending row, by the database
+	// clock.
+	OldestAge time.Duration
+}
 
 // Backlog reports the pending rows of every topic that has some. It reads
 // every pending row: call it every few seconds at most.
 func (s *Store) Backlog(ctx context.Context) ([]TopicBacklog, error) {
-	out, err := s.q.Backlog(ctx, s.pool)
+	rows, err := s.q.Backlog(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("measure the backlog: %w", err)
+	}
+	out := make([]TopicBacklog, len(rows))
+	for i, r := range rows {
+		out[i] = TopicBacklog(r)
 	}
 	return out, nil
 }

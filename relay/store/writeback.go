@@ -135,7 +135,12 @@ func (o Outcome) failure(inc int32, attempted bool, token pgtype.UUID) outboxdb.
 // LeasedWork is where a leased key's rows sat when they were leased: rows
 // of the key deferred to the lease's end are pulled forward once the
 // delivery is over.
-type LeasedWork = outboxdb.LeasedKey
+type LeasedWork struct {
+	Key     string
+	FirstID int64
+	// Until is the end of the lease the rows were deferred to.
+	Until time.Time
+}
 
 // CompleteLeased writes back the outcomes of a leased delivery, each only
 // where the row still holds the outcome's Token: a lease that expired and
@@ -184,7 +189,11 @@ func (s *Store) CompleteLeased(ctx context.Context, outcomes []Outcome, unsent [
 		s.q.QueueUnlease(b, unsentIDs, unsentTokens)
 	}
 	if len(keys) > 0 {
-		s.q.QueuePullForward(b, keys)
+		leased := make([]outboxdb.LeasedKey, len(keys))
+		for i, k := range keys {
+			leased[i] = outboxdb.LeasedKey(k)
+		}
+		s.q.QueuePullForward(b, leased)
 	}
 	// One implicit transaction: all or nothing.
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {

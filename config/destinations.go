@@ -76,8 +76,9 @@ type RetryBudget struct {
 	Disabled bool `koanf:"disabled"`
 }
 
-// RateLimit bounds the rows per second sent to a destination, per relay
-// process. See relay.RateLimitConfig.
+// RateLimit bounds the rows per second sent to a destination: by the
+// fleet together when the replicas coordinate, by each relay process when
+// they do not. See relay.RateLimitConfig.
 type RateLimit struct {
 	// RowsPerSecond is the average rate. 0 (the default) is unlimited.
 	RowsPerSecond float64 `koanf:"rows_per_second"`

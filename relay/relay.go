@@ -141,7 +141,8 @@ type Config struct {
 	// when the pool has connections to spare: it holds two batches at
 	// most. Default 2.
 	Workers int
-	// BatchSize is the most rows claimed per batch. Default 500.
+	// BatchSize is the most rows claimed per batch. Default
+	// DefaultBatchSize.
 	BatchSize int
 	// MaxBatchBytes bounds the bytes of one published batch (payloads,
 	// keys, headers and RecordOverhead per record); rows past it wait for

@@ -92,7 +92,8 @@ type Config struct {
 	// DialTimeout bounds connecting to a broker. Default 5s.
 	DialTimeout time.Duration
 	// Compression compresses each produce request's records. Default
-	// none.
+	// none here; the configuration's destinations default to
+	// DefaultCompression (see Settings).
 	Compression compress.Compression
 	// Timestamp is where messages' timestamps come from. Default
 	// TimestampPublish.

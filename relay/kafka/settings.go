@@ -37,8 +37,9 @@ const MessageSlack = 64 << 10
 var ErrNoBrokers = errors.New("brokers is required")
 
 // Settings are a Kafka destination's settings in the configuration: the
-// kafka section, or destinations.<name>.kafka. Zero values take the
-// defaults of Config.
+// kafka section, or destinations.<name>.kafka. A destination's client
+// settings left zero take the kafka section's (see Inherit); the section's
+// defaults are Config's, but for Compression (DefaultCompression).
 type Settings struct {
 	// Brokers are the bootstrap brokers, host:port; comma-separated in
 	// an environment variable.

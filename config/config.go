@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"regexp"
 	"slices"
@@ -146,14 +147,9 @@ func defaults() Config {
 			Listen:              true,
 		},
 		Retry: Retry{
-			MaxAttempts:   retry.DefaultMaxAttempts,
-			MaxAge:        retry.DefaultMaxAge,
-			Strategy:      string(retry.DefaultStrategy),
-			BaseDelay:     retry.DefaultBaseDelay,
-			MaxDelay:      retry.DefaultMaxDelay,
-			MaxRetryAfter: retry.DefaultMaxRetryAfter,
-			PauseBase:     relay.DefaultPauseBase,
-			PauseMax:      relay.DefaultPauseMax,
+			PolicyConfig: retry.PolicyConfig{}.WithDefaults(),
+			PauseBase:    relay.DefaultPauseBase,
+			PauseMax:     relay.DefaultPauseMax,
 		},
 		Kafka: kafka.Settings{ClientID: kafka.DefaultClientID, DialTimeout: kafka.DefaultDialTimeout,
 			Compression: kafka.DefaultCompression, Timestamp: string(kafka.TimestampPublish)},
@@ -461,21 +457,33 @@ func leafPaths(t reflect.Type, prefix string) []string {
 	var out []string
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := f.Tag.Get("koanf")
-		if tag == "" || tag == "-" {
+		tag, squash := settingTag(f)
+		if tag == "" && !squash {
 			continue
 		}
 		path := prefix + tag
-		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}) {
+		switch {
+		case squash:
+			out = append(out, leafPaths(f.Type, prefix)...)
+		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}):
 			out = append(out, leafPaths(f.Type, path+".")...)
-			continue
+		case !nested(f.Type): // named entries come from the file only
+			out = append(out, path)
 		}
-		if nested(f.Type) {
-			continue // named entries: from the file only
-		}
-		out = append(out, path)
 	}
 	return out
+}
+
+// settingTag is the setting a field holds: its koanf name, or squash for
+// a struct whose settings are its parent's (koanf:",squash"); "" and
+// false for a field that holds none.
+func settingTag(f reflect.StructField) (name string, squash bool) {
+	tag := f.Tag.Get("koanf")
+	if tag == "-" {
+		return "", false
+	}
+	name, opts, _ := strings.Cut(tag, ",")
+	return name, name == "" && opts == "squash"
 }
 
 // leaves maps the dotted path of every setting of v to its value.
@@ -484,21 +492,19 @@ func leaves(v reflect.Value, prefix string) map[string]any {
 	t := v.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := f.Tag.Get("koanf")
-		if tag == "" || tag == "-" {
+		tag, squash := settingTag(f)
+		if tag == "" && !squash {
 			continue
 		}
 		path := prefix + tag
-		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}) {
-			for k, x := range leaves(v.Field(i), path+".") {
-				out[k] = x
-			}
-			continue
+		switch {
+		case squash:
+			maps.Copy(out, leaves(v.Field(i), prefix))
+		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}):
+			maps.Copy(out, leaves(v.Field(i), path+"."))
+		case !nested(f.Type):
+			out[path] = v.Field(i).Interface()
 		}
-		if nested(f.Type) {
-			continue
-		}
-		out[path] = v.Field(i).Interface()
 	}
 	return out
 }

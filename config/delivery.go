@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"reflect"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -82,21 +81,9 @@ type Relay struct {
 
 // Retry configures the retry policy.
 type Retry struct {
-	// MaxAttempts is the number of attempts, the first included, before a
-	// row is dead-lettered retries_exhausted. Default 25.
-	MaxAttempts int `koanf:"max_attempts"`
-	// MaxAge dead-letters a failing row older than this
-	// (max_age_exceeded); forever turns the limit off. Default 72h.
-	MaxAge time.Duration `koanf:"max_age"`
-	// Strategy is the backoff jitter: full (default), equal, decorrelated
-	// or none.
-	Strategy string `koanf:"strategy"`
-	// BaseDelay is the first retry's delay before jitter. Default 1s.
-	BaseDelay time.Duration `koanf:"base_delay"`
-	// MaxDelay caps the delay. Default 5m.
-	MaxDelay time.Duration `koanf:"max_delay"`
-	// MaxRetryAfter caps a destination's Retry-After hint. Default 15m.
-	MaxRetryAfter time.Duration `koanf:"max_retry_after"`
+	// The retry policy's settings are its own type's, which validates
+	// them (see retry.PolicyConfig).
+	retry.PolicyConfig `koanf:",squash"`
 	// PauseBase and PauseMax bound each destination's circuit breaker
 	// cool-down: how long it stays open before a probe; it doubles while
 	// probes fail. Defaults 1s and 30s.
@@ -158,23 +145,15 @@ func (r Relay) problems(maxConns int32) []string {
 
 func (r Retry) problems() []string {
 	var p []string
-	if r.MaxAttempts < 1 {
-		p = append(p, fmt.Sprintf("retry.max_attempts is %d; it must be at least 1", r.MaxAttempts))
+	if err := r.PolicyConfig.Validate(); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			p = append(p, "retry."+line)
+		}
 	}
-	if r.MaxAge <= 0 {
-		p = append(p, fmt.Sprintf("retry.max_age is %s; it must be positive, or forever to turn the limit off", r.MaxAge))
-	}
-	if !slices.Contains(retry.Strategies, retry.Strategy(r.Strategy)) {
-		p = append(p, fmt.Sprintf("retry.strategy is %q; use full, equal, decorrelated or none", r.Strategy))
-	}
-	for name, d := range map[string]time.Duration{"base_delay": r.BaseDelay, "max_delay": r.MaxDelay,
-		"max_retry_after": r.MaxRetryAfter, "pause_base": r.PauseBase, "pause_max": r.PauseMax} {
+	for name, d := range map[string]time.Duration{"pause_base": r.PauseBase, "pause_max": r.PauseMax} {
 		if d <= 0 {
 			p = append(p, fmt.Sprintf("retry.%s is %s; it must be positive", name, d))
 		}
-	}
-	if r.MaxDelay > 0 && r.MaxDelay < r.BaseDelay {
-		p = append(p, fmt.Sprintf("retry.max_delay %s is below retry.base_delay %s", r.MaxDelay, r.BaseDelay))
 	}
 	if r.PauseMax > 0 && r.PauseMax < r.PauseBase {
 		p = append(p, fmt.Sprintf("retry.pause_max %s is below retry.pause_base %s", r.PauseMax, r.PauseBase))

@@ -110,19 +110,22 @@ func fieldPaths(t reflect.Type, prefix string) []string {
 	var out []string
 	for i := range t.NumField() {
 		f := t.Field(i)
-		tag := f.Tag.Get("koanf")
-		if tag == "" || tag == "-" {
+		tag, squash := settingTag(f)
+		if tag == "" && !squash {
 			continue
 		}
 		ft := f.Type
 		if ft.Kind() == reflect.Pointer {
 			ft = ft.Elem()
 		}
-		if ft.Kind() == reflect.Struct && ft != reflect.TypeOf(time.Time{}) {
+		switch {
+		case squash:
+			out = append(out, fieldPaths(ft, prefix)...)
+		case ft.Kind() == reflect.Struct && ft != reflect.TypeOf(time.Time{}):
 			out = append(out, fieldPaths(ft, prefix+tag+".")...)
-			continue
+		default:
+			out = append(out, prefix+tag)
 		}
-		out = append(out, prefix+tag)
 	}
 	return out
 }
@@ -361,5 +364,41 @@ func TestEnvNamesAreDistinct(t *testing.T) {
 			t.Errorf("%s and %s share the variable %s", path, other, name)
 		}
 		seen[name] = path
+	}
+}
+
+// Every exported field of the configuration is a setting by its tag, a
+// squashed type of a library's (its settings are its parent's), or marked
+// "-": an untagged field would take a key of its own Go name from YAML.
+func TestEverySettingFieldIsTagged(t *testing.T) {
+	t.Parallel()
+	seen := map[reflect.Type]bool{}
+	var walk func(t2 reflect.Type, at string)
+	walk = func(ty reflect.Type, at string) {
+		for ty.Kind() == reflect.Pointer || ty.Kind() == reflect.Slice || ty.Kind() == reflect.Map {
+			ty = ty.Elem()
+		}
+		if ty.Kind() != reflect.Struct || ty == reflect.TypeOf(time.Time{}) || seen[ty] {
+			return
+		}
+		seen[ty] = true
+		for i := range ty.NumField() {
+			f := ty.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			tag := f.Tag.Get("koanf")
+			if tag == "" {
+				t.Errorf("%s.%s has no koanf tag", at, f.Name)
+				continue
+			}
+			if tag != "-" {
+				walk(f.Type, at+"."+f.Name)
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "Config")
+	if paths := leafPaths(reflect.TypeOf(Config{}), ""); !slices.Contains(paths, "retry.max_attempts") || !slices.Contains(paths, "retry.pause_base") {
+		t.Errorf("the retry section's settings are not walked: %v", paths)
 	}
 }

@@ -51,14 +51,7 @@ are delivered again later. A second signal exits at once.`,
 
 func (a *app) run(ctx context.Context) error {
 	cfg := a.cfg
-	policy, err := retry.NewPolicy(retry.PolicyConfig{
-		MaxAttempts:   cfg.Retry.MaxAttempts,
-		MaxAge:        cfg.Retry.MaxAge,
-		Strategy:      retry.Strategy(cfg.Retry.Strategy),
-		BaseDelay:     cfg.Retry.BaseDelay,
-		MaxDelay:      cfg.Retry.MaxDelay,
-		MaxRetryAfter: cfg.Retry.MaxRetryAfter,
-	})
+	policy, err := retry.NewPolicy(cfg.Retry.PolicyConfig)
 	if err != nil {
 		return err
 	}

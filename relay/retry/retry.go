@@ -8,10 +8,12 @@
 package retry
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 )
@@ -341,47 +343,71 @@ type Policy struct {
 	rand Rand
 }
 
-// PolicyConfig configures NewPolicy. Zero values take the defaults.
+// PolicyConfig configures NewPolicy; it is also the retry section of the
+// relay's configuration file (its koanf tags). Zero values take the
+// defaults (WithDefaults).
 type PolicyConfig struct {
-	MaxAttempts   int
-	MaxAge        time.Duration // Forever disables the limit
-	Strategy      Strategy
-	BaseDelay     time.Duration
-	MaxDelay      time.Duration
-	MaxRetryAfter time.Duration
+	// MaxAttempts is the number of attempts, the first included, before a
+	// row is dead-lettered retries_exhausted. Default 25.
+	MaxAttempts int `koanf:"max_attempts"`
+	// MaxAge dead-letters a failing row older than this
+	// (max_age_exceeded); Forever turns the limit off. Default 72h.
+	MaxAge time.Duration `koanf:"max_age"`
+	// Strategy is the backoff jitter: full (default), equal, decorrelated
+	// or none.
+	Strategy Strategy `koanf:"strategy"`
+	// BaseDelay is the first retry's delay before jitter. Default 1s.
+	BaseDelay time.Duration `koanf:"base_delay"`
+	// MaxDelay caps the delay. Default 5m, or BaseDelay when it is
+	// longer.
+	MaxDelay time.Duration `koanf:"max_delay"`
+	// MaxRetryAfter caps a destination's Retry-After hint. Default 15m.
+	MaxRetryAfter time.Duration `koanf:"max_retry_after"`
 	// Rand is the source of jitter; default a randomly seeded PCG.
-	Rand Rand
+	Rand Rand `koanf:"-"`
 }
 
-// Validate reports every problem of c at once, or nil.
+// WithDefaults returns c with every setting left zero at its default.
+func (c PolicyConfig) WithDefaults() PolicyConfig {
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.MaxAge = cmp.Or(c.MaxAge, DefaultMaxAge)
+	c.Strategy = cmp.Or(c.Strategy, DefaultStrategy)
+	c.BaseDelay = cmp.Or(c.BaseDelay, DefaultBaseDelay)
+	c.MaxDelay = cmp.Or(c.MaxDelay, max(DefaultMaxDelay, c.BaseDelay))
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	return c
+}
+
+// Validate reports every problem of c, defaults applied, at once: one per
+// line, each starting with the setting's name.
 func (c PolicyConfig) Validate() error {
 	var errs []error
-	if c.MaxAttempts < 0 {
+	if c.MaxAttempts < 1 {
 		errs = append(errs, fmt.Errorf("max_attempts is %d; it must be at least 1", c.MaxAttempts))
 	}
-	if c.Strategy != "" {
-		ok := false
-		for _, s := range Strategies {
-			ok = ok || s == c.Strategy
+	if c.MaxAge <= 0 {
+		errs = append(errs, fmt.Errorf("max_age is %s; it must be positive, or forever to turn the limit off", c.MaxAge))
+	}
+	if !slices.Contains(Strategies, c.Strategy) {
+		errs = append(errs, fmt.Errorf("strategy is %q; use full, equal, decorrelated or none", c.Strategy))
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"base_delay", c.BaseDelay}, {"max_delay", c.MaxDelay}, {"max_retry_after", c.MaxRetryAfter}} {
+		if d.value <= 0 {
+			errs = append(errs, fmt.Errorf("%s is %s; it must be positive", d.name, d.value))
 		}
-		if !ok {
-			errs = append(errs, fmt.Errorf("strategy %q is not one of full, equal, decorrelated, none", c.Strategy))
-		}
 	}
-	if c.MaxAge < 0 {
-		errs = append(errs, fmt.Errorf("max_age is %s; it must not be negative (Forever turns the limit off)", c.MaxAge))
-	}
-	if c.BaseDelay < 0 || c.MaxDelay < 0 || c.MaxRetryAfter < 0 {
-		errs = append(errs, errors.New("base_delay, max_delay and max_retry_after must not be negative"))
-	}
-	if c.BaseDelay > 0 && c.MaxDelay > 0 && c.MaxDelay < c.BaseDelay {
+	if c.MaxDelay > 0 && c.MaxDelay < c.BaseDelay {
 		errs = append(errs, fmt.Errorf("max_delay %s is below base_delay %s", c.MaxDelay, c.BaseDelay))
 	}
 	return errors.Join(errs...)
 }
 
-// NewPolicy returns a Policy for c.
+// NewPolicy returns a Policy for c, its defaults applied.
 func NewPolicy(c PolicyConfig) (*Policy, error) {
+	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -391,24 +417,6 @@ func NewPolicy(c PolicyConfig) (*Policy, error) {
 		Backoff:       Backoff{Strategy: c.Strategy, Base: c.BaseDelay, Max: c.MaxDelay},
 		MaxRetryAfter: c.MaxRetryAfter,
 		rand:          c.Rand,
-	}
-	if p.MaxAttempts == 0 {
-		p.MaxAttempts = DefaultMaxAttempts
-	}
-	if p.MaxAge == 0 {
-		p.MaxAge = DefaultMaxAge
-	}
-	if p.Backoff.Strategy == "" {
-		p.Backoff.Strategy = DefaultStrategy
-	}
-	if p.Backoff.Base == 0 {
-		p.Backoff.Base = DefaultBaseDelay
-	}
-	if p.Backoff.Max == 0 {
-		p.Backoff.Max = max(DefaultMaxDelay, p.Backoff.Base)
-	}
-	if p.MaxRetryAfter == 0 {
-		p.MaxRetryAfter = DefaultMaxRetryAfter
 	}
 	if p.rand == nil {
 		p.rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))

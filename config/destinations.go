@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/go-viper/mapstructure/v2"
 
@@ -20,23 +19,13 @@ import (
 // defines.
 const DefaultKafkaDestination = "kafka"
 
-// Destination is a named destination: the relay's settings for it, and
-// the settings of exactly one sink under the sink's kind (kafka, http),
-// which the sink owns (see relay/sink).
+// Destination is a named destination: the relay's settings for it (the
+// relay's own type, which validates them), and the settings of exactly one
+// sink under the sink's kind (kafka, http), which the sink owns (see
+// relay/sink). MaxInFlight defaults to the sink's: 0, unlimited, for
+// Kafka; 64 for HTTP.
 type Destination struct {
-	// OnDeadLetter is release or block; default relay.on_dead_letter.
-	OnDeadLetter string `koanf:"on_dead_letter"`
-	// MaxInFlight is the bulkhead: the most rows of this destination being
-	// delivered at once. Default the sink's: 0, unlimited, for Kafka; 64
-	// for HTTP.
-	MaxInFlight int         `koanf:"max_in_flight"`
-	Breaker     Breaker     `koanf:"breaker"`
-	RetryBudget RetryBudget `koanf:"retry_budget"`
-	RateLimit   RateLimit   `koanf:"rate_limit"`
-	// VisibilityTimeout, when set (at least 1s), delivers on a lease
-	// outside the claim's transaction: for slow endpoints. A relay that
-	// dies mid-delivery leaves rows that are delivered again after it.
-	VisibilityTimeout time.Duration `koanf:"visibility_timeout"`
+	relay.Destination `koanf:",squash"`
 	// Sinks holds every other key: the sink's settings under its kind,
 	// decoded onto the sink's own type after the rest.
 	Sinks map[string]any `koanf:",remain"`
@@ -47,45 +36,6 @@ type Destination struct {
 
 // Sink returns the kind of d's sink and its settings.
 func (d Destination) Sink() (kind string, settings sink.Config) { return d.kind, d.settings }
-
-// Breaker configures a destination's circuit breaker, which opens only on
-// failures of the destination as a whole (see relay.BreakerConfig). The
-// cool-down is retry.pause_base, doubling up to retry.pause_max.
-type Breaker struct {
-	// Failures is the run of consecutive transient failures of the
-	// destination (no answer) that opens it; a systemic failure opens it
-	// at once. Default 5.
-	Failures int `koanf:"failures"`
-	// Successes is the number of successful probes that close it.
-	// Default 2.
-	Successes int `koanf:"successes"`
-	// FailingRows and FailingFor open it when every row given to the
-	// destination failed, across at least FailingRows distinct rows for at
-	// least FailingFor. Defaults 10 and 2s.
-	FailingRows int           `koanf:"failing_rows"`
-	FailingFor  time.Duration `koanf:"failing_for"`
-}
-
-// RetryBudget limits failing retries. See relay.RetryBudgetConfig.
-type RetryBudget struct {
-	// Ratio is the retries earned per first attempt. Default 0.2.
-	Ratio float64 `koanf:"ratio"`
-	// MinPerSecond is the floor: retries earned per second. Default 10.
-	MinPerSecond float64 `koanf:"min_per_second"`
-	// Disabled turns the budget off.
-	Disabled bool `koanf:"disabled"`
-}
-
-// RateLimit bounds the rows per second sent to a destination: by the
-// fleet together when the replicas coordinate, by each relay process when
-// they do not. See relay.RateLimitConfig.
-type RateLimit struct {
-	// RowsPerSecond is the average rate. 0 (the default) is unlimited.
-	RowsPerSecond float64 `koanf:"rows_per_second"`
-	// Burst is the most rows sent at once after a quiet spell. Default
-	// one second's worth.
-	Burst int `koanf:"burst"`
-}
 
 // Route maps topics to a destination.
 type Route struct {
@@ -365,19 +315,11 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 	return out, routes
 }
 
-// relayDestination maps d's relay settings onto the relay's type, which
-// validates them.
+// relayDestination is d's relay settings under its name.
 func (d Destination) relayDestination(name string) relay.Destination {
-	return relay.Destination{
-		Name:              name,
-		VisibilityTimeout: d.VisibilityTimeout,
-		OnDeadLetter:      d.OnDeadLetter,
-		MaxInFlight:       d.MaxInFlight,
-		Breaker: relay.BreakerConfig{Failures: d.Breaker.Failures, Successes: d.Breaker.Successes,
-			FailingRows: d.Breaker.FailingRows, FailingFor: d.Breaker.FailingFor},
-		RetryBudget: relay.RetryBudgetConfig{Ratio: d.RetryBudget.Ratio, MinPerSecond: d.RetryBudget.MinPerSecond, Disabled: d.RetryBudget.Disabled},
-		RateLimit:   relay.RateLimitConfig{PerSecond: d.RateLimit.RowsPerSecond, Burst: d.RateLimit.Burst},
-	}
+	rd := d.Destination
+	rd.Name = name
+	return rd
 }
 
 // lookupEnv looks variables up in environ, for settings that name one.

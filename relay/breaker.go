@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -29,15 +31,42 @@ import (
 type BreakerConfig struct {
 	// Failures is the run of consecutive transient failures of the
 	// destination that opens the breaker. Default 5.
-	Failures int
+	Failures int `koanf:"failures"`
 	// Successes is the number of successful probes that close it.
 	// Default 2.
-	Successes int
+	Successes int `koanf:"successes"`
 	// FailingRows and FailingFor open the breaker when every row given to
 	// the destination failed, across at least FailingRows distinct rows
 	// and for at least FailingFor. Defaults 10 and 2s.
-	FailingRows int
-	FailingFor  time.Duration
+	FailingRows int           `koanf:"failing_rows"`
+	FailingFor  time.Duration `koanf:"failing_for"`
+}
+
+// WithDefaults returns c with every setting left zero at its default.
+func (c BreakerConfig) WithDefaults() BreakerConfig {
+	c.Failures = cmp.Or(c.Failures, DefaultBreakerFailures)
+	c.Successes = cmp.Or(c.Successes, DefaultBreakerSuccesses)
+	c.FailingRows = cmp.Or(c.FailingRows, DefaultBreakerFailingRows)
+	c.FailingFor = cmp.Or(c.FailingFor, DefaultBreakerFailingFor)
+	return c
+}
+
+// Validate reports every problem of c at once, one per line, each
+// starting with the setting's name; zero is the default.
+func (c BreakerConfig) Validate() error {
+	var errs []error
+	for _, v := range []struct {
+		name  string
+		value int
+	}{{"failures", c.Failures}, {"successes", c.Successes}, {"failing_rows", c.FailingRows}} {
+		if v.value < 0 {
+			errs = append(errs, fmt.Errorf("%s is %d; it must not be negative", v.name, v.value))
+		}
+	}
+	if c.FailingFor < 0 {
+		errs = append(errs, fmt.Errorf("failing_for is %s; it must not be negative", c.FailingFor))
+	}
+	return errors.Join(errs...)
 }
 
 // BreakerState is the state of a destination's circuit breaker.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -19,30 +18,32 @@ import (
 
 // Destination is one place rows are delivered to: a Kafka cluster or an
 // HTTP endpoint. Each destination has its own circuit breaker, bulkhead and
-// retry budget, so one failing destination never holds up the others.
+// retry budget, so one failing destination never holds up the others. Its
+// settings are also those of destinations.<name> in the relay's
+// configuration file (their koanf tags).
 type Destination struct {
 	// Name identifies the destination in routes, logs and metrics.
-	Name string
+	Name string `koanf:"-"`
 	// Publisher delivers the destination's rows. Required.
-	Publisher Publisher
+	Publisher Publisher `koanf:"-"`
 	// OnDeadLetter is release or block; default the relay's OnDeadLetter.
-	OnDeadLetter string
+	OnDeadLetter string `koanf:"on_dead_letter"`
 	// Breaker configures the destination's circuit breaker.
-	Breaker BreakerConfig
+	Breaker BreakerConfig `koanf:"breaker"`
 	// MaxInFlight is the bulkhead: the most rows of this destination being
 	// delivered at once across all workers, and in a fleet across all
 	// replicas. Rows past it wait, and while it is full the destination's
 	// topics are not claimed. 0 is unlimited.
-	MaxInFlight int
+	MaxInFlight int `koanf:"max_in_flight"`
 	// RetryBudget limits retries while they keep failing.
-	RetryBudget RetryBudgetConfig
+	RetryBudget RetryBudgetConfig `koanf:"retry_budget"`
 	// RateLimit bounds the rows per second this relay, or its fleet, sends
 	// to the destination, for receivers with a published quota.
-	RateLimit RateLimitConfig
+	RateLimit RateLimitConfig `koanf:"rate_limit"`
 	// Partitioner tells the partition of a row, so that a paused
 	// partition holds only its own rows. Default the Publisher, when it
 	// is one.
-	Partitioner Partitioner
+	Partitioner Partitioner `koanf:"-"`
 	// VisibilityTimeout, when set, delivers the destination's rows on a
 	// lease instead of inside the claim's transaction: the claim hides
 	// them for this long under a fresh lease token and counts the
@@ -52,7 +53,7 @@ type Destination struct {
 	// ends. For slow endpoints: they no longer hold a transaction open or
 	// the other rows of a batch back. Deliveries are bounded by nine
 	// tenths of it.
-	VisibilityTimeout time.Duration
+	VisibilityTimeout time.Duration `koanf:"visibility_timeout"`
 }
 
 // Defaults of BreakerConfig and RetryBudgetConfig.
@@ -101,26 +102,17 @@ func (d *Destination) settingProblems() []error {
 	if d.VisibilityTimeout < 0 || (d.VisibilityTimeout > 0 && d.VisibilityTimeout < time.Second) {
 		errs = append(errs, fmt.Errorf("visibility_timeout is %s; use 0 (deliver inside the claim) or at least 1s", d.VisibilityTimeout))
 	}
-	for name, v := range map[string]int{"max_in_flight": d.MaxInFlight, "breaker.failures": d.Breaker.Failures,
-		"breaker.successes": d.Breaker.Successes, "breaker.failing_rows": d.Breaker.FailingRows} {
-		if v < 0 {
-			errs = append(errs, fmt.Errorf("%s is %d; it must not be negative", name, v))
-		}
+	if d.MaxInFlight < 0 {
+		errs = append(errs, fmt.Errorf("max_in_flight is %d; it must not be negative", d.MaxInFlight))
 	}
-	if r := d.RateLimit.PerSecond; r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
-		errs = append(errs, fmt.Errorf("rate_limit.rows_per_second is %v; it must not be negative (0 is unlimited)", r))
-	}
-	if d.RateLimit.Burst < 0 {
-		errs = append(errs, fmt.Errorf("rate_limit.burst is %d; it must not be negative", d.RateLimit.Burst))
-	} else if d.RateLimit.Burst > 0 && d.RateLimit.PerSecond == 0 {
-		errs = append(errs, fmt.Errorf("rate_limit.burst is %d without rate_limit.rows_per_second", d.RateLimit.Burst))
-	}
-	if d.Breaker.FailingFor < 0 {
-		errs = append(errs, fmt.Errorf("breaker.failing_for is %s; it must not be negative", d.Breaker.FailingFor))
-	}
-	for name, v := range map[string]float64{"retry_budget.ratio": d.RetryBudget.Ratio, "retry_budget.min_per_second": d.RetryBudget.MinPerSecond} {
-		if v < 0 || math.IsNaN(v) {
-			errs = append(errs, fmt.Errorf("%s is %v; it must not be negative", name, v))
+	for _, part := range []struct {
+		at  string
+		err error
+	}{{"breaker.", d.Breaker.Validate()}, {"retry_budget.", d.RetryBudget.Validate()}, {"rate_limit.", d.RateLimit.Validate()}} {
+		if part.err != nil {
+			for _, line := range strings.Split(part.err.Error(), "\n") {
+				errs = append(errs, errors.New(part.at+line))
+			}
 		}
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
@@ -173,18 +165,7 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 	if d.OnDeadLetter == "" {
 		d.OnDeadLetter = cfg.OnDeadLetter
 	}
-	if d.Breaker.Failures == 0 {
-		d.Breaker.Failures = DefaultBreakerFailures
-	}
-	if d.Breaker.Successes == 0 {
-		d.Breaker.Successes = DefaultBreakerSuccesses
-	}
-	if d.Breaker.FailingRows == 0 {
-		d.Breaker.FailingRows = DefaultBreakerFailingRows
-	}
-	if d.Breaker.FailingFor == 0 {
-		d.Breaker.FailingFor = DefaultBreakerFailingFor
-	}
+	d.Breaker = d.Breaker.WithDefaults()
 	if d.Partitioner == nil {
 		d.Partitioner, _ = d.Publisher.(Partitioner)
 	}

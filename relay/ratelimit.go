@@ -1,6 +1,9 @@
 package relay
 
 import (
+	"cmp"
+	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -15,10 +18,34 @@ import (
 // own, a relay process sends up to PerSecond.
 type RateLimitConfig struct {
 	// PerSecond is the rows per second. 0 is unlimited.
-	PerSecond float64
+	PerSecond float64 `koanf:"rows_per_second"`
 	// Burst is the most rows sent at once. Default one second's worth
 	// (at least 1).
-	Burst int
+	Burst int `koanf:"burst"`
+}
+
+// WithDefaults returns c with its burst at one second's worth when it is
+// limited and sets none.
+func (c RateLimitConfig) WithDefaults() RateLimitConfig {
+	if c.PerSecond > 0 {
+		c.Burst = cmp.Or(c.Burst, max(1, int(math.Ceil(c.PerSecond))))
+	}
+	return c
+}
+
+// Validate reports every problem of c at once, one per line, each
+// starting with the setting's name as in the configuration file.
+func (c RateLimitConfig) Validate() error {
+	var errs []error
+	if r := c.PerSecond; r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
+		errs = append(errs, fmt.Errorf("rows_per_second is %v; it must not be negative (0 is unlimited)", r))
+	}
+	if c.Burst < 0 {
+		errs = append(errs, fmt.Errorf("burst is %d; it must not be negative", c.Burst))
+	} else if c.Burst > 0 && c.PerSecond == 0 {
+		errs = append(errs, fmt.Errorf("burst is %d without rate_limit.rows_per_second", c.Burst))
+	}
+	return errors.Join(errs...)
 }
 
 // rateLimit is a destination's token bucket of rows. In a fleet, each
@@ -35,11 +62,8 @@ func newRateLimit(c RateLimitConfig) *rateLimit {
 	if c.PerSecond <= 0 {
 		return nil
 	}
-	burst := c.Burst
-	if burst == 0 {
-		burst = max(1, int(math.Ceil(c.PerSecond)))
-	}
-	return &rateLimit{lim: rate.NewLimiter(rate.Limit(c.PerSecond), burst), perSecond: c.PerSecond, burst: burst, k: 1}
+	c = c.WithDefaults()
+	return &rateLimit{lim: rate.NewLimiter(rate.Limit(c.PerSecond), c.Burst), perSecond: c.PerSecond, burst: c.Burst, k: 1}
 }
 
 // share gives this replica its share of the rate among k replicas. Only

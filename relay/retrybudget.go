@@ -1,6 +1,10 @@
 package relay
 
 import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -13,11 +17,33 @@ import (
 // failed rows.
 type RetryBudgetConfig struct {
 	// Ratio is the retries earned per first attempt. Default 0.2.
-	Ratio float64
+	Ratio float64 `koanf:"ratio"`
 	// MinPerSecond is the floor: retries earned per second. Default 10.
-	MinPerSecond float64
+	MinPerSecond float64 `koanf:"min_per_second"`
 	// Disabled turns the budget off.
-	Disabled bool
+	Disabled bool `koanf:"disabled"`
+}
+
+// WithDefaults returns c with every setting left zero at its default.
+func (c RetryBudgetConfig) WithDefaults() RetryBudgetConfig {
+	c.Ratio = cmp.Or(c.Ratio, DefaultRetryBudgetRatio)
+	c.MinPerSecond = cmp.Or(c.MinPerSecond, DefaultRetryBudgetMinRate)
+	return c
+}
+
+// Validate reports every problem of c at once, one per line, each
+// starting with the setting's name; zero is the default.
+func (c RetryBudgetConfig) Validate() error {
+	var errs []error
+	for _, v := range []struct {
+		name  string
+		value float64
+	}{{"min_per_second", c.MinPerSecond}, {"ratio", c.Ratio}} {
+		if v.value < 0 || math.IsNaN(v.value) {
+			errs = append(errs, fmt.Errorf("%s is %v; it must not be negative", v.name, v.value))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // retryBudget is a token bucket of retries. See RetryBudgetConfig.
@@ -35,12 +61,7 @@ type retryBudget struct {
 }
 
 func newRetryBudget(c RetryBudgetConfig) *retryBudget {
-	if c.Ratio == 0 {
-		c.Ratio = DefaultRetryBudgetRatio
-	}
-	if c.MinPerSecond == 0 {
-		c.MinPerSecond = DefaultRetryBudgetMinRate
-	}
+	c = c.WithDefaults()
 	capacity := max(1, c.MinPerSecond*DefaultRetryBudgetDuration.Seconds())
 	return &retryBudget{disabled: c.Disabled, ratio: c.Ratio, rate: c.MinPerSecond, capacity: capacity, tokens: capacity,
 		minRate: c.MinPerSecond, maxTokens: capacity, k: 1}

@@ -122,9 +122,14 @@ func inputTime(in Inputs, name string) (time.Time, error) {
 	if v == "" {
 		return time.Time{}, nil
 	}
+	return ParseTime(name, v)
+}
+
+// ParseTime reads the RFC 3339 time an operator gave setting (at, --at).
+func ParseTime(setting, v string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
-		return t, &InputError{Problems: []string{fmt.Sprintf("%s %q: use an RFC 3339 time such as 2026-11-20T08:00:00Z", name, v)}}
+		return t, &InputError{Problems: []string{fmt.Sprintf("%s %q: use an RFC 3339 time such as 2026-11-20T08:00:00Z", setting, v)}}
 	}
 	return t, nil
 }
@@ -148,25 +153,33 @@ func (a ActionInfo) Run(ctx context.Context, s *Store, p BulkParams, in Inputs) 
 		return nil, fmt.Errorf("%s does not act on a selection of dead letters", a.Name)
 	}
 	var problems []string
-	known := map[string]bool{}
-	for _, i := range a.Inputs {
-		known[i.Name] = true
-		if i.Required && strings.TrimSpace(in[i.Name]) == "" {
-			problems = append(problems, fmt.Sprintf("%s needs %s: %s", a.Name, i.Name, i.Usage))
-		}
+	missing, noReason := a.Missing(p, in)
+	for _, i := range missing {
+		problems = append(problems, fmt.Sprintf("%s needs %s: %s", a.Name, i.Name, i.Usage))
 	}
 	for _, name := range slices.Sorted(maps.Keys(in)) {
-		if !known[name] && in[name] != "" {
+		if !slices.ContainsFunc(a.Inputs, func(i Input) bool { return i.Name == name }) && in[name] != "" {
 			problems = append(problems, fmt.Sprintf("%s takes no %s", a.Name, name))
 		}
 	}
-	if a.NeedsReason && !p.DryRun && strings.TrimSpace(p.Reason) == "" {
+	if noReason {
 		problems = append(problems, fmt.Sprintf("%s needs a reason: say why, for the audit trail", a.Name))
 	}
 	if len(problems) > 0 {
 		return nil, &InputError{Problems: problems}
 	}
 	return a.Apply(ctx, s, p, in)
+}
+
+// Missing reports what a needs and p and in lack: its required inputs
+// not given, and a reason when it needs one (but for a dry run).
+func (a ActionInfo) Missing(p BulkParams, in Inputs) (inputs []Input, reason bool) {
+	for _, i := range a.Inputs {
+		if i.Required && strings.TrimSpace(in[i.Name]) == "" {
+			inputs = append(inputs, i)
+		}
+	}
+	return inputs, a.NeedsReason && !p.DryRun && strings.TrimSpace(p.Reason) == ""
 }
 
 // ActionNames lists the actions' names.

@@ -225,6 +225,7 @@ func (h *api) selection(a ActionInfo) http.HandlerFunc {
 		in := Inputs{}
 		for _, i := range a.Inputs {
 			raw, ok := fields[i.Name]
+			delete(fields, i.Name)
 			if !ok || string(raw) == "null" {
 				continue
 			}
@@ -234,7 +235,6 @@ func (h *api) selection(a ActionInfo) http.HandlerFunc {
 				return
 			}
 			in[i.Name] = v
-			delete(fields, i.Name)
 		}
 		var req bulkRequest
 		if err := strictJSON(fields, &req); err != nil {

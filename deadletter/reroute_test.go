@@ -36,11 +36,11 @@ func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
 		return nil
 	}
 	for name, p := range map[string]deadletter.RerouteParams{
-		"no topic":                       {BulkParams: noRoute},
-		"spaces":                         {BulkParams: noRoute, Topic: " orders"},
-		"control":                        {BulkParams: noRoute, Topic: "ord\ners"},
-		"no route takes it":              {BulkParams: withCheck(noRoute, checkTopic), Topic: "orders.v2"},
-		"no reason needed, but an actor": {BulkParams: deadletter.BulkParams{Selection: noRoute.Selection}, Topic: "orders"},
+		"no topic":          {BulkParams: noRoute},
+		"spaces":            {BulkParams: noRoute, Topic: " orders"},
+		"control":           {BulkParams: noRoute, Topic: "ord\ners"},
+		"no route takes it": {BulkParams: withCheck(noRoute, checkTopic), Topic: "orders.v2"},
+		"no actor":          {BulkParams: deadletter.BulkParams{Selection: noRoute.Selection}, Topic: "orders"},
 	} {
 		if res, err := st.Reroute(ctx, p); !deadletter.IsInput(err) || res != nil {
 			t.Errorf("%s: Reroute = %+v, %v; want an input error", name, res, err)
@@ -170,7 +170,7 @@ func TestAPIReroute(t *testing.T) {
 			t.Errorf("POST %s = %d %s; want 400 saying %q", body, code, got, want)
 		}
 	}
-	code, got := call(h, "POST", path, `{"filter":{"reason":"no_route"},"to":"orders","reason":"typo","actor":"ops"}`)
+	code, got := call(h, "POST", path, `{"filter":{"reason":"no_route"},"to":"orders","at":null,"reason":"typo","actor":"ops"}`)
 	var res deadletter.Result
 	if err := json.Unmarshal([]byte(got), &res); code != http.StatusOK || err != nil ||
 		res.Action != deadletter.ActionReroute || !slices.Equal(res.Changed, []int64{a}) {

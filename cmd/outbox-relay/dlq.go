@@ -331,14 +331,6 @@ dead-lettered before the action began. A named row that is no longer
 dead-lettered is left as it is and reported. An unknown id changes nothing.`,
 		Example: a.Example,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if a.NeedsReason && !b.dryRun && strings.TrimSpace(b.reason) == "" {
-				return usageError{fmt.Errorf("%s needs --reason: say why, for the audit trail", a.Name)}
-			}
-			for n, i := range a.Inputs {
-				if i.Required && inputs[n] == "" {
-					return usageError{fmt.Errorf("%s needs --%s: %s", a.Name, i.Name, i.Usage)}
-				}
-			}
 			p, err := b.params(d, args)
 			if err != nil {
 				return err
@@ -347,6 +339,12 @@ dead-lettered is left as it is and reported. An unknown id changes nothing.`,
 			in := deadletter.Inputs{}
 			for n, i := range a.Inputs {
 				in[i.Name] = inputs[n]
+			}
+			// What the action lacks is a usage error, named by its flag.
+			if missing, noReason := a.Missing(p, in); noReason {
+				return usageError{fmt.Errorf("%s needs --reason: say why, for the audit trail", a.Name)}
+			} else if len(missing) > 0 {
+				return usageError{fmt.Errorf("%s needs --%s: %s", a.Name, missing[0].Name, missing[0].Usage)}
 			}
 			res, err := a.Run(cmd.Context(), d.store, p, in)
 			d.printResult(res, a.Name)
@@ -457,7 +455,7 @@ dlq show prints), a row that another edit changed since is left as it is.`,
 				}
 			}
 			if at != "" {
-				if p.At, err = parseInstant(at); err != nil {
+				if p.At, err = deadletter.ParseTime("--at", at); err != nil {
 					problems = append(problems, err.Error())
 				}
 			}

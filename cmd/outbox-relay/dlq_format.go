@@ -57,15 +57,6 @@ func (d *dlq) table(headers ...string) *tabwriter.Writer {
 	return tw
 }
 
-// parseInstant reads an RFC 3339 time for --at.
-func parseInstant(s string) (time.Time, error) {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return t, &deadletter.InputError{Problems: []string{fmt.Sprintf("--at %q: use an RFC 3339 time such as 2026-11-20T08:00:00Z", s)}}
-	}
-	return t, nil
-}
-
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {

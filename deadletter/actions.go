@@ -2,6 +2,7 @@ package deadletter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -497,7 +498,19 @@ func (s *Store) Release(ctx context.Context, p ReleaseParams) (*Result, error) {
 }
 
 // AuditRecord is one operator action.
-type AuditRecord = outboxdb.AuditRecord
+type AuditRecord struct {
+	ID     int64     `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Source string    `json:"source"`
+	// Credential is the name of the API token the action came with.
+	Credential string `json:"credential,omitempty"`
+	// Action is one of Actions.
+	Action  string          `json:"action"`
+	Reason  string          `json:"reason,omitempty"`
+	RowIDs  []int64         `json:"row_ids"`
+	Details json.RawMessage `json:"details"`
+}
 
 // AuditParams select audit records, newest first.
 type AuditParams struct {
@@ -544,13 +557,13 @@ func (s *Store) Audit(ctx context.Context, p AuditParams) (*AuditPage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list audit records: %w", err)
 	}
-	page := &AuditPage{Records: recs}
-	if len(recs) > limit {
-		page.Records = recs[:limit]
-		page.Next = strconv.FormatInt(page.Records[limit-1].ID, 10)
+	page := &AuditPage{Records: make([]AuditRecord, len(recs))}
+	for i, r := range recs {
+		page.Records[i] = AuditRecord(r)
 	}
-	if page.Records == nil {
-		page.Records = []AuditRecord{}
+	if len(recs) > limit {
+		page.Records = page.Records[:limit]
+		page.Next = strconv.FormatInt(page.Records[limit-1].ID, 10)
 	}
 	return page, nil
 }

@@ -108,7 +108,33 @@ func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 }
 
 // Letter is a dead letter, or any outbox row when looked up by Get.
-type Letter = outboxdb.Letter
+type Letter struct {
+	ID      int64     `json:"id"`
+	EventID uuid.UUID `json:"event_id"`
+	Topic   string    `json:"topic"`
+	// Key is nil for a row without a key.
+	Key *string `json:"key"`
+	// Destination is where the row last failed; empty when it never
+	// reached one.
+	Destination string `json:"destination,omitempty"`
+	Status      string `json:"status"`
+	Reason      string `json:"reason,omitempty"`
+	// ParksKey is true while the row holds back its key's later rows.
+	ParksKey bool `json:"parks_key"`
+	// ParkedBehind is, for a pending row held back by a parked key, the
+	// dead letter that parks it.
+	ParkedBehind   *int64     `json:"parked_behind,omitempty"`
+	Attempts       int        `json:"attempts"`
+	LastError      string     `json:"last_error,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	NextAttemptAt  time.Time  `json:"next_attempt_at"`
+	LastAttemptAt  *time.Time `json:"last_attempt_at,omitempty"`
+	DeadLetteredAt *time.Time `json:"dead_lettered_at,omitempty"`
+	PayloadBytes   int        `json:"payload_bytes"`
+	// Headers are the row's headers as stored: a JSON object, though a
+	// row dead-lettered invalid_message may hold anything.
+	Headers json.RawMessage `json:"headers"`
+}
 
 // Detail is a row with its payload and error history, for Get.
 type Detail struct {
@@ -265,7 +291,7 @@ func (s *Store) Get(ctx context.Context, ref Ref) (*Detail, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get outbox row %s: %w", ref, err)
 	}
-	d.Letter, d.Payload = l, payload
+	d.Letter, d.Payload = Letter(l), payload
 	d.Version = contentVersion(l.Topic, l.Headers, payload)
 	if err := json.Unmarshal(history, &d.ErrorHistory); err != nil {
 		return nil, fmt.Errorf("get outbox row %s: error history: %w", ref, err)
@@ -344,14 +370,14 @@ func (s *Store) List(ctx context.Context, p ListParams) (*Page, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
-	page := &Page{Letters: letters}
+	page := &Page{Letters: make([]Letter, len(letters))}
+	for i, l := range letters {
+		page.Letters[i] = Letter(l)
+	}
 	if len(letters) > limit {
-		page.Letters = letters[:limit]
+		page.Letters = page.Letters[:limit]
 		last := page.Letters[limit-1]
 		page.Next = cursor(*last.DeadLetteredAt, last.ID, anchor)
-	}
-	if page.Letters == nil {
-		page.Letters = []Letter{}
 	}
 	return page, nil
 }
@@ -418,7 +444,7 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]ParkedKey, error) {
 	}
 	keys := make([]ParkedKey, len(parked))
 	for i, p := range parked {
-		keys[i] = ParkedKey{Row: p.Letter, Waiting: p.Waiting}
+		keys[i] = ParkedKey{Row: Letter(p.Letter), Waiting: p.Waiting}
 		if p.Key != nil {
 			keys[i].Key = *p.Key
 		}

@@ -27,10 +27,8 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/spf13/pflag"
 
-	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
@@ -59,9 +57,10 @@ type Config struct {
 	Admin    Admin    `koanf:"admin"`
 	Relay    Relay    `koanf:"relay"`
 	Retry    Retry    `koanf:"retry"`
-	// Kafka is the default destination, named kafka, when brokers are
-	// set.
-	Kafka kafka.Settings `koanf:"kafka"`
+	// Extra holds every other top-level key: a sink's section, such as
+	// kafka (the destination named kafka, when its brokers are set),
+	// decoded onto the sink's type after the rest (see Section).
+	Extra map[string]any `koanf:",remain"`
 	// Destinations are further Kafka clusters, HTTP endpoints and other
 	// sinks, by name.
 	Destinations map[string]Destination `koanf:"destinations"`
@@ -73,6 +72,8 @@ type Config struct {
 	OutboxList []Outbox `koanf:"outboxes"`
 	// Coordination shares flow control among the relay's replicas.
 	Coordination Coordination `koanf:"coordination"`
+
+	sections map[string]sink.Config // decoded from Extra, by name
 }
 
 // Need says what a command requires of the configuration beyond what is
@@ -130,29 +131,11 @@ func defaults() Config {
 		},
 		Log:   Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
 		Admin: Admin{Listen: DefaultAdminListen},
-		Relay: Relay{
-			Workers:             relay.DefaultWorkers,
-			BatchSize:           relay.DefaultBatchSize,
-			MaxBatchBytes:       relay.DefaultMaxBatchBytes,
-			PollInterval:        relay.DefaultPollInterval,
-			PublishTimeout:      relay.DefaultPublishTimeout,
-			DrainTimeout:        relay.DefaultDrainTimeout,
-			CleanupInterval:     relay.DefaultCleanupInterval,
-			DeadLetterRetention: relay.DefaultDeadLetterRetention,
-			DiscardedRetention:  relay.DefaultDiscardedRetention,
-			AuditRetention:      relay.DefaultAuditRetention,
-			AuditPayloads:       deadletter.AuditPayloadsFull,
-			OnDeadLetter:        relay.OnDeadLetterRelease,
-			OrderScope:          relay.OrderScopeDestination,
-			Listen:              true,
-		},
+		Relay: defaultRelay(),
 		Retry: Retry{
 			PolicyConfig: retry.PolicyConfig{}.WithDefaults(),
-			PauseBase:    relay.DefaultPauseBase,
-			PauseMax:     relay.DefaultPauseMax,
+			Pause:        relay.PauseConfig{}.WithDefaults(),
 		},
-		Kafka: kafka.Settings{ClientID: kafka.DefaultClientID, DialTimeout: kafka.DefaultDialTimeout,
-			Compression: kafka.DefaultCompression, Timestamp: string(kafka.TimestampPublish)},
 		Coordination: defaultCoordination(),
 	}
 }
@@ -180,21 +163,13 @@ func Bind(fs *pflag.FlagSet) *Flags {
 	return f
 }
 
-// secretSettings are the settings that hold secrets, with the file setting
-// that can supply each.
-var secretSettings = map[string]string{
-	"database.url":        "database.url_file",
-	"admin.token":         "admin.token_file",
-	"kafka.sasl.password": "kafka.sasl.password_file",
-}
-
 // SecretFlag reports whether an unknown command-line flag looks like an
 // attempt to pass a secret, and if so returns how to give it instead.
 // Command lines are visible to every user of the machine (ps, /proc), so
 // secrets have no flags.
 func SecretFlag(name string) (hint string, ok bool) {
 	norm := strings.NewReplacer("_", "-", ".", "-").Replace(strings.ToLower(strings.TrimLeft(name, "-")))
-	for path, file := range secretSettings {
+	for path, file := range secretPaths() {
 		if norm == strings.NewReplacer(".", "-", "_", "-").Replace(path) || norm == strings.NewReplacer(".", "-", "_", "-").Replace(file) {
 			return fmt.Sprintf("set %s, or %s in the configuration file", EnvName(path), file), true
 		}
@@ -239,11 +214,10 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	k := koanf.New(".")
 	var problems []string
 
-	def := defaults()
-	for path, v := range leaves(reflect.ValueOf(def), "") {
+	for path, v := range defaultSettings() {
 		_ = k.Set(path, v)
 	}
-	paths := leafPaths(reflect.TypeOf(def), "")
+	paths := settingPaths()
 
 	cfgFile := File(flags, environ)
 	if cfgFile != "" {
@@ -303,10 +277,11 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 		cfg.Admin.tokenFromFile = true
 		readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
 	}
-	for _, p := range cfg.decodeSinks(dec) {
+	for _, p := range append(cfg.decodeSections(dec), cfg.decodeSinks(dec)...) {
 		problems = append(problems, p.text)
 		failed[p.path] = true
 	}
+	problems = append(problems, cfg.resolveSections(lookupEnv(environ))...)
 	problems = append(problems, cfg.resolveSinks(lookupEnv(environ))...)
 	if err := cfg.Validate(need); err != nil {
 		var ce *Error
@@ -360,7 +335,7 @@ func (c *Config) Validate(need Need) error {
 	p = append(p, foreverProblems("", reflect.ValueOf(*c))...)
 	p = append(p, c.Relay.problems(c.Database.MaxConns)...)
 	p = append(p, c.Retry.problems()...)
-	p = append(p, c.kafkaProblems(need&NeedDestinations != 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination)))...)
+	p = append(p, c.sectionProblems(need)...)
 	p = append(p, c.destinationProblems()...)
 	if len(p) > 0 {
 		return &Error{Problems: p}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -415,5 +416,31 @@ outboxes:
 	if err == nil || !strings.Contains(err.Error(), `relay.order_scope is "key"; use destination, topic or global`) ||
 		!strings.Contains(err.Error(), "relay.workers is 0") {
 		t.Fatalf("err = %v, want the bad order scope named beside the other problem", err)
+	}
+}
+
+// The relay section decodes into the relay's own configuration: the
+// relay's defaults, its rules, and the settings of other sections it
+// takes, with nothing copied by hand.
+func TestRelaySectionIsTheRelaysConfig(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_RELAY_MAX_BATCH_BYTES=4096",
+		"OUTBOX_DATABASE_QUERY_TIMEOUT=7s", "OUTBOX_RETRY_PAUSE_BASE=2s", "OUTBOX_RELAY_WORKERS=3"}, config.NeedDatabase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := cfg.RelayConfig()
+	want := relay.Config{Workers: 3, MaxBatchBytes: 4096, PayloadCap: 4096, QueryTimeout: 7 * time.Second,
+		Pause: relay.PauseConfig{Base: 2 * time.Second, Max: relay.DefaultPauseMax}}.WithDefaults()
+	if !reflect.DeepEqual(rc, want) {
+		t.Errorf("RelayConfig = %+v\nwant         %+v", rc, want)
+	}
+	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_RELAY_BATCH_SIZE=0",
+		"OUTBOX_RELAY_PAYLOAD_CAP=9999999", "OUTBOX_RETRY_PAUSE_MAX=0s"}, config.NeedDatabase)
+	for _, line := range []string{"relay.batch_size is 0; it must be at least 1",
+		"relay.payload_cap 9999999 is above max_batch_bytes 921600", "retry.pause_max is 0s; it must be positive"} {
+		if err == nil || !strings.Contains(err.Error(), line) {
+			t.Errorf("err = %v; want it to say %q", err, line)
+		}
 	}
 }

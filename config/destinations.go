@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"reflect"
 	"regexp"
@@ -11,7 +12,6 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -77,25 +77,12 @@ func (c *Config) decodeSinks(dec *mapstructure.DecoderConfig) []decodeProblem {
 				continue // reported by destinationProblems
 			}
 			settings := s.New()
-			conf := *dec
-			conf.Result = settings
-			decoder, err := mapstructure.NewDecoder(&conf)
-			if err == nil {
-				err = decoder.Decode(raw)
-			}
-			if err != nil {
-				for _, p := range decodeProblems(err) {
-					path, text := at+"."+key, at+"."+key+": "+p.text
-					if p.path != "" {
-						path += "." + p.path
-						text = strings.Replace(p.text, p.path, path, 1)
-					}
-					out = append(out, decodeProblem{path, text})
-				}
+			if problems := decodeOnto(settings, raw, at+"."+key, dec); len(problems) > 0 {
+				out = append(out, problems...)
 				continue
 			}
-			if in, ok := settings.(*kafka.Settings); ok {
-				in.Inherit(&c.Kafka)
+			if in, ok := settings.(sink.Inheritor); ok && s.Section != nil && c.sections[s.Section.Name] != nil {
+				in.Inherit(c.sections[s.Section.Name])
 			}
 			d.kind, d.settings = key, settings
 			if d.MaxInFlight == 0 {
@@ -109,27 +96,11 @@ func (c *Config) decodeSinks(dec *mapstructure.DecoderConfig) []decodeProblem {
 
 // resolveSinks reads the secrets the sinks' settings name.
 func (c *Config) resolveSinks(lookupEnv func(string) (string, bool)) []string {
-	p := sinkProblems("kafka", &c.Kafka, c.Kafka.Resolve(lookupEnv))
+	var p []string
 	for name, d := range c.Destinations {
 		if d.settings != nil {
 			p = append(p, sinkProblems("destinations."+name+"."+d.kind, d.settings, d.settings.Resolve(lookupEnv))...)
 		}
-	}
-	return p
-}
-
-// kafkaProblems checks the kafka section, which must name brokers when
-// routes send to it.
-func (c *Config) kafkaProblems(needed bool) []string {
-	var p []string
-	for _, line := range sinkProblems("kafka", &c.Kafka, c.Kafka.Validate()) {
-		if line == "kafka."+kafka.ErrNoBrokers.Error() {
-			if needed {
-				p = append(p, "kafka.brokers is required: set "+EnvName("kafka.brokers")+" (comma-separated host:port) or kafka.brokers in the file")
-			}
-			continue
-		}
-		p = append(p, line)
 	}
 	return p
 }
@@ -161,8 +132,10 @@ func sinkProblems(at string, settings any, err error) []string {
 func (c *Config) destinationProblems() []string {
 	var p []string
 	names := []string{}
-	if len(c.Kafka.Brokers) > 0 {
-		names = append(names, DefaultKafkaDestination)
+	for _, s := range sections() {
+		if c.sectionDefined(s.Section.Name) {
+			names = append(names, s.Section.Name)
+		}
 	}
 	for name, d := range c.Destinations {
 		at := "destinations." + name
@@ -173,13 +146,13 @@ func (c *Config) destinationProblems() []string {
 			}
 		}
 		switch {
-		case name == DefaultKafkaDestination:
-			// The kafka section's destination: its relay settings only.
+		case c.sections[name] != nil:
+			// A sink section's destination: its relay settings only.
 			if kinds > 0 {
-				p = append(p, at+" holds the relay settings of the kafka section's destination (max_in_flight, breaker, rate_limit, …), not a sink; name another destination to add one")
+				p = append(p, at+" holds the relay settings of the "+name+" section's destination (max_in_flight, breaker, rate_limit, …), not a sink; name another destination to add one")
 			}
-			if len(c.Kafka.Brokers) == 0 {
-				p = append(p, at+" sets the kafka section's destination, which needs kafka.brokers")
+			for _, re := range missing(c.sections[name].Validate()) {
+				p = append(p, at+" sets the "+name+" section's destination, which needs "+name+"."+re.Setting)
 			}
 		case !destinationName.MatchString(name):
 			p = append(p, at+": a destination name is lowercase letters, digits, - and _")
@@ -196,11 +169,7 @@ func (c *Config) destinationProblems() []string {
 		}
 		p = append(p, foreverProblems(at+".", reflect.ValueOf(d))...)
 		settings := d.relayDestination(name)
-		if err := settings.ValidateSettings(); err != nil {
-			for _, line := range strings.Split(err.Error(), "\n") {
-				p = append(p, at+"."+line)
-			}
-		}
+		p = append(p, lines(at+".", settings.ValidateSettings())...)
 		if len(c.Routes) > 0 && !c.routesTo(name) {
 			p = append(p, at+" is not used by any route")
 		}
@@ -233,11 +202,11 @@ func (c *Config) destinationProblems() []string {
 	return p
 }
 
-// named lists the destinations other than the kafka section's, sorted.
+// named lists the destinations other than the sections', sorted.
 func (c *Config) named() []string {
 	names := make([]string, 0, len(c.Destinations))
 	for name := range c.Destinations {
-		if name != DefaultKafkaDestination {
+		if c.sections[name] == nil {
 			names = append(names, name)
 		}
 	}
@@ -247,8 +216,8 @@ func (c *Config) named() []string {
 
 // sinkOf returns the sink of the destination named name.
 func (c *Config) sinkOf(name string) (sink.Sink, bool) {
-	if name == DefaultKafkaDestination {
-		return sink.Lookup("kafka")
+	if s, ok := sectionSink(name); ok && c.sections[name] != nil {
+		return s, true
 	}
 	if d, ok := c.Destinations[name]; ok {
 		return sink.Lookup(d.kind)
@@ -293,15 +262,17 @@ type DestinationSettings struct {
 }
 
 // DestinationList lists the destinations and the routes for the relay:
-// the kafka section's, if it has brokers and is routed to, then the named
+// the sections' (kafka) that are defined and routed to, then the named
 // ones, sorted by name. Without routes, every topic goes to kafka.
 func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 	var out []DestinationSettings
-	if len(c.Kafka.Brokers) > 0 && (len(c.Routes) == 0 || c.routesTo(DefaultKafkaDestination)) {
-		s, _ := sink.Lookup("kafka")
-		k := c.Kafka
-		out = append(out, DestinationSettings{Name: DefaultKafkaDestination, Sink: s, Settings: &k,
-			Relay: c.Destinations[DefaultKafkaDestination].relayDestination(DefaultKafkaDestination)})
+	for _, s := range sections() {
+		name := s.Section.Name
+		if c.sectionDefined(name) && (c.routesTo(name) || (len(c.Routes) == 0 && name == DefaultKafkaDestination)) {
+			rd := c.Destinations[name].relayDestination(name)
+			rd.MaxInFlight = cmp.Or(rd.MaxInFlight, s.MaxInFlight)
+			out = append(out, DestinationSettings{Name: name, Sink: s, Settings: c.sections[name], Relay: rd})
+		}
 	}
 	for _, name := range c.named() {
 		d := c.Destinations[name]

@@ -144,7 +144,7 @@ func TestExampleDocumentsEverySetting(t *testing.T) {
 	active := parseYAML(t, raw)
 	all := parseYAML(t, uncomment(raw))
 
-	for _, path := range leafPaths(reflect.TypeOf(Config{}), "") {
+	for _, path := range settingPaths() {
 		_, set := lookup(active, path)
 		_, shown := lookup(all, path)
 		switch {
@@ -160,7 +160,7 @@ func TestExampleDocumentsEverySetting(t *testing.T) {
 		}
 	}
 	for path := range exampleSecrets {
-		if !slices.Contains(leafPaths(reflect.TypeOf(Config{}), ""), path) {
+		if !slices.Contains(settingPaths(), path) {
 			t.Errorf("exampleSecrets lists %s, which is not a setting", path)
 		}
 	}
@@ -247,8 +247,8 @@ func TestExampleLoads(t *testing.T) {
 	}
 
 	active := parseYAML(t, readExample(t))
-	got, want := leaves(reflect.ValueOf(*cfg), ""), leaves(reflect.ValueOf(defaults()), "")
-	for _, path := range leafPaths(reflect.TypeOf(Config{}), "") {
+	got, want := cfg.values(), defaultSettings()
+	for _, path := range settingPaths() {
 		if _, set := lookup(active, path); !set {
 			continue // a secret, checked by TestExampleDocumentsEverySetting
 		}
@@ -280,9 +280,10 @@ func TestExampleLoads(t *testing.T) {
 	_, ks := k.Sink()
 	_, hs := h.Sink()
 	kafkaSettings, httpSettings := ks.(*kafka.Settings), hs.(*webhook.Settings)
+	section := cfg.Section("kafka").(*kafka.Settings)
 	for name, c := range map[string]struct{ got, want any }{
-		"analytics.kafka.client_id":                {kafkaSettings.ClientID, cfg.Kafka.ClientID},
-		"analytics.kafka.dial_timeout":             {kafkaSettings.DialTimeout, cfg.Kafka.DialTimeout},
+		"analytics.kafka.client_id":                {kafkaSettings.ClientID, section.ClientID},
+		"analytics.kafka.dial_timeout":             {kafkaSettings.DialTimeout, section.DialTimeout},
 		"analytics.max_in_flight":                  {k.MaxInFlight, 0},
 		"analytics.breaker.failures":               {k.Breaker.Failures, relay.DefaultBreakerFailures},
 		"analytics.breaker.successes":              {k.Breaker.Successes, relay.DefaultBreakerSuccesses},
@@ -328,7 +329,7 @@ func TestReferenceDocumentsEverySetting(t *testing.T) {
 	doc := string(b)
 	lines := strings.Split(doc, "\n")
 	known := map[string]bool{"OUTBOX_CONFIG": true}
-	for _, path := range leafPaths(reflect.TypeOf(Config{}), "") {
+	for _, path := range settingPaths() {
 		setting, env := "`"+path+"`", "`"+EnvName(path)+"`"
 		known[EnvName(path)] = true
 		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, setting) && strings.Contains(l, env) }) {
@@ -358,7 +359,7 @@ func TestReferenceDocumentsEverySetting(t *testing.T) {
 func TestEnvNamesAreDistinct(t *testing.T) {
 	t.Parallel()
 	seen := map[string]string{}
-	for _, path := range leafPaths(reflect.TypeOf(Config{}), "") {
+	for _, path := range settingPaths() {
 		name := EnvName(path)
 		if other, ok := seen[name]; ok {
 			t.Errorf("%s and %s share the variable %s", path, other, name)
@@ -398,7 +399,7 @@ func TestEverySettingFieldIsTagged(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeOf(Config{}), "Config")
-	if paths := leafPaths(reflect.TypeOf(Config{}), ""); !slices.Contains(paths, "retry.max_attempts") || !slices.Contains(paths, "retry.pause_base") {
+	if paths := settingPaths(); !slices.Contains(paths, "retry.max_attempts") || !slices.Contains(paths, "retry.pause_base") {
 		t.Errorf("the retry section's settings are not walked: %v", paths)
 	}
 }

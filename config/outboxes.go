@@ -16,9 +16,10 @@ import (
 // database and relay sections' values, so outboxes in one database need
 // only a name and a schema.
 type Outbox struct {
-	// Name identifies the outbox in logs, metrics, readiness, the
-	// dead-letter command line (--outbox) and API paths. Required.
-	Name string `koanf:"name"`
+	// Name, workers, batch_size and order_scope are the relay's outbox
+	// settings (relay.Outbox), which it validates; 0 and "" take the
+	// relay section's.
+	relay.Outbox `koanf:",squash"`
 	// URL and URLFile: the outbox's database, as database.url and
 	// database.url_file. Default database.url.
 	URL     string `koanf:"url"`
@@ -28,27 +29,17 @@ type Outbox struct {
 	// MaxConns bounds the connections to this outbox's database: each
 	// outbox has a pool of its own. Default database.max_conns.
 	MaxConns int32 `koanf:"max_conns"`
-	// Workers is the most batches of this outbox delivered at once.
-	// Default relay.workers, which bounds all outboxes together.
-	Workers int `koanf:"workers"`
-	// BatchSize is the most rows claimed per batch. Default
-	// relay.batch_size.
-	BatchSize int `koanf:"batch_size"`
-	// OrderScope is where the outbox's keys keep their order: destination,
-	// topic or global. Default relay.order_scope.
-	OrderScope string `koanf:"order_scope"`
 }
 
 // OutboxSettings is an outbox with every setting resolved.
 type OutboxSettings struct {
-	Name string
+	// Outbox holds the name and the relay's settings of the outbox:
+	// workers and batch size its own (0 takes the relay's), order scope
+	// its own or the relay's.
+	relay.Outbox
 	// Database is the outbox's: its URL, schema and pool size, with the
 	// database section's timeouts.
 	Database Database
-	// Workers and BatchSize are the outbox's own; 0 takes the relay's.
-	Workers, BatchSize int
-	// OrderScope is the outbox's, or the relay's.
-	OrderScope string
 }
 
 // Outboxes returns the outboxes to deliver from, in the order of the
@@ -56,7 +47,7 @@ type OutboxSettings struct {
 // made of the database section.
 func (c *Config) Outboxes() []OutboxSettings {
 	if len(c.OutboxList) == 0 {
-		return []OutboxSettings{{Name: relay.DefaultOutbox, Database: c.Database, OrderScope: c.Relay.OrderScope}}
+		return []OutboxSettings{{Outbox: relay.Outbox{Name: relay.DefaultOutbox, OrderScope: c.Relay.OrderScope}, Database: c.Database}}
 	}
 	out := make([]OutboxSettings, 0, len(c.OutboxList))
 	for _, o := range c.OutboxList {
@@ -70,8 +61,9 @@ func (c *Config) Outboxes() []OutboxSettings {
 		if o.MaxConns != 0 {
 			db.MaxConns = o.MaxConns
 		}
-		out = append(out, OutboxSettings{Name: o.Name, Database: db, Workers: o.Workers, BatchSize: o.BatchSize,
-			OrderScope: cmp.Or(o.OrderScope, c.Relay.OrderScope)})
+		ro := o.Outbox
+		ro.OrderScope = cmp.Or(ro.OrderScope, c.Relay.OrderScope)
+		out = append(out, OutboxSettings{Outbox: ro, Database: db})
 	}
 	return out
 }
@@ -118,11 +110,8 @@ func (c *Config) outboxProblems(need Need) []string {
 		if o.Name != "" {
 			at = fmt.Sprintf("outboxes[%d] (%s)", i, o.Name)
 		}
-		if o.Name == "" {
-			p = append(p, at+": name is required")
-		} else if err := relay.ValidateOutboxName(o.Name); err != nil {
-			p = append(p, at+": "+err.Error())
-		} else if seen[o.Name] {
+		p = append(p, lines(at+": ", o.ValidateSettings())...)
+		if o.Name != "" && seen[o.Name] {
 			p = append(p, fmt.Sprintf("%s: the name %s is used twice", at, o.Name))
 		}
 		seen[o.Name] = true
@@ -144,14 +133,8 @@ func (c *Config) outboxProblems(need Need) []string {
 			p = append(p, fmt.Sprintf("%s: schema %s of the same database as outbox %s: one table, one outbox", at, db.Schema, other))
 		}
 		tables[table] = o.Name
-		if o.Workers < 0 || o.BatchSize < 0 || o.MaxConns < 0 {
-			p = append(p, at+": workers, batch_size and max_conns must not be negative")
-		}
-		if o.BatchSize > 10000 {
-			p = append(p, fmt.Sprintf("%s: batch_size is %d; at most 10000 rows fit one claim", at, o.BatchSize))
-		}
-		if err := relay.ValidateOrderScope(o.OrderScope); err != nil {
-			p = append(p, at+": "+err.Error())
+		if o.MaxConns < 0 {
+			p = append(p, fmt.Sprintf("%s: max_conns is %d; it must not be negative", at, o.MaxConns))
 		}
 		workers := cmp.Or(r.Workers, c.Relay.Workers)
 		if db.MaxConns >= 2 && workers >= 1 && int(db.MaxConns) < workers+2 {

@@ -104,7 +104,7 @@ outboxes:
 		"outboxes[3] (a): the name a is used twice",
 		"outboxes[4] (same-table): schema s2 of the same database as outbox a: one table, one outbox",
 		"outboxes[5] (bad-schema): schema:",
-		"outboxes[6] (negative): workers, batch_size and max_conns must not be negative",
+		"outboxes[6] (negative): workers is -1; it must not be negative",
 		"outboxes[7] (few-conns): max_conns 4 is below its workers + 2 (8)",
 		"outboxes[8] (big-batch): batch_size is 20000",
 	} {

@@ -26,6 +26,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	_ "github.com/outbox-relay/outbox-relay/relay/sink/builtin" // the deployed configuration names kafka and http destinations
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 

@@ -21,8 +21,8 @@ import (
 // failed a third time while new rows failed their first attempt too (a
 // fifth of FailingRows, at least two). Rows that fail beside successes,
 // and failures of a topic or a partition, never open it. After a
-// cool-down, which doubles from the relay's PauseBase up to
-// PauseMax while probes keep failing, a probe of a few rows of different
+// cool-down, which doubles from the relay's Pause.Base up to
+// Pause.Max while probes keep failing, a probe of a few rows of different
 // keys and topics goes; Successes successful probes close it, and a probe
 // that delivers nothing and fails on anything but a permanent failure
 // opens it again. While it is open, the destination's rows are not

@@ -190,14 +190,14 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 		budget:      newRetryBudget(d.RetryBudget),
 		rate:        newRateLimit(d.RateLimit),
 		policy:      cfg.Policy,
-		pauseBase:   cfg.PauseBase,
-		pauseMax:    cfg.PauseMax,
-		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
+		pauseBase:   cfg.Pause.Base,
+		pauseMax:    cfg.Pause.Max,
+		pauses:      newPauseSet(d.Name, cfg.Pause.Base, cfg.Pause.Max, log),
 	}
 	// The limits an admitted row passes, in order (see take).
 	x.gates = []gate{&x.bulk, x.rate, x.budget}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
-		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.PauseBase, max: cfg.PauseMax,
+		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.Pause.Base, max: cfg.Pause.Max,
 		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool) {
 			changed.Send(breakerChange{Destination: d.Name, From: from, To: to})
 			switch {

@@ -152,7 +152,7 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 	h := start(t, s, nil, options{keepSent: true, cfg: relay.Config{
 		Destinations: []relay.Destination{{Name: "kafka", Publisher: healthy}, {Name: "hooks", Publisher: failing}},
 		Routes:       []relay.Route{{Topics: []string{"hooks"}, Destination: "hooks"}, {Topics: []string{"*"}, Destination: "kafka"}},
-		PauseBase:    50 * time.Millisecond, PauseMax: 200 * time.Millisecond,
+		Pause:        relay.PauseConfig{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	}})
 	// Keys mix both destinations: a key's events rows behind a waiting
 	// hooks row wait too. Unkeyed traffic shows the healthy side flowing.
@@ -203,7 +203,7 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 		cfg: relay.Config{
 			Destinations: []relay.Destination{{Name: "hooks", Publisher: p, Breaker: relay.BreakerConfig{Failures: 3}}},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
-			BatchSize:    1, PauseBase: time.Hour, PauseMax: time.Hour,
+			BatchSize:    1, Pause: relay.PauseConfig{Base: time.Hour, Max: time.Hour},
 			// One worker: a second may have a call under way when the
 			// breaker opens, which it cannot take back.
 			Workers: 1,
@@ -335,7 +335,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 	h := start(t, s, nil, options{cfg: relay.Config{
 		Destinations: []relay.Destination{{Name: "kafka", Publisher: k}, {Name: "hooks", Publisher: hook}},
 		Routes:       []relay.Route{{Topics: []string{"hooks.*"}, Destination: "hooks"}, {Topics: []string{"*"}, Destination: "kafka"}},
-		PauseBase:    20 * time.Millisecond, PauseMax: 100 * time.Millisecond,
+		Pause:        relay.PauseConfig{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 	}})
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 'orders', 'u' FROM generate_series(1, 2000)`)
 	testwait.For(t, "unkeyed Kafka rows delivered during the HTTP outage", func() bool {
@@ -388,7 +388,7 @@ func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 		cfg: relay.Config{
 			Destinations: []relay.Destination{{Name: "hooks", Publisher: p, Breaker: relay.BreakerConfig{Failures: 1}}},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
-			PauseBase:    20 * time.Millisecond, PauseMax: 20 * time.Millisecond,
+			Pause:        relay.PauseConfig{Base: 20 * time.Millisecond, Max: 20 * time.Millisecond},
 		},
 	})
 	testwait.For(t, "one attempt", func() bool { return count(t, s.Pool, "retry_count = 1") == 1 })

@@ -131,7 +131,7 @@ func startReplicas(t *testing.T, s, coord *pgtest.Schema, e *endpoint, names []s
 			Destinations: []relay.Destination{d},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "endpoint"}},
 			Workers:      3, BatchSize: 10,
-			PauseBase: pause, PauseMax: pause,
+			Pause: relay.PauseConfig{Base: pause, Max: pause},
 			Fleet: &relay.FleetConfig{Fleet: store, Replica: name, Interval: 20 * time.Millisecond, Lease: 2 * time.Second},
 		}
 		hs = append(hs, start(t, s, nil, options{cfg: cfg, claimer: name}))

@@ -94,7 +94,7 @@ func orderScopeRun(t *testing.T, f orderScopeFault, scope string) {
 		},
 		OrderScope: scope,
 		Observer:   obs,
-		PauseBase:  outageCool, PauseMax: outageCoolMax,
+		Pause:      relay.PauseConfig{Base: outageCool, Max: outageCoolMax},
 	}})
 
 	// Two seconds of health, the fault, and two seconds once healed.

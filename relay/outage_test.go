@@ -85,7 +85,7 @@ func checkOutages(t *testing.T, replicas int, runs ...outageRun) {
 			cfg.Destinations = append(cfg.Destinations, d)
 			cfg.Routes = append(cfg.Routes, relay.Route{Topics: []string{o.name}, Destination: o.name})
 		}
-		cfg.PauseBase, cfg.PauseMax = outageCool, outageCoolMax
+		cfg.Pause = relay.PauseConfig{Base: outageCool, Max: outageCoolMax}
 		opts := options{keepSent: true, policy: outagePolicy, listener: true, cfg: cfg}
 		if store != nil {
 			// Replicas share the destinations' breakers and lease the

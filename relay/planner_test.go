@@ -27,7 +27,8 @@ func testPlanner(t *testing.T, cfg Config, ds []Destination, routes []Route) *pl
 		ds[i].Publisher = nopPublisher{}
 	}
 	cfg.Destinations, cfg.Routes = ds, routes
-	if err := cfg.setDefaults(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.assemble(); err != nil {
 		t.Fatal(err)
 	}
 	var dests []*dest
@@ -137,7 +138,7 @@ func TestPlanStopsAtTheByteBudget(t *testing.T) {
 }
 
 func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
-	p := testPlanner(t, Config{PauseBase: time.Minute, PauseMax: time.Minute}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
+	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Minute, Max: time.Minute}}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1, lastErr: "refused"})
 	groups, outcomes := p.plan([]store.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
@@ -154,7 +155,7 @@ func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 }
 
 func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
-	p := testPlanner(t, Config{PauseBase: time.Millisecond, PauseMax: time.Millisecond}, []Destination{{Name: "a"}}, twoDestinations)
+	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Millisecond, Max: time.Millisecond}}, []Destination{{Name: "a"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1})
 	var recs []store.Record

@@ -8,7 +8,6 @@ package relay
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -17,7 +16,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -69,198 +67,6 @@ func ValidateOrderScope(scope string) error {
 	return fmt.Errorf("order_scope is %q; use destination, topic or global", scope)
 }
 
-// Defaults of Config.
-const (
-	DefaultWorkers = 2
-	// DefaultBatchSize is the fastest measured with the default workers
-	// (docs/performance.md): a claim's fixed costs, its start on the
-	// pending index among them, are paid per batch. MaxBatchBytes still
-	// bounds a batch of large rows.
-	DefaultBatchSize = 2000
-	// DefaultMaxBatchBytes keeps a full batch, with the per-record
-	// overhead counted, well under a broker's default max.message.bytes
-	// (1 MiB).
-	DefaultMaxBatchBytes   = 900 << 10
-	DefaultPollInterval    = time.Second
-	DefaultPublishTimeout  = 15 * time.Second
-	DefaultDrainTimeout    = 30 * time.Second
-	DefaultQueryTimeout    = 30 * time.Second
-	DefaultCleanupInterval = time.Minute
-	DefaultCleanupBatch    = 5000
-	// DefaultDeadLetterRetention keeps unhandled dead letters until an
-	// operator replays or discards them: they are evidence.
-	DefaultDeadLetterRetention = retry.Forever
-	// DefaultDiscardedRetention is how long discarded rows are kept after
-	// an operator discarded them.
-	DefaultDiscardedRetention = 14 * 24 * time.Hour
-	// DefaultAuditRetention keeps the audit trail.
-	DefaultAuditRetention = retry.Forever
-	DefaultPauseBase      = time.Second
-	DefaultPauseMax       = 30 * time.Second
-
-	// RecordOverhead is counted for each record against MaxBatchBytes,
-	// beside its payload, key and headers: a generous allowance for a
-	// Kafka record's own lengths and timestamps and the two headers the
-	// relay adds. A sink's own batch limit should exceed MaxBatchBytes by
-	// some slack, so it never splits what the relay sends as one batch.
-	RecordOverhead = 128
-)
-
-// Config configures a Relay. Zero values take the defaults.
-type Config struct {
-	// Store claims rows and writes outcomes back: the relay's one
-	// outbox, named DefaultOutbox. Either give Store or Outboxes.
-	Store *store.Store
-	// Outboxes are the outbox tables the relay delivers from, each with
-	// its own workers, listener and maintenance.
-	Outboxes []Outbox
-	// Destinations are where rows go, chosen by Routes. Either give
-	// Destinations and Routes, or a single Publisher: a destination named
-	// "default" that every topic is routed to.
-	Destinations []Destination
-	// Routes map topics to Destinations; a row that no route matches is
-	// dead-lettered no_route.
-	Routes []Route
-	// Publisher is the single destination of a relay without Destinations.
-	Publisher Publisher
-	// Listener wakes Store's workers when rows are inserted; without one
-	// they only poll.
-	Listener *store.Listener
-	// Policy decides what happens to failed rows. Default retry defaults.
-	Policy *retry.Policy
-	// Logger receives the relay's logs. Default discards.
-	Logger *slog.Logger
-	// Observer is told of claims and outcomes, for metrics, for the
-	// outboxes without an Observer of their own. Optional.
-	Observer Observer
-
-	// Workers is the number of batches published at once, by all
-	// outboxes together; each outbox runs this many workers unless it sets
-	// its own, and they take turns fairly (see turns). While a backlog
-	// lasts, each worker also claims its next batch while it publishes,
-	// when the pool has connections to spare: it holds two batches at
-	// most. Default 2.
-	Workers int
-	// BatchSize is the most rows claimed per batch. Default
-	// DefaultBatchSize.
-	BatchSize int
-	// MaxBatchBytes bounds the bytes of one published batch (payloads,
-	// keys, headers and RecordOverhead per record); rows past it wait for
-	// the next batch. Default 900 KiB.
-	MaxBatchBytes int
-	// PayloadCap is the largest payload delivered; larger rows are
-	// dead-lettered too_large without being loaded. Default MaxBatchBytes,
-	// which it must not exceed.
-	PayloadCap int
-	// PollInterval is the longest a worker sleeps when there is no work
-	// and no wake-up. Default 1s.
-	PollInterval time.Duration
-	// PublishTimeout bounds one publish; a publish that times out has an
-	// unknown outcome and is retried. It bounds a batch's wait for a turn
-	// too. Default 15s.
-	PublishTimeout time.Duration
-	// DrainTimeout is how long in-flight batches may finish after Run's
-	// context ends before they are abandoned (their rows stay pending).
-	// Default 30s.
-	DrainTimeout time.Duration
-	// QueryTimeout bounds each claim, write-back and cleanup batch: a
-	// database that does not answer in time (a crash, a network black
-	// hole) is given up on, the connection dropped, and the batch's rows
-	// stay pending until the server ends its transaction. Default 30s.
-	QueryTimeout time.Duration
-	// OnDeadLetter is release (default) or block, for destinations that do
-	// not set their own.
-	OnDeadLetter string
-	// OrderScope is where a key's rows keep their id order, for the
-	// outboxes that do not set their own: destination (the default),
-	// topic or global (see the OrderScope constants). A parked key parks
-	// it in its scope only.
-	OrderScope string
-	// SentRetention keeps sent rows this long before cleanup; 0 deletes
-	// rows as they are sent, retry.Forever keeps them. It must agree with
-	// the Store's KeepSent.
-	SentRetention time.Duration
-	// DeadLetterRetention keeps dead-lettered rows this long after they
-	// were dead-lettered. Default retry.Forever: until an operator
-	// replays or discards them.
-	DeadLetterRetention time.Duration
-	// DiscardedRetention keeps discarded rows this long after they were
-	// discarded; retry.Forever keeps them. Default 14 days.
-	DiscardedRetention time.Duration
-	// AuditRetention keeps audit records this long. Default
-	// retry.Forever.
-	AuditRetention time.Duration
-	// CleanupInterval is how often rows past their retention are deleted.
-	// Default 1m.
-	CleanupInterval time.Duration
-	// PauseBase and PauseMax bound the cool-down of a destination's
-	// circuit breaker: how long it stays open before a probe. It doubles
-	// while probes fail. Defaults 1s and 30s.
-	PauseBase, PauseMax time.Duration
-	// Fleet, when set, shares each destination's flow control with the
-	// relay's other replicas (see FleetConfig). Without it, each relay
-	// process has its own.
-	Fleet *FleetConfig
-}
-
-// Validate reports every problem of c at once, or nil.
-func (c *Config) Validate() error {
-	errs := c.outboxProblems()
-	switch {
-	case c.Publisher == nil && len(c.Destinations) == 0:
-		errs = append(errs, errors.New("relay: a publisher or destinations are required"))
-	case c.Publisher != nil && len(c.Destinations) > 0:
-		errs = append(errs, errors.New("relay: give a publisher or destinations, not both"))
-	}
-	names := make([]string, 0, len(c.Destinations))
-	seen := map[string]bool{}
-	for i := range c.Destinations {
-		d := &c.Destinations[i]
-		if err := d.Validate(); err != nil {
-			errs = append(errs, err)
-		}
-		if seen[d.Name] {
-			errs = append(errs, fmt.Errorf("relay: destination %s is defined twice", d.Name))
-		}
-		seen[d.Name] = true
-		names = append(names, d.Name)
-	}
-	if len(c.Destinations) > 0 {
-		if len(c.Routes) == 0 {
-			errs = append(errs, errors.New("relay: destinations need routes"))
-		}
-		if err := ValidateRoutes(c.Routes, names); err != nil {
-			errs = append(errs, fmt.Errorf("relay: %w", err))
-		}
-	}
-	for name, v := range map[string]int{"workers": c.Workers, "batch_size": c.BatchSize, "max_batch_bytes": c.MaxBatchBytes, "payload_cap": c.PayloadCap} {
-		if v < 0 {
-			errs = append(errs, fmt.Errorf("relay: %s is %d; it must be positive", name, v))
-		}
-	}
-	if c.PayloadCap > 0 && c.MaxBatchBytes > 0 && c.PayloadCap > c.MaxBatchBytes {
-		errs = append(errs, fmt.Errorf("relay: payload_cap %d is above max_batch_bytes %d", c.PayloadCap, c.MaxBatchBytes))
-	}
-	for name, v := range map[string]time.Duration{"poll_interval": c.PollInterval, "publish_timeout": c.PublishTimeout,
-		"drain_timeout": c.DrainTimeout, "sent_retention": c.SentRetention, "dead_letter_retention": c.DeadLetterRetention, "cleanup_interval": c.CleanupInterval,
-		"discarded_retention": c.DiscardedRetention, "audit_retention": c.AuditRetention,
-		"pause_base": c.PauseBase, "pause_max": c.PauseMax, "query_timeout": c.QueryTimeout} {
-		if v < 0 {
-			errs = append(errs, fmt.Errorf("relay: %s is %s; it must not be negative", name, v))
-		}
-	}
-	if err := ValidateOnDeadLetter(c.OnDeadLetter); err != nil {
-		errs = append(errs, fmt.Errorf("relay: %w", err))
-	}
-	if err := ValidateOrderScope(c.OrderScope); err != nil {
-		errs = append(errs, fmt.Errorf("relay: %w", err))
-	}
-	if c.Fleet != nil {
-		errs = append(errs, c.Fleet.problems()...)
-	}
-	return errors.Join(errs...)
-}
-
 // Relay delivers outbox rows until its context ends. Its workers claim
 // batches and carry each through the planner (routing, key runs, the
 // destinations' admission), the publishers and the destinations'
@@ -288,10 +94,11 @@ type Relay struct {
 
 // New returns a Relay for cfg.
 func New(cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.setDefaults(); err != nil {
+	if err := cfg.assemble(); err != nil {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, epoch: time.Now()}
@@ -329,56 +136,6 @@ func New(cfg Config) (*Relay, error) {
 		}
 	}
 	return r, nil
-}
-
-// setDefaults fills in what c leaves zero.
-func (c *Config) setDefaults() error {
-	def := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	defDur := func(v *time.Duration, d time.Duration) {
-		if *v == 0 {
-			*v = d
-		}
-	}
-	def(&c.Workers, DefaultWorkers)
-	def(&c.BatchSize, DefaultBatchSize)
-	def(&c.MaxBatchBytes, DefaultMaxBatchBytes)
-	def(&c.PayloadCap, c.MaxBatchBytes)
-	defDur(&c.PollInterval, DefaultPollInterval)
-	defDur(&c.PublishTimeout, DefaultPublishTimeout)
-	defDur(&c.DrainTimeout, DefaultDrainTimeout)
-	defDur(&c.QueryTimeout, DefaultQueryTimeout)
-	defDur(&c.CleanupInterval, DefaultCleanupInterval)
-	defDur(&c.DeadLetterRetention, DefaultDeadLetterRetention)
-	defDur(&c.DiscardedRetention, DefaultDiscardedRetention)
-	defDur(&c.AuditRetention, DefaultAuditRetention)
-	defDur(&c.PauseBase, DefaultPauseBase)
-	defDur(&c.PauseMax, max(DefaultPauseMax, c.PauseBase))
-	if c.OnDeadLetter == "" {
-		c.OnDeadLetter = OnDeadLetterRelease
-	}
-	if c.OrderScope == "" {
-		c.OrderScope = OrderScopeDestination
-	}
-	if c.Policy == nil {
-		p, err := retry.NewPolicy(retry.PolicyConfig{})
-		if err != nil {
-			return err
-		}
-		c.Policy = p
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	c.Outboxes = c.outboxes()
-	if len(c.Destinations) == 0 {
-		c.Destinations = []Destination{{Name: "default", Publisher: c.Publisher}}
-		c.Routes = []Route{{Topics: []string{"*"}, Destination: "default"}}
-	}
-	return nil
 }
 
 // Stats returns what the relay has done so far, in all outboxes.

@@ -142,8 +142,8 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 	if o.keepSent && cfg.SentRetention == 0 {
 		cfg.SentRetention = time.Hour
 	}
-	if cfg.PauseBase == 0 {
-		cfg.PauseBase, cfg.PauseMax = 20*time.Millisecond, 100*time.Millisecond
+	if cfg.Pause.Base == 0 {
+		cfg.Pause = relay.PauseConfig{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if o.listener {

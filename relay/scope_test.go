@@ -152,7 +152,7 @@ func TestMissingTopicDoesNotStallItsCluster(t *testing.T) {
 			Destinations: []relay.Destination{{Name: "kafka", Publisher: newKafka(t, c)}},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}},
 			Observer:     obs,
-			PauseBase:    50 * time.Millisecond, PauseMax: 400 * time.Millisecond,
+			Pause:        relay.PauseConfig{Base: 50 * time.Millisecond, Max: 400 * time.Millisecond},
 		},
 	})
 	var sawPause atomic.Bool
@@ -226,7 +226,7 @@ func TestEndpointFailingOneShapeKeepsDelivering(t *testing.T) {
 			Destinations: []relay.Destination{hookDestination(t, "hooks", srv.URL)},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
 			Observer:     obs,
-			PauseBase:    50 * time.Millisecond, PauseMax: 400 * time.Millisecond,
+			Pause:        relay.PauseConfig{Base: 50 * time.Millisecond, Max: 400 * time.Millisecond},
 		},
 	})
 	produce(t, s, 3*time.Second, func(n int) string {
@@ -268,7 +268,7 @@ func TestEndpointFailingEveryRowOpensTheBreaker(t *testing.T) {
 			Destinations: []relay.Destination{{Name: "hooks", Publisher: p,
 				Breaker: relay.BreakerConfig{FailingRows: 20, FailingFor: 100 * time.Millisecond}}},
 			Routes:    []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
-			BatchSize: 10, PauseBase: time.Hour, PauseMax: time.Hour,
+			BatchSize: 10, Pause: relay.PauseConfig{Base: time.Hour, Max: time.Hour},
 			// One worker: a second may have a call under way when the
 			// breaker opens, which it cannot take back.
 			Workers: 1,
@@ -352,7 +352,7 @@ func TestProbeIsNotPoisonedByFailingRows(t *testing.T) {
 			// never open this breaker.
 			Destinations: []relay.Destination{{Name: "hooks", Publisher: p, Breaker: relay.BreakerConfig{FailingRows: 1 << 20}}},
 			Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
-			PauseBase:    20 * time.Millisecond, PauseMax: 100 * time.Millisecond,
+			Pause:        relay.PauseConfig{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 		},
 	})
 	state := func() relay.BreakerState { return h.breaker("hooks") }
@@ -416,7 +416,7 @@ func TestTopicAuthorizationPausesTheTopicOnly(t *testing.T) {
 	h := start(t, s, nil, options{keepSent: true, cfg: relay.Config{
 		Destinations: []relay.Destination{{Name: "kafka", Publisher: p}},
 		Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}},
-		PauseBase:    20 * time.Millisecond, PauseMax: 100 * time.Millisecond,
+		Pause:        relay.PauseConfig{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 	}})
 	insert(t, s, `INSERT INTO outbox (topic, key, payload)
 SELECT CASE WHEN g % 4 = 0 THEN 'secret' ELSE 'public' END, 'k' || (g % 10), 'x' FROM generate_series(1, 400) g`)
@@ -463,7 +463,7 @@ func TestPartitionWithoutLeaderPausesAlone(t *testing.T) {
 	h := start(t, s, nil, options{keepSent: true, cfg: relay.Config{
 		Destinations: []relay.Destination{{Name: "kafka", Publisher: k}},
 		Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "kafka"}},
-		PauseBase:    20 * time.Millisecond, PauseMax: 100 * time.Millisecond,
+		Pause:        relay.PauseConfig{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 	}})
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 'events', 'k' || (g % 30), 'x' FROM generate_series(1, 600) g`)
 	// The keys of partition 1, once the sink knows the partitions.

@@ -22,29 +22,30 @@ import (
 type Outbox struct {
 	// Name identifies the outbox in logs, metrics and readiness: letters,
 	// digits, '_' and '-'. Required.
-	Name string
+	Name string `koanf:"name"`
 	// Store claims the outbox's rows and writes outcomes back. Required.
-	Store *store.Store
+	Store *store.Store `koanf:"-"`
 	// Listener wakes the outbox's workers when rows are inserted; without
 	// one they only poll.
-	Listener *store.Listener
+	Listener *store.Listener `koanf:"-"`
 	// Observer is told of the outbox's claims and outcomes. Default the
 	// relay's Observer.
-	Observer Observer
+	Observer Observer `koanf:"-"`
 	// Workers is the most batches of this outbox delivered at once.
 	// Default the relay's Workers, which bounds all outboxes together.
-	Workers int
+	Workers int `koanf:"workers"`
 	// BatchSize is the most rows claimed per batch. Default the relay's.
-	BatchSize int
-	// OrderScope is where the outbox's keys keep their order (see
-	// Config.OrderScope). Default the relay's.
-	OrderScope string
+	BatchSize int `koanf:"batch_size"`
+	// OrderScope is where the outbox's keys keep their order:
+	// destination, topic or global (see Config.OrderScope). Default the
+	// relay's.
+	OrderScope string `koanf:"order_scope"`
 	// Prepare, when set, runs before the outbox's workers, listener and
 	// cleaner start, while the other outboxes already deliver: it waits
 	// for what the outbox needs (its database, its schema) until ctx
 	// ends, and returns an error only for what waiting cannot fix, which
 	// stops the relay.
-	Prepare func(ctx context.Context) error
+	Prepare func(ctx context.Context) error `koanf:"-"`
 }
 
 // DefaultOutbox names the outbox of a relay configured with a Store
@@ -62,21 +63,38 @@ func ValidateOutboxName(name string) error {
 	return nil
 }
 
-// validate reports every problem of o.
-func (o *Outbox) validate() []error {
+// ValidateSettings reports every problem of o's settings (name,
+// workers, batch_size, order_scope), one per line, each starting with the
+// setting's name. 0 takes the relay's.
+func (o *Outbox) ValidateSettings() error {
 	var errs []error
-	name := o.Name
-	if err := ValidateOutboxName(name); err != nil {
-		errs = append(errs, fmt.Errorf("relay: outbox %w", err))
+	if o.Name == "" {
+		errs = append(errs, errors.New("name is required"))
+	} else if err := ValidateOutboxName(o.Name); err != nil {
+		errs = append(errs, err)
 	}
-	if o.Store == nil {
-		errs = append(errs, fmt.Errorf("relay: outbox %s needs a store", name))
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"workers", o.Workers}, {"batch_size", o.BatchSize}} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s is %d; it must not be negative (0 takes the relay's)", n.name, n.v))
+		}
 	}
-	if o.Workers < 0 || o.BatchSize < 0 {
-		errs = append(errs, fmt.Errorf("relay: outbox %s: workers and batch_size must not be negative", name))
+	if o.BatchSize > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("batch_size is %d; at most %d rows fit one claim", o.BatchSize, MaxBatchSize))
 	}
 	if err := ValidateOrderScope(o.OrderScope); err != nil {
-		errs = append(errs, fmt.Errorf("relay: outbox %s: %w", name, err))
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// validate reports every problem of o.
+func (o *Outbox) validate() []error {
+	errs := prefixed(fmt.Sprintf("relay: outbox %s: ", cmp.Or(o.Name, "(unnamed)")), o.ValidateSettings())
+	if o.Store == nil {
+		errs = append(errs, fmt.Errorf("relay: outbox %s needs a store", o.Name))
 	}
 	return errs
 }

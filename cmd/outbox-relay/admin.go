@@ -31,10 +31,7 @@ const adminShutdown = 5 * time.Second
 // line and the API alike: the relay's payload cap, and a route for its
 // topic.
 func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) error) {
-	maxPayload = cfg.Relay.PayloadCap
-	if maxPayload == 0 {
-		maxPayload = cfg.Relay.MaxBatchBytes // the relay's default cap
-	}
+	maxPayload = cfg.RelayConfig().PayloadCap
 	_, routes := cfg.DestinationList()
 	return maxPayload, func(t string) error {
 		if _, ok := relay.MatchRoute(routes, t); !ok {

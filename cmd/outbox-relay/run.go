@@ -126,31 +126,10 @@ func (a *app) run(ctx context.Context) error {
 		outboxes = append(outboxes, o)
 		relayOutboxes = append(relayOutboxes, o.relay)
 	}
-	r, err := relay.New(relay.Config{
-		Outboxes:            relayOutboxes,
-		Destinations:        destinations,
-		Routes:              routes,
-		Policy:              policy,
-		Logger:              a.log,
-		Workers:             cfg.Relay.Workers,
-		BatchSize:           cfg.Relay.BatchSize,
-		MaxBatchBytes:       cfg.Relay.MaxBatchBytes,
-		PayloadCap:          cfg.Relay.PayloadCap,
-		PollInterval:        cfg.Relay.PollInterval,
-		PublishTimeout:      cfg.Relay.PublishTimeout,
-		DrainTimeout:        cfg.Relay.DrainTimeout,
-		QueryTimeout:        cfg.Database.QueryTimeout,
-		OnDeadLetter:        cfg.Relay.OnDeadLetter,
-		OrderScope:          cfg.Relay.OrderScope,
-		SentRetention:       cfg.Relay.SentRetention,
-		DeadLetterRetention: cfg.Relay.DeadLetterRetention,
-		DiscardedRetention:  cfg.Relay.DiscardedRetention,
-		AuditRetention:      cfg.Relay.AuditRetention,
-		CleanupInterval:     cfg.Relay.CleanupInterval,
-		PauseBase:           cfg.Retry.PauseBase,
-		PauseMax:            cfg.Retry.PauseMax,
-		Fleet:               fleetCfg,
-	})
+	rc := cfg.RelayConfig()
+	rc.Outboxes, rc.Destinations, rc.Routes = relayOutboxes, destinations, routes
+	rc.Policy, rc.Logger, rc.Fleet = policy, a.log, fleetCfg
+	r, err := relay.New(rc)
 	if err != nil {
 		return err
 	}
@@ -303,10 +282,9 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 		return nil, err
 	}
 	observer := m.Outbox(s.Name, destinations)
-	o.relay = relay.Outbox{Name: s.Name, Store: o.store, Listener: o.listener, Observer: observer,
-		Workers: s.Workers, BatchSize: s.BatchSize, OrderScope: s.OrderScope,
-		Prepare: func(ctx context.Context) error { return a.prepareOutbox(ctx, o, log) },
-	}
+	o.relay = s.Outbox
+	o.relay.Store, o.relay.Listener, o.relay.Observer = o.store, o.listener, observer
+	o.relay.Prepare = func(ctx context.Context) error { return a.prepareOutbox(ctx, o, log) }
 	return o, nil
 }
 

@@ -16,7 +16,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
-var _ sink.Reloader = (*Settings)(nil)
+var (
+	_ sink.Reloader  = (*Settings)(nil)
+	_ sink.Inheritor = (*Settings)(nil)
+)
 
 func init() {
 	sink.Register(sink.Sink{
@@ -24,6 +27,7 @@ func init() {
 		New:             func() sink.Config { return new(Settings) },
 		MessagingSystem: "kafka",
 		ValidateTopic:   ValidateTopic,
+		Section:         &sink.Section{Name: "kafka", Defaults: func() sink.Config { return SectionDefaults() }},
 	})
 }
 
@@ -34,7 +38,7 @@ func init() {
 const MessageSlack = 64 << 10
 
 // ErrNoBrokers is the problem of settings without brokers.
-var ErrNoBrokers = errors.New("brokers is required")
+var ErrNoBrokers error = &sink.RequiredError{Setting: "brokers", Format: "comma-separated host:port"}
 
 // Settings are a Kafka destination's settings in the configuration: the
 // kafka section, or destinations.<name>.kafka. A destination's client
@@ -81,10 +85,21 @@ const DefaultCompression = "lz4"
 // Compressions are the values Settings.Compression may take.
 var Compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
 
+// SectionDefaults are the kafka section's settings before the file: the
+// client's defaults, and DefaultCompression.
+func SectionDefaults() *Settings {
+	return &Settings{ClientID: DefaultClientID, DialTimeout: DefaultDialTimeout,
+		Compression: DefaultCompression, Timestamp: string(TimestampPublish)}
+}
+
 // Inherit fills what s leaves unset that belongs to the client rather
 // than to a cluster (client_id, dial_timeout, compression, timestamp)
 // from the kafka section.
-func (s *Settings) Inherit(section *Settings) {
+func (s *Settings) Inherit(c sink.Config) {
+	section, ok := c.(*Settings)
+	if !ok {
+		return
+	}
 	if s.Compression == "" {
 		s.Compression = section.Compression
 	}

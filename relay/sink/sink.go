@@ -8,7 +8,9 @@
 // Sinks register once, from their package's init, as database/sql drivers
 // do: importing github.com/outbox-relay/outbox-relay/relay/kafka and
 // .../relay/webhook registers kafka and http. A new sink implements
-// Config, passes relay/publishertest, and registers itself.
+// Config, passes relay/publishertest, and registers itself. A sink may
+// also have a top-level section of its own (Section: the kafka section),
+// which the configuration finds here too: it imports no sink.
 package sink
 
 import (
@@ -78,7 +80,45 @@ type Sink struct {
 	// ValidateTopic, when set, lets a route give the sink's destinations a
 	// topic of its own, and checks its name.
 	ValidateTopic func(topic string) error
+	// Section, when set, is a top-level section of the configuration that
+	// defines a destination of this sink named as the section (the kafka
+	// section, from before named destinations). Its settings have
+	// environment variables by path (OUTBOX_KAFKA_BROKERS), and the
+	// sink's named destinations may inherit from it (see Inheritor).
+	Section *Section
 }
+
+// Section is a sink's top-level section of the configuration. It defines
+// its destination once its settings are valid but for missing required
+// settings (RequiredError): until then no route may send to it, and what
+// is missing is reported only when routes would.
+type Section struct {
+	// Name is the section's key and its destination's name.
+	Name string
+	// Defaults returns the section's settings before the file, the
+	// environment and the flags: what the reference documents as the
+	// section's defaults.
+	Defaults func() Config
+}
+
+// Inheritor is implemented by settings of a named destination that take
+// what they leave unset from their sink's section (client settings rather
+// than a cluster's).
+type Inheritor interface {
+	Inherit(section Config)
+}
+
+// RequiredError is the problem of a required setting left unset: the
+// configuration reports it with where the setting can be given.
+type RequiredError struct {
+	// Setting is the setting's path below the sink (brokers).
+	Setting string
+	// Format says how to write it in an environment variable, or is
+	// empty.
+	Format string
+}
+
+func (e *RequiredError) Error() string { return e.Setting + " is required" }
 
 var registry = struct {
 	sync.RWMutex

@@ -277,7 +277,9 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 		cfg.Admin.tokenFromFile = true
 		readSecret("admin.token_file", cfg.Admin.TokenFile, &cfg.Admin.Token)
 	}
-	for _, p := range append(cfg.decodeSections(dec), cfg.decodeSinks(dec)...) {
+	// The sections first: named destinations inherit from them.
+	undecoded := cfg.decodeSections(dec)
+	for _, p := range append(undecoded, cfg.decodeSinks(dec)...) {
 		problems = append(problems, p.text)
 		failed[p.path] = true
 	}

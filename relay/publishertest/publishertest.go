@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -70,10 +72,12 @@ func Run(t *testing.T, s Sink) {
 // publishTimeout bounds every publish of the suite.
 const publishTimeout = 20 * time.Second
 
-// record is the id'th record; its payload is its id.
+// record is the id'th record; its payload is its id. Its event id is its
+// own, as every row's is: a destination that deduplicates by event id
+// keeps each record.
 func record(id int64, topic, key string) store.Record {
 	payload := []byte(strconv.FormatInt(id, 10))
-	return store.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
+	return store.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
 		Headers: map[string]string{"content-type": "text/plain"}, CreatedAt: time.Now()}
 }
 

@@ -1,0 +1,62 @@
+package nats_test
+
+import (
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/nats"
+	"github.com/outbox-relay/outbox-relay/relay/publishertest"
+	"github.com/outbox-relay/outbox-relay/relay/store"
+)
+
+// The conformance server takes messages up to this size.
+const maxPayload = 64 << 10
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	publishertest.Run(t, publishertest.Sink{
+		New: func(t *testing.T) publishertest.Destination {
+			srv := natstest.Start(t, natstest.Options{MaxPayload: maxPayload})
+			js := srv.Connect()
+			natstest.AddStream(t, js, "CONFORMANCE", "conformance.>")
+			return publishertest.Destination{
+				Publisher: newPublisher(t, nats.Config{Servers: []string{srv.URL}}),
+				Accepted: func(t *testing.T) []string {
+					var got []string
+					for _, m := range natstest.Messages(t, js, "CONFORMANCE") {
+						got = append(got, string(m.Data))
+					}
+					return got
+				},
+			}
+		},
+		// The stream refuses a message that expects another stream.
+		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"Nats-Expected-Stream": "ELSEWHERE"} },
+		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxPayload)) },
+		Unreachable: func(t *testing.T) relay.Publisher {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			url := "nats://" + ln.Addr().String()
+			_ = ln.Close()
+			return newPublisher(t, nats.Config{Servers: []string{url}})
+		},
+	})
+}
+
+func newPublisher(t *testing.T, c nats.Config) *nats.Publisher {
+	t.Helper()
+	if c.Name == "" {
+		c.Name = "test"
+	}
+	p, err := nats.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}

@@ -353,10 +353,8 @@ var checkerTopics = map[string]string{"events": "kafka", "changes": "kafka", "au
 // have committed rows rows.
 func checkKillRestart(t *testing.T, strict bool, scope string, rows int64) {
 	const (
-		keys      = 200
-		producers = 4
-		relays    = 3
-		minKills  = 3
+		relays   = 3
+		minKills = 3
 	)
 	dsn, pool := migrated(t)
 	c := kafkatest.NewCluster(t, []string{"events", "changes", "audit"}, kfake.DefaultNumPartitions(6))
@@ -414,61 +412,8 @@ routes:
 		"OUTBOX_RELAY_ORDER_SCOPE="+scope,
 	)
 
-	// Producers: transactions of 1-20 rows over random keys, 10% rolled
-	// back.
-	producer, err := outbox.NewProducer(outbox.ProducerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		written atomic.Int64
-		prodWG  sync.WaitGroup
-	)
 	book := newLedger()
-	for w := range producers {
-		prodWG.Add(1)
-		go func() {
-			defer prodWG.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 42))
-			ctx := context.Background()
-			for written.Load() < rows {
-				n := 1 + rng.IntN(20)
-				msgs := make([]outbox.Message, n)
-				keySet := map[string]bool{}
-				for i := range msgs {
-					k := "key-" + strconv.Itoa(rng.IntN(keys))
-					keySet[k] = true
-					msgs[i] = outbox.Message{Topic: []string{"events", "changes", "audit"}[rng.IntN(3)], Key: k, Payload: []byte(strconv.Itoa(i))}
-				}
-				sorted := make([]string, 0, len(keySet))
-				for k := range keySet {
-					sorted = append(sorted, k)
-				}
-				sort.Strings(sorted)
-				rollback := rng.IntN(10) == 0
-				err := book.write(ctx, pool, producer, msgs, rollback, func(tx pgx.Tx) error {
-					for _, k := range sorted {
-						if strict {
-							break
-						}
-						if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", k); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-				if err != nil {
-					t.Errorf("producer: %v", err)
-					return
-				}
-				if !rollback {
-					written.Add(int64(n))
-				}
-			}
-		}()
-	}
-	producing := make(chan struct{})
-	go func() { prodWG.Wait(); close(producing) }()
+	producing := produceChecked(t, pool, book, strict, rows, []string{"events", "changes", "audit"})
 
 	// Chaos: each relay is SIGKILLed at a random moment and restarted,
 	// until the producers are done and every relay died minKills times.
@@ -532,6 +477,70 @@ routes:
 			t.Errorf("relay %d was killed %d times, want at least %d", i, k, minKills)
 		}
 	}
+}
+
+// produceChecked runs the checker's producers until they have committed
+// rows rows over topics, and returns a channel closed when they are done.
+// Producers write transactions of 1-20 rows over random keys, 10% rolled
+// back; without strict order they lock their keys first.
+func produceChecked(t *testing.T, pool *pgxpool.Pool, book *ledger, strict bool, rows int64, topics []string) <-chan struct{} {
+	const (
+		keys      = 200
+		producers = 4
+	)
+	producer, err := outbox.NewProducer(outbox.ProducerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		written atomic.Int64
+		prodWG  sync.WaitGroup
+	)
+	for w := range producers {
+		prodWG.Add(1)
+		go func() {
+			defer prodWG.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 42))
+			ctx := context.Background()
+			for written.Load() < rows {
+				n := 1 + rng.IntN(20)
+				msgs := make([]outbox.Message, n)
+				keySet := map[string]bool{}
+				for i := range msgs {
+					k := "key-" + strconv.Itoa(rng.IntN(keys))
+					keySet[k] = true
+					msgs[i] = outbox.Message{Topic: topics[rng.IntN(len(topics))], Key: k, Payload: []byte(strconv.Itoa(i))}
+				}
+				sorted := make([]string, 0, len(keySet))
+				for k := range keySet {
+					sorted = append(sorted, k)
+				}
+				sort.Strings(sorted)
+				rollback := rng.IntN(10) == 0
+				err := book.write(ctx, pool, producer, msgs, rollback, func(tx pgx.Tx) error {
+					for _, k := range sorted {
+						if strict {
+							break
+						}
+						if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", k); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Errorf("producer: %v", err)
+					return
+				}
+				if !rollback {
+					written.Add(int64(n))
+				}
+			}
+		}()
+	}
+	producing := make(chan struct{})
+	go func() { prodWG.Wait(); close(producing) }()
+	return producing
 }
 
 // arrival is a row's first arrival at a broker.
@@ -663,6 +672,13 @@ func (l *ledger) write(ctx context.Context, pool *pgxpool.Pool, p *outbox.Produc
 
 // check fails the test for committed rows never delivered and for
 // rolled-back rows delivered, given how often each event was delivered.
+// committedCount is the number of rows committed so far.
+func (l *ledger) committedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.committed)
+}
+
 func (l *ledger) check(t *testing.T, delivered map[uuid.UUID]int) {
 	t.Helper()
 	l.mu.Lock()

@@ -27,10 +27,11 @@ test: postgres browser vet fmt-check
 test-containers: postgres
 	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
 
-## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it)
+## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats sends the orders to NATS JetStream
+SINK ?= kafka
 run: postgres build
 	$(GO) build -o bin/localstack ./internal/dev/cmd/localstack
-	bin/localstack -relay bin/outbox-relay
+	bin/localstack -relay bin/outbox-relay -sink $(SINK)
 
 ## bench: end-to-end throughput and latency figures, written to bench-results/ (not a pass/fail test)
 bench: postgres

@@ -53,16 +53,20 @@ func main() {
 	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
 	rate := flag.Int("rate", 200, "order transactions per second")
 	customers := flag.Int("customers", 300, "distinct customers (message keys)")
+	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker) or nats (an in-process NATS server with JetStream)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *relayBin, *rate, *customers); err != nil {
+	if err := run(ctx, *relayBin, *sinkKind, *rate, *customers); err != nil {
 		fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, relayBin string, rate, customers int) error {
+func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) error {
+	if sinkKind != "kafka" && sinkKind != "nats" {
+		return fmt.Errorf("-sink %s: use kafka or nats", sinkKind)
+	}
 	dsn := os.Getenv("OUTBOX_DATABASE_URL")
 	if dsn == "" {
 		fmt.Println("starting a throwaway PostgreSQL cluster ...")
@@ -79,35 +83,62 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 		}()
 		dsn = srv.DSN("postgres")
 	}
-	brokers := os.Getenv("OUTBOX_KAFKA_BROKERS")
-	if brokers == "" {
-		fmt.Println("starting an in-process Kafka-protocol broker ...")
-		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	// The orders' destination: its environment and configuration for the
+	// relay, and how many orders reached it.
+	var (
+		ordersEnv  []string
+		ordersYAML = ordersToKafka
+		where      string
+		stored     func(ctx context.Context, last int64) int64
+	)
+	switch sinkKind {
+	case "kafka":
+		brokers := os.Getenv("OUTBOX_KAFKA_BROKERS")
+		if brokers == "" {
+			fmt.Println("starting an in-process Kafka-protocol broker ...")
+			c, err := kfake.NewCluster(kfake.NumBrokers(1))
+			if err != nil {
+				return err
+			}
+			defer func() {
+				c.Close()
+				fmt.Println("broker stopped")
+			}()
+			if err := c.CreateTopic(topic, 3, map[string]string{"max.message.bytes": strconv.Itoa(maxOrderSize)}); err != nil {
+				return err
+			}
+			go outages(ctx, c)
+			brokers = strings.Join(c.ListenAddrs(), ",")
+		}
+		var delivered atomic.Int64
+		go consume(ctx, brokers, &delivered)
+		stored = func(context.Context, int64) int64 { return delivered.Load() }
+		ordersEnv, where = []string{"OUTBOX_KAFKA_BROKERS=" + brokers}, "brokers: "+brokers
+	case "nats":
+		fmt.Println("starting an in-process NATS server with JetStream ...")
+		n, err := startNATS()
 		if err != nil {
 			return err
 		}
 		defer func() {
-			c.Close()
-			fmt.Println("broker stopped")
+			n.close()
+			fmt.Println("NATS server stopped and its directory removed")
 		}()
-		if err := c.CreateTopic(topic, 3, map[string]string{"max.message.bytes": strconv.Itoa(maxOrderSize)}); err != nil {
-			return err
-		}
-		go outages(ctx, c)
-		brokers = strings.Join(c.ListenAddrs(), ",")
+		go n.outages(ctx)
+		stored, ordersYAML, where = n.stored, ordersToNATS(n.url), "NATS: "+n.url+" (stream ORDERS)"
 	}
 	hook, stopHook, err := startWebhook()
 	if err != nil {
 		return err
 	}
 	defer stopHook()
-	cfgFile, err := writeConfig(hook.url)
+	cfgFile, err := writeConfig(hook.url, ordersYAML)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(filepath.Dir(cfgFile))
 	fmt.Println("database:", config.RedactURL(dsn))
-	fmt.Println("brokers: ", brokers)
+	fmt.Println(where)
 
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -125,9 +156,10 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	token := envOr("OUTBOX_ADMIN_TOKEN", rand.Text())
 	relay := exec.Command(relayBin, "run")
 	relay.Env = append(os.Environ(),
-		"OUTBOX_DATABASE_URL="+dsn, "OUTBOX_KAFKA_BROKERS="+brokers,
+		"OUTBOX_DATABASE_URL="+dsn,
 		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_CONFIG="+cfgFile,
 		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"))
+	relay.Env = append(relay.Env, ordersEnv...)
 	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr
 	// Its own process group: Ctrl-C reaches it through us, as SIGTERM.
 	relay.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -147,16 +179,16 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 	}()
 	fmt.Printf("relay started (pid %d); demo producer: %d order transactions/s over %d customers, 1 in 10 rolled back\n",
 		relay.Process.Pid, rate, customers)
-	fmt.Println("trouble on purpose: the webhook answers 503 to 1 request in 8, the in-process broker is down 10 s a minute,")
-	fmt.Println("and 1 order in 2,000 is too large for the broker, 1 notification in 400 refused by the webhook")
+	fmt.Printf("trouble on purpose: the webhook answers 503 to 1 request in 8, the %s is down 10 s a minute,\n", map[string]string{"kafka": "in-process broker", "nats": "NATS server"}[sinkKind])
+	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server"}[sinkKind])
 	fmt.Printf("console: http://%s/console/ (log in with the token %s)\n", adminAddr, token)
 	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")
 	fmt.Println()
 
-	var produced, delivered atomic.Int64
+	var produced atomic.Int64
 	go produce(ctx, pool, rate, customers, &produced)
-	go consume(ctx, brokers, &delivered)
+	var d int64
 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -181,7 +213,7 @@ func run(ctx context.Context, relayBin string, rate, customers int) error {
 				}
 				return err
 			}
-			d := delivered.Load()
+			d = stored(ctx, d)
 			perSec := float64(d-last) / now.Sub(lastAt).Seconds()
 			last, lastAt = d, now
 			fmt.Printf("\rproduced %7d | delivered %7d (%6.0f/s) | webhook %5d | pending %5d | dead-lettered %d | oldest pending %6s   ",

@@ -95,9 +95,23 @@ func startWebhook() (*webhook, func(), error) {
 	return h, func() { _ = srv.Close() }, nil
 }
 
+// orders is the orders' destination in the relay's configuration: its
+// name, and its entry under destinations (none for the kafka section's,
+// whose brokers come from the environment).
+type orders struct{ name, entry string }
+
+var ordersToKafka = orders{name: "kafka"}
+
+func ordersToNATS(url string) orders {
+	return orders{name: "orders", entry: `
+  orders:
+    nats:
+      servers: [` + url + `]`}
+}
+
 // writeConfig writes the relay's configuration for the demo: the
-// notifications to the webhook, the rest to Kafka.
-func writeConfig(hookURL string) (string, error) {
+// notifications to the webhook, the rest to the orders' destination.
+func writeConfig(hookURL string, o orders) (string, error) {
 	dir, err := os.MkdirTemp("", "outbox-localstack-")
 	if err != nil {
 		return "", err
@@ -108,12 +122,12 @@ func writeConfig(hookURL string) (string, error) {
     http:
       url: ` + hookURL + `
       allow_private_networks: true
-      timeout: 5s
+      timeout: 5s` + o.entry + `
 routes:
   - topics: ["` + notifyTopic + `"]
     destination: notify
   - topics: ["*"]
-    destination: kafka
+    destination: ` + o.name + `
 `
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		os.RemoveAll(dir)

@@ -12,6 +12,7 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/cloudevents"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -26,6 +27,9 @@ const DefaultKafkaDestination = "kafka"
 // Kafka; 64 for HTTP.
 type Destination struct {
 	relay.Destination `koanf:",squash"`
+	// Format is how the destination's messages are written: format
+	// (raw or cloudevents) and cloudevents (see relay/cloudevents).
+	Format cloudevents.Settings `koanf:",squash"`
 	// Sinks holds every other key: the sink's settings under its kind,
 	// decoded onto the sink's own type after the rest.
 	Sinks map[string]any `koanf:",remain"`
@@ -170,6 +174,9 @@ func (c *Config) destinationProblems() []string {
 		p = append(p, foreverProblems(at+".", reflect.ValueOf(d))...)
 		settings := d.relayDestination(name)
 		p = append(p, lines(at+".", settings.ValidateSettings())...)
+		if s, ok := c.sinkOf(name); ok {
+			p = append(p, lines(at+".", d.Format.Validate(s.CloudEventsPrefix))...)
+		}
 		if len(c.Routes) > 0 && !c.routesTo(name) {
 			p = append(p, at+" is not used by any route")
 		}
@@ -259,6 +266,8 @@ type DestinationSettings struct {
 	Sink     sink.Sink
 	Settings sink.Config
 	Relay    relay.Destination // without a Publisher
+	// Format is how messages are written (raw or CloudEvents).
+	Format cloudevents.Settings
 }
 
 // DestinationList lists the destinations and the routes for the relay:
@@ -271,13 +280,14 @@ func (c *Config) DestinationList() ([]DestinationSettings, []relay.Route) {
 		if c.sectionDefined(name) && (c.routesTo(name) || (len(c.Routes) == 0 && name == DefaultKafkaDestination)) {
 			rd := c.Destinations[name].relayDestination(name)
 			rd.MaxInFlight = cmp.Or(rd.MaxInFlight, s.MaxInFlight)
-			out = append(out, DestinationSettings{Name: name, Sink: s, Settings: c.sections[name], Relay: rd})
+			out = append(out, DestinationSettings{Name: name, Sink: s, Settings: c.sections[name], Relay: rd,
+				Format: c.Destinations[name].Format})
 		}
 	}
 	for _, name := range c.named() {
 		d := c.Destinations[name]
 		s, _ := sink.Lookup(d.kind)
-		out = append(out, DestinationSettings{Name: name, Sink: s, Settings: d.settings, Relay: d.relayDestination(name)})
+		out = append(out, DestinationSettings{Name: name, Sink: s, Settings: d.settings, Relay: d.relayDestination(name), Format: d.Format})
 	}
 	routes := c.relayRoutes()
 	if len(routes) == 0 {

@@ -24,6 +24,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/cloudevents"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -455,7 +456,8 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 	out := make([]relay.Destination, 0, len(settings))
 	publishers = make(map[string]relay.Publisher, len(settings))
 	for _, s := range settings {
-		p, err := s.Settings.Open(sink.Options{Name: s.Name, MaxBatchBytes: cfg.Relay.MaxBatchBytes, HeaderBytes: headerBytes})
+		p, err := s.Settings.Open(sink.Options{Name: s.Name, MaxBatchBytes: cfg.Relay.MaxBatchBytes,
+			HeaderBytes: headerBytes + s.Format.Overhead(cfg.Relay.MaxBatchBytes)})
 		if err != nil {
 			return nil, nil, nil, nil, fmt.Errorf("destination %s: %w", s.Name, err)
 		}
@@ -464,7 +466,7 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 			closers = append(closers, c)
 		}
 		d := s.Relay
-		d.Publisher = wrap(s.Name, s.Sink.MessagingSystem, p)
+		d.Publisher = wrap(s.Name, s.Sink.MessagingSystem, cloudevents.Wrap(p, s.Format, s.Sink.CloudEventsPrefix))
 		if pt, ok := p.(relay.Partitioner); ok {
 			d.Partitioner = pt // the wrappers hide it
 		}

@@ -27,7 +27,9 @@ func init() {
 		New:             func() sink.Config { return new(Settings) },
 		MessagingSystem: "kafka",
 		ValidateTopic:   ValidateTopic,
-		Section:         &sink.Section{Name: "kafka", Defaults: func() sink.Config { return SectionDefaults() }},
+		// The Kafka protocol binding's prefix.
+		CloudEventsPrefix: "ce_",
+		Section:           &sink.Section{Name: "kafka", Defaults: func() sink.Config { return SectionDefaults() }},
 	})
 }
 

@@ -18,6 +18,8 @@ func init() {
 		New:             func() sink.Config { return new(Settings) },
 		MessagingSystem: "nats",
 		ValidateTopic:   ValidateSubject,
+		// The NATS protocol binding's prefix.
+		CloudEventsPrefix: "ce-",
 	})
 }
 

@@ -80,6 +80,11 @@ type Sink struct {
 	// ValidateTopic, when set, lets a route give the sink's destinations a
 	// topic of its own, and checks its name.
 	ValidateTopic func(topic string) error
+	// CloudEventsPrefix is the prefix of the headers that carry a
+	// CloudEvent's attributes in binary mode, as the sink's protocol
+	// binding says (ce_ for Kafka, ce- for HTTP); empty for a sink that
+	// carries CloudEvents only structured.
+	CloudEventsPrefix string
 	// Section, when set, is a top-level section of the configuration that
 	// defines a destination of this sink named as the section (the kafka
 	// section, from before named destinations). Its settings have

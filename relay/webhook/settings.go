@@ -23,6 +23,8 @@ func init() {
 		Kind:        "http",
 		New:         func() sink.Config { return new(Settings) },
 		MaxInFlight: DefaultMaxInFlight,
+		// The HTTP protocol binding's prefix.
+		CloudEventsPrefix: "ce-",
 	})
 }
 

@@ -6,5 +6,6 @@ package builtin
 import (
 	_ "github.com/outbox-relay/outbox-relay/relay/kafka"   // kafka
 	_ "github.com/outbox-relay/outbox-relay/relay/nats"    // nats (JetStream)
+	_ "github.com/outbox-relay/outbox-relay/relay/redis"   // redis (Streams)
 	_ "github.com/outbox-relay/outbox-relay/relay/webhook" // http
 )

@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
-.PHONY: all build static image test test-containers run bench vet fmt-check postgres browser redis clean
+.PHONY: all build static image test test-containers run bench vet fmt-check postgres browser brokers clean
 
 all: build
 
@@ -20,8 +20,8 @@ image:
 	@scripts/build-image outbox-relay:local
 
 ## test: vet, formatting, and every test with the race detector against a real PostgreSQL, the console in a real browser, and the container tests under a Docker engine (started for the run when none answers)
-test: postgres redis browser vet fmt-check
-	OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m ./...
+test: postgres brokers browser vet fmt-check
+	OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m ./...
 
 ## test-containers: the container tests alone
 test-containers: postgres
@@ -51,8 +51,10 @@ postgres:
 browser:
 	@scripts/ensure-chromium
 
-redis:
+## brokers: the servers the sinks' tests start (Redis, RabbitMQ), from Debian's packages
+brokers:
 	@scripts/ensure-redis
+	@scripts/ensure-rabbitmq
 
 clean:
 	rm -rf bin

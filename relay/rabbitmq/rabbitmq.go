@@ -1,0 +1,432 @@
+// Package rabbitmq is the relay's RabbitMQ sink: it publishes each record
+// to the destination's exchange with the record's topic (or its route's
+// topic) as the routing key, persistent, mandatory, and with publisher
+// confirms: a record is delivered once the broker confirms it and did not
+// return it as unroutable. message_id is the event id; the row's headers
+// travel as AMQP headers beside outbox-event-id, outbox-id and outbox-key.
+//
+// A key's records are published in id order: each batch goes in rounds,
+// the n-th record of every key in round n, and a round is confirmed
+// before the next is sent, so that a key's record is sent only once the
+// one before it is stored.
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/store"
+)
+
+// Headers the sink adds to every message.
+const (
+	HeaderEventID = outbox.HeaderEventID
+	HeaderID      = outbox.HeaderID
+	// HeaderKey carries the row's key; a row without a key has none.
+	HeaderKey = "outbox-key"
+)
+
+// Defaults of Config.
+const (
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultConfirmTimeout = 10 * time.Second
+	// MessageSlack is what a message's limit exceeds relay.max_batch_bytes
+	// by unless max_message_bytes is set.
+	MessageSlack = 64 << 10
+	// maxShortString bounds an AMQP short string: routing keys, exchange
+	// names.
+	maxShortString = 255
+)
+
+// Config configures a Publisher. Zero values take the defaults.
+type Config struct {
+	// Name is the destination's, for errors.
+	Name string
+	// URL is the broker's; Password its user's.
+	URL, Password string
+	// Exchange receives the messages; empty is the default exchange.
+	Exchange string
+	// TLS, when set, is used for amqps URLs.
+	TLS *tls.Config
+	// MaxMessageBytes bounds a message's body and headers; 0 is
+	// unbounded.
+	MaxMessageBytes int
+	// DialTimeout bounds connecting; ConfirmTimeout a round's confirms.
+	DialTimeout, ConfirmTimeout time.Duration
+}
+
+// Publisher publishes records to a RabbitMQ exchange. Publishes take
+// turns on one channel, whose confirms come in order.
+type Publisher struct {
+	mu     sync.Mutex
+	cfg    Config
+	conn   *amqp.Connection
+	ch     *channel
+	closed bool
+
+	blockedMu sync.Mutex
+	blocked   string // why the broker blocks publishing, or ""
+}
+
+// channel is a confirming channel with what it reports: closing, and the
+// messages returned as unroutable.
+type channel struct {
+	ch     *amqp.Channel
+	closes chan *amqp.Error
+	// returns is drained by a goroutine into returned; a flush sent
+	// through it marks when every earlier return has been noted.
+	returns  chan amqp.Return
+	mu       sync.Mutex
+	returned map[string]amqp.Return
+	flushed  chan struct{}
+}
+
+// flushID marks the flush the Publisher sends through returns.
+const flushID = "\x00flush"
+
+// New returns a Publisher for c. It connects as it publishes: a broker
+// that is down fails the records as the destination's failure.
+func New(c Config) (*Publisher, error) {
+	if c.URL == "" {
+		return nil, errors.New("rabbitmq: url is required")
+	}
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.ConfirmTimeout = cmp.Or(c.ConfirmTimeout, DefaultConfirmTimeout)
+	return &Publisher{cfg: c}, nil
+}
+
+// dial connects with c.
+func (p *Publisher) dial(c Config) (*amqp.Connection, error) {
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return nil, err
+	}
+	if c.Password != "" {
+		u.User = url.UserPassword(u.User.Username(), c.Password)
+	}
+	conn, err := amqp.DialConfig(u.String(), amqp.Config{
+		TLSClientConfig: c.TLS,
+		Dial:            amqp.DefaultDial(c.DialTimeout),
+		Properties:      amqp.Table{"connection_name": "outbox-relay " + c.Name},
+	})
+	if err != nil {
+		return nil, err
+	}
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for b := range blocks {
+			p.blockedMu.Lock()
+			p.blocked = ""
+			if b.Active {
+				p.blocked = cmp.Or(b.Reason, "blocked")
+			}
+			p.blockedMu.Unlock()
+		}
+	}()
+	return conn, nil
+}
+
+// ready returns the channel to publish on, connecting and opening it as
+// needed. p.mu is held.
+func (p *Publisher) ready() (*channel, error) {
+	if p.conn == nil || p.conn.IsClosed() {
+		conn, err := p.dial(p.cfg)
+		if err != nil {
+			return nil, err
+		}
+		p.conn, p.ch = conn, nil
+		p.blockedMu.Lock()
+		p.blocked = ""
+		p.blockedMu.Unlock()
+	}
+	if p.ch != nil && !p.ch.ch.IsClosed() {
+		return p.ch, nil
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	c := &channel{ch: ch, closes: ch.NotifyClose(make(chan *amqp.Error, 1)),
+		returns: make(chan amqp.Return), returned: map[string]amqp.Return{}, flushed: make(chan struct{})}
+	ch.NotifyReturn(c.returns)
+	go func() {
+		for r := range c.returns {
+			if r.MessageId == flushID {
+				c.flushed <- struct{}{}
+				continue
+			}
+			c.mu.Lock()
+			c.returned[r.MessageId] = r
+			c.mu.Unlock()
+		}
+	}()
+	p.ch = c
+	return c, nil
+}
+
+// Reload connects with c's password and TLS material and, once
+// connected, publishes through the new connection. When it cannot
+// connect, p keeps its connection.
+func (p *Publisher) Reload(c Config) error {
+	c.DialTimeout, c.ConfirmTimeout = p.cfg.DialTimeout, p.cfg.ConfirmTimeout
+	conn, err := p.dial(c)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: reload: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = conn.Close()
+		return errors.New("rabbitmq: publisher closed")
+	}
+	if p.conn != nil {
+		_ = p.conn.Close()
+	}
+	p.conn, p.ch, p.cfg = conn, nil, c
+	return nil
+}
+
+// Close closes the connection.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.conn != nil && !p.conn.IsClosed() {
+		return p.conn.Close()
+	}
+	return nil
+}
+
+// Publish publishes records in rounds, each key's in order, and returns
+// one error per record.
+func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+	errs := make([]error, len(records))
+	fill := func(err error) {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		fill(retry.DestinationFailure(retry.ClassTransient, errors.New("rabbitmq: publisher closed")))
+		return errs
+	}
+	ch, err := p.ready()
+	if err != nil {
+		fill(p.classify(ctx, "", err))
+		return errs
+	}
+	p.blockedMu.Lock()
+	blocked := p.blocked
+	p.blockedMu.Unlock()
+	if blocked != "" {
+		fill(retry.Systemic(fmt.Errorf("rabbitmq: the broker blocks publishing (%s): a memory or disk alarm", blocked)))
+		return errs
+	}
+	var (
+		runs  [][]int // indexes of each key's records, in order; keyless alone
+		byKey = map[string]int{}
+	)
+	for i, r := range records {
+		if !r.HasKey {
+			runs = append(runs, []int{i})
+			continue
+		}
+		j, ok := byKey[r.Key]
+		if !ok {
+			j = len(runs)
+			byKey[r.Key] = j
+			runs = append(runs, nil)
+		}
+		runs[j] = append(runs[j], i)
+	}
+	failed := make([]bool, len(runs))
+	for round := 0; ; round++ {
+		var sent []pending
+		left := false
+		for ri, run := range runs {
+			if round >= len(run) {
+				continue
+			}
+			left = true
+			i := run[round]
+			if failed[ri] {
+				errs[i] = retry.ErrNotSent
+				continue
+			}
+			msg, err := p.message(&records[i])
+			if err != nil {
+				errs[i], failed[ri] = err, true
+				continue
+			}
+			dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, records[i].Topic, true, false, msg)
+			if err != nil {
+				// The channel or the connection is gone: nothing more goes
+				// in this publish.
+				fill(p.classify(ctx, records[i].Topic, err))
+				return errs
+			}
+			sent = append(sent, pending{ri, i, msg.MessageId, dc})
+		}
+		if !left {
+			return errs
+		}
+		p.confirm(ctx, ch, records, errs, failed, sent)
+	}
+}
+
+// pending is a published record of a round, awaiting its confirm.
+type pending struct {
+	run, rec int
+	id       string
+	dc       *amqp.DeferredConfirmation
+}
+
+// confirm waits for the confirms of a round and sets each record's
+// outcome: confirmed, returned as unroutable, refused, or lost with the
+// channel.
+func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Record, errs []error, failed []bool, sent []pending) {
+	cctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
+	defer cancel()
+	type outcome struct {
+		run, rec int
+		id       string
+		ack      bool
+		err      error
+	}
+	var outcomes []outcome
+	for _, s := range sent {
+		ack, err := s.dc.WaitContext(cctx)
+		outcomes = append(outcomes, outcome{s.run, s.rec, s.id, ack, err})
+	}
+	// Returns come before their confirms: once a flush goes through the
+	// channel of returns, every return of this round has been noted.
+	var closeErr *amqp.Error
+	select {
+	case closeErr = <-ch.closes:
+		p.ch = nil
+	default:
+		select {
+		case ch.returns <- amqp.Return{MessageId: flushID}:
+			<-ch.flushed
+		case closeErr = <-ch.closes:
+			p.ch = nil
+		}
+	}
+	for _, o := range outcomes {
+		topic := records[o.rec].Topic
+		ch.mu.Lock()
+		ret, returned := ch.returned[o.id]
+		delete(ch.returned, o.id)
+		ch.mu.Unlock()
+		var err error
+		switch {
+		case returned:
+			err = retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: unroutable, returned by exchange %q (%d %s): bind a queue for it, or route the topic elsewhere",
+				topic, p.cfg.Exchange, ret.ReplyCode, ret.ReplyText))
+		case o.err != nil:
+			err = p.classify(ctx, topic, o.err)
+		case !o.ack && closeErr != nil:
+			err = p.classify(ctx, topic, closeErr)
+		case !o.ack:
+			err = retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: the broker refused the message (nack): a queue full with overflow reject-publish, or an internal error", topic))
+		}
+		if err != nil {
+			errs[o.rec], failed[o.run] = err, true
+		}
+	}
+}
+
+// message is the AMQP message of r, or a permanent error for a row that
+// cannot be one.
+func (p *Publisher) message(r *store.Record) (amqp.Publishing, error) {
+	if err := ValidateRoutingKey(r.Topic); err != nil {
+		return amqp.Publishing{}, retry.Permanent(err, retry.ReasonInvalidMessage)
+	}
+	h := make(amqp.Table, len(r.Headers)+3)
+	size := len(r.Payload)
+	contentType := ""
+	for k, v := range r.Headers {
+		if k == "content-type" {
+			contentType = v
+			continue
+		}
+		if len(k) > maxShortString {
+			return amqp.Publishing{}, retry.Permanent(fmt.Errorf("rabbitmq: header name %.40q... is longer than %d bytes", k, maxShortString), retry.ReasonInvalidMessage)
+		}
+		h[k] = v
+		size += len(k) + len(v) + 6
+	}
+	id := r.EventID.String()
+	h[HeaderEventID] = id
+	h[HeaderID] = strconv.FormatInt(r.ID, 10)
+	if r.HasKey {
+		h[HeaderKey] = r.Key
+		size += len(r.Key)
+	}
+	size += 128 // the ids and the properties
+	if p.cfg.MaxMessageBytes > 0 && size > p.cfg.MaxMessageBytes {
+		return amqp.Publishing{}, retry.Permanent(fmt.Errorf("rabbitmq: message of %d bytes; max_message_bytes is %d", size, p.cfg.MaxMessageBytes), retry.ReasonTooLarge)
+	}
+	return amqp.Publishing{Headers: h, ContentType: contentType, DeliveryMode: amqp.Persistent, MessageId: id,
+		Timestamp: r.CreatedAt, Body: r.Payload}, nil
+}
+
+// classify gives a failure its class and scope.
+func (p *Publisher) classify(ctx context.Context, topic string, err error) error {
+	if ctx.Err() != nil {
+		return retry.Transient(fmt.Errorf("rabbitmq: %w", ctx.Err()), 0)
+	}
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) {
+		wrapped := fmt.Errorf("rabbitmq: %w", err)
+		switch aerr.Code {
+		case amqp.AccessRefused:
+			// Authentication, or no permission on the vhost or the exchange.
+			return retry.Systemic(wrapped)
+		case amqp.NotFound:
+			return retry.Systemic(fmt.Errorf("rabbitmq: exchange %q does not exist: declare it, or fix the destination's exchange: %w", p.cfg.Exchange, err))
+		case amqp.ContentTooLarge, amqp.FrameError:
+			return retry.Permanent(wrapped, retry.ReasonTooLarge)
+		case amqp.PreconditionFailed:
+			return retry.Permanent(wrapped, retry.ReasonPermanent)
+		case amqp.ConnectionForced, amqp.ResourceError, amqp.InternalError, amqp.ChannelError:
+			return retry.DestinationFailure(retry.ClassTransient, wrapped)
+		}
+		return retry.DestinationFailure(retry.ClassTransient, wrapped)
+	}
+	if errors.Is(err, amqp.ErrClosed) {
+		return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the connection closed: %w", err))
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: no confirm within %s: %w", p.cfg.ConfirmTimeout, err))
+	}
+	return retry.NetworkFailure(fmt.Errorf("rabbitmq: %w", err))
+}
+
+// ValidateRoutingKey reports whether name can be a routing key (or an
+// exchange's name): at most 255 bytes.
+func ValidateRoutingKey(name string) error {
+	if len(name) > maxShortString {
+		return fmt.Errorf("rabbitmq: %.40q... is %d bytes; AMQP allows at most %d", name, len(name), maxShortString)
+	}
+	return nil
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,7 +18,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/cetest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/redistest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/relay/redis"
 )
 
 // ceReceiver reads each request's event with the SDK's HTTP binding.
@@ -42,7 +45,9 @@ func (c *ceReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Destinations formatted as CloudEvents, one per sink and mode: the Kafka
 // section's in binary mode (ce_ headers), an HTTP endpoint in binary mode
-// (ce- headers) and a NATS stream in structured mode. Each receiver reads
+// (ce- headers), a NATS stream in structured mode, a RabbitMQ exchange in
+// binary mode (cloudEvents_ headers) and a Redis stream in structured
+// mode. Each receiver reads
 // the events with the CloudEvents SDK, and each event is its row: id,
 // source, type from the row's header or its topic, time, content type
 // and data.
@@ -56,6 +61,8 @@ func TestRunWritesCloudEvents(t *testing.T) {
 	srv := natstest.Start(t, natstest.Options{})
 	js := srv.Connect()
 	natstest.AddStream(t, js, "STOCK", "stock.>")
+	node, rch := rabbitSetup(t)
+	rdb := redistest.Start(t, redistest.Options{})
 	cfg := writeConfig(t, `
 destinations:
   kafka:
@@ -69,15 +76,25 @@ destinations:
     nats: {servers: ["`+srv.URL+`"]}
     format: cloudevents
     cloudevents: {mode: structured, source: "//shop.example.com/stock"}
+  fulfilment:
+    rabbitmq: {url: "`+node.URL+`", password_env: RABBIT_PASSWORD, exchange: shipments}
+    format: cloudevents
+    cloudevents: {source: "//shop.example.com/shipping"}
+  activity:
+    redis: {addresses: ["`+rdb.Addr+`"]}
+    format: cloudevents
+    cloudevents: {mode: structured, source: "//shop.example.com/activity"}
 routes:
   - {topics: [orders], destination: kafka}
   - {topics: [notify], destination: hook}
   - {topics: ["stock.*"], destination: stream}
+  - {topics: ["shipment.*"], destination: fulfilment}
+  - {topics: ["activity.*"], destination: activity}
 `)
 	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload, headers)
-SELECT (ARRAY['orders', 'notify', 'stock.changed'])[1 + g % 3], 'k' || (g % 5), ('{"n":' || g || '}')::bytea,
-       jsonb_build_object('content-type', 'application/json', 'type', 'shop.' || (ARRAY['order', 'notice', 'stock'])[1 + g % 3])
-FROM generate_series(1, 60) g`); err != nil {
+SELECT (ARRAY['orders', 'notify', 'stock.changed', 'shipment.created', 'activity.click'])[1 + g % 5], 'k' || (g % 5), ('{"n":' || g || '}')::bytea,
+       jsonb_build_object('content-type', 'application/json', 'type', 'shop.' || (ARRAY['order', 'notice', 'stock', 'shipment', 'click'])[1 + g % 5])
+FROM generate_series(1, 100) g`); err != nil {
 		t.Fatal(err)
 	}
 	rows := map[string]struct {
@@ -99,7 +116,7 @@ FROM generate_series(1, 60) g`); err != nil {
 			at    time.Time
 		}{topic, at}
 	}
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfg))
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfg, "RABBIT_PASSWORD=guest"))
 	testwait.Within(t, 60*time.Second, "every row delivered", func() bool { return countRows(t, pool, "true") == 0 })
 	p.signal(t, syscall.SIGTERM)
 	p.wait(t, time.Minute)
@@ -143,6 +160,37 @@ FROM generate_series(1, 60) g`); err != nil {
 			t.Fatalf("nats: the SDK cannot read the event: %v (%s)", err, m.Data)
 		}
 		check("nats", e, "//shop.example.com/stock", "stock.changed")
+	}
+	for {
+		m, ok, err := rch.Get("shipments", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		h := map[string]string{"content-type": m.ContentType}
+		for k, v := range m.Headers {
+			if s, ok := v.(string); ok {
+				h[k] = s
+			}
+		}
+		e, err := cetest.Parse("cloudEvents_", h, m.Body)
+		if err != nil {
+			t.Fatalf("rabbitmq: the SDK cannot read the event: %v (headers %v)", err, h)
+		}
+		check("rabbitmq", e, "//shop.example.com/shipping", "shipment.created")
+	}
+	for _, entry := range redistest.Entries(t, rdb.Client(nil), "activity.click") {
+		var h map[string]string
+		if err := json.Unmarshal([]byte(entry[redis.FieldHeaders].(string)), &h); err != nil {
+			t.Fatal(err)
+		}
+		e, err := cetest.Parse("", h, []byte(entry[redis.FieldPayload].(string)))
+		if err != nil {
+			t.Fatalf("redis: the SDK cannot read the event: %v (%v)", err, entry)
+		}
+		check("redis", e, "//shop.example.com/activity", "activity.click")
 	}
 	if len(rows) != 0 {
 		t.Errorf("%d rows arrived as no event", len(rows))

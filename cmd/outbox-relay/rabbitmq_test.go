@@ -4,9 +4,11 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/rabbitmqtest"
@@ -150,4 +152,110 @@ SELECT 'shipment.created', 'k' || (g % 20), g::text::bytea FROM generate_series(
 		t.Fatalf("the queue got %d messages, want 500", n)
 	}
 	inOrder(t, "the queue", byKey)
+}
+
+// The kill-and-restart checker against a real RabbitMQ node, restarted
+// once meanwhile: every committed row is confirmed and queued, no
+// rolled-back one, each key's rows first in id order; duplicates come
+// only from kills and the restart.
+func TestKillRestartCheckerRabbitMQ(t *testing.T) {
+	t.Parallel()
+	const (
+		rows     = 8_000
+		relays   = 3
+		minKills = 3
+	)
+	node, _ := rabbitSetup(t)
+	dsn, pool := migrated(t)
+	setup, err := node.Dial(amqp.Config{}).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"events", "changes", "audit"} {
+		if err := setup.QueueBind("shipments", k, "shipments", false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := writeConfig(t, `
+destinations:
+  fulfilment:
+    rabbitmq: {url: "`+node.URL+`", password_env: RABBIT_PASSWORD, exchange: shipments}
+routes:
+  - {topics: [events, changes, audit], destination: fulfilment}
+`)
+	env := natsEnv(dsn, cfg,
+		"RABBIT_PASSWORD=guest",
+		"OUTBOX_RELAY_BATCH_SIZE=200",
+		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
+		"OUTBOX_RETRY_BASE_DELAY=5ms",
+		"OUTBOX_RETRY_MAX_DELAY=100ms",
+		"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
+		"OUTBOX_RETRY_PAUSE_BASE=20ms",
+		"OUTBOX_RETRY_PAUSE_MAX=200ms",
+		"OUTBOX_LOG_LEVEL=warn",
+	)
+	book := newLedger()
+	producing := produceChecked(t, pool, book, false, rows, []string{"events", "changes", "audit"})
+	killed := make(chan []int, 1)
+	go func() { killed <- killAtRandom(t, env, relays, minKills, producing) }()
+	if ok, _ := testwait.Poll(time.Minute, func() (bool, string) { return book.committedCount() > rows/3, "" }); ok {
+		node.Restart()
+	} else {
+		t.Error("the producers did not get far enough to restart the node")
+	}
+	kills := <-killed
+	if t.Failed() {
+		return
+	}
+	var final []*relayProcess
+	for range relays {
+		final = append(final, startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info")))
+	}
+	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	for _, p := range final {
+		p.signal(t, syscall.SIGTERM)
+	}
+	for _, p := range final {
+		if code := p.wait(t, time.Minute); code != 0 {
+			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
+		}
+	}
+	ch, err := node.Dial(amqp.Config{}).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	delivered := map[uuid.UUID]int{}
+	var arrived []arrival
+	messages := 0
+	for {
+		m, ok, err := ch.Get("shipments", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		messages++
+		eid, err := uuid.Parse(m.MessageId)
+		idText, _ := m.Headers[rabbitmq.HeaderID].(string)
+		id, err2 := strconv.ParseInt(idText, 10, 64)
+		if err != nil || err2 != nil {
+			t.Fatalf("message without valid ids: %s %v", m.MessageId, m.Headers)
+		}
+		key, _ := m.Headers[rabbitmq.HeaderKey].(string)
+		if delivered[eid] == 0 {
+			arrived = append(arrived, arrival{id: id, key: key, topic: m.RoutingKey})
+		}
+		delivered[eid]++
+	}
+	// One destination, one queue: its order scope is every topic's.
+	checkScopeOrder(t, arrived, "global")
+	book.check(t, delivered)
+	t.Logf("%d committed rows, %d messages, %d duplicates, kills per relay %v",
+		book.committedCount(), messages, messages-len(delivered), kills)
+	for i, k := range kills {
+		if k < minKills {
+			t.Errorf("relay %d was killed %d times, want at least %d", i, k, minKills)
+		}
+	}
 }

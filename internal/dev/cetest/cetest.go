@@ -19,7 +19,8 @@ import (
 // Parse reads the event a message carries: headers (names in any case)
 // and body, with prefix the binding's attribute prefix.
 func Parse(prefix string, headers map[string]string, body []byte) (*event.Event, error) {
-	m := &message{headers: map[string]string{}, body: body, specs: spec.WithPrefix(prefix)}
+	// Header names in any case: the prefix too (cloudEvents_ for AMQP).
+	m := &message{headers: map[string]string{}, body: body, specs: spec.WithPrefix(strings.ToLower(prefix))}
 	for k, v := range headers {
 		m.headers[strings.ToLower(k)] = v
 	}

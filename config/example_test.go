@@ -272,8 +272,8 @@ func TestExampleLoads(t *testing.T) {
 	for _, d := range dests {
 		names = append(names, d.Name)
 	}
-	if !slices.Equal(names, []string{"kafka", "activity", "analytics", "events-stream", "fulfilment", "orders-hook"}) || len(routes) != 6 {
-		t.Fatalf("destinations %v and %d routes, want kafka, activity, analytics, events-stream, fulfilment and orders-hook and 6 routes", names, len(routes))
+	if !slices.Equal(names, []string{"kafka", "activity", "analytics", "analytics-gcp", "events-stream", "fulfilment", "orders-hook"}) || len(routes) != 7 {
+		t.Fatalf("destinations %v and %d routes, want kafka, activity, analytics, analytics-gcp, events-stream, fulfilment and orders-hook and 7 routes", names, len(routes))
 	}
 	// The destinations show their defaults too.
 	k, h := cfg.Destinations["analytics"], cfg.Destinations["orders-hook"]

@@ -46,8 +46,8 @@ func (c *ceReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Destinations formatted as CloudEvents, one per sink and mode: the Kafka
 // section's in binary mode (ce_ headers), an HTTP endpoint in binary mode
 // (ce- headers), a NATS stream in structured mode, a RabbitMQ exchange in
-// binary mode (cloudEvents_ headers) and a Redis stream in structured
-// mode. Each receiver reads
+// binary mode (cloudEvents_ headers), a Redis stream in structured mode
+// and a Pub/Sub topic in binary mode (ce- attributes). Each receiver reads
 // the events with the CloudEvents SDK, and each event is its row: id,
 // source, type from the row's header or its topic, time, content type
 // and data.
@@ -63,6 +63,8 @@ func TestRunWritesCloudEvents(t *testing.T) {
 	natstest.AddStream(t, js, "STOCK", "stock.>")
 	node, rch := rabbitSetup(t)
 	rdb := redistest.Start(t, redistest.Options{})
+	gcp := pubsubEmulator(t, 0)
+	defer gcp.Close()
 	cfg := writeConfig(t, `
 destinations:
   kafka:
@@ -84,17 +86,22 @@ destinations:
     redis: {addresses: ["`+rdb.Addr+`"]}
     format: cloudevents
     cloudevents: {mode: structured, source: "//shop.example.com/activity"}
+  gcp:
+    pubsub: {project: outbox-test, emulator: "`+gcp.Addr+`"}
+    format: cloudevents
+    cloudevents: {source: "//shop.example.com/metrics"}
 routes:
   - {topics: [orders], destination: kafka}
   - {topics: [notify], destination: hook}
   - {topics: ["stock.*"], destination: stream}
   - {topics: ["shipment.*"], destination: fulfilment}
   - {topics: ["activity.*"], destination: activity}
+  - {topics: ["metrics.*"], destination: gcp}
 `)
 	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload, headers)
-SELECT (ARRAY['orders', 'notify', 'stock.changed', 'shipment.created', 'activity.click'])[1 + g % 5], 'k' || (g % 5), ('{"n":' || g || '}')::bytea,
-       jsonb_build_object('content-type', 'application/json', 'type', 'shop.' || (ARRAY['order', 'notice', 'stock', 'shipment', 'click'])[1 + g % 5])
-FROM generate_series(1, 100) g`); err != nil {
+SELECT (ARRAY['orders', 'notify', 'stock.changed', 'shipment.created', 'activity.click', 'metrics.cpu'])[1 + g % 6], 'k' || (g % 5), ('{"n":' || g || '}')::bytea,
+       jsonb_build_object('content-type', 'application/json', 'type', 'shop.' || (ARRAY['order', 'notice', 'stock', 'shipment', 'click', 'metric'])[1 + g % 6])
+FROM generate_series(1, 120) g`); err != nil {
 		t.Fatal(err)
 	}
 	rows := map[string]struct {
@@ -191,6 +198,13 @@ FROM generate_series(1, 100) g`); err != nil {
 			t.Fatalf("redis: the SDK cannot read the event: %v (%v)", err, entry)
 		}
 		check("redis", e, "//shop.example.com/activity", "activity.click")
+	}
+	for _, m := range gcp.Messages() {
+		e, err := cetest.Parse("ce-", m.Attributes, m.Data)
+		if err != nil {
+			t.Fatalf("pubsub: the SDK cannot read the event: %v (attributes %v)", err, m.Attributes)
+		}
+		check("pubsub", e, "//shop.example.com/metrics", "metrics.cpu")
 	}
 	if len(rows) != 0 {
 		t.Errorf("%d rows arrived as no event", len(rows))

@@ -6,6 +6,7 @@ package builtin
 import (
 	_ "github.com/outbox-relay/outbox-relay/relay/kafka"    // kafka
 	_ "github.com/outbox-relay/outbox-relay/relay/nats"     // nats (JetStream)
+	_ "github.com/outbox-relay/outbox-relay/relay/pubsub"   // pubsub (Google Cloud)
 	_ "github.com/outbox-relay/outbox-relay/relay/rabbitmq" // rabbitmq
 	_ "github.com/outbox-relay/outbox-relay/relay/redis"    // redis (Streams)
 	_ "github.com/outbox-relay/outbox-relay/relay/webhook"  // http

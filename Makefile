@@ -27,7 +27,7 @@ test: postgres brokers browser vet fmt-check
 test-containers: postgres
 	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
 
-## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats sends the orders to NATS JetStream
+## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats or SINK=pubsub sends the orders to NATS JetStream or Pub/Sub's emulator
 SINK ?= kafka
 run: postgres build
 	$(GO) build -o bin/localstack ./internal/dev/cmd/localstack

@@ -154,7 +154,15 @@ func (p *publisher) Publish(ctx context.Context, records []store.Record) []error
 		out = append(out, f)
 		at = append(at, i)
 	}
-	for j, err := range p.next.Publish(ctx, out) {
+	results := p.next.Publish(ctx, out)
+	if len(results) != len(out) {
+		err := retry.Transient(fmt.Errorf("cloudevents: the sink returned %d results for %d records", len(results), len(out)), 0)
+		for _, i := range at {
+			errs[i] = err
+		}
+		return errs
+	}
+	for j, err := range results {
 		errs[at[j]] = err
 	}
 	return errs

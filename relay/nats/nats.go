@@ -182,7 +182,8 @@ func (p *Publisher) Reload(c Config) error {
 		return errors.New("nats: publisher closed")
 	}
 	old := p.conn
-	p.conn, p.cfg = conn, c
+	// Only the connection changes: the settings publishes read stay.
+	p.conn = conn
 	p.closing.Unlock()
 	go func() {
 		old.inflight.Wait()

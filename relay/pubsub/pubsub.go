@@ -126,7 +126,8 @@ func (p *Publisher) Reload(c Config) error {
 	}
 	p.mu.Lock()
 	old, oldTopics := p.client, p.topics
-	p.client, p.topics, p.cfg = client, map[string]*gpubsub.Publisher{}, c
+	// Only the client changes: the settings publishes read stay.
+	p.client, p.topics = client, map[string]*gpubsub.Publisher{}
 	p.mu.Unlock()
 	go func() {
 		for _, t := range oldTopics {
@@ -229,10 +230,19 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 		}
 	}
 	wg.Wait()
-	// Once every outcome is in, a failed key may publish again: the relay
-	// decides when its rows go.
+	// A key's rows after its first failure count as not sent, whatever
+	// the bundle they shared said; once every outcome is in, the key may
+	// publish again: the relay decides when its rows go.
+	failed := map[string]bool{}
 	for i, r := range records {
-		if errs[i] != nil && r.HasKey {
+		if !r.HasKey {
+			continue
+		}
+		if failed[r.Key] && errs[i] != nil {
+			errs[i] = retry.ErrNotSent
+		}
+		if errs[i] != nil {
+			failed[r.Key] = true
 			p.topic(r.Topic).ResumePublish(r.Key)
 		}
 	}
@@ -299,7 +309,10 @@ func (p *Publisher) classify(ctx context.Context, topic string, err error) error
 	case codes.Unauthenticated, codes.Unavailable, codes.FailedPrecondition:
 		return retry.Systemic(wrapped)
 	case codes.InvalidArgument:
-		return retry.Permanent(wrapped, retry.ReasonInvalidMessage)
+		// The answer of a whole bundle, which may hold other rows than the
+		// one at fault: retried, and dead-lettered only when it keeps
+		// failing. Rows known to be invalid never get this far.
+		return retry.Transient(wrapped, 0)
 	case codes.ResourceExhausted, codes.Aborted, codes.Internal, codes.DeadlineExceeded:
 		return retry.DestinationFailure(retry.ClassTransient, wrapped)
 	}

@@ -17,8 +17,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,16 +87,34 @@ type Publisher struct {
 type channel struct {
 	ch     *amqp.Channel
 	closes chan *amqp.Error
-	// returns is drained by a goroutine into returned; a flush sent
-	// through it marks when every earlier return has been noted.
+	// returns is drained by a goroutine into returned. A flush request
+	// is answered once every return received before it has been noted;
+	// done closes when the library closes returns.
 	returns  chan amqp.Return
+	flushes  chan chan struct{}
+	done     chan struct{}
 	mu       sync.Mutex
 	returned map[string]amqp.Return
-	flushed  chan struct{}
 }
 
-// flushID marks the flush the Publisher sends through returns.
-const flushID = "\x00flush"
+// forget drops the returns noted so far: a round notes its own, and one
+// that came too late for its round must not speak for a later one.
+func (c *channel) forget() {
+	c.mu.Lock()
+	clear(c.returned)
+	c.mu.Unlock()
+}
+
+// flush waits until every return received so far has been noted, or the
+// channel is gone.
+func (c *channel) flush() {
+	reply := make(chan struct{})
+	select {
+	case c.flushes <- reply:
+		<-reply
+	case <-c.done:
+	}
+}
 
 // New returns a Publisher for c. It connects as it publishes: a broker
 // that is down fails the records as the destination's failure.
@@ -115,10 +136,19 @@ func (p *Publisher) dial(c Config) (*amqp.Connection, error) {
 	if c.Password != "" {
 		u.User = url.UserPassword(u.User.Username(), c.Password)
 	}
+	dial := amqp.DefaultDial(c.DialTimeout)
 	conn, err := amqp.DialConfig(u.String(), amqp.Config{
 		TLSClientConfig: c.TLS,
-		Dial:            amqp.DefaultDial(c.DialTimeout),
-		Properties:      amqp.Table{"connection_name": "outbox-relay " + c.Name},
+		// A broker that stops reading (an alarm raised while a batch is
+		// written) fails the write after a while rather than holding it.
+		Dial: func(network, addr string) (net.Conn, error) {
+			nc, err := dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &deadlineConn{Conn: nc, timeout: c.ConfirmTimeout}, nil
+		},
+		Properties: amqp.Table{"connection_name": "outbox-relay " + c.Name},
 	})
 	if err != nil {
 		return nil, err
@@ -162,17 +192,26 @@ func (p *Publisher) ready() (*channel, error) {
 		return nil, err
 	}
 	c := &channel{ch: ch, closes: ch.NotifyClose(make(chan *amqp.Error, 1)),
-		returns: make(chan amqp.Return), returned: map[string]amqp.Return{}, flushed: make(chan struct{})}
+		returns: make(chan amqp.Return), flushes: make(chan chan struct{}), done: make(chan struct{}),
+		returned: map[string]amqp.Return{}}
 	ch.NotifyReturn(c.returns)
 	go func() {
-		for r := range c.returns {
-			if r.MessageId == flushID {
-				c.flushed <- struct{}{}
-				continue
+		defer close(c.done)
+		for {
+			// A return the library handed over before a confirm is
+			// received before that confirm is; the loop notes it before it
+			// takes the next flush request.
+			select {
+			case r, ok := <-c.returns:
+				if !ok {
+					return
+				}
+				c.mu.Lock()
+				c.returned[r.MessageId] = r
+				c.mu.Unlock()
+			case reply := <-c.flushes:
+				close(reply)
 			}
-			c.mu.Lock()
-			c.returned[r.MessageId] = r
-			c.mu.Unlock()
 		}
 	}()
 	p.ch = c
@@ -259,7 +298,9 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 		runs[j] = append(runs[j], i)
 	}
 	failed := make([]bool, len(runs))
+	settled := make([]bool, len(records)) // confirmed, or failed for good
 	for round := 0; ; round++ {
+		ch.forget()
 		var sent []pending
 		left := false
 		for ri, run := range runs {
@@ -280,8 +321,15 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 			dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, records[i].Topic, true, false, msg)
 			if err != nil {
 				// The channel or the connection is gone: nothing more goes
-				// in this publish.
-				fill(p.classify(ctx, records[i].Topic, err))
+				// in this publish. The records confirmed in earlier rounds
+				// stay delivered; this round's are waited for first.
+				p.confirm(ctx, ch, records, errs, failed, settled, sent)
+				err = p.classify(ctx, records[i].Topic, err)
+				for j := range records {
+					if errs[j] == nil && !settled[j] {
+						errs[j] = err
+					}
+				}
 				return errs
 			}
 			sent = append(sent, pending{ri, i, msg.MessageId, dc})
@@ -289,7 +337,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 		if !left {
 			return errs
 		}
-		p.confirm(ctx, ch, records, errs, failed, sent)
+		p.confirm(ctx, ch, records, errs, failed, settled, sent)
 	}
 }
 
@@ -303,7 +351,7 @@ type pending struct {
 // confirm waits for the confirms of a round and sets each record's
 // outcome: confirmed, returned as unroutable, refused, or lost with the
 // channel.
-func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Record, errs []error, failed []bool, sent []pending) {
+func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Record, errs []error, failed, settled []bool, sent []pending) {
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
 	type outcome struct {
@@ -317,18 +365,31 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 		ack, err := s.dc.WaitContext(cctx)
 		outcomes = append(outcomes, outcome{s.run, s.rec, s.id, ack, err})
 	}
-	// Returns come before their confirms: once a flush goes through the
-	// channel of returns, every return of this round has been noted.
+	// Returns come before their confirms: once flushed, every return of
+	// this round has been noted.
+	ch.flush()
 	var closeErr *amqp.Error
 	select {
 	case closeErr = <-ch.closes:
 		p.ch = nil
 	default:
-		select {
-		case ch.returns <- amqp.Return{MessageId: flushID}:
-			<-ch.flushed
-		case closeErr = <-ch.closes:
-			p.ch = nil
+	}
+	// The record the broker closed the channel over: the one of the size
+	// its reason names, or else the first it left unconfirmed.
+	culprit := -1
+	if closeErr != nil {
+		if m := tooLarge.FindStringSubmatch(closeErr.Reason); m != nil {
+			for _, o := range outcomes {
+				if !o.ack && strconv.Itoa(len(records[o.rec].Payload)) == m[1] {
+					culprit = o.rec
+					break
+				}
+			}
+		}
+		for _, o := range outcomes {
+			if culprit < 0 && !o.ack {
+				culprit = o.rec
+			}
 		}
 	}
 	for _, o := range outcomes {
@@ -344,14 +405,20 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 				topic, p.cfg.Exchange, ret.ReplyCode, ret.ReplyText))
 		case o.err != nil:
 			err = p.classify(ctx, topic, o.err)
-		case !o.ack && closeErr != nil:
+		case !o.ack && closeErr != nil && o.rec == culprit:
+			// The others went down with it.
 			err = p.classify(ctx, topic, closeErr)
+		case !o.ack && closeErr != nil && records[o.rec].HasKey && records[culprit].HasKey && records[o.rec].Key == records[culprit].Key:
+			err = retry.ErrNotSent
+		case !o.ack && closeErr != nil:
+			err = retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the channel closed under the message, over another one's failure: %w", closeErr))
 		case !o.ack:
 			err = retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: the broker refused the message (nack): a queue full with overflow reject-publish, or an internal error", topic))
 		}
 		if err != nil {
 			errs[o.rec], failed[o.run] = err, true
 		}
+		settled[o.rec] = true
 	}
 }
 
@@ -407,6 +474,9 @@ func (p *Publisher) classify(ctx context.Context, topic string, err error) error
 		case amqp.ContentTooLarge, amqp.FrameError:
 			return retry.Permanent(wrapped, retry.ReasonTooLarge)
 		case amqp.PreconditionFailed:
+			if strings.Contains(aerr.Reason, "message size") {
+				return retry.Permanent(wrapped, retry.ReasonTooLarge)
+			}
 			return retry.Permanent(wrapped, retry.ReasonPermanent)
 		case amqp.ConnectionForced, amqp.ResourceError, amqp.InternalError, amqp.ChannelError:
 			return retry.DestinationFailure(retry.ClassTransient, wrapped)
@@ -420,6 +490,23 @@ func (p *Publisher) classify(ctx context.Context, topic string, err error) error
 		return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: no confirm within %s: %w", p.cfg.ConfirmTimeout, err))
 	}
 	return retry.NetworkFailure(fmt.Errorf("rabbitmq: %w", err))
+}
+
+// tooLarge finds the size in the reason of a channel closed over a
+// message above the broker's max_message_size.
+var tooLarge = regexp.MustCompile(`message size (\d+) is larger`)
+
+// deadlineConn bounds each write.
+type deadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c *deadlineConn) Write(b []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
 }
 
 // ValidateRoutingKey reports whether name can be a routing key (or an

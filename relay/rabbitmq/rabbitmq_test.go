@@ -323,3 +323,34 @@ func TestMemoryAlarmBlocksPublishing(t *testing.T) {
 		t.Errorf("the queue holds %s, want 1 and 3, and 2 between them at most", got)
 	}
 }
+
+// A message the broker refuses by closing the channel (406, above its
+// max_message_size) is dead-lettered alone: the other keys' messages the
+// channel took down with it fail without being blamed, and the key's
+// later message is not sent.
+func TestChannelClosedOverOneMessage(t *testing.T) {
+	t.Parallel()
+	node := rabbitmqtest.Start(t, rabbitmqtest.Options{Conf: []string{"max_message_size = 4096"}})
+	exchange, accepted := declare(t, node, "orders")
+	p := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: exchange})
+	errs := publish(t, p, rec(1, "orders", "a", "1"), rec(2, "orders", "big", strings.Repeat("x", 10000)),
+		rec(3, "orders", "b", "3"), rec(4, "orders", "big", "4"))
+	if ce := retry.Classify(errs[0]); errs[0] != nil && ce.Class == retry.ClassPermanent {
+		t.Errorf("the message before the culprit: %v, want it delivered or not permanent", errs[0])
+	}
+	if ce := retry.Classify(errs[1]); errs[1] == nil || ce.Class != retry.ClassPermanent || ce.Reason != retry.ReasonTooLarge {
+		t.Errorf("the message above max_message_size: %v (%s %q), want permanent too_large", errs[1], ce.Class, ce.Reason)
+	}
+	if ce := retry.Classify(errs[2]); errs[2] != nil && ce.Class == retry.ClassPermanent {
+		t.Errorf("another key's message the closing channel took down: %v, want it not permanent", errs[2])
+	}
+	if !errors.Is(errs[3], retry.ErrNotSent) {
+		t.Errorf("the key's later message: %v, want not sent", errs[3])
+	}
+	if errs := publish(t, p, rec(5, "orders", "b", "5")); errs[0] != nil {
+		t.Errorf("after the channel closed: %v; the next publish opens another", errs[0])
+	}
+	if got := accepted(t); len(got) == 0 || got[len(got)-1] != "5" {
+		t.Errorf("the queue holds %v", got)
+	}
+}

@@ -138,7 +138,8 @@ func (p *Publisher) Reload(c Config) error {
 		return errors.New("redis: publisher closed")
 	}
 	old := p.client
-	p.client, p.cfg = next, c
+	// Only the client changes: the settings publishes read stay.
+	p.client = next
 	p.closing.Unlock()
 	go func() {
 		old.inflight.Wait()

@@ -37,6 +37,8 @@ type Options struct {
 	Users map[string]string
 	// TLSCert, TLSKey and TLSCA, when set, make the node speak AMQPS only.
 	TLSCert, TLSKey, TLSCA string
+	// Conf are further lines of rabbitmq.conf (max_message_size = 4096).
+	Conf []string
 }
 
 // Node is a running RabbitMQ node.
@@ -85,6 +87,7 @@ func Start(tb testing.TB, o Options) *Node {
 		conf = append(conf, fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d", ports[0]))
 		n.URL = "amqp://guest@" + n.Addr + "/"
 	}
+	conf = append(conf, o.Conf...)
 	users := map[string]string{"guest": "guest"}
 	for u, pw := range o.Users {
 		users[u] = pw

@@ -53,7 +53,7 @@ func main() {
 	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
 	rate := flag.Int("rate", 200, "order transactions per second")
 	customers := flag.Int("customers", 300, "distinct customers (message keys)")
-	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker) or nats (an in-process NATS server with JetStream)")
+	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker), nats (an in-process NATS server with JetStream) or pubsub (Pub/Sub's in-process emulator)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -64,8 +64,8 @@ func main() {
 }
 
 func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) error {
-	if sinkKind != "kafka" && sinkKind != "nats" {
-		return fmt.Errorf("-sink %s: use kafka or nats", sinkKind)
+	if sinkKind != "kafka" && sinkKind != "nats" && sinkKind != "pubsub" {
+		return fmt.Errorf("-sink %s: use kafka, nats or pubsub", sinkKind)
 	}
 	dsn := os.Getenv("OUTBOX_DATABASE_URL")
 	if dsn == "" {
@@ -126,6 +126,18 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 		}()
 		go n.outages(ctx)
 		stored, ordersYAML, where = n.stored, ordersToNATS(n.url), "NATS: "+n.url+" (stream ORDERS)"
+	case "pubsub":
+		fmt.Println("starting Pub/Sub's in-process emulator ...")
+		srv, err := startPubSub()
+		if err != nil {
+			return err
+		}
+		defer func() {
+			_ = srv.Close()
+			fmt.Println("Pub/Sub emulator stopped")
+		}()
+		stored = func(context.Context, int64) int64 { return int64(len(srv.Messages())) }
+		ordersYAML, where = ordersToPubSub(srv.Addr), "Pub/Sub emulator: "+srv.Addr+" (project "+pubsubProject+", topic orders)"
 	}
 	hook, stopHook, err := startWebhook()
 	if err != nil {
@@ -179,8 +191,12 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 	}()
 	fmt.Printf("relay started (pid %d); demo producer: %d order transactions/s over %d customers, 1 in 10 rolled back\n",
 		relay.Process.Pid, rate, customers)
-	fmt.Printf("trouble on purpose: the webhook answers 503 to 1 request in 8, the %s is down 10 s a minute,\n", map[string]string{"kafka": "in-process broker", "nats": "NATS server"}[sinkKind])
-	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server"}[sinkKind])
+	if sinkKind == "pubsub" {
+		fmt.Println("trouble on purpose: the webhook answers 503 to 1 request in 8 (the emulator has no outages),")
+	} else {
+		fmt.Printf("trouble on purpose: the webhook answers 503 to 1 request in 8, the %s is down 10 s a minute,\n", map[string]string{"kafka": "in-process broker", "nats": "NATS server"}[sinkKind])
+	}
+	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server", "pubsub": "destination"}[sinkKind])
 	fmt.Printf("console: http://%s/console/ (log in with the token %s)\n", adminAddr, token)
 	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")

@@ -27,9 +27,11 @@ test: postgres brokers browser vet fmt-check
 test-containers: postgres
 	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
 
-## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats or SINK=pubsub sends the orders to NATS JetStream or Pub/Sub's emulator
+## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats, pubsub, redis or rabbitmq sends the orders there instead of Kafka
 SINK ?= kafka
 run: postgres build
+	@if [ "$(SINK)" = redis ]; then scripts/ensure-redis; fi
+	@if [ "$(SINK)" = rabbitmq ]; then scripts/ensure-rabbitmq; fi
 	$(GO) build -o bin/localstack ./internal/dev/cmd/localstack
 	bin/localstack -relay bin/outbox-relay -sink $(SINK)
 

@@ -12,6 +12,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -43,7 +44,7 @@ type Options struct {
 
 // Node is a running RabbitMQ node.
 type Node struct {
-	tb       testing.TB
+	tb       testing.TB // nil outside a test
 	dir      string
 	env      []string
 	epmdPort int
@@ -67,9 +68,26 @@ func Start(tb testing.TB, o Options) *Node {
 		}
 		tb.Skip("rabbitmqtest: rabbitmq-server is not installed (scripts/ensure-rabbitmq installs it; make test does)")
 	}
-	ports := freePorts(tb, 3)
-	dir := tb.TempDir()
-	n := &Node{tb: tb, dir: dir, epmdPort: ports[2], Addr: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	n, err := Launch(tb.TempDir(), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n.tb = tb
+	tb.Cleanup(n.Stop)
+	return n
+}
+
+// Launch starts a node with its data in dir, outside a test (the local
+// stack); the caller stops it.
+func Launch(dir string, o Options) (*Node, error) {
+	if _, err := os.Stat(Server); err != nil {
+		return nil, errors.New("rabbitmqtest: rabbitmq-server is not installed: run scripts/ensure-rabbitmq")
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{dir: dir, epmdPort: ports[2], Addr: fmt.Sprintf("127.0.0.1:%d", ports[0])}
 	conf := []string{"loopback_users = none", "log.console = true", "log.file = false", "log.console.level = warning"}
 	if o.TLSCert != "" {
 		conf = append(conf, "listeners.tcp = none", fmt.Sprintf("listeners.ssl.default = 127.0.0.1:%d", ports[0]),
@@ -78,7 +96,7 @@ func Start(tb testing.TB, o Options) *Node {
 		n.URL = "amqps://guest@" + n.Addr + "/"
 		ca, err := os.ReadFile(o.TLSCA)
 		if err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(ca)
@@ -92,13 +110,16 @@ func Start(tb testing.TB, o Options) *Node {
 	for u, pw := range o.Users {
 		users[u] = pw
 	}
-	defs := definitions(tb, users)
-	if err := os.WriteFile(filepath.Join(dir, "definitions.json"), defs, 0o600); err != nil {
-		tb.Fatal(err)
+	defs, err := definitions(users)
+	if err != nil {
+		return nil, err
 	}
 	conf = append(conf, "definitions.import_backend = local_filesystem", "definitions.local.path = "+filepath.Join(dir, "definitions.json"))
-	write(tb, filepath.Join(dir, "rabbitmq.conf"), strings.Join(conf, "\n")+"\n")
-	write(tb, filepath.Join(dir, "enabled_plugins"), "[].\n")
+	for name, text := range map[string]string{"definitions.json": string(defs), "rabbitmq.conf": strings.Join(conf, "\n") + "\n", "enabled_plugins": "[].\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			return nil, err
+		}
+	}
 	name := "outbox-test-" + strings.ToLower(rand.Text()[:10])
 	n.name = name + "@localhost"
 	n.env = append(os.Environ(),
@@ -114,48 +135,52 @@ func Start(tb testing.TB, o Options) *Node {
 		// One scheduler: tests run several nodes on small machines.
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=+S 1:1 +A 4",
 	)
-	n.start()
-	tb.Cleanup(n.Stop)
-	return n
+	return n, n.start()
 }
 
-func (n *Node) start() {
-	n.tb.Helper()
+func (n *Node) start() error {
 	n.cmd = exec.Command(Server)
 	n.cmd.Env, n.cmd.Dir = n.env, n.dir
 	out, err := os.Create(filepath.Join(n.dir, "node.log"))
 	if err != nil {
-		n.tb.Fatal(err)
+		return err
 	}
 	n.cmd.Stdout, n.cmd.Stderr = out, out
 	// Its own process group: the script, the Erlang VM and its helpers
 	// stop together.
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := n.cmd.Start(); err != nil {
-		n.tb.Fatalf("rabbitmqtest: %v", err)
+		return fmt.Errorf("rabbitmqtest: %w", err)
 	}
 	n.done = make(chan struct{})
 	go func() { _ = n.cmd.Wait(); _ = out.Close(); close(n.done) }()
-	testwait.Within(n.tb, 2*time.Minute, "the RabbitMQ node to take connections", func() bool {
+	exited := false
+	ok, _ := testwait.Poll(2*time.Minute, func() (bool, string) {
 		select {
 		case <-n.done:
-			log, _ := os.ReadFile(filepath.Join(n.dir, "node.log"))
-			n.tb.Fatalf("rabbitmqtest: the node exited:\n%s", log)
+			exited = true
+			return true, ""
 		default:
 		}
 		c, err := net.DialTimeout("tcp", n.Addr, time.Second)
 		if err != nil {
-			return false
+			return false, ""
 		}
 		_ = c.Close()
 		// Listening comes before the node takes logins: try one.
 		conn, err := amqp.DialConfig(strings.Replace(n.URL, "guest@", "guest:guest@", 1), amqp.Config{TLSClientConfig: n.tls, Dial: amqp.DefaultDial(5 * time.Second)})
 		if err != nil {
-			return false
+			return false, ""
 		}
 		_ = conn.Close()
-		return true
+		return true, ""
 	})
+	if exited || !ok {
+		log, _ := os.ReadFile(filepath.Join(n.dir, "node.log"))
+		n.Stop()
+		return fmt.Errorf("rabbitmqtest: the node did not start:\n%s", log)
+	}
+	return nil
 }
 
 // Stop stops the node and its epmd; its data stays in its directory.
@@ -189,11 +214,20 @@ func (n *Node) Ctl(args ...string) {
 	}
 }
 
-// Restart starts the node again, on the same ports with the same data.
+// Restart starts the node again, on the same ports with the same data,
+// and fails the test if it cannot.
 func (n *Node) Restart() {
 	n.tb.Helper()
+	if err := n.Relaunch(); err != nil {
+		n.tb.Fatal(err)
+	}
+}
+
+// Relaunch stops the node and starts it again, on the same ports with the
+// same data.
+func (n *Node) Relaunch() error {
 	n.Stop()
-	n.start()
+	return n.start()
 }
 
 // Dial connects as guest (with cfg's TLS, if any), closed when the test
@@ -211,7 +245,7 @@ func (n *Node) Dial(cfg amqp.Config) *amqp.Connection {
 
 // definitions are the node's users and their permissions, as RabbitMQ
 // imports them at boot: salted SHA-256 password hashes.
-func definitions(tb testing.TB, users map[string]string) []byte {
+func definitions(users map[string]string) ([]byte, error) {
 	type user struct {
 		Name      string   `json:"name"`
 		Hash      string   `json:"password_hash"`
@@ -232,35 +266,25 @@ func definitions(tb testing.TB, users map[string]string) []byte {
 			Algorithm: "rabbit_password_hashing_sha256", Tags: []string{"administrator"}})
 		d.Permissions = append(d.Permissions, map[string]string{"user": name, "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"})
 	}
-	b, err := json.Marshal(d)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return b
-}
-
-func write(tb testing.TB, path, text string) {
-	tb.Helper()
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		tb.Fatal(err)
-	}
+	return json.Marshal(d)
 }
 
 // freePorts returns n ports free on the loopback interface now.
-func freePorts(tb testing.TB, n int) []int {
-	tb.Helper()
+func freePorts(n int) ([]int, error) {
 	var out []int
 	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
 	for range n {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
 		lns = append(lns, ln)
 		out = append(out, ln.Addr().(*net.TCPAddr).Port)
 	}
-	for _, ln := range lns {
-		_ = ln.Close()
-	}
-	return out
+	return out, nil
 }

@@ -6,12 +6,14 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,8 +34,9 @@ type Options struct {
 
 // Server is a redis-server process.
 type Server struct {
-	tb   testing.TB
+	tb   testing.TB // nil outside a test
 	dir  string
+	bin  string
 	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -46,20 +49,35 @@ type Server struct {
 // make test sets it: then it fails.
 func Start(tb testing.TB, o Options) *Server {
 	tb.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
+	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("OUTBOX_TEST_REDIS") != "" {
 			tb.Fatal("redistest: redis-server is not installed: run scripts/ensure-redis")
 		}
 		tb.Skip("redistest: redis-server is not installed (scripts/ensure-redis installs it; make test does)")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s, err := Launch(tb.TempDir(), o)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	s.tb = tb
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts a server with its data in dir, outside a test (the local
+// stack); the caller stops it.
+func Launch(dir string, o Options) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, errors.New("redistest: redis-server is not installed: run scripts/ensure-redis")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
-	s := &Server{tb: tb, dir: tb.TempDir(), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	s := &Server{dir: dir, bin: bin, Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	s.args = []string{"--bind", "127.0.0.1", "--dir", s.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always",
 		"--daemonize", "no", "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log")}
 	if o.TLSCert != "" {
@@ -73,42 +91,42 @@ func Start(tb testing.TB, o Options) *Server {
 	}
 	if len(o.ACL) > 0 {
 		acl := filepath.Join(s.dir, "users.acl")
-		var b []byte
-		for _, l := range o.ACL {
-			b = append(b, l+"\n"...)
-		}
-		if err := os.WriteFile(acl, b, 0o600); err != nil {
-			tb.Fatal(err)
+		if err := os.WriteFile(acl, []byte(strings.Join(o.ACL, "\n")+"\n"), 0o600); err != nil {
+			return nil, err
 		}
 		s.args = append(s.args, "--aclfile", acl)
 	}
-	s.start(bin)
-	tb.Cleanup(s.Stop)
-	return s
+	return s, s.start()
 }
 
-func (s *Server) start(bin string) {
-	s.tb.Helper()
-	s.cmd = exec.Command(bin, s.args...)
+func (s *Server) start() error {
+	s.cmd = exec.Command(s.bin, s.args...)
 	s.cmd.Dir = s.dir
 	if err := s.cmd.Start(); err != nil {
-		s.tb.Fatalf("redistest: %v", err)
+		return fmt.Errorf("redistest: %w", err)
 	}
 	s.done = make(chan struct{})
 	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	testwait.Within(s.tb, 30*time.Second, "redis-server to listen", func() bool {
+	exited := false
+	ok, _ := testwait.Poll(30*time.Second, func() (bool, string) {
 		select {
 		case <-s.done:
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.tb.Fatalf("redistest: redis-server exited:\n%s", log)
+			exited = true
+			return true, ""
 		default:
 		}
 		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
 		if err == nil {
 			_ = c.Close()
 		}
-		return err == nil
+		return err == nil, ""
 	})
+	if exited || !ok {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		s.Stop()
+		return fmt.Errorf("redistest: redis-server did not start:\n%s", log)
+	}
+	return nil
 }
 
 // Stop stops the server; its data stays in its directory.
@@ -130,11 +148,20 @@ func (s *Server) Stop() {
 	}
 }
 
-// Restart starts the server again, on the same port with the same data.
+// Restart starts the server again, on the same port with the same data,
+// and fails the test if it cannot.
 func (s *Server) Restart() {
 	s.tb.Helper()
+	if err := s.Relaunch(); err != nil {
+		s.tb.Fatal(err)
+	}
+}
+
+// Relaunch stops the server and starts it again, on the same port with the
+// same data.
+func (s *Server) Relaunch() error {
 	s.Stop()
-	s.start(s.cmd.Path)
+	return s.start()
 }
 
 // Client returns a client of the server with opts' credentials and TLS

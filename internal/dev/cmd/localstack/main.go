@@ -53,7 +53,7 @@ func main() {
 	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
 	rate := flag.Int("rate", 200, "order transactions per second")
 	customers := flag.Int("customers", 300, "distinct customers (message keys)")
-	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker), nats (an in-process NATS server with JetStream) or pubsub (Pub/Sub's in-process emulator)")
+	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker), nats (an in-process NATS server with JetStream), pubsub (Pub/Sub's in-process emulator), redis or rabbitmq (a local redis-server or RabbitMQ node)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -64,8 +64,10 @@ func main() {
 }
 
 func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) error {
-	if sinkKind != "kafka" && sinkKind != "nats" && sinkKind != "pubsub" {
-		return fmt.Errorf("-sink %s: use kafka, nats or pubsub", sinkKind)
+	switch sinkKind {
+	case "kafka", "nats", "pubsub", "redis", "rabbitmq":
+	default:
+		return fmt.Errorf("-sink %s: use kafka, nats, pubsub, redis or rabbitmq", sinkKind)
 	}
 	dsn := os.Getenv("OUTBOX_DATABASE_URL")
 	if dsn == "" {
@@ -138,6 +140,20 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 		}()
 		stored = func(context.Context, int64) int64 { return int64(len(srv.Messages())) }
 		ordersYAML, where = ordersToPubSub(srv.Addr), "Pub/Sub emulator: "+srv.Addr+" (project "+pubsubProject+", topic orders)"
+	case "redis", "rabbitmq":
+		start := map[string]func() (*localServer, error){"redis": startRedis, "rabbitmq": startRabbitMQ}[sinkKind]
+		fmt.Printf("starting a throwaway %s ...\n", sinkKind)
+		srv, err := start()
+		if err != nil {
+			return err
+		}
+		defer func() {
+			srv.stop()
+			fmt.Printf("%s stopped and its directory removed\n", srv.name)
+		}()
+		go serverOutages(ctx, srv)
+		stored, ordersYAML, where = srv.stored, srv.orders, srv.name+": orders"
+		ordersEnv = []string{"LOCALSTACK_RABBITMQ_PASSWORD=guest"}
 	}
 	hook, stopHook, err := startWebhook()
 	if err != nil {
@@ -194,9 +210,10 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 	if sinkKind == "pubsub" {
 		fmt.Println("trouble on purpose: the webhook answers 503 to 1 request in 8 (the emulator has no outages),")
 	} else {
-		fmt.Printf("trouble on purpose: the webhook answers 503 to 1 request in 8, the %s is down 10 s a minute,\n", map[string]string{"kafka": "in-process broker", "nats": "NATS server"}[sinkKind])
+		fmt.Printf("trouble on purpose: the webhook answers 503 to 1 request in 8, the %s is down 10 s a minute,\n",
+			map[string]string{"kafka": "in-process broker", "nats": "NATS server", "redis": "redis-server", "rabbitmq": "RabbitMQ node"}[sinkKind])
 	}
-	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server", "pubsub": "destination"}[sinkKind])
+	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server", "pubsub": "destination", "redis": "stream", "rabbitmq": "exchange"}[sinkKind])
 	fmt.Printf("console: http://%s/console/ (log in with the token %s)\n", adminAddr, token)
 	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")

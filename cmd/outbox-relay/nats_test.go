@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -81,49 +79,20 @@ FROM generate_series(1, 1001) g`); err != nil {
 	inOrder(t, "the stream", byKey)
 }
 
-// The server stops while rows arrive, for many of the breaker's probes,
-// then comes back: every row is delivered once, in order per key, none is
-// dead-lettered, and no attempt is counted for the refused connections.
+// The server stops while rows arrive, for many failed probes of the
+// breaker, then comes back: every row is delivered once, in order per key,
+// none is dead-lettered, and no attempt is counted for the refused
+// connections.
 func TestRunRidesOutANATSOutage(t *testing.T) {
 	t.Parallel()
 	dsn, pool := migrated(t)
 	srv := natstest.Start(t, natstest.Options{})
-	js := srv.Connect()
-	natstest.AddStream(t, js, "INVENTORY", "inventory.>")
-	p := startRelay(t, natsEnv(dsn, natsConfig(t, srv.URL), "OUTBOX_RELAY_SENT_RETENTION=1h"))
-	addr := adminAddr(t, p)
-	insert := func(from, to int) {
-		t.Helper()
-		if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload)
-SELECT 'inventory.updated', 'k' || (g % 20), g::text::bytea FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
-			t.Fatal(err)
-		}
-	}
-	insert(1, 200)
-	testwait.Within(t, 60*time.Second, "the first rows delivered", func() bool { return countRows(t, pool, "status = 'sent'") == 200 })
-
-	srv.Stop()
-	insert(201, 500)
-	// The outage lasts for twenty failed probes of the breaker (open, a
-	// probe, open again), a few seconds at these cool-downs.
-	testwait.State(t, 60*time.Second, func() (bool, string) {
-		opened := strings.Count(p.output.String(), "circuit opened")
-		return opened >= 20, fmt.Sprintf("timed out waiting for 20 failed probes; %d so far; output:\n%s", opened, p.output)
-	})
-	if s := scrapeMetrics(t, addr); s.sum("outbox_retried_total", "destination", "stream") != 0 || s.sum("outbox_dead_lettered_total") != 0 {
-		t.Fatalf("rows retried or dead-lettered while the server was down; output:\n%s", p.output)
-	}
-	if n := countRows(t, pool, "status = 'sent'"); n != 200 {
-		t.Fatalf("%d rows sent while the server was down", n)
-	}
-	srv.Restart()
-	testwait.Within(t, 60*time.Second, "every row delivered after the outage", func() bool { return countRows(t, pool, "status = 'sent'") == 500 })
-	if n := countRows(t, pool, "retry_count > 0 OR status <> 'sent'"); n != 0 {
-		t.Fatalf("%d rows counted an attempt or did not end sent; the outage must cost none; output:\n%s", n, p.output)
-	}
+	natstest.AddStream(t, srv.Connect(), "INVENTORY", "inventory.>")
+	rows := rideOutOutage(t, pool, natsEnv(dsn, natsConfig(t, srv.URL)),
+		serverOutage{dest: "stream", topic: "inventory.updated", stop: srv.Stop, start: srv.Restart})
 	msgs := natstest.Messages(t, srv.Connect(), "INVENTORY")
-	if len(msgs) != 500 {
-		t.Fatalf("the stream holds %d messages, want 500", len(msgs))
+	if len(msgs) != rows {
+		t.Fatalf("the stream holds %d messages, want %d", len(msgs), rows)
 	}
 	byKey := map[string][]int{}
 	for _, m := range msgs {
@@ -131,29 +100,6 @@ SELECT 'inventory.updated', 'k' || (g % 20), g::text::bytea FROM generate_series
 		byKey[m.Header.Get("outbox-key")] = append(byKey[m.Header.Get("outbox-key")], n)
 	}
 	inOrder(t, "the stream", byKey)
-}
-
-// sum adds up the counters of family name whose labels include labels.
-func (s scrape) sum(name string, labels ...string) float64 {
-	var total float64
-	fam := s[name]
-	if fam == nil {
-		return 0
-	}
-next:
-	for _, m := range fam.GetMetric() {
-		for i := 0; i+1 < len(labels); i += 2 {
-			found := false
-			for _, lp := range m.GetLabel() {
-				found = found || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
-			}
-			if !found {
-				continue next
-			}
-		}
-		total += m.GetCounter().GetValue()
-	}
-	return total
 }
 
 // The kill-and-restart checker against a real NATS server: producers
@@ -181,16 +127,7 @@ destinations:
 routes:
   - {topics: [events, changes, audit], destination: stream}
 `)
-	env := natsEnv(dsn, cfg,
-		"OUTBOX_RELAY_BATCH_SIZE=200",
-		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
-		"OUTBOX_RETRY_BASE_DELAY=5ms",
-		"OUTBOX_RETRY_MAX_DELAY=100ms",
-		"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
-		"OUTBOX_RETRY_PAUSE_BASE=20ms",
-		"OUTBOX_RETRY_PAUSE_MAX=200ms",
-		"OUTBOX_LOG_LEVEL=warn",
-	)
+	env := checkerEnv(dsn, cfg)
 	book := newLedger()
 	producing := produceChecked(t, pool, book, false, rows, []string{"events", "changes", "audit"})
 	// The server goes down twice while rows are written and delivered.

@@ -113,43 +113,22 @@ FROM generate_series(1, 1001) g`); err != nil {
 	}
 }
 
-// The node stops while rows arrive, for twenty failed probes of the
-// breaker, then comes back: every row is confirmed, in order per key,
-// none is dead-lettered, and no attempt is counted for the refused
-// connections.
+// The node stops while rows arrive, for many failed probes of the
+// breaker, then comes back: every row is confirmed, in order per key, none
+// is dead-lettered, and no attempt is counted for the refused connections.
 func TestRunRidesOutARabbitMQOutage(t *testing.T) {
 	t.Parallel()
-	node, ch := rabbitSetup(t)
+	node, _ := rabbitSetup(t)
 	dsn, pool := migrated(t)
-	p := startRelay(t, natsEnv(dsn, rabbitConfig(t, node.URL), "RABBIT_PASSWORD=guest", "OUTBOX_RELAY_SENT_RETENTION=1h"))
-	addr := adminAddr(t, p)
-	insert := func(from, to int) {
-		t.Helper()
-		if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload)
-SELECT 'shipment.created', 'k' || (g % 20), g::text::bytea FROM generate_series($1::int, $2::int) g`, from, to); err != nil {
-			t.Fatal(err)
-		}
-	}
-	insert(1, 200)
-	testwait.Within(t, 60*time.Second, "the first rows delivered", func() bool { return countRows(t, pool, "status = 'sent'") == 200 })
-	node.Stop()
-	insert(201, 500)
-	testwait.Within(t, 60*time.Second, "20 failed probes", func() bool { return strings.Count(p.output.String(), "circuit opened") >= 20 })
-	if s := scrapeMetrics(t, addr); s.sum("outbox_retried_total", "destination", "fulfilment") != 0 || s.sum("outbox_dead_lettered_total") != 0 {
-		t.Fatalf("rows retried or dead-lettered while the node was down; output:\n%s", p.output)
-	}
-	node.Restart()
-	testwait.Within(t, 90*time.Second, "every row delivered after the outage", func() bool { return countRows(t, pool, "status = 'sent'") == 500 })
-	if n := countRows(t, pool, "retry_count > 0 OR status <> 'sent'"); n != 0 {
-		t.Fatalf("%d rows counted an attempt or did not end sent; output:\n%s", n, p.output)
-	}
+	rows := rideOutOutage(t, pool, natsEnv(dsn, rabbitConfig(t, node.URL), "RABBIT_PASSWORD=guest"),
+		serverOutage{dest: "fulfilment", topic: "shipment.created", stop: node.Stop, start: node.Restart})
 	ch, err := node.Dial(amqp.Config{}).Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
 	n, byKey := drain(t, ch, "shipments")
-	if n != 500 {
-		t.Fatalf("the queue got %d messages, want 500", n)
+	if n != rows {
+		t.Fatalf("the queue got %d messages, want %d", n, rows)
 	}
 	inOrder(t, "the queue", byKey)
 }
@@ -183,17 +162,7 @@ destinations:
 routes:
   - {topics: [events, changes, audit], destination: fulfilment}
 `)
-	env := natsEnv(dsn, cfg,
-		"RABBIT_PASSWORD=guest",
-		"OUTBOX_RELAY_BATCH_SIZE=200",
-		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
-		"OUTBOX_RETRY_BASE_DELAY=5ms",
-		"OUTBOX_RETRY_MAX_DELAY=100ms",
-		"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
-		"OUTBOX_RETRY_PAUSE_BASE=20ms",
-		"OUTBOX_RETRY_PAUSE_MAX=200ms",
-		"OUTBOX_LOG_LEVEL=warn",
-	)
+	env := checkerEnv(dsn, cfg, "RABBIT_PASSWORD=guest")
 	book := newLedger()
 	producing := produceChecked(t, pool, book, false, rows, []string{"events", "changes", "audit"})
 	killed := make(chan []int, 1)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -231,23 +232,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 		return errs
 	}
 	maxPayload := conn.nc.MaxPayload()
-	var (
-		runs  [][]int // indexes of each key's records, in order; keyless alone
-		byKey = map[string]int{}
-	)
-	for i, r := range records {
-		if !r.HasKey {
-			runs = append(runs, []int{i})
-			continue
-		}
-		j, ok := byKey[r.Key]
-		if !ok {
-			j = len(runs)
-			byKey[r.Key] = j
-			runs = append(runs, nil)
-		}
-		runs[j] = append(runs[j], i)
-	}
+	runs := sink.KeyRuns(records)
 	sem := make(chan struct{}, p.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for _, run := range runs {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -280,23 +281,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 		fill(retry.Systemic(fmt.Errorf("rabbitmq: the broker blocks publishing (%s): a memory or disk alarm", blocked)))
 		return errs
 	}
-	var (
-		runs  [][]int // indexes of each key's records, in order; keyless alone
-		byKey = map[string]int{}
-	)
-	for i, r := range records {
-		if !r.HasKey {
-			runs = append(runs, []int{i})
-			continue
-		}
-		j, ok := byKey[r.Key]
-		if !ok {
-			j = len(runs)
-			byKey[r.Key] = j
-			runs = append(runs, nil)
-		}
-		runs[j] = append(runs[j], i)
-	}
+	runs := sink.KeyRuns(records)
 	failed := make([]bool, len(runs))
 	settled := make([]bool, len(records)) // confirmed, or failed for good
 	for round := 0; ; round++ {

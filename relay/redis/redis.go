@@ -25,6 +25,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -182,23 +183,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 		return errs
 	}
 	defer c.inflight.Done()
-	var (
-		runs  [][]int // indexes of each key's records, in order; keyless alone
-		byKey = map[string]int{}
-	)
-	for i, r := range records {
-		if !r.HasKey {
-			runs = append(runs, []int{i})
-			continue
-		}
-		j, ok := byKey[r.Key]
-		if !ok {
-			j = len(runs)
-			byKey[r.Key] = j
-			runs = append(runs, nil)
-		}
-		runs[j] = append(runs[j], i)
-	}
+	runs := sink.KeyRuns(records)
 	failed := make([]bool, len(runs))
 	type pending struct {
 		run, rec int

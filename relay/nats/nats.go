@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -102,6 +103,8 @@ type Publisher struct {
 	// denied are the subjects the servers refused a publish to, for lack
 	// of permission, and when.
 	denied sync.Map // string → time.Time
+	// refused is the last error the connection was lost or refused with.
+	refused atomic.Value
 }
 
 // connection is one connection to the servers, with the publishes in
@@ -141,8 +144,13 @@ func (p *Publisher) connect(c Config, retry bool) (*connection, error) {
 		// While disconnected a publish fails at once rather than waiting
 		// in a buffer: the relay defers its rows.
 		natsgo.ReconnectBufSize(-1),
+		// The client would give up on servers that refuse its credentials
+		// twice; the relay keeps trying, so that credentials fixed on the
+		// servers' side are taken up without a restart.
+		natsgo.IgnoreAuthErrorAbort(),
 		natsgo.NoCallbacksAfterClientClose(),
 		natsgo.ErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) { p.noteDenied(err) }),
+		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) { p.noteRefused(err) }),
 	}
 	switch {
 	case c.Username != "":
@@ -359,8 +367,18 @@ func (p *Publisher) unreachable(conn *connection) error {
 	err := fmt.Errorf("nats: not connected to %s (%s)", strings.Join(p.cfg.Servers, ","), conn.nc.Status())
 	if last := conn.nc.LastError(); last != nil {
 		err = fmt.Errorf("%w: %w", err, last)
+	} else if refused, _ := p.refused.Load().(error); refused != nil {
+		err = fmt.Errorf("%w: %w", err, refused)
 	}
 	return retry.DestinationFailure(retry.ClassSystemic, err)
+}
+
+// noteRefused keeps why the servers refused the connection last, for the
+// errors of publishes while it is down.
+func (p *Publisher) noteRefused(err error) {
+	if err != nil {
+		p.refused.Store(err)
+	}
 }
 
 var deniedPublish = regexp.MustCompile(`Publish to "(\S+)"`)

@@ -156,7 +156,7 @@ func TestAuthentication(t *testing.T) {
 	}
 	testwait.For(t, "the failure to name the authorization violation", func() bool {
 		err := publish(t, bad, rec(3, "orders.a", "k", "3"))[0]
-		return err != nil && strings.Contains(err.Error(), "authorization violation")
+		return errors.Is(err, natsgo.ErrAuthorization) && strings.Contains(strings.ToLower(err.Error()), "authorization violation")
 	})
 
 	narrow := newPublisher(t, nats.Config{Servers: []string{srv.URL}, Username: "narrow", Password: "pw", AckTimeout: 500 * time.Millisecond})

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
@@ -36,6 +37,11 @@ type Admin struct {
 	TokensDir string `koanf:"tokens_dir"`
 	// TLS serves the admin listeners over HTTPS.
 	TLS AdminTLS `koanf:"tls"`
+	// HistoryInterval is how often each replica adds its counts to the
+	// console's per-minute history in the database: at most a minute, at
+	// least a second. The history keeps one row a minute per destination
+	// and replica however often it is written. Default 1m.
+	HistoryInterval time.Duration `koanf:"history_interval"`
 
 	tokenFromFile bool // Token was read from TokenFile
 }
@@ -159,6 +165,9 @@ func (a Admin) problems() []string {
 	if a.TokensDir != "" || a.tokenFromFile || a.Token != "" {
 		_, tp := a.ReadTokens()
 		p = append(p, tp...)
+	}
+	if a.HistoryInterval < time.Second || a.HistoryInterval > time.Minute {
+		p = append(p, fmt.Sprintf("admin.history_interval is %s; it must be from 1s to 1m", a.HistoryInterval))
 	}
 	if a.TLS.Enabled() {
 		if a.TLS.CertFile == "" || a.TLS.KeyFile == "" {

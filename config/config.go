@@ -130,7 +130,7 @@ func defaults() Config {
 			QueryTimeout:   DefaultQueryTimeout,
 		},
 		Log:   Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
-		Admin: Admin{Listen: DefaultAdminListen},
+		Admin: Admin{Listen: DefaultAdminListen, HistoryInterval: time.Minute},
 		Relay: defaultRelay(),
 		Retry: Retry{
 			PolicyConfig: retry.PolicyConfig{}.WithDefaults(),

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/methods"
 )
 
@@ -82,6 +83,9 @@ type Config struct {
 type Outbox struct {
 	Name string
 	Dead *deadletter.Store
+	// History is the outbox's per-minute history, for the overview's
+	// trends; nil shows none.
+	History *history.Store
 }
 
 // Status is the relay's state, as the overview shows it.

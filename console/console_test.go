@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
@@ -28,6 +29,7 @@ type env struct {
 	s      *pgtest.Schema
 	srv    *httptest.Server
 	tokens *deadletter.Tokens
+	hist   *history.Store
 }
 
 func newEnv(t *testing.T) *env {
@@ -41,8 +43,12 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hist, err := history.New(s.Pool, s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := console.New(console.Config{
-		Outboxes: []console.Outbox{{Name: "main", Dead: dead}},
+		Outboxes: []console.Outbox{{Name: "main", Dead: dead, History: hist}},
 		Tokens:   tokens,
 		Status: func(context.Context) console.Status {
 			return console.Status{
@@ -58,7 +64,7 @@ func newEnv(t *testing.T) *env {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &env{t: t, s: s, srv: srv, tokens: tokens}
+	return &env{t: t, s: s, srv: srv, tokens: tokens, hist: hist}
 }
 
 // browser is a client with its own cookies, not following redirects.

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -49,7 +50,7 @@ func parsePages() (map[string]*template.Template, error) {
 	}
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"login", "error", "overview", "groups", "confirm", "result", "letters", "letter", "preview", "keys", "audit"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/live.html", "templates/"+name+".html")
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/live.html", "templates/chart.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: page %s: %w", name, err)
 		}
@@ -131,7 +132,29 @@ func (c *console) store(w http.ResponseWriter, r *http.Request) (*deadletter.Sto
 }
 
 func (c *console) overview(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, http.StatusOK, "overview", c.liveData(r))
+	o, err := c.outbox(r)
+	if err != nil {
+		c.fail(w, r, http.StatusNotFound, err.Error())
+		return
+	}
+	rng := cmp.Or(r.FormValue("range"), "hour")
+	span, ok := trendRanges[rng]
+	if !ok {
+		c.fail(w, r, http.StatusBadRequest, "No such range: "+rng+". The trends cover the last hour (range=hour) or the last day (range=day).")
+		return
+	}
+	v := c.liveData(r)
+	if o.History != nil {
+		tr, err := o.History.Read(r.Context(), span.window, span.step)
+		if err != nil {
+			c.cfg.Logger.Error("console trends failed", "outbox", o.Name, "error", err)
+			v.Trends = &trendsView{Range: rng, Label: span.label, Error: "The history could not be read: " + c.cfg.Redact(err.Error())}
+		} else {
+			tv := trendsOf(tr, rng, span.label)
+			v.Trends = &tv
+		}
+	}
+	c.render(w, r, http.StatusOK, "overview", v)
 }
 
 // live is the overview's changing part, which the page fetches again
@@ -145,6 +168,8 @@ type liveView struct {
 	Outboxes []liveOutbox
 	Dests    []DestinationStatus
 	At       time.Time
+	// Trends are the outbox's history, on the overview only.
+	Trends *trendsView
 }
 
 type liveOutbox struct {

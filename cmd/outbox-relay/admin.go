@@ -99,7 +99,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		apiState = deadletter.APIPrefix
 		var outboxes []console.Outbox
 		for _, o := range ad.outboxes {
-			outboxes = append(outboxes, console.Outbox{Name: o.name, Dead: o.dead})
+			outboxes = append(outboxes, console.Outbox{Name: o.name, Dead: o.dead, History: o.history})
 		}
 		ui, err = console.New(console.Config{
 			Outboxes:   outboxes,

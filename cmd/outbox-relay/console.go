@@ -38,15 +38,12 @@ func consoleStatus(r *relay.Relay, outboxes []*runOutbox, redact func(string) st
 		// Not the request's context: a closed tab must not leave an
 		// error in the cache for the others.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consoleTimeout)
-		topics, err := o.store.Backlog(cctx)
+		b, err := o.backlog(cctx)
 		cancel()
 		if err != nil {
 			c.err = "backlog unknown: " + redact(err.Error())
 		}
-		for _, t := range topics {
-			c.pending += t.Pending
-			c.oldest = max(c.oldest, t.OldestAge)
-		}
+		c.pending, c.oldest = b.Pending, b.OldestPending
 		cache[o.name] = c
 		return c
 	}

@@ -73,7 +73,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	const token = "browser-test-token-0123456789"
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token))
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_HISTORY_INTERVAL=1s"))
 	base := "http://" + logged(t, p, "admin listener started")
 	shots := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
 	if shots == "" {
@@ -156,6 +156,23 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	if len(recs) != 3 || !payloads[`{"order":17}`] || !payloads[`{"order":18}`] || !payloads[newPayload] {
 		t.Fatalf("the broker holds %d records: %v", len(recs), payloads)
+	}
+
+	// The overview's trends chart those three deliveries, from the
+	// history that the relay writes every second here: the steps of the
+	// outbox's first chart add up to them.
+	charted := func() int {
+		t.Helper()
+		run("the trends", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(`#trends`))
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`[...document.querySelector("#trends figure.chart").querySelectorAll("rect.step")].reduce((s, r) => s + Number(r.dataset.count), 0)`))
+		if err != nil {
+			t.Fatalf("the chart's counts: %v", err)
+		}
+		return n
+	}
+	testwait.Within(t, 60*time.Second, "the trends to chart the three deliveries", func() bool { return charted() >= 3 })
+	if n := charted(); n != 3 {
+		t.Errorf("the delivered chart adds up to %d rows, want the 3 delivered", n)
 	}
 
 	// The overview, live.

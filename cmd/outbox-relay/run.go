@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -176,6 +178,16 @@ func (a *app) run(ctx context.Context) error {
 			defer func() { stopWatch(); <-watched }()
 		}
 	}
+	// The history goes on while the relay drains, and writes its last
+	// counts once the relay has stopped.
+	historyCtx, stopHistory := context.WithCancel(context.WithoutCancel(ctx))
+	var recorders sync.WaitGroup
+	for _, o := range outboxes {
+		rec := &history.Recorder{Store: o.history, Outbox: o.name, Replica: replica, Gatherer: reg,
+			Backlog: o.backlog, Interval: cfg.Admin.HistoryInterval, Logger: a.log}
+		recorders.Go(func() { rec.Run(historyCtx) })
+	}
+	defer func() { stopHistory(); recorders.Wait() }()
 	attrs := []any{slog.Any("destinations", names), slog.Bool("strict_order", cfg.Relay.StrictOrder)}
 	if len(cfg.OutboxList) > 0 {
 		outboxNames := make([]string, 0, len(outboxes))
@@ -211,9 +223,25 @@ type runOutbox struct {
 	// horizon shows what holds the database's xmin horizon.
 	horizon *metrics.HorizonWatch
 	relay   relay.Outbox
+	// history is the console's per-minute history of the outbox.
+	history *history.Store
 }
 
 func (o *runOutbox) close() { o.pool.Close() }
+
+// backlog counts the outbox's pending rows and the age of the oldest.
+func (o *runOutbox) backlog(ctx context.Context) (history.Backlog, error) {
+	topics, err := o.store.Backlog(ctx)
+	if err != nil {
+		return history.Backlog{}, err
+	}
+	var b history.Backlog
+	for _, t := range topics {
+		b.Pending += t.Pending
+		b.OldestPending = max(b.OldestPending, t.OldestAge)
+	}
+	return b, nil
+}
 
 // watches are the outbox's loops that look at its database's state.
 func (o *runOutbox) watches() []interface{ Run(context.Context) } {
@@ -268,6 +296,9 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 	}
 	o.dead, err = deadletter.NewStore(pool, deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads})
 	if err != nil {
+		return nil, err
+	}
+	if o.history, err = history.New(pool, schema); err != nil {
 		return nil, err
 	}
 	labelled := prometheus.WrapRegistererWith(prometheus.Labels{"outbox": s.Name}, reg)

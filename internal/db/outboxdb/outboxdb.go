@@ -174,6 +174,9 @@ type names struct {
 	Claimers, Partitions string
 	// Replicas, Breakers and Shares are the fleet's.
 	Replicas, Breakers, Shares string
+	// History is the per-minute history; HistoryAdd and HistorySum add
+	// its histograms.
+	History, HistoryAdd, HistorySum string
 }
 
 // quoted returns the names of schemaName's tables and functions, quoted.
@@ -190,6 +193,7 @@ func quoted(schemaName string) (names, error) {
 		Fingerprint: id("outbox_error_fingerprint"), Group: id("outbox_error_group"), Partition: id("outbox_partition"),
 		Claimers: id("outbox_claimers"), Partitions: id("outbox_claim_partitions"),
 		Replicas: id("outbox_fleet_replicas"), Breakers: id("outbox_fleet_breakers"), Shares: id("outbox_fleet_shares"),
+		History: id("outbox_history"), HistoryAdd: id("outbox_history_add"), HistorySum: id("outbox_history_sum"),
 	}, nil
 }
 
@@ -218,6 +222,31 @@ func NewFleet(schemaName string) (Fleet, error) {
 		}
 	}
 	return f, nil
+}
+
+// History are the statements on the per-minute history (sql/history.sql),
+// rendered for one schema. Package history runs them.
+type History struct {
+	Add, BacklogDue, Backlog, Trim, Series, Now string
+}
+
+// NewHistory renders the history's statements for schemaName (default
+// "public").
+func NewHistory(schemaName string) (History, error) {
+	n, err := quoted(schemaName)
+	if err != nil {
+		return History{}, err
+	}
+	var h History
+	for name, dst := range map[string]*string{
+		"history_add": &h.Add, "history_backlog_due": &h.BacklogDue, "history_backlog": &h.Backlog,
+		"history_trim": &h.Trim, "history_series": &h.Series, "history_now": &h.Now,
+	} {
+		if *dst, err = render(name, n); err != nil {
+			return History{}, err
+		}
+	}
+	return h, nil
 }
 
 // New renders the statements for the outbox in schema (default "public").

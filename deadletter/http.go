@@ -85,6 +85,7 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	}
 	handle("GET /audit", h.audit)
 	handle("GET /stats", h.stats)
+	handle("GET /find", h.find)
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := methods.Allowed(mux, r, p+"/"); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -428,6 +429,25 @@ func (h *api) stats(w http.ResponseWriter, r *http.Request) {
 	}
 	st, err := store(r).Stats(r.Context())
 	h.reply(w, r, st, err)
+}
+
+// find finds a message: ?q= an event id, row id or key, with kind (event,
+// row or key) to say which, and limit for a key's rows.
+func (h *api) find(w http.ResponseWriter, r *http.Request) {
+	q, err := query(r, "q", "kind", "limit")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	p := FindParams{Query: q.Get("q"), Kind: q.Get("kind")}
+	if l := q.Get("limit"); l != "" {
+		if p.Limit, err = strconv.Atoi(l); err != nil || p.Limit < 1 {
+			h.fail(w, r, &InputError{Problems: []string{fmt.Sprintf("limit %q is not a positive integer", clipText(l))}})
+			return
+		}
+	}
+	f, err := store(r).Find(r.Context(), p)
+	h.reply(w, r, f, err)
 }
 
 // apiActor records who acted through the API: the name the caller gives

@@ -64,6 +64,10 @@ type Config struct {
 	// before and after: AuditPayloadsFull (the default) or
 	// AuditPayloadsDigest.
 	AuditPayloads string
+	// SentRetention is how long the relay keeps delivered rows (0: it
+	// deletes them at once), for Find to say what an id that matches no
+	// row means.
+	SentRetention time.Duration
 }
 
 // What the audit trail keeps of edited payloads.
@@ -87,9 +91,10 @@ func ValidateAuditPayloads(v string) error {
 
 // Store queries and changes dead letters in one schema.
 type Store struct {
-	pool   *pgxpool.Pool
-	q      *outboxdb.Queries
-	digest bool
+	pool          *pgxpool.Pool
+	q             *outboxdb.Queries
+	digest        bool
+	sentRetention time.Duration
 }
 
 // NewStore returns a Store on pool.
@@ -104,7 +109,7 @@ func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dead-letter store: %w", err)
 	}
-	return &Store{pool: pool, q: q, digest: cfg.AuditPayloads == AuditPayloadsDigest}, nil
+	return &Store{pool: pool, q: q, digest: cfg.AuditPayloads == AuditPayloadsDigest, sentRetention: cfg.SentRetention}, nil
 }
 
 // Letter is a dead letter, or any outbox row when looked up by Get.

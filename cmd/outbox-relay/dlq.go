@@ -91,7 +91,8 @@ func (d *dlq) open(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
-	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: o.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads})
+	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: o.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads,
+		SentRetention: d.cfg.Relay.SentRetention})
 	if err != nil {
 		pool.Close()
 		return err

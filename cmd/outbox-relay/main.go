@@ -73,6 +73,12 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// silentError ends a command with exit code 1 once it has printed why.
+type silentError struct{ err error }
+
+func (e silentError) Error() string { return e.err.Error() }
+func (e silentError) Unwrap() error { return e.err }
+
 // app carries what every command needs.
 type app struct {
 	flags  *config.Flags
@@ -113,7 +119,7 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 		return usageError{err}
 	})
 	a.flags = config.Bind(root.PersistentFlags())
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd(), a.findCmd())
 	root.SetArgs(args)
 
 	err := root.ExecuteContext(ctx)
@@ -132,6 +138,8 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 	case errors.As(err, new(*migrations.VersionError)):
 		fmt.Fprintln(stderr, "outbox-relay:", err)
 		return exitUsage
+	case errors.As(err, new(silentError)):
+		return exitFailed
 	case deadletter.IsInput(err):
 		// Input the operator gave: nothing secret, and clearer on
 		// several lines.

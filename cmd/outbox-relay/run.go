@@ -294,7 +294,8 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 			return nil, err
 		}
 	}
-	o.dead, err = deadletter.NewStore(pool, deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads})
+	o.dead, err = deadletter.NewStore(pool, deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads,
+		SentRetention: cfg.Relay.SentRetention})
 	if err != nil {
 		return nil, err
 	}

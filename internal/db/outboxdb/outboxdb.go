@@ -86,6 +86,7 @@ type Queries struct {
 	lockBehindKeys, unpark                  string
 	insertAudit, auditedRows                string
 	groupRows                               string
+	findRow, keyRows                        string
 	server                                  Server
 }
 
@@ -279,7 +280,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
 		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
 		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,
-		"group_rows":   &q.groupRows,
+		"group_rows": &q.groupRows, "find_row": &q.findRow, "key_rows": &q.keyRows,
 		"strict_check": &q.server.StrictCheck, "observe_last": &q.server.ObserveLast,
 		"observe_xids": &q.server.ObserveXids, "order_holder": &q.server.OrderHolder,
 		"lock_holders": &q.server.LockHolders, "server_start": &q.server.ServerStart,

@@ -65,6 +65,9 @@ type Config struct {
 	// Status reports the relay's live state for the overview; nil shows
 	// none.
 	Status func(context.Context) Status
+	// Route names the destination a topic's rows go to and the topic they
+	// are published as, for a message's page; nil shows none.
+	Route func(topic string) (destination, published string, ok bool)
 	// MaxPayload and CheckTopic vet an edit, as the API's.
 	MaxPayload int
 	CheckTopic func(topic string) error
@@ -115,9 +118,24 @@ type DestinationStatus struct {
 	Breaker   string
 	OpenUntil time.Time
 	LastError string
-	// Paused names the paused topics and partitions.
+	// Paused names the paused topics and partitions; Pauses are the
+	// same, each with its state.
 	Paused   []string
+	Pauses   []Pause
 	InFlight int
+}
+
+// Pause is a destination's paused topic, or partition of one.
+type Pause struct {
+	// Topic is the topic as published; Partition is -1 when the whole
+	// topic is paused.
+	Topic     string
+	Partition int
+	// State is open while it waits, half_open while rows probe it;
+	// OpenUntil is when an open pause lets a probe through.
+	State     string
+	OpenUntil time.Time
+	LastError string
 }
 
 //go:embed templates/*.html static/*
@@ -168,6 +186,9 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/parked-keys", c.view(c.keys))
 	mux.HandleFunc("POST "+p+"/parked-keys/release", c.change(c.release))
 	mux.HandleFunc("GET "+p+"/audit", c.view(c.audit))
+	mux.HandleFunc("GET "+p+"/find", c.view(c.find))
+	mux.HandleFunc("GET "+p+"/messages/{ref}", c.view(c.message))
+	mux.HandleFunc("GET "+p+"/key", c.view(c.key))
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		// Every pattern but this one names its method, so a page asked for
 		// with another method lands here too: that is a 405, not a 404.

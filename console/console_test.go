@@ -54,8 +54,16 @@ func newEnv(t *testing.T) *env {
 			return console.Status{
 				Outboxes: []console.OutboxStatus{{Name: "main", Pending: 12, OldestPending: 3 * time.Second, Delivered: 100}},
 				Destinations: []console.DestinationStatus{{Name: "hooks", Breaker: "open", LastError: "HTTP 503 from hooks",
-					Paused: []string{"orders (open)"}, InFlight: 4}},
+					OpenUntil: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC),
+					Paused:    []string{"orders (open)"}, InFlight: 4,
+					Pauses: []console.Pause{{Topic: "orders", Partition: -1, State: "open", LastError: "topic authorization failed"}}}},
 			}
+		},
+		Route: func(topic string) (string, string, bool) {
+			if topic == "unrouted" {
+				return "", "", false
+			}
+			return "hooks", topic, true
 		},
 		MaxPayload: 1024,
 	})

@@ -267,7 +267,15 @@ func foundRow(r outboxdb.Found) (FoundRow, error) {
 		fr.Where = "leased: a relay is delivering it now"
 		fr.Holds = append(fr.Holds, Hold{Kind: HoldLeased, Detail: "a relay holds it while its delivery is in flight; if that relay dies, the lease ends and it is delivered again"})
 	case r.Status == "pending":
-		fr.Where = fmt.Sprintf("pending since %s, after %d attempts", at(r.CreatedAt), r.Attempts)
+		fr.Where = "pending since " + at(r.CreatedAt)
+		switch r.Attempts {
+		case 0:
+			fr.Where += ", not tried yet"
+		case 1:
+			fr.Where += ", after 1 attempt"
+		default:
+			fr.Where += fmt.Sprintf(", after %d attempts", r.Attempts)
+		}
 		if r.NextAttemptAt.After(r.Now) {
 			until := r.NextAttemptAt
 			why := "its producer delayed it"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -38,6 +39,16 @@ func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) err
 			return errors.New("no route matches it")
 		}
 		return nil
+	}
+}
+
+// routeOf names the destination of a topic's rows and the topic they are
+// published as.
+func routeOf(cfg *config.Config) func(string) (string, string, bool) {
+	_, routes := cfg.DestinationList()
+	return func(topic string) (string, string, bool) {
+		r, ok := relay.MatchRoute(routes, topic)
+		return r.Destination, cmp.Or(r.Topic, topic), ok
 	}
 }
 
@@ -105,6 +116,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			Outboxes:   outboxes,
 			Tokens:     ad.tokens,
 			Status:     consoleStatus(ad.relay, ad.outboxes, ad.redact),
+			Route:      routeOf(a.cfg),
 			Redact:     ad.redact,
 			MaxPayload: maxPayload,
 			CheckTopic: checkTopic,

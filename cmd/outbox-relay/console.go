@@ -69,6 +69,8 @@ func consoleStatus(r *relay.Relay, outboxes []*runOutbox, redact func(string) st
 					what = fmt.Sprintf("%s[%d]", p.Topic, p.Partition)
 				}
 				ds.Paused = append(ds.Paused, what+" ("+p.State.String()+")")
+				ds.Pauses = append(ds.Pauses, console.Pause{Topic: p.Topic, Partition: p.Partition, State: p.State.String(),
+					OpenUntil: p.OpenUntil, LastError: p.LastError})
 			}
 			st.Destinations = append(st.Destinations, ds)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
@@ -71,9 +72,25 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT error_group FROM outbox WHERE id = $1`, group1).Scan(&groupID); err != nil {
 		t.Fatal(err)
 	}
+	// Event ids to look for: a row in backoff after a failed attempt, a
+	// dead letter, and a row that is delivered below (the relay keeps
+	// delivered rows here, so it is found as delivered).
+	var waitingEvent, deadEvent, deliveredEvent string
+	if err := pool.QueryRow(context.Background(), `INSERT INTO outbox (topic, key, payload, retry_count, last_error, next_attempt_at, error_history)
+VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + interval '1 hour',
+    '[{"at":"2026-11-20T10:00:00Z","attempt":1,"class":"transient","error":"HTTP 503 from the broker"}]') RETURNING event_id::text`).Scan(&waitingEvent); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, key, payload) VALUES ('orders', 'c7', '{"order":22}')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT event_id::text FROM outbox WHERE id = $1), (SELECT event_id::text FROM outbox WHERE id = $2)`,
+		untouched, group1).Scan(&deadEvent, &deliveredEvent); err != nil {
+		t.Fatal(err)
+	}
 
 	const token = "browser-test-token-0123456789"
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_HISTORY_INTERVAL=1s"))
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_HISTORY_INTERVAL=1s", "OUTBOX_RELAY_SENT_RETENTION=1h"))
 	base := "http://" + logged(t, p, "admin listener started")
 	shots := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
 	if shots == "" {
@@ -147,7 +164,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// The three rows are delivered: gone from the table, and at the broker
 	// with the edited payload.
 	testwait.Within(t, 60*time.Second, "the replayed rows delivered", func() bool {
-		return countRows(t, pool, fmt.Sprintf("id IN (%d, %d, %d)", group1, group2, edited)) == 0
+		return countRows(t, pool, fmt.Sprintf("id IN (%d, %d, %d) AND status <> 'sent'", group1, group2, edited)) == 0
 	})
 	recs := kafkatest.Consume(ctx, t, c.ListenAddrs(), "orders", 3)
 	payloads := map[string]bool{}
@@ -174,6 +191,35 @@ func TestConsoleInBrowser(t *testing.T) {
 	if n := charted(); n != 3 {
 		t.Errorf("the delivered chart adds up to %d rows, want the 3 delivered", n)
 	}
+
+	// Find a message from the header's search, by event id: one waiting
+	// for its next attempt, a dead letter, a delivered one.
+	find := func(event string) string {
+		t.Helper()
+		run("find "+event,
+			chromedp.Navigate(base+"/console/"),
+			chromedp.SendKeys(`header input[name=q]`, event),
+			chromedp.Submit(`header form.search`),
+			chromedp.WaitVisible(`#where`),
+		)
+		return text(`main`)
+	}
+	if page := find(waitingEvent); !strings.Contains(page, "pending since") || !strings.Contains(page, "backoff") ||
+		!strings.Contains(page, "attempt 1 failed: HTTP 503 from the broker") {
+		t.Errorf("the waiting row's page:\n%s", page)
+	}
+	shot("message")
+	if page := find(deadEvent); !strings.Contains(page, "dead-lettered (permanent)") || !strings.Contains(page, "HTTP 400 from the schema registry") {
+		t.Errorf("the dead letter's page:\n%s", page)
+	}
+	if page := find(deliveredEvent); !strings.Contains(page, "delivered at") || !strings.Contains(page, "replay") {
+		t.Errorf("the delivered row's page (with its replay in the audit trail):\n%s", page)
+	}
+	run("a key's page", chromedp.Navigate(base+"/console/key?key=c7"), chromedp.WaitVisible(`#key-rows`))
+	if head := text(`#head`); !strings.Contains(head, "backoff") {
+		t.Errorf("the key's head: %q, want its backoff", head)
+	}
+	shot("key")
 
 	// The overview, live.
 	run("overview", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(`#live`))
@@ -234,7 +280,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Every page fits 1280 pixels and a phone's 390, without scrolling
 	// sideways (tables scroll within their box).
 	pages := []string{"/console/", "/console/groups", "/console/dead-letters?status=all",
-		fmt.Sprintf("/console/dead-letters/%d", untouched), "/console/parked-keys", "/console/audit"}
+		fmt.Sprintf("/console/dead-letters/%d", untouched), "/console/parked-keys", "/console/audit",
+		"/console/?range=day", "/console/find?q=" + waitingEvent, "/console/key?key=c7", "/console/find?q=" + uuid.NewString()}
 	for _, width := range []int64{1280, 390} {
 		for _, path := range pages {
 			run(fmt.Sprintf("%s at %d pixels", path, width),
@@ -253,6 +300,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	run("narrow groups", chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(`main h1`))
 	shot("groups-narrow")
+	run("narrow trends", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(`#trends`))
+	shot("overview-narrow")
+	run("narrow message", chromedp.Navigate(base+"/console/find?q="+waitingEvent), chromedp.WaitVisible(`#where`))
+	shot("message-narrow")
+	run("narrow key", chromedp.Navigate(base+"/console/key?key=c7"), chromedp.WaitVisible(`#key-rows`))
+	shot("key-narrow")
 
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {

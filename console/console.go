@@ -68,6 +68,9 @@ type Config struct {
 	// Route names the destination a topic's rows go to and the topic they
 	// are published as, for a message's page; nil shows none.
 	Route func(topic string) (destination, published string, ok bool)
+	// Shares reads the fleet's shares of a destination's in-flight limit;
+	// nil outside a fleet.
+	Shares func(ctx context.Context, destination string) ([]FleetShare, error)
 	// MaxPayload and CheckTopic vet an edit, as the API's.
 	MaxPayload int
 	CheckTopic func(topic string) error
@@ -123,6 +126,11 @@ type DestinationStatus struct {
 	Paused   []string
 	Pauses   []Pause
 	InFlight int
+	// MaxInFlight is this replica's limit now (its share in a fleet),
+	// FleetMaxInFlight the fleet's; 0 for none. RateLimit is in rows per
+	// second, 0 for none.
+	MaxInFlight, FleetMaxInFlight int
+	RateLimit                     float64
 }
 
 // Pause is a destination's paused topic, or partition of one.
@@ -189,6 +197,7 @@ func New(cfg Config) (http.Handler, error) {
 	mux.HandleFunc("GET "+p+"/find", c.view(c.find))
 	mux.HandleFunc("GET "+p+"/messages/{ref}", c.view(c.message))
 	mux.HandleFunc("GET "+p+"/key", c.view(c.key))
+	mux.HandleFunc("GET "+p+"/destinations/{name}", c.view(c.destination))
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		// Every pattern but this one names its method, so a page asked for
 		// with another method lands here too: that is a 405, not a 404.

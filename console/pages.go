@@ -49,7 +49,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"actions": deadletter.SelectionActions,
 	}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"login", "error", "overview", "groups", "confirm", "result", "letters", "letter", "preview", "keys", "audit", "found", "message", "key"} {
+	for _, name := range []string{"login", "error", "overview", "groups", "confirm", "result", "letters", "letter", "preview", "keys", "audit", "found", "message", "key", "destination"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/live.html", "templates/chart.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: page %s: %w", name, err)

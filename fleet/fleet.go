@@ -250,3 +250,25 @@ func Share(limit, replicas, rank, others int, d Demand) int {
 		return min(fair, free, max(1, d.Used))
 	}
 }
+
+// ReplicaShare is a live replica's share of a destination's in-flight limit.
+type ReplicaShare struct {
+	Replica string
+	Slots   int
+	// Wants says rows of the replica waited for a slot at its last sync.
+	Wants bool
+}
+
+// Shares returns each live replica's share of destination's in-flight
+// limit, by replica name.
+func (s *Store) Shares(ctx context.Context, destination string) ([]ReplicaShare, error) {
+	rows, err := s.pool.Query(ctx, s.q.DestinationShares, destination)
+	if err != nil {
+		return nil, fmt.Errorf("read the fleet's shares: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ReplicaShare, error) {
+		var sh ReplicaShare
+		err := row.Scan(&sh.Replica, &sh.Slots, &sh.Wants)
+		return sh, err
+	})
+}

@@ -46,7 +46,7 @@ type Store struct {
 // New returns the Store of the history in schemaName on pool. The caller
 // keeps the pool.
 func New(pool *pgxpool.Pool, schemaName string) (*Store, error) {
-	q, err := outboxdb.NewHistory(schemaName)
+	q, err := outboxdb.NewHistory(schemaName, len(LagBuckets)+1)
 	if err != nil {
 		return nil, err
 	}
@@ -67,9 +67,21 @@ func (c Counts) zero() bool {
 	return c.Delivered == 0 && c.Retried == 0 && c.DeadLettered == 0 && !slices.ContainsFunc(c.Lag, func(n int64) bool { return n != 0 })
 }
 
-// Add adds a replica's counts to the minute of at, and deletes the
-// history older than Retention, in one round trip.
-func (s *Store) Add(ctx context.Context, at time.Time, replica string, counts []Counts) error {
+// Change is a change of a destination's breaker that a replica made.
+type Change struct {
+	At          time.Time
+	Destination string
+	Replica     string
+	// From and To are the breaker's states: closed, open, half_open.
+	From, To  string
+	Cooldown  time.Duration
+	LastError string
+}
+
+// Add adds a replica's counts to the minute of at and its breakers'
+// changes, and deletes the history older than Retention, in one round
+// trip.
+func (s *Store) Add(ctx context.Context, at time.Time, replica string, counts []Counts, changes ...Change) error {
 	var b pgx.Batch
 	for _, c := range counts {
 		if c.zero() {
@@ -77,7 +89,11 @@ func (s *Store) Add(ctx context.Context, at time.Time, replica string, counts []
 		}
 		b.Queue(s.q.Add, at, c.Destination, replica, c.Delivered, c.Retried, c.DeadLettered, c.Lag)
 	}
+	for _, c := range changes {
+		b.Queue(s.q.ChangeAdd, c.At, c.Destination, replica, c.From, c.To, c.Cooldown.Milliseconds(), c.LastError)
+	}
 	b.Queue(s.q.Trim, Retention.Microseconds())
+	b.Queue(s.q.ChangesTrim, Retention.Microseconds())
 	if err := s.pool.SendBatch(ctx, &b).Close(); err != nil {
 		return fmt.Errorf("write the history: %w", err)
 	}
@@ -188,10 +204,14 @@ func (s *Store) Read(ctx context.Context, window, step time.Duration) (*Trends, 
 			at                               time.Time
 			dest                             string
 			delivered, retried, deadLettered int64
-			lag                              []int64
 			pending, oldestMS                *int64
 		)
-		if err := rows.Scan(&at, &dest, &delivered, &retried, &deadLettered, &lag, &pending, &oldestMS); err != nil {
+		lag := make([]int64, len(LagBuckets)+1)
+		dst := []any{&at, &dest, &delivered, &retried, &deadLettered, &pending, &oldestMS}
+		for i := range lag {
+			dst = append(dst, &lag[i])
+		}
+		if err := rows.Scan(dst...); err != nil {
 			return nil, fmt.Errorf("read the history: %w", err)
 		}
 		i := int(at.Sub(from) / step)
@@ -289,4 +309,25 @@ func Quantile(counts []int64, q float64) (time.Duration, bool) {
 		return time.Duration(math.Round(secs * float64(time.Second))), true
 	}
 	return time.Duration(LagBuckets[len(LagBuckets)-1] * float64(time.Second)), true
+}
+
+// Changes returns a destination's latest breaker changes across the
+// fleet, newest first, at most limit.
+func (s *Store) Changes(ctx context.Context, destination string, limit int) ([]Change, error) {
+	rows, err := s.pool.Query(ctx, s.q.Changes, destination, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read the breakers' changes: %w", err)
+	}
+	defer rows.Close()
+	var out []Change
+	for rows.Next() {
+		c := Change{Destination: destination}
+		var ms int64
+		if err := rows.Scan(&c.At, &c.Replica, &c.From, &c.To, &ms, &c.LastError); err != nil {
+			return nil, fmt.Errorf("read the breakers' changes: %w", err)
+		}
+		c.Cooldown = time.Duration(ms) * time.Millisecond
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }

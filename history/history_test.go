@@ -2,6 +2,7 @@ package history_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -233,5 +235,49 @@ func TestQuantile(t *testing.T) {
 	// Ten in the first bucket (0–5 ms): the median halfway.
 	if q, _ := history.Quantile(lag(0, 10), 0.5); q != 2500*time.Microsecond {
 		t.Errorf("the median of ten rows under 5 ms: %s, want 2.5ms", q)
+	}
+}
+
+// The recorder writes the breakers' changes this replica made, once
+// each; those it adopted from the fleet are the other replica's to write.
+func TestRecorderWritesBreakerChanges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h, _ := newStore(t)
+	reg := prometheus.NewRegistry()
+	if _, err := metrics.NewRelay(reg); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Minute)
+	changes := []relay.BreakerChange{
+		{Seq: 1, At: at, Destination: "hooks", From: relay.BreakerClosed, To: relay.BreakerOpen, Cooldown: 2 * time.Second, LastError: "HTTP 503"},
+		{Seq: 2, At: at.Add(2 * time.Second), Destination: "hooks", From: relay.BreakerOpen, To: relay.BreakerHalfOpen},
+		{Seq: 3, At: at.Add(3 * time.Second), Destination: "kafka", From: relay.BreakerClosed, To: relay.BreakerOpen, ByFleet: true},
+	}
+	rec := &history.Recorder{Store: h, Outbox: "orders", Replica: "r1", Gatherer: reg,
+		Changes: func() []relay.BreakerChange { return changes }}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	changes = append(changes, relay.BreakerChange{Seq: 4, At: at.Add(4 * time.Second), Destination: "hooks", From: relay.BreakerHalfOpen, To: relay.BreakerClosed})
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := h.Changes(ctx, "hooks", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for _, c := range got {
+		seen = append(seen, c.From+"→"+c.To+"@"+c.Replica)
+	}
+	if want := "half_open→closed@r1 open→half_open@r1 closed→open@r1"; strings.Join(seen, " ") != want {
+		t.Errorf("hooks' changes, newest first: %v, want %s", seen, want)
+	}
+	if got[2].Cooldown != 2*time.Second || got[2].LastError != "HTTP 503" {
+		t.Errorf("the opening: %+v", got[2])
+	}
+	if k, err := h.Changes(ctx, "kafka", 10); err != nil || len(k) != 0 {
+		t.Errorf("a change adopted from the fleet was written: %v %v", k, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
+	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // DefaultInterval is how often a Recorder writes: once a minute, just
@@ -29,6 +30,11 @@ type Recorder struct {
 	Gatherer prometheus.Gatherer
 	// Backlog counts the outbox's backlog.
 	Backlog func(context.Context) (Backlog, error)
+	// Changes returns the relay's breakers' latest changes (each
+	// destination's, numbered by Seq); the recorder writes those this
+	// replica made and has not written yet. Nil records none: one
+	// outbox's recorder is enough.
+	Changes func() []relay.BreakerChange
 	// Interval is how often it writes, at most a minute: DefaultInterval
 	// when zero.
 	Interval time.Duration
@@ -38,6 +44,8 @@ type Recorder struct {
 	written map[string]Counts
 	// since is when the counts not yet written began.
 	since time.Time
+	// lastSeq is the newest breaker change written.
+	lastSeq uint64
 }
 
 // Run writes every Interval until ctx ends, then once more, so that a
@@ -102,11 +110,27 @@ func (r *Recorder) Flush(ctx context.Context) error {
 		}
 		delta = append(delta, d)
 	}
+	var changes []Change
+	seq := r.lastSeq
+	if r.Changes != nil {
+		for _, c := range r.Changes() {
+			if c.Seq <= r.lastSeq {
+				continue
+			}
+			seq = max(seq, c.Seq)
+			if c.ByFleet {
+				// The replica that made it records it.
+				continue
+			}
+			changes = append(changes, Change{At: c.At, Destination: c.Destination, From: c.From.String(), To: c.To.String(),
+				Cooldown: c.Cooldown, LastError: c.LastError})
+		}
+	}
 	at := r.since.Add(now.Sub(r.since) / 2)
-	if err := r.Store.Add(ctx, at, r.Replica, delta); err != nil {
+	if err := r.Store.Add(ctx, at, r.Replica, delta, changes...); err != nil {
 		return err
 	}
-	r.written, r.since = cur, now
+	r.written, r.since, r.lastSeq = cur, now, seq
 	if r.Backlog != nil {
 		return r.Store.RecordBacklog(ctx, now, r.Backlog)
 	}

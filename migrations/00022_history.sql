@@ -6,7 +6,8 @@
 -- fleet's; restarts lose nothing but the minute a process was killed in.
 -- Rows older than the history's retention are deleted by the replicas
 -- that write it: at most one row a minute per destination and replica,
--- and one for the backlog. Additive: older relays ignore it.
+-- and one for the backlog. Beside it, the breakers' changes. Additive:
+-- older relays ignore them.
 
 -- +goose Up
 CREATE TABLE {{.Schema}}.outbox_history (
@@ -26,6 +27,22 @@ CREATE TABLE {{.Schema}}.outbox_history (
     CONSTRAINT outbox_history_minute_check CHECK (date_trunc('minute', minute) = minute)
 );
 
+-- Each replica's own changes of its destinations' breakers (openings,
+-- probes, closings; not those it adopted from the fleet), for the
+-- console's destination pages.
+CREATE TABLE {{.Schema}}.outbox_breaker_changes (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at          timestamptz NOT NULL,
+    destination text        NOT NULL,
+    replica     text        NOT NULL,
+    from_state  text        NOT NULL,
+    to_state    text        NOT NULL,
+    cooldown_ms bigint,
+    last_error  text
+);
+CREATE INDEX outbox_breaker_changes_destination_idx ON {{.Schema}}.outbox_breaker_changes (destination, at);
+CREATE INDEX outbox_breaker_changes_at_idx ON {{.Schema}}.outbox_breaker_changes (at);
+
 -- +goose StatementBegin
 CREATE FUNCTION {{.Schema}}.outbox_history_add(a bigint[], b bigint[]) RETURNS bigint[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -38,12 +55,7 @@ END
 $$;
 -- +goose StatementEnd
 
-CREATE AGGREGATE {{.Schema}}.outbox_history_sum(bigint[]) (
-    SFUNC = {{.Schema}}.outbox_history_add,
-    STYPE = bigint[]
-);
-
 -- +goose Down
-DROP AGGREGATE {{.Schema}}.outbox_history_sum(bigint[]);
 DROP FUNCTION {{.Schema}}.outbox_history_add(bigint[], bigint[]);
+DROP TABLE {{.Schema}}.outbox_breaker_changes;
 DROP TABLE {{.Schema}}.outbox_history;

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -158,10 +159,46 @@ type dest struct {
 	// waiter says a batch claimed with the destination's rows waits for
 	// a slot of its full bulkhead: one at a time.
 	waiter atomic.Bool
+	// changes are the breaker's latest changes, oldest first.
+	changesMu sync.Mutex
+	changes   []BreakerChange
+}
+
+// BreakerChange is a change of a destination's breaker, as this replica
+// saw it.
+type BreakerChange struct {
+	// Seq numbers the relay's changes, across its destinations, from 1.
+	Seq         uint64
+	At          time.Time
+	Destination string
+	From, To    BreakerState
+	// Cooldown is how long an opening lasts before a probe.
+	Cooldown  time.Duration
+	LastError string
+	// ByFleet says another replica made it and this one adopted it.
+	ByFleet bool
+}
+
+// maxChanges is how many of its breaker's changes a destination keeps.
+const maxChanges = 32
+
+// changeSeq numbers the breakers' changes.
+var changeSeq atomic.Uint64
+
+// noteChange keeps c, numbered, among the latest changes, and returns it.
+func (d *dest) noteChange(c BreakerChange) BreakerChange {
+	d.changesMu.Lock()
+	defer d.changesMu.Unlock()
+	c.Seq = changeSeq.Add(1)
+	if len(d.changes) == maxChanges {
+		d.changes = append(d.changes[:0], d.changes[1:]...)
+	}
+	d.changes = append(d.changes, c)
+	return c
 }
 
 // newDest readies d under the relay's cfg, its defaults applied.
-func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChange]) *dest {
+func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChange]) *dest {
 	if d.OnDeadLetter == "" {
 		d.OnDeadLetter = cfg.OnDeadLetter
 	}
@@ -199,7 +236,8 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
 		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.Pause.Base, max: cfg.Pause.Max,
 		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool) {
-			changed.Send(breakerChange{Destination: d.Name, From: from, To: to})
+			changed.Send(x.noteChange(BreakerChange{At: time.Now(), Destination: d.Name, From: from, To: to,
+				Cooldown: cooldown, LastError: lastErr, ByFleet: byFleet}))
 			switch {
 			case to == BreakerOpen && byFleet && from == BreakerHalfOpen:
 				log.Info("another replica's probe failed; circuit open again", slog.Duration("cooldown", cooldown))
@@ -218,12 +256,6 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[breakerChang
 			}
 		}}
 	return x
-}
-
-// breakerChange is a destination breaker's change of state, for tests.
-type breakerChange struct {
-	Destination string
-	From, To    BreakerState
 }
 
 // group is the share of one batch that goes to one destination: its rows,
@@ -459,13 +491,28 @@ type DestinationStatus struct {
 	LastError string
 	// Paused are the destination's paused topics and partitions.
 	Paused []PauseStatus
-	// InFlight counts the rows being published to it now.
-	InFlight int
+	// InFlight counts the rows being published to it now; MaxInFlight
+	// is this replica's limit now (its share of FleetMaxInFlight in a
+	// fleet), 0 for none.
+	InFlight, MaxInFlight int
+	// FleetMaxInFlight is the limit across the fleet, 0 outside one.
+	FleetMaxInFlight int
+	// RateLimit is the destination's rows per second, 0 for none.
+	RateLimit float64
+	// Changes are the breaker's latest changes, oldest first.
+	Changes []BreakerChange
 }
 
 func (d *dest) status() DestinationStatus {
 	state, until := d.breaker.snapshot()
-	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status(), InFlight: int(d.publishing.Load())}
+	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status(), InFlight: int(d.publishing.Load()),
+		FleetMaxInFlight: d.fleetMax, RateLimit: d.RateLimit.PerSecond}
+	d.bulk.mu.Lock()
+	st.MaxInFlight, _ = d.bulk.limit()
+	d.bulk.mu.Unlock()
+	d.changesMu.Lock()
+	st.Changes = append([]BreakerChange(nil), d.changes...)
+	d.changesMu.Unlock()
 	if state == BreakerOpen {
 		st.OpenUntil = until
 	}

@@ -3,10 +3,7 @@ package relay
 import "github.com/outbox-relay/outbox-relay/internal/testsignal"
 
 // What the tests of this directory see of the relay's test signals.
-type (
-	BreakerChange = breakerChange
-	CleanedBatch  = cleanedBatch
-)
+type CleanedBatch = cleanedBatch
 
 // TestSignals tell a test what the relay did.
 type TestSignals struct {

@@ -87,7 +87,7 @@ type Relay struct {
 	// breakerChanged, cleaned and leaseWritten tell tests of the
 	// destinations' breakers, the cleaners' deletes and the leased
 	// write-backs.
-	breakerChanged testsignal.Signal[breakerChange]
+	breakerChanged testsignal.Signal[BreakerChange]
 	cleaned        testsignal.Signal[cleanedBatch]
 	leaseWritten   testsignal.Signal[int]
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/fleet"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -65,6 +66,24 @@ type admin struct {
 	tokens *deadletter.Tokens
 	// certs is the listeners' certificate; nil serves plain HTTP.
 	certs *certificate
+	// fleet is the coordination tables' store; nil outside a fleet.
+	fleet *fleet.Store
+}
+
+// consoleShares reads a destination's shares for the console, nil outside
+// a fleet.
+func (ad admin) consoleShares() func(context.Context, string) ([]console.FleetShare, error) {
+	if ad.fleet == nil {
+		return nil
+	}
+	return func(ctx context.Context, destination string) ([]console.FleetShare, error) {
+		shares, err := ad.fleet.Shares(ctx, destination)
+		out := make([]console.FleetShare, len(shares))
+		for i, sh := range shares {
+			out[i] = console.FleetShare(sh)
+		}
+		return out, err
+	}
 }
 
 // readyTimeout bounds the database check of one readiness probe.
@@ -117,6 +136,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			Tokens:     ad.tokens,
 			Status:     consoleStatus(ad.relay, ad.outboxes, ad.redact),
 			Route:      routeOf(a.cfg),
+			Shares:     ad.consoleShares(),
 			Redact:     ad.redact,
 			MaxPayload: maxPayload,
 			CheckTopic: checkTopic,

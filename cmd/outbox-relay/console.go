@@ -62,7 +62,8 @@ func consoleStatus(r *relay.Relay, outboxes []*runOutbox, redact func(string) st
 		}
 		for _, d := range r.Destinations() {
 			ds := console.DestinationStatus{Name: d.Name, Breaker: d.Breaker.String(), OpenUntil: d.OpenUntil,
-				LastError: d.LastError, InFlight: d.InFlight}
+				LastError: d.LastError, InFlight: d.InFlight, MaxInFlight: d.MaxInFlight, FleetMaxInFlight: d.FleetMaxInFlight,
+				RateLimit: d.RateLimit}
 			for _, p := range d.Paused {
 				what := p.Topic
 				if p.Partition >= 0 {

@@ -220,6 +220,11 @@ VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + i
 		t.Errorf("the key's head: %q, want its backoff", head)
 	}
 	shot("key")
+	run("a destination's page", chromedp.Navigate(base+"/console/"), chromedp.Click(`#live a[href^="/console/destinations/kafka"]`), chromedp.WaitVisible(`#changes`))
+	if state := text(`#breaker`); state != "closed" {
+		t.Errorf("the destination's breaker: %q", state)
+	}
+	shot("destination")
 
 	// The overview, live.
 	run("overview", chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(`#live`))
@@ -281,7 +286,7 @@ VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + i
 	// sideways (tables scroll within their box).
 	pages := []string{"/console/", "/console/groups", "/console/dead-letters?status=all",
 		fmt.Sprintf("/console/dead-letters/%d", untouched), "/console/parked-keys", "/console/audit",
-		"/console/?range=day", "/console/find?q=" + waitingEvent, "/console/key?key=c7", "/console/find?q=" + uuid.NewString()}
+		"/console/?range=day", "/console/destinations/kafka", "/console/find?q=" + waitingEvent, "/console/key?key=c7", "/console/find?q=" + uuid.NewString()}
 	for _, width := range []int64{1280, 390} {
 		for _, path := range pages {
 			run(fmt.Sprintf("%s at %d pixels", path, width),
@@ -306,6 +311,8 @@ VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + i
 	shot("message-narrow")
 	run("narrow key", chromedp.Navigate(base+"/console/key?key=c7"), chromedp.WaitVisible(`#key-rows`))
 	shot("key-narrow")
+	run("narrow destination", chromedp.Navigate(base+"/console/destinations/kafka"), chromedp.WaitVisible(`#changes`))
+	shot("destination-narrow")
 
 	p.signal(t, syscall.SIGTERM)
 	if code := p.wait(t, 60*time.Second); code != 0 {

@@ -54,3 +54,13 @@ func replicaName() string {
 	_, _ = rand.Read(b[:])
 	return host + "-" + hex.EncodeToString(b[:])
 }
+
+// fleetStore is the coordination tables' store of cfg, nil outside a
+// fleet.
+func fleetStore(cfg *relay.FleetConfig) *fleet.Store {
+	if cfg == nil {
+		return nil
+	}
+	st, _ := cfg.Fleet.(*fleet.Store)
+	return st
+}

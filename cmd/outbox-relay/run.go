@@ -153,6 +153,7 @@ func (a *app) run(ctx context.Context) error {
 		draining: ctx.Done(),
 		tokens:   tokens,
 		certs:    certs,
+		fleet:    fleetStore(fleetCfg),
 	})
 	if err != nil {
 		return err
@@ -182,9 +183,20 @@ func (a *app) run(ctx context.Context) error {
 	// counts once the relay has stopped.
 	historyCtx, stopHistory := context.WithCancel(context.WithoutCancel(ctx))
 	var recorders sync.WaitGroup
-	for _, o := range outboxes {
+	for i, o := range outboxes {
 		rec := &history.Recorder{Store: o.history, Outbox: o.name, Replica: replica, Gatherer: reg,
 			Backlog: o.backlog, Interval: cfg.Admin.HistoryInterval, Logger: a.log}
+		if i == 0 {
+			// The destinations' breakers, in the first outbox's history,
+			// where the console reads them.
+			rec.Changes = func() []relay.BreakerChange {
+				var out []relay.BreakerChange
+				for _, d := range r.Destinations() {
+					out = append(out, d.Changes...)
+				}
+				return out
+			}
+		}
 		recorders.Go(func() { rec.Run(historyCtx) })
 	}
 	defer func() { stopHistory(); recorders.Wait() }()

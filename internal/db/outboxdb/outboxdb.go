@@ -175,9 +175,11 @@ type names struct {
 	Claimers, Partitions string
 	// Replicas, Breakers and Shares are the fleet's.
 	Replicas, Breakers, Shares string
-	// History is the per-minute history; HistoryAdd and HistorySum add
-	// its histograms.
-	History, HistoryAdd, HistorySum string
+	// History is the per-minute history; HistoryAdd adds its
+	// histograms.
+	History, HistoryAdd string
+	// Changes are the breakers' changes.
+	Changes string
 }
 
 // quoted returns the names of schemaName's tables and functions, quoted.
@@ -194,7 +196,8 @@ func quoted(schemaName string) (names, error) {
 		Fingerprint: id("outbox_error_fingerprint"), Group: id("outbox_error_group"), Partition: id("outbox_partition"),
 		Claimers: id("outbox_claimers"), Partitions: id("outbox_claim_partitions"),
 		Replicas: id("outbox_fleet_replicas"), Breakers: id("outbox_fleet_breakers"), Shares: id("outbox_fleet_shares"),
-		History: id("outbox_history"), HistoryAdd: id("outbox_history_add"), HistorySum: id("outbox_history_sum"),
+		History: id("outbox_history"), HistoryAdd: id("outbox_history_add"),
+		Changes: id("outbox_breaker_changes"),
 	}, nil
 }
 
@@ -203,6 +206,7 @@ func quoted(schemaName string) (names, error) {
 type Fleet struct {
 	Heartbeat, Forget, Members, Ensure, Breakers string
 	Update, Shares, Share, Leave, Release        string
+	DestinationShares                            string
 }
 
 // NewFleet renders the fleet's statements for schemaName (default
@@ -217,6 +221,7 @@ func NewFleet(schemaName string) (Fleet, error) {
 		"fleet_heartbeat": &f.Heartbeat, "fleet_forget": &f.Forget, "fleet_members": &f.Members,
 		"fleet_ensure": &f.Ensure, "fleet_breakers": &f.Breakers, "fleet_update": &f.Update,
 		"fleet_shares": &f.Shares, "fleet_share": &f.Share, "fleet_leave": &f.Leave, "fleet_release": &f.Release,
+		"fleet_destination_shares": &f.DestinationShares,
 	} {
 		if *dst, err = render(name, n); err != nil {
 			return Fleet{}, err
@@ -229,21 +234,30 @@ func NewFleet(schemaName string) (Fleet, error) {
 // rendered for one schema. Package history runs them.
 type History struct {
 	Add, BacklogDue, Backlog, Trim, Series, Now string
+	ChangeAdd, ChangesTrim, Changes             string
 }
 
 // NewHistory renders the history's statements for schemaName (default
-// "public").
-func NewHistory(schemaName string) (History, error) {
+// "public"), whose lag histograms have buckets buckets.
+func NewHistory(schemaName string, buckets int) (History, error) {
 	n, err := quoted(schemaName)
 	if err != nil {
 		return History{}, err
+	}
+	data := struct {
+		names
+		Buckets []int
+	}{names: n}
+	for i := range buckets {
+		data.Buckets = append(data.Buckets, i+1)
 	}
 	var h History
 	for name, dst := range map[string]*string{
 		"history_add": &h.Add, "history_backlog_due": &h.BacklogDue, "history_backlog": &h.Backlog,
 		"history_trim": &h.Trim, "history_series": &h.Series, "history_now": &h.Now,
+		"change_add": &h.ChangeAdd, "changes_trim": &h.ChangesTrim, "changes": &h.Changes,
 	} {
-		if *dst, err = render(name, n); err != nil {
+		if *dst, err = render(name, data); err != nil {
 			return History{}, err
 		}
 	}

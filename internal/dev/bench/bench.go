@@ -77,6 +77,8 @@ type Config struct {
 	// ConsoleLetters are the dead letters beside a backlog of Rows over
 	// which the console's pages are timed.
 	ConsoleLetters int
+	// ConsoleRows are the pending rows beside them; Rows when zero.
+	ConsoleRows int
 	// SoakFor is how long the soak offers the binary SoakRate rows a
 	// second, with a snapshot held and again without; it reports every
 	// SoakMinute (a minute when zero), then idles SoakIdle on the empty

@@ -77,3 +77,11 @@ SELECT unnest($1::text[]), $2, unnest($3::int[]), unnest($4::bool[])
 ON CONFLICT (destination, replica) DO UPDATE SET slots = excluded.slots, wants = excluded.wants
 WHERE (s.slots, s.wants) <> (excluded.slots, excluded.wants)
 {{end}}
+
+{{/* A destination's ($1) shares of its in-flight limit, by live replica. */}}
+{{define "fleet_destination_shares"}}
+SELECT s.replica, s.slots, s.wants
+FROM {{.Shares}} AS s JOIN {{.Replicas}} AS r USING (replica)
+WHERE s.destination = $1 AND r.expires_at > now()
+ORDER BY s.replica
+{{end}}

@@ -31,14 +31,31 @@ ON CONFLICT (minute, destination, replica) DO NOTHING
 DELETE FROM {{.History}} WHERE minute < date_trunc('minute', now() - $1 * interval '1 microsecond')
 {{end}}
 
+{{define "changes_trim"}}
+DELETE FROM {{.Changes}} WHERE at < now() - $1 * interval '1 microsecond'
+{{end}}
+
+{{define "change_add"}}
+INSERT INTO {{.Changes}} (at, destination, replica, from_state, to_state, cooldown_ms, last_error)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''))
+{{end}}
+
+{{/* A destination's ($1) latest changes, newest first, up to $2. */}}
+{{define "changes"}}
+SELECT at, replica, from_state, to_state, coalesce(cooldown_ms, 0), coalesce(last_error, '')
+FROM {{.Changes}} WHERE destination = $1 ORDER BY at DESC, id DESC LIMIT $2
+{{end}}
+
 {{/*
 The history from $1 to $2 in steps of $3, each step's counts summed over
-the replicas (the backlog: its highest in the step), by destination.
+the replicas (the backlog: its highest in the step), by destination; the
+lag histogram's buckets (.Buckets, numbered from 1) each summed.
 */}}
 {{define "history_series"}}
 SELECT date_bin($3 * interval '1 microsecond', minute, $1::timestamptz), destination,
        sum(delivered)::bigint, sum(retried)::bigint, sum(dead_lettered)::bigint,
-       {{.HistorySum}}(lag_counts), max(pending), max(oldest_pending_ms)
+       max(pending), max(oldest_pending_ms)
+       {{- range .Buckets}}, coalesce(sum(lag_counts[{{.}}]), 0)::bigint{{end}}
 FROM {{.History}}
 WHERE minute >= $1 AND minute < $2
 GROUP BY 1, 2 ORDER BY 1, 2

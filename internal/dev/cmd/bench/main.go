@@ -90,9 +90,9 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 	fmt.Println("machine:", machine)
 	fmt.Printf("payload %d bytes; the binary with its default configuration; in process: backlog %d rows, batch %d\n\n", payload, rows, batch)
 
-	userRows, largeRows, fairnessRows := []int{200_000, 1_000_000}, 10_000_000, 1_000_000
+	userRows, largeRows, fairnessRows, consoleRows := []int{200_000, 1_000_000}, 10_000_000, 1_000_000, 1_000_000
 	if quick {
-		userRows, largeRows, fairnessRows = []int{200_000}, 0, 200_000
+		userRows, largeRows, fairnessRows, consoleRows = []int{200_000}, 0, 200_000, 200_000
 	}
 	start := time.Now()
 	results, err := bench.Run(ctx, bench.Config{
@@ -100,7 +100,7 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
-		FairnessRows: fairnessRows, FairnessRate: 2000, ConsoleLetters: 100_000,
+		FairnessRows: fairnessRows, FairnessRate: 2000, ConsoleLetters: 100_000, ConsoleRows: consoleRows,
 		UserRows: userRows, LargeRows: largeRows, Binary: binary, SoakFor: soak,
 		Only: only, Match: match, BrokerStores: stores,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },

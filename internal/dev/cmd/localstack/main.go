@@ -186,6 +186,8 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 	relay.Env = append(os.Environ(),
 		"OUTBOX_DATABASE_URL="+dsn,
 		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_CONFIG="+cfgFile,
+		// The console's trends fill within seconds, not at the minute.
+		"OUTBOX_ADMIN_HISTORY_INTERVAL="+envOr("OUTBOX_ADMIN_HISTORY_INTERVAL", "5s"),
 		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"))
 	relay.Env = append(relay.Env, ordersEnv...)
 	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr

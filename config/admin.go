@@ -38,9 +38,9 @@ type Admin struct {
 	// TLS serves the admin listeners over HTTPS.
 	TLS AdminTLS `koanf:"tls"`
 	// HistoryInterval is how often each replica adds its counts to the
-	// console's per-minute history in the database: at most a minute, at
-	// least a second. The history keeps one row a minute per destination
-	// and replica however often it is written. Default 1m.
+	// console's per-minute history in the database: from a second to a
+	// minute, dividing a minute. The history keeps one row a minute per
+	// destination and replica however often it is written. Default 1m.
 	HistoryInterval time.Duration `koanf:"history_interval"`
 
 	tokenFromFile bool // Token was read from TokenFile
@@ -166,8 +166,8 @@ func (a Admin) problems() []string {
 		_, tp := a.ReadTokens()
 		p = append(p, tp...)
 	}
-	if a.HistoryInterval < time.Second || a.HistoryInterval > time.Minute {
-		p = append(p, fmt.Sprintf("admin.history_interval is %s; it must be from 1s to 1m", a.HistoryInterval))
+	if a.HistoryInterval < time.Second || a.HistoryInterval > time.Minute || time.Minute%a.HistoryInterval != 0 {
+		p = append(p, fmt.Sprintf("admin.history_interval is %s; it must be from 1s to 1m and divide a minute (such as 5s, 15s, 30s)", a.HistoryInterval))
 	}
 	if a.TLS.Enabled() {
 		if a.TLS.CertFile == "" || a.TLS.KeyFile == "" {

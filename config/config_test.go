@@ -173,6 +173,20 @@ func TestAdminSettings(t *testing.T) {
 	if strings.Contains(msg, "short-secret") {
 		t.Errorf("the error shows the token:\n%s", msg)
 	}
+	if cfg.Admin.HistoryInterval != time.Minute {
+		t.Errorf("admin.history_interval defaults to %s, want 1m", cfg.Admin.HistoryInterval)
+	}
+	for _, bad := range []string{"0s", "500ms", "2m", "45s", "7s"} {
+		_, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_HISTORY_INTERVAL=" + bad}, config.NeedDatabase)
+		if err == nil || !strings.Contains(err.Error(), "admin.history_interval is") || !strings.Contains(err.Error(), "divide a minute") {
+			t.Errorf("admin.history_interval %s: %v", bad, err)
+		}
+	}
+	for _, good := range []string{"1s", "5s", "15s", "30s", "1m"} {
+		if _, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_HISTORY_INTERVAL=" + good}, config.NeedDatabase); err != nil {
+			t.Errorf("admin.history_interval %s: %v", good, err)
+		}
+	}
 }
 
 // One configuration with a mistake of every kind: each is reported once,

@@ -68,6 +68,9 @@ type Config struct {
 	// Route names the destination a topic's rows go to and the topic they
 	// are published as, for a message's page; nil shows none.
 	Route func(topic string) (destination, published string, ok bool)
+	// HistoryInterval is how often the replicas write the history: under
+	// a minute, the trends show the minute under way. Default a minute.
+	HistoryInterval time.Duration
 	// Shares reads the fleet's shares of a destination's in-flight limit;
 	// nil outside a fleet.
 	Shares func(ctx context.Context, destination string) ([]FleetShare, error)
@@ -162,6 +165,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if cfg.now == nil {
 		cfg.now = time.Now
+	}
+	if cfg.HistoryInterval <= 0 {
+		cfg.HistoryInterval = time.Minute
 	}
 	if cfg.Redact == nil {
 		cfg.Redact = func(s string) string { return s }

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/history"
@@ -65,6 +66,9 @@ func (c *console) destination(w http.ResponseWriter, r *http.Request) {
 	}
 	groups, err := o.Dead.Groups(r.Context(), deadletter.GroupParams{Filter: deadletter.Filter{Destination: name}, Limit: 10})
 	note("The failure groups", err)
+	if groups == nil {
+		groups = &deadletter.GroupPage{}
+	}
 	v["Groups"] = groups
 	if o.History != nil {
 		v["Trends"] = c.destinationTrends(r.Context(), o.History, name, note)
@@ -76,7 +80,7 @@ func (c *console) destination(w http.ResponseWriter, r *http.Request) {
 // destinationTrends are a destination's charts of the last hour.
 func (c *console) destinationTrends(ctx context.Context, h *history.Store, name string, note func(string, error)) []chart {
 	span := trendRanges["hour"]
-	tr, err := h.Read(ctx, span.window, span.step)
+	tr, err := h.Read(ctx, span.window, span.step, c.cfg.HistoryInterval < time.Minute)
 	if err != nil {
 		note("The trends", err)
 		return nil

@@ -76,7 +76,7 @@ func TestFindRefusesBadInput(t *testing.T) {
 		want string
 	}{
 		{"/console/find?q=", http.StatusBadRequest, "the search is empty"},
-		{"/console/find?q=" + strings.Repeat("a", 5000), http.StatusBadRequest, "at most 1024"},
+		{"/console/find?q=" + strings.Repeat("a", 5000), http.StatusBadRequest, "at most 4096"},
 		{"/console/find?q=%00", http.StatusBadRequest, "not valid text"},
 		{"/console/find?q=%C3%28", http.StatusBadRequest, "not valid text"},
 		{"/console/find?q=1&kind=drop", http.StatusBadRequest, `kind &#34;drop&#34; is not one of`},

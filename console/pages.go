@@ -145,7 +145,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	v := c.liveData(r)
 	if o.History != nil {
-		tr, err := o.History.Read(r.Context(), span.window, span.step)
+		tr, err := o.History.Read(r.Context(), span.window, span.step, c.cfg.HistoryInterval < time.Minute)
 		if err != nil {
 			c.cfg.Logger.Error("console trends failed", "outbox", o.Name, "error", err)
 			v.Trends = &trendsView{Range: rng, Label: span.label, Error: "The history could not be read: " + c.cfg.Redact(err.Error())}

@@ -180,12 +180,16 @@ func seconds(v float64) string {
 	return d.Round(time.Second).String()
 }
 
-// rateSeries is a count per step as a rate per second.
-func rateSeries(name, class string, pts []history.Point, step time.Duration, count func(history.Point) int64) series {
+// rateSeries is a count per step as a rate per second, over the part of
+// the step its data covers; NaN where it covers none.
+func rateSeries(name, class string, pts []history.Point, count func(history.Point) int64) series {
 	s := series{name: name, class: class, values: make([]float64, len(pts)), counts: make([]int64, len(pts))}
 	for i, p := range pts {
 		s.counts[i] = count(p)
-		s.values[i] = float64(s.counts[i]) / step.Seconds()
+		s.values[i] = math.NaN()
+		if p.Span >= time.Second {
+			s.values[i] = float64(s.counts[i]) / p.Span.Seconds()
+		}
 	}
 	return s
 }
@@ -220,7 +224,7 @@ func flowCharts(pts []history.Point, step time.Duration, label string) []chart {
 	d, f := total(pts, delivered), total(pts, failed)
 	flow := buildChart("Delivered and failed per second", pts, step, perSecond,
 		fmt.Sprintf("%d delivered, %d failed (retried or dead-lettered) in the %s", d, f, label),
-		rateSeries("delivered", "ok", pts, step, delivered), rateSeries("failed", "bad", pts, step, failed))
+		rateSeries("delivered", "ok", pts, delivered), rateSeries("failed", "bad", pts, failed))
 	var all []int64
 	for _, p := range pts {
 		all = addCounts(all, p.Lag)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
+	relaystore "github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // What a search looks for (FindParams.Kind).
@@ -25,7 +27,7 @@ const (
 )
 
 // MaxQueryBytes bounds a search's text: the longest key it looks for.
-const MaxQueryBytes = 1024
+const MaxQueryBytes = 4096
 
 // FindParams is a search for a message.
 type FindParams struct {
@@ -51,6 +53,9 @@ type Found struct {
 	More bool `json:"more,omitempty"`
 	// Absent says what it means that no row matched.
 	Absent string `json:"absent,omitempty"`
+	// Audit are the audit trail's records of a row id that no row has
+	// any more (replayed, then delivered and deleted), newest first.
+	Audit []AuditRecord `json:"audit,omitempty"`
 }
 
 // FoundRow is a row where it is now, and what holds it.
@@ -160,7 +165,7 @@ func (s *Store) Find(ctx context.Context, p FindParams) (*Found, error) {
 	}
 	f := &Found{Query: p.Query, Kind: kind}
 	if kind != FindKey {
-		row, ahead, err := s.q.FindRow(ctx, s.pool, ref.row())
+		row, err := s.q.FindRow(ctx, s.pool, ref.row())
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			if p.Kind == FindAuto {
@@ -173,6 +178,16 @@ func (s *Store) Find(ctx context.Context, p FindParams) (*Found, error) {
 				}
 			}
 			f.Absent = absent(kind, s.sentRetention)
+			if kind == FindRow {
+				// The row is gone, but operators may have acted on it.
+				audit, err := s.Audit(ctx, AuditParams{Row: ref.ID, Limit: 20})
+				if err != nil {
+					return nil, err
+				}
+				if f.Audit = audit.Records; len(f.Audit) > 0 {
+					f.Absent += " The audit trail names it: an operator acted on it before it went."
+				}
+			}
 			return f, nil
 		case err != nil:
 			return nil, fmt.Errorf("find %s: %w", ref, err)
@@ -181,8 +196,17 @@ func (s *Store) Find(ctx context.Context, p FindParams) (*Found, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ahead != nil {
-			fr.Holds = append([]Hold{aheadHold(ahead.ID, ahead.Topic, ahead.Parked)}, fr.Holds...)
+		if fr.Status == statusPending && fr.Key != nil {
+			holders, err := s.q.KeyHolders(ctx, s.pool, *fr.Key, fr.ID, maxHolders)
+			if err != nil {
+				return nil, fmt.Errorf("find %s: %w", ref, err)
+			}
+			for _, h := range holders {
+				if s.holds(h.Topic, fr.Topic) {
+					fr.Holds = append([]Hold{aheadHold(h.ID, h.Topic, h.Parked)}, fr.Holds...)
+					break
+				}
+			}
 		}
 		fr.Do = advice(fr)
 		audit, err := s.Audit(ctx, AuditParams{Row: fr.ID, Limit: 20})
@@ -212,27 +236,60 @@ func (s *Store) findKey(ctx context.Context, key string, limit int) (*Found, err
 	}
 	f := &Found{Kind: FindKey}
 	if len(rows) > limit {
-		rows, f.More = rows[:limit], true
+		// Pending rows first, then the latest of the others.
+		f.More = true
+		keep := make(map[int64]bool, limit)
+		for _, r := range rows {
+			if r.Status == statusPending && len(keep) < limit {
+				keep[r.ID] = true
+			}
+		}
+		for i := len(rows) - 1; i >= 0 && len(keep) < limit; i-- {
+			keep[rows[i].ID] = true
+		}
+		rows = slices.DeleteFunc(rows, func(r outboxdb.Found) bool { return !keep[r.ID] })
 	}
-	var head *FoundRow
+	// Each row is held by the first earlier row of its order scope that
+	// waits: pending, or parked.
+	var heads []FoundRow
 	for _, r := range rows {
 		fr, err := foundRow(r)
 		if err != nil {
 			return nil, err
 		}
-		if head != nil && fr.State == "pending" {
-			fr.Holds = append([]Hold{aheadHold(head.ID, head.Topic, head.ParksKey)}, fr.Holds...)
+		if fr.Status == statusPending {
+			for _, h := range heads {
+				if s.holds(h.Topic, fr.Topic) {
+					fr.Holds = append([]Hold{aheadHold(h.ID, h.Topic, h.ParksKey)}, fr.Holds...)
+					break
+				}
+			}
 		}
 		fr.Do = advice(fr)
 		f.Rows = append(f.Rows, fr)
-		if head == nil && (fr.State == "pending" || fr.State == "leased" || fr.ParksKey) {
-			head = &f.Rows[len(f.Rows)-1]
+		if fr.Status == statusPending || fr.ParksKey {
+			heads = append(heads, fr)
 		}
 	}
 	if len(f.Rows) == 0 {
 		f.Absent = fmt.Sprintf("No pending, dead-lettered or discarded row has key %q. Rows kept as sent are found by their event or row id.", clipText(key))
 	}
 	return f, nil
+}
+
+// maxHolders bounds the earlier rows of a key read to find the one that
+// holds a row back in its order scope.
+const maxHolders = 1000
+
+// holds reports whether a waiting row of topic holder holds back a later
+// row of the same key and topic row: in the same order scope, or in every
+// scope (a row without a route).
+func (s *Store) holds(holder, row string) bool {
+	if s.orderScope == nil {
+		return true
+	}
+	hs := s.orderScope(holder)
+	return hs == relaystore.EveryScope || hs == s.orderScope(row)
 }
 
 // absent says what it means that no row has an event or row id.
@@ -337,3 +394,6 @@ func advice(r FoundRow) []string {
 	}
 	return do
 }
+
+// statusPending is the status of a row not yet delivered.
+const statusPending = "pending"

@@ -133,6 +133,17 @@ func TestFindAbsentMessage(t *testing.T) {
 	if f := find(t, st, deadletter.FindParams{Query: "no-such-key"}); f.Kind != deadletter.FindKey || !strings.Contains(f.Absent, `key "no-such-key"`) {
 		t.Errorf("an absent key: %+v", f)
 	}
+	// A row replayed, then delivered and deleted: its id is in the audit
+	// trail.
+	id, _ := addDead(t, s, dead{Key: "gone"})
+	if _, err := st.Replay(context.Background(), deadletter.ReplayParams{BulkParams: deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{{ID: id}}}, Actor: actor, Reason: "fixed"}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Exec(t, `DELETE FROM outbox WHERE id = $1`, id)
+	f = find(t, st, deadletter.FindParams{Query: strconv.FormatInt(id, 10), Kind: deadletter.FindRow})
+	if len(f.Rows) != 0 || len(f.Audit) != 1 || f.Audit[0].Action != "replay" || !strings.Contains(f.Absent, "audit trail names it") {
+		t.Errorf("a deleted row that was replayed: %+v", f)
+	}
 }
 
 // Bad searches are input errors that say what is wrong; hostile text is
@@ -146,7 +157,7 @@ func TestFindRefusesBadInput(t *testing.T) {
 		want string
 	}{
 		{deadletter.FindParams{Query: "  "}, "the search is empty"},
-		{deadletter.FindParams{Query: strings.Repeat("x", deadletter.MaxQueryBytes+1)}, "at most 1024"},
+		{deadletter.FindParams{Query: strings.Repeat("x", deadletter.MaxQueryBytes+1)}, "at most 4096"},
 		{deadletter.FindParams{Query: "a\x00b"}, "not valid text"},
 		{deadletter.FindParams{Query: "\xff\xfe"}, "not valid text"},
 		{deadletter.FindParams{Query: "12", Kind: deadletter.FindEvent}, `"12" is not an event id`},
@@ -187,11 +198,73 @@ func TestAPIFind(t *testing.T) {
 	if code, body := call(h, "GET", "/api/v1/find?q=k-1&kind=key", ""); code != http.StatusOK || !strings.Contains(body, `"kind": "key"`) {
 		t.Errorf("find by key: %d\n%s", code, body)
 	}
-	for _, q := range []string{"", "?q=", "?q=" + url.QueryEscape(strings.Repeat("é", 600)), "?q=%00", "?q=%FF", "?q=1&kind=table",
+	for _, q := range []string{"", "?q=", "?q=" + url.QueryEscape(strings.Repeat("é", 2100)), "?q=%00", "?q=%FF", "?q=1&kind=table",
 		"?q=1&limit=-1", "?q=1&limit=x", "?q=1&q=2", "?q=1&order=id"} {
 		code, body := call(h, "GET", "/api/v1/find"+q, "")
 		if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
 			t.Errorf("find%s: %d, want 400 with the problem\n%s", q, code, body)
 		}
+	}
+}
+
+// A row is held only by the earlier rows of its order scope: with order
+// kept per destination, a key's row bound elsewhere does not hold it; a
+// row without a route holds the key everywhere.
+func TestFindHoldsFollowTheOrderScope(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	perDestination := func(topic string) string {
+		switch topic {
+		case "orders":
+			return "hooks"
+		case "audit":
+			return "kafka"
+		}
+		return "*"
+	}
+	st, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name, OrderScope: perDestination})
+	if err != nil {
+		t.Fatal(err)
+	}
+	global := newStore(t, s)
+	ahead := addPending(t, s, "k", time.Hour, "HTTP 503", "")
+	var auditRow int64
+	query(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('audit', 'k', '{}') RETURNING id`, nil, &auditRow)
+	ordersRow := addPending(t, s, "k", 0, "", "")
+	ref := strconv.FormatInt(auditRow, 10)
+	if r := find(t, st, deadletter.FindParams{Query: ref}).Rows[0]; len(r.Holds) != 0 {
+		t.Errorf("a row bound for another destination than the row ahead: holds %v", holds(r))
+	}
+	if r := find(t, global, deadletter.FindParams{Query: ref}).Rows[0]; len(r.Holds) != 1 || r.Holds[0].Row != ahead {
+		t.Errorf("with global order: holds %+v, want row %d", r.Holds, ahead)
+	}
+	if r := find(t, st, deadletter.FindParams{Query: strconv.FormatInt(ordersRow, 10)}).Rows[0]; len(r.Holds) != 1 || r.Holds[0].Row != ahead {
+		t.Errorf("a row of the same destination: holds %+v, want row %d", r.Holds, ahead)
+	}
+	key := find(t, st, deadletter.FindParams{Query: "k", Kind: deadletter.FindKey})
+	if len(key.Rows) != 3 || len(key.Rows[1].Holds) != 0 || len(key.Rows[2].Holds) != 1 || key.Rows[2].Holds[0].Row != ahead {
+		t.Errorf("the key's rows: %+v", key.Rows)
+	}
+	// A parked row without a route holds the key in every scope.
+	parked, _ := addDead(t, s, dead{Key: "p", Topic: "unrouted", Parked: true})
+	waiting := addPending(t, s, "p", 0, "", "")
+	if r := find(t, st, deadletter.FindParams{Query: strconv.FormatInt(waiting, 10)}).Rows[0]; len(r.Holds) != 1 || r.Holds[0].Row != parked {
+		t.Errorf("behind an unrouted parked row: holds %+v", r.Holds)
+	}
+}
+
+// A key's page keeps its pending rows when its dead letters are many.
+func TestFindKeyKeepsPendingRows(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s)
+	for range 5 {
+		addDead(t, s, dead{Key: "many", Status: deadletter.StatusDiscarded})
+	}
+	p1 := addPending(t, s, "many", 0, "", "")
+	p2 := addPending(t, s, "many", 0, "", "")
+	f := find(t, st, deadletter.FindParams{Query: "many", Limit: 3})
+	if len(f.Rows) != 3 || !f.More || f.Rows[1].ID != p1 || f.Rows[2].ID != p2 || f.Rows[0].State != "discarded" {
+		t.Errorf("a key with 5 discarded and 2 pending rows, limit 3: %+v (more %v)", f.Rows, f.More)
 	}
 }

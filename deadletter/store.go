@@ -68,6 +68,10 @@ type Config struct {
 	// deletes them at once), for Find to say what an id that matches no
 	// row means.
 	SentRetention time.Duration
+	// OrderScope names a topic's order scope (relay/store.EveryScope for a
+	// topic without a route), for Find to tell which earlier row of a key
+	// holds a row back; nil keeps a key's order across every topic.
+	OrderScope func(topic string) string
 }
 
 // What the audit trail keeps of edited payloads.
@@ -95,6 +99,7 @@ type Store struct {
 	q             *outboxdb.Queries
 	digest        bool
 	sentRetention time.Duration
+	orderScope    func(topic string) string
 }
 
 // NewStore returns a Store on pool.
@@ -109,7 +114,8 @@ func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dead-letter store: %w", err)
 	}
-	return &Store{pool: pool, q: q, digest: cfg.AuditPayloads == AuditPayloadsDigest, sentRetention: cfg.SentRetention}, nil
+	return &Store{pool: pool, q: q, digest: cfg.AuditPayloads == AuditPayloadsDigest, sentRetention: cfg.SentRetention,
+		orderScope: cfg.OrderScope}, nil
 }
 
 // Letter is a dead letter, or any outbox row when looked up by Get.

@@ -138,6 +138,9 @@ type Point struct {
 	// says whether one was.
 	Backlog    Backlog
 	HasBacklog bool
+	// Span is how much of the step the data covers: the step, but for
+	// the last, which may be under way, and steps after the data.
+	Span time.Duration
 }
 
 // Failed counts the failed attempts: retried or dead-lettered.
@@ -167,8 +170,12 @@ type Trends struct {
 
 // Read returns the history of the window that ends now (by the database's
 // clock) in steps of step; window is a whole number of steps, each a
-// whole number of minutes. Steps without rows count zero.
-func (s *Store) Read(ctx context.Context, window, step time.Duration) (*Trends, error) {
+// whole number of minutes. Steps without rows count zero. With current,
+// the minute under way is read too: the replicas write more often than
+// once a minute. Without, the window ends with the last whole minute,
+// whose counts are written just after it ends. Each point's Span is the
+// part of its step that the data covers: the last step's may be shorter.
+func (s *Store) Read(ctx context.Context, window, step time.Duration, current bool) (*Trends, error) {
 	if step < time.Minute || step%time.Minute != 0 || window < step || window%step != 0 {
 		return nil, fmt.Errorf("history: a window of %s in steps of %s: steps must be whole minutes that divide the window", window, step)
 	}
@@ -176,8 +183,11 @@ func (s *Store) Read(ctx context.Context, window, step time.Duration) (*Trends, 
 	if err := s.pool.QueryRow(ctx, s.q.Now).Scan(&now); err != nil {
 		return nil, fmt.Errorf("read the history: %w", err)
 	}
-	// The last step holds the current minute, which is still filling.
-	end := now.Truncate(time.Minute).Add(time.Minute)
+	// The data ends now, or with the last whole minute.
+	end, through := now.Truncate(time.Minute), now.Truncate(time.Minute)
+	if current {
+		end, through = end.Add(time.Minute), now
+	}
 	to := end.Truncate(step)
 	if to.Before(end) {
 		to = to.Add(step)
@@ -188,13 +198,15 @@ func (s *Store) Read(ctx context.Context, window, step time.Duration) (*Trends, 
 	blank := func(dest string) Trend {
 		tr := Trend{Destination: dest, Points: make([]Point, n)}
 		for i := range tr.Points {
-			tr.Points[i].At = from.Add(time.Duration(i) * step)
+			p := &tr.Points[i]
+			p.At = from.Add(time.Duration(i) * step)
+			p.Span = max(min(step, through.Sub(p.At)), 0)
 		}
 		return tr
 	}
 	t.Outbox = blank("")
 	byDest := map[string]*Trend{}
-	rows, err := s.pool.Query(ctx, s.q.Series, from, to, step.Microseconds())
+	rows, err := s.pool.Query(ctx, s.q.Series, from, end, step.Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("read the history: %w", err)
 	}

@@ -80,16 +80,28 @@ func TestReplicasAddUp(t *testing.T) {
 		t.Errorf("the backlog was counted %d times in one minute, want once", counted)
 	}
 
-	tr, err := h.Read(ctx, time.Hour, time.Minute)
+	tr, err := h.Read(ctx, time.Hour, time.Minute, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(tr.Outbox.Points) != 60 || tr.To.Sub(tr.From) != time.Hour {
 		t.Fatalf("an hour in minutes: %d points from %s to %s", len(tr.Outbox.Points), tr.From, tr.To)
 	}
-	last := tr.Outbox.Points[59]
-	if !last.At.Equal(now.Truncate(time.Minute)) {
-		t.Errorf("the last point is at %s, want the current minute %s", last.At, now.Truncate(time.Minute))
+	// The minute the counts were written in: the last point, or the one
+	// before it if a minute began since.
+	at := func(m time.Time) history.Point {
+		t.Helper()
+		for _, p := range tr.Outbox.Points {
+			if p.At.Equal(m.Truncate(time.Minute)) {
+				return p
+			}
+		}
+		t.Fatalf("no point at %s in %s–%s", m.Truncate(time.Minute), tr.From, tr.To)
+		return history.Point{}
+	}
+	last := at(now)
+	if l := tr.Outbox.Points[59]; !l.At.Equal(now.Truncate(time.Minute)) && !l.At.Equal(now.Truncate(time.Minute).Add(time.Minute)) {
+		t.Errorf("the last point is at %s, want the current minute", l.At)
 	}
 	if last.Delivered != 105 || last.Retried != 2 || last.DeadLettered != 1 || last.Failed() != 3 {
 		t.Errorf("the current minute: %+v, want 105 delivered, 2 retried, 1 dead-lettered", last)
@@ -105,7 +117,7 @@ func TestReplicasAddUp(t *testing.T) {
 	if p99, ok := last.Quantile(0.99); !ok || p99 < time.Second || p99 > 2500*time.Millisecond {
 		t.Errorf("p99 = %s, want 1–2.5 s", p99)
 	}
-	if p := tr.Outbox.Points[49]; p.Delivered != 7 || p.HasBacklog {
+	if p := at(earlier); p.Delivered != 7 || p.HasBacklog {
 		t.Errorf("ten minutes ago: %+v, want 7 delivered and no backlog", p)
 	}
 	var total int64
@@ -122,11 +134,24 @@ func TestReplicasAddUp(t *testing.T) {
 	if len(names) != 2 || names[0] != "hooks" || names[1] != "kafka" {
 		t.Errorf("destinations %v, want hooks and kafka (one with only zero counts writes nothing)", names)
 	}
-	if d := tr.Destinations[1].Points[59]; d.Delivered != 105 {
-		t.Errorf("kafka's current minute: %d delivered, want 105", d.Delivered)
+	var kafka int64
+	for _, p := range tr.Destinations[1].Points {
+		kafka += p.Delivered
+	}
+	if kafka != 112 {
+		t.Errorf("kafka's hour: %d delivered, want 112", kafka)
+	}
+	// Without the minute under way, the window ends with the last whole
+	// minute, and this one's counts are not read yet.
+	whole, err := h.Read(ctx, time.Hour, time.Minute, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := whole.Outbox.Points[59]; !l.At.Before(now.Truncate(time.Minute)) || l.Span != time.Minute {
+		t.Errorf("the last whole minute: %s (span %s), want one before %s", l.At, l.Span, now.Truncate(time.Minute))
 	}
 
-	day, err := h.Read(ctx, 24*time.Hour, 15*time.Minute)
+	day, err := h.Read(ctx, 24*time.Hour, 15*time.Minute, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +162,7 @@ func TestReplicasAddUp(t *testing.T) {
 	if len(day.Outbox.Points) != 96 || total != 112 {
 		t.Errorf("the day: %d points, %d delivered, want 96 and 112", len(day.Outbox.Points), total)
 	}
-	if _, err := h.Read(ctx, time.Hour, 90*time.Second); err == nil {
+	if _, err := h.Read(ctx, time.Hour, 90*time.Second, true); err == nil {
 		t.Error("a step of 90s was accepted")
 	}
 }
@@ -279,5 +304,21 @@ func TestRecorderWritesBreakerChanges(t *testing.T) {
 	}
 	if k, err := h.Changes(ctx, "kafka", 10); err != nil || len(k) != 0 {
 		t.Errorf("a change adopted from the fleet was written: %v %v", k, err)
+	}
+	// Changes are numbered across destinations, but each is read on its
+	// own: a lower number that shows up after a higher one of another
+	// destination was written is written too.
+	changes = []relay.BreakerChange{{Seq: 9, At: at, Destination: "orders-api", From: relay.BreakerClosed, To: relay.BreakerOpen}}
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	changes = append(changes, relay.BreakerChange{Seq: 8, At: at, Destination: "billing", From: relay.BreakerClosed, To: relay.BreakerOpen})
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"orders-api", "billing"} {
+		if got, err := h.Changes(ctx, d, 10); err != nil || len(got) != 1 {
+			t.Errorf("%s's changes: %v %v, want one", d, got, err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +27,8 @@ type Recorder struct {
 	Outbox string
 	// Replica names this process among the relay's replicas.
 	Replica string
-	// Gatherer holds the relay's metrics (metrics.NewRelay's).
+	// Gatherer holds the relay's metrics: metrics.Relay's Gatherer, which
+	// gathers them alone.
 	Gatherer prometheus.Gatherer
 	// Backlog counts the outbox's backlog.
 	Backlog func(context.Context) (Backlog, error)
@@ -44,8 +46,8 @@ type Recorder struct {
 	written map[string]Counts
 	// since is when the counts not yet written began.
 	since time.Time
-	// lastSeq is the newest breaker change written.
-	lastSeq uint64
+	// written are the newest breaker change written, by destination.
+	lastSeq map[string]uint64
 }
 
 // Run writes every Interval until ctx ends, then once more, so that a
@@ -110,27 +112,36 @@ func (r *Recorder) Flush(ctx context.Context) error {
 		}
 		delta = append(delta, d)
 	}
+	// Each destination's changes are numbered in order: a watermark per
+	// destination. A destination keeps its last few changes only, so one
+	// that flaps more often than that between two writes loses some.
 	var changes []Change
-	seq := r.lastSeq
+	seqs := map[string]uint64{}
 	if r.Changes != nil {
 		for _, c := range r.Changes() {
-			if c.Seq <= r.lastSeq {
+			if c.Seq <= r.lastSeq[c.Destination] {
 				continue
 			}
-			seq = max(seq, c.Seq)
+			seqs[c.Destination] = max(seqs[c.Destination], c.Seq)
 			if c.ByFleet {
 				// The replica that made it records it.
 				continue
 			}
 			changes = append(changes, Change{At: c.At, Destination: c.Destination, From: c.From.String(), To: c.To.String(),
-				Cooldown: c.Cooldown, LastError: c.LastError})
+				Cooldown: c.Cooldown, LastError: storable(c.LastError)})
 		}
 	}
 	at := r.since.Add(now.Sub(r.since) / 2)
 	if err := r.Store.Add(ctx, at, r.Replica, delta, changes...); err != nil {
 		return err
 	}
-	r.written, r.since, r.lastSeq = cur, now, seq
+	r.written, r.since = cur, now
+	if r.lastSeq == nil {
+		r.lastSeq = map[string]uint64{}
+	}
+	for d, s := range seqs {
+		r.lastSeq[d] = s
+	}
 	if r.Backlog != nil {
 		return r.Store.RecordBacklog(ctx, now, r.Backlog)
 	}
@@ -148,7 +159,7 @@ var (
 // gather reads the outbox's counters, by destination, as they stand.
 func (r *Recorder) gather() (map[string]Counts, error) {
 	families, err := r.Gatherer.Gather()
-	if err != nil {
+	if err != nil && len(families) == 0 {
 		return nil, fmt.Errorf("history: read the metrics: %w", err)
 	}
 	out := map[string]Counts{}
@@ -200,4 +211,14 @@ func lagCounts(h *dto.Histogram) []int64 {
 	}
 	out[len(buckets)] = int64(h.GetSampleCount() - below)
 	return out
+}
+
+// storable is an error as text the database takes: valid UTF-8 without
+// NUL, at most 1,000 bytes.
+func storable(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) > 1000 {
+		s = strings.ToValidUTF8(s[:1000], "") + "…"
+	}
+	return s
 }

@@ -45,7 +45,13 @@ type Relay struct {
 	publish      *prometheus.HistogramVec
 	claim        *prometheus.HistogramVec
 	batch        *prometheus.HistogramVec
+	// own holds only these, for Gatherer.
+	own *prometheus.Registry
 }
+
+// Gatherer gathers these metrics alone: what the relay counted, without
+// the collectors that query the database on every gather.
+func (m *Relay) Gatherer() prometheus.Gatherer { return m.own }
 
 // NewRelay registers the relay's metrics with reg.
 func NewRelay(reg prometheus.Registerer) (*Relay, error) {
@@ -87,8 +93,12 @@ func NewRelay(reg prometheus.Registerer) (*Relay, error) {
 			Buckets: BatchSizeBuckets,
 		}, []string{"outbox"}),
 	}
+	m.own = prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{m.delivered, m.retried, m.deferred, m.deadLettered, m.lag, m.publish, m.claim, m.batch} {
 		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+		if err := m.own.Register(c); err != nil {
 			return nil, err
 		}
 	}

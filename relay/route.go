@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"path"
@@ -126,6 +127,27 @@ func (rt *router) scope(scope string) func(topic string) string {
 		}
 	}
 	return nil
+}
+
+// OrderScopeOf returns the function that names a topic's order scope
+// under routes, as the relay keeps it (see Config.OrderScope): the
+// destination's name, or that and the topic it is published as;
+// store.EveryScope for a topic without a route; nil for global order.
+// Tools that explain what holds a row back use it.
+func OrderScopeOf(routes []Route, scope string) func(topic string) string {
+	if scope != OrderScopeDestination && scope != OrderScopeTopic {
+		return nil
+	}
+	return func(topic string) string {
+		r, ok := MatchRoute(routes, topic)
+		switch {
+		case !ok:
+			return store.EveryScope
+		case scope == OrderScopeTopic:
+			return r.Destination + "\x00" + cmp.Or(r.Topic, topic)
+		}
+		return r.Destination
+	}
 }
 
 // scopedKey is a record's key in its order scope: the rows that keep their

@@ -53,6 +53,13 @@ func routeOf(cfg *config.Config) func(string) (string, string, bool) {
 	}
 }
 
+// orderScopeOf names a topic's order scope in an outbox whose order scope
+// is scope, for the operators' tools.
+func orderScopeOf(cfg *config.Config, scope string) func(string) string {
+	_, routes := cfg.DestinationList()
+	return relay.OrderScopeOf(routes, scope)
+}
+
 // admin is what the admin listener serves.
 type admin struct {
 	outboxes []*runOutbox
@@ -132,16 +139,17 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			outboxes = append(outboxes, console.Outbox{Name: o.name, Dead: o.dead, History: o.history})
 		}
 		ui, err = console.New(console.Config{
-			Outboxes:   outboxes,
-			Tokens:     ad.tokens,
-			Status:     consoleStatus(ad.relay, ad.outboxes, ad.redact),
-			Route:      routeOf(a.cfg),
-			Shares:     ad.consoleShares(),
-			Redact:     ad.redact,
-			MaxPayload: maxPayload,
-			CheckTopic: checkTopic,
-			Secure:     ad.certs != nil,
-			Logger:     a.log,
+			Outboxes:        outboxes,
+			Tokens:          ad.tokens,
+			Status:          consoleStatus(ad.relay, ad.outboxes, ad.redact),
+			Route:           routeOf(a.cfg),
+			Shares:          ad.consoleShares(),
+			HistoryInterval: a.cfg.Admin.HistoryInterval,
+			Redact:          ad.redact,
+			MaxPayload:      maxPayload,
+			CheckTopic:      checkTopic,
+			Secure:          ad.certs != nil,
+			Logger:          a.log,
 		})
 		if err != nil {
 			return nil, err

@@ -92,7 +92,7 @@ func (d *dlq) open(ctx context.Context) error {
 		return err
 	}
 	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: o.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads,
-		SentRetention: d.cfg.Relay.SentRetention})
+		SentRetention: d.cfg.Relay.SentRetention, OrderScope: orderScopeOf(d.cfg, o.OrderScope)})
 	if err != nil {
 		pool.Close()
 		return err

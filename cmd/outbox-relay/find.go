@@ -66,6 +66,7 @@ var errNotFound = silentError{fmt.Errorf("not found")}
 func printFound(w io.Writer, f *deadletter.Found) {
 	if len(f.Rows) == 0 {
 		fmt.Fprintln(w, f.Absent)
+		printAudit(w, f.Audit)
 		return
 	}
 	if f.Kind == deadletter.FindKey {
@@ -108,16 +109,21 @@ func printFound(w io.Writer, f *deadletter.Found) {
 			fmt.Fprintf(w, "  %s  #%d  %s  %s\n", stamp(&e.At), e.Attempt, e.Class, cell(e.Error))
 		}
 	}
-	if len(r.Audit) > 0 {
-		fmt.Fprintln(w, "\naudit:")
-		for _, a := range r.Audit {
-			fmt.Fprintf(w, "  %s  %s by %s (%s)  %s\n", stamp(&a.At), a.Action, cell(a.Actor), a.Source, cell(a.Reason))
-		}
-	}
+	printAudit(w, r.Audit)
 	if len(r.Do) > 0 {
 		fmt.Fprintln(w, "\nwhat to do:")
 		for _, d := range r.Do {
 			fmt.Fprintf(w, "  %s\n", d)
 		}
+	}
+}
+
+func printAudit(w io.Writer, records []deadletter.AuditRecord) {
+	if len(records) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\naudit:")
+	for _, a := range records {
+		fmt.Fprintf(w, "  %s  %s by %s (%s)  %s\n", stamp(&a.At), a.Action, cell(a.Actor), a.Source, cell(a.Reason))
 	}
 }

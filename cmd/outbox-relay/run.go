@@ -184,7 +184,7 @@ func (a *app) run(ctx context.Context) error {
 	historyCtx, stopHistory := context.WithCancel(context.WithoutCancel(ctx))
 	var recorders sync.WaitGroup
 	for i, o := range outboxes {
-		rec := &history.Recorder{Store: o.history, Outbox: o.name, Replica: replica, Gatherer: reg,
+		rec := &history.Recorder{Store: o.history, Outbox: o.name, Replica: replica, Gatherer: relayMetrics.Gatherer(),
 			Backlog: o.backlog, Interval: cfg.Admin.HistoryInterval, Logger: a.log}
 		if i == 0 {
 			// The destinations' breakers, in the first outbox's history,
@@ -307,7 +307,7 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 		}
 	}
 	o.dead, err = deadletter.NewStore(pool, deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads,
-		SentRetention: cfg.Relay.SentRetention})
+		SentRetention: cfg.Relay.SentRetention, OrderScope: orderScopeOf(cfg, s.OrderScope)})
 	if err != nil {
 		return nil, err
 	}

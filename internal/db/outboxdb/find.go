@@ -3,6 +3,8 @@ package outboxdb
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Found is a row as a search finds it.
@@ -16,37 +18,40 @@ type Found struct {
 	Now time.Time
 }
 
-// Ahead is the earlier row of a pending row's key that holds it back.
-type Ahead struct {
+// KeyHolder is an earlier row of a key that can hold its later rows back.
+type KeyHolder struct {
 	ID     int64
 	Topic  string
 	Status string
 	Parked bool
 }
 
-// FindRow returns the row r names and, for a pending row, the first
-// earlier row of its key that is pending or parked (nil when none).
-// pgx.ErrNoRows if there is none. Statement: find_row.
-func (q *Queries) FindRow(ctx context.Context, db DB, r Ref) (Found, *Ahead, error) {
+// FindRow returns the row r names; pgx.ErrNoRows if there is none.
+// Statement: find_row.
+func (q *Queries) FindRow(ctx context.Context, db DB, r Ref) (Found, error) {
 	id, ev := r.args()
 	var f Found
-	var aheadID *int64
-	var aheadTopic, aheadStatus *string
-	var aheadParked *bool
-	l, err := scanLetter(db.QueryRow(ctx, q.findRow, id, ev), &f.History, &f.SentAt, &f.DiscardedAt, &f.Leased, &f.Now,
-		&aheadID, &aheadTopic, &aheadStatus, &aheadParked)
-	if err != nil {
-		return f, nil, err
-	}
+	l, err := scanLetter(db.QueryRow(ctx, q.findRow, id, ev), &f.History, &f.SentAt, &f.DiscardedAt, &f.Leased, &f.Now)
 	f.Letter = l
-	if aheadID == nil {
-		return f, nil, nil
-	}
-	return f, &Ahead{ID: *aheadID, Topic: *aheadTopic, Status: *aheadStatus, Parked: *aheadParked}, nil
+	return f, err
 }
 
-// KeyRows returns up to limit of key's pending, dead-lettered and
-// discarded rows, in id order. Statement: key_rows.
+// KeyHolders returns key's rows below id that are pending or parked, in
+// id order, up to limit of each. Statement: key_holders.
+func (q *Queries) KeyHolders(ctx context.Context, db DB, key string, below int64, limit int) ([]KeyHolder, error) {
+	rows, err := db.Query(ctx, q.keyHolders, key, below, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyHolder, error) {
+		var h KeyHolder
+		err := row.Scan(&h.ID, &h.Topic, &h.Status, &h.Parked)
+		return h, err
+	})
+}
+
+// KeyRows returns key's first limit pending rows and its latest limit
+// dead-lettered and discarded ones, in id order. Statement: key_rows.
 func (q *Queries) KeyRows(ctx context.Context, db DB, key string, limit int) ([]Found, error) {
 	rows, err := db.Query(ctx, q.keyRows, key, limit)
 	if err != nil {

@@ -86,7 +86,7 @@ type Queries struct {
 	lockBehindKeys, unpark                  string
 	insertAudit, auditedRows                string
 	groupRows                               string
-	findRow, keyRows                        string
+	findRow, keyRows, keyHolders            string
 	server                                  Server
 }
 
@@ -294,7 +294,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
 		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
 		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,
-		"group_rows": &q.groupRows, "find_row": &q.findRow, "key_rows": &q.keyRows,
+		"group_rows": &q.groupRows, "find_row": &q.findRow, "key_rows": &q.keyRows, "key_holders": &q.keyHolders,
 		"strict_check": &q.server.StrictCheck, "observe_last": &q.server.ObserveLast,
 		"observe_xids": &q.server.ObserveXids, "order_holder": &q.server.OrderHolder,
 		"lock_holders": &q.server.LockHolders, "server_start": &q.server.ServerStart,

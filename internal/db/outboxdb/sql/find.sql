@@ -6,38 +6,36 @@ a key's rows.
 
 {{define "found_columns"}}{{template "letter_columns"}}, error_history, sent_at, discarded_at, lease_token IS NOT NULL, now(){{end}}
 
-{{/*
-A row by id ($1) or event id ($2), and for a pending row with a key the
-first earlier row of its key that holds it back: pending, or parked.
-*/}}
+{{/* A row by id ($1) or event id ($2). */}}
 {{define "find_row"}}
-SELECT {{template "found_columns"}}, ahead.ahead_id, ahead.ahead_topic, ahead.ahead_status, ahead.ahead_parked
-FROM {{.Outbox}} AS o
-LEFT JOIN LATERAL (
-    SELECT a.id AS ahead_id, a.topic AS ahead_topic, a.status AS ahead_status, a.key_parked AS ahead_parked
-    FROM (
-        (SELECT id, topic, status, key_parked FROM {{.Outbox}}
-         WHERE key = o.key AND id < o.id AND status = 'pending' ORDER BY id LIMIT 1)
-        UNION ALL
-        (SELECT id, topic, status, key_parked FROM {{.Outbox}}
-         WHERE key = o.key AND id < o.id AND key_parked ORDER BY id LIMIT 1)
-    ) AS a
-    WHERE o.status = 'pending'
-    ORDER BY a.id LIMIT 1
-) AS ahead ON true
-WHERE {{template "ref_match"}}
+SELECT {{template "found_columns"}} FROM {{.Outbox}} WHERE {{template "ref_match"}}
 {{end}}
 
 {{/*
-A key's ($1) pending, dead-lettered and discarded rows in id order, up to
-$2, each from its index. Rows kept as sent are not among them: no index
-leads with their key.
+The rows of a key ($1) below an id ($2) that can hold a later row back,
+pending or parked, in id order: up to $3 of each, from their indexes.
+*/}}
+{{define "key_holders"}}
+SELECT id, topic, status, key_parked FROM (
+    (SELECT id, topic, status, key_parked FROM {{.Outbox}}
+     WHERE key = $1 AND id < $2 AND status = 'pending' ORDER BY id LIMIT $3)
+    UNION ALL
+    (SELECT id, topic, status, key_parked FROM {{.Outbox}}
+     WHERE key = $1 AND id < $2 AND key_parked ORDER BY id LIMIT $3)
+) AS h
+ORDER BY id
+{{end}}
+
+{{/*
+A key's ($1) rows: its first $2 pending rows and its latest $2
+dead-lettered and discarded ones, each from its index, in id order. Rows
+kept as sent are not among them: no index leads with their key.
 */}}
 {{define "key_rows"}}
 SELECT {{template "found_columns"}} FROM (
     (SELECT * FROM {{.Outbox}} WHERE key = $1 AND status = 'pending' ORDER BY id LIMIT $2)
     UNION ALL
-    (SELECT * FROM {{.Outbox}} WHERE key = $1 AND status IN ('dead_lettered', 'discarded') ORDER BY id LIMIT $2)
+    (SELECT * FROM {{.Outbox}} WHERE key = $1 AND status IN ('dead_lettered', 'discarded') ORDER BY id DESC LIMIT $2)
 ) AS k
-ORDER BY id LIMIT $2
+ORDER BY id
 {{end}}

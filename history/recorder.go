@@ -46,7 +46,7 @@ type Recorder struct {
 	written map[string]Counts
 	// since is when the counts not yet written began.
 	since time.Time
-	// written are the newest breaker change written, by destination.
+	// lastSeq is the newest breaker change written, by destination.
 	lastSeq map[string]uint64
 }
 

@@ -227,7 +227,7 @@ func flowCharts(pts []history.Point, step time.Duration, label string) []chart {
 		rateSeries("delivered", "ok", pts, delivered), rateSeries("failed", "bad", pts, failed))
 	var all []int64
 	for _, p := range pts {
-		all = addCounts(all, p.Lag)
+		all = history.AddLag(all, p.Lag)
 	}
 	summary := "nothing delivered"
 	if p50, ok := history.Quantile(all, 0.5); ok {
@@ -237,16 +237,6 @@ func flowCharts(pts []history.Point, step time.Duration, label string) []chart {
 	lag := buildChart("Commit to acknowledgement (p50, p99)", pts, step, seconds, summary,
 		lagSeries("p50", "ok", pts, 0.5), lagSeries("p99", "warn", pts, 0.99))
 	return []chart{flow, lag}
-}
-
-func addCounts(a, b []int64) []int64 {
-	if len(b) > len(a) {
-		a = append(a, make([]int64, len(b)-len(a))...)
-	}
-	for i, n := range b {
-		a[i] += n
-	}
-	return a
 }
 
 // backlogCharts are the outbox's pending rows and the age of its oldest.

@@ -248,7 +248,7 @@ func (s *Store) Read(ctx context.Context, window, step time.Duration, current bo
 			p.Delivered += delivered
 			p.Retried += retried
 			p.DeadLettered += deadLettered
-			p.Lag = addLag(p.Lag, lag)
+			p.Lag = AddLag(p.Lag, lag)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -278,8 +278,8 @@ func cmpString(a, b string) int {
 	return 0
 }
 
-// addLag adds b's counts to a's, bucket by bucket.
-func addLag(a, b []int64) []int64 {
+// AddLag adds the lag counts b to a, bucket by bucket, and returns a.
+func AddLag(a, b []int64) []int64 {
 	if len(b) > len(a) {
 		a = append(a, make([]int64, len(b)-len(a))...)
 	}

@@ -81,7 +81,27 @@ func TestRunRidesOutDatabaseEdges(t *testing.T) {
 		}
 	}
 	id := pgx.Identifier{role}.Sanitize()
-	kick := func() { exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '" + role + "'") }
+	// setRole changes a setting of the role's sessions: it holds for the
+	// sessions that start after it, so every older one is ended, and
+	// waited for (a session that was starting as the setting changed may
+	// have read the old one, and ending sessions takes a moment).
+	setRole := func(setting string) {
+		t.Helper()
+		exec("ALTER ROLE " + id + " " + setting)
+		var changed time.Time
+		if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&changed); err != nil {
+			t.Fatal(err)
+		}
+		older := fmt.Sprintf("usename = '%s' AND backend_start <= '%s'", role, changed.Format(time.RFC3339Nano))
+		testwait.Within(t, 30*time.Second, "the role's older sessions ended", func() bool {
+			exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE " + older)
+			var n int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE "+older).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == 0
+		})
+	}
 	insert := func(n int) {
 		exec("INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || g % 3, 'x' FROM generate_series(1, " + fmt.Sprint(n) + ") g")
 	}
@@ -100,8 +120,7 @@ func TestRunRidesOutDatabaseEdges(t *testing.T) {
 
 	// A failover: the connections now reach a read-only server. The relay
 	// drops them, and connects again until the server takes writes.
-	exec("ALTER ROLE " + id + " SET default_transaction_read_only = on")
-	kick()
+	setRole("SET default_transaction_read_only = on")
 	insert(10)
 	p.waitForLog(t, `msg="database: the database server is read-only`)
 	if n := countRows(t, pool, "status = 'pending'"); n != 10 {
@@ -111,8 +130,7 @@ func TestRunRidesOutDatabaseEdges(t *testing.T) {
 	delivered("rows delivered once the server takes writes")
 
 	// A lock holds the table past the statement timeout of the claims.
-	exec("ALTER ROLE " + id + " SET statement_timeout = '300ms'")
-	kick()
+	setRole("SET statement_timeout = '300ms'")
 	insert(10)
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -169,15 +169,11 @@ func (s *Settings) Validate() error {
 
 // Open returns a Publisher for the destination s describes.
 func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
-	batch := o.MaxBatchBytes
-	if batch <= 0 {
-		batch = relay.DefaultMaxBatchBytes
-	}
 	c := Config{
 		Brokers:         s.Brokers,
 		ClientID:        s.ClientID,
 		DialTimeout:     s.DialTimeout,
-		MaxMessageBytes: batch + MessageSlack + o.HeaderBytes,
+		MaxMessageBytes: o.MessageBytes(MessageSlack),
 		Timestamp:       Timestamp(s.Timestamp),
 	}
 	if s.Compression != "" {

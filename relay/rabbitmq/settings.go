@@ -107,13 +107,9 @@ func (s *Settings) Reload(p relay.Publisher) error {
 
 // Open returns a Publisher for the destination s describes.
 func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
-	batch := o.MaxBatchBytes
-	if batch <= 0 {
-		batch = relay.DefaultMaxBatchBytes
-	}
 	maxMessage := s.MaxMessageBytes
 	if maxMessage == 0 {
-		maxMessage = batch + MessageSlack + o.HeaderBytes
+		maxMessage = o.MessageBytes(MessageSlack)
 	}
 	c, err := s.Config(o.Name, maxMessage)
 	if err != nil {

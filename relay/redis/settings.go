@@ -117,13 +117,9 @@ func (s *Settings) Reload(p relay.Publisher) error {
 
 // Open returns a Publisher for the destination s describes.
 func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
-	batch := o.MaxBatchBytes
-	if batch <= 0 {
-		batch = relay.DefaultMaxBatchBytes
-	}
 	maxEntry := s.MaxEntryBytes
 	if maxEntry == 0 {
-		maxEntry = batch + EntrySlack + o.HeaderBytes
+		maxEntry = o.MessageBytes(EntrySlack)
 	}
 	c, err := s.Config(o.Name, maxEntry)
 	if err != nil {

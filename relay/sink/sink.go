@@ -63,6 +63,17 @@ type Options struct {
 	HeaderBytes int
 }
 
+// MessageBytes is the largest message a sink with a size limit must
+// accept: MaxBatchBytes (relay.DefaultMaxBatchBytes when unset), the
+// sink's own framing (slack) and the wrappers' headers.
+func (o Options) MessageBytes(slack int) int {
+	batch := o.MaxBatchBytes
+	if batch <= 0 {
+		batch = relay.DefaultMaxBatchBytes
+	}
+	return batch + slack + o.HeaderBytes
+}
+
 // Sink describes a kind of destination.
 type Sink struct {
 	// Kind is the key of its settings under destinations.<name>, such as

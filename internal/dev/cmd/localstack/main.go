@@ -109,7 +109,7 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 			if err := c.CreateTopic(topic, 3, map[string]string{"max.message.bytes": strconv.Itoa(maxOrderSize)}); err != nil {
 				return err
 			}
-			go outages(ctx, c)
+			go brokerOutages(ctx, c)
 			brokers = strings.Join(c.ListenAddrs(), ",")
 		}
 		var delivered atomic.Int64
@@ -126,7 +126,7 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 			n.close()
 			fmt.Println("NATS server stopped and its directory removed")
 		}()
-		go n.outages(ctx)
+		go outages(ctx, "NATS server", "the stream's", n.stop, n.start)
 		stored, ordersYAML, where = n.stored, ordersToNATS(n.url), "NATS: "+n.url+" (stream ORDERS)"
 	case "pubsub":
 		fmt.Println("starting Pub/Sub's in-process emulator ...")
@@ -151,7 +151,7 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 			srv.stop()
 			fmt.Printf("%s stopped and its directory removed\n", srv.name)
 		}()
-		go serverOutages(ctx, srv)
+		go outages(ctx, srv.name, srv.name+"'s", srv.halt, srv.relaunch)
 		stored, ordersYAML, where = srv.stored, srv.orders, srv.name+": orders"
 		ordersEnv = []string{"LOCALSTACK_RABBITMQ_PASSWORD=guest"}
 	}

@@ -82,32 +82,6 @@ func (n *natsStack) close() {
 	os.RemoveAll(n.opts.StoreDir)
 }
 
-// outages stops the server now and then, and starts it again on the same
-// port with the same streams, until ctx ends.
-func (n *natsStack) outages(ctx context.Context) {
-	t := time.NewTicker(outageEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		n.stop()
-		fmt.Printf("\nNATS server down for %s (on purpose): the webhook count keeps rising, its rows are not held back by the stream's\n", outageLength)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(outageLength):
-		}
-		if err := n.start(); err != nil {
-			fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
-			return
-		}
-		fmt.Println("\nNATS server back: the stream's rows catch up, each key's in id order")
-	}
-}
-
 // stored is the number of messages the ORDERS stream holds, or the last
 // known number while the server is down.
 func (n *natsStack) stored(ctx context.Context, last int64) int64 {

@@ -123,29 +123,3 @@ func startRabbitMQ() (*localServer, error) {
 		},
 	}, nil
 }
-
-// serverOutages stops s now and then, and starts it again on the same
-// port with the same data, until ctx ends.
-func serverOutages(ctx context.Context, s *localServer) {
-	t := time.NewTicker(outageEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.halt()
-		fmt.Printf("\n%s down for %s (on purpose): the webhook count keeps rising, its rows are not held back\n", s.name, outageLength)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(outageLength):
-		}
-		if err := s.relaunch(); err != nil {
-			fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
-			return
-		}
-		fmt.Printf("\n%s back: its rows catch up, each key's in id order\n", s.name)
-	}
-}

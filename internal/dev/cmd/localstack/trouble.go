@@ -26,16 +26,10 @@ const (
 	outageLength = 10 * time.Second
 )
 
-// outages takes the broker down now and then until ctx ends.
-func outages(ctx context.Context, c *kfake.Cluster) {
-	var down atomic.Bool
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if down.Load() {
-			return nil, errors.New("broker outage (localstack)"), true
-		}
-		return nil, nil, false
-	})
+// outages takes what is named down now and then, for outageLength,
+// until ctx ends: down stops it, up brings it back. whose names the rows
+// it holds, which the webhook's do not wait for.
+func outages(ctx context.Context, what, whose string, down func(), up func() error) {
 	t := time.NewTicker(outageEvery)
 	defer t.Stop()
 	for {
@@ -44,16 +38,33 @@ func outages(ctx context.Context, c *kfake.Cluster) {
 			return
 		case <-t.C:
 		}
-		down.Store(true)
-		fmt.Printf("\nbroker down for %s (on purpose): the webhook count keeps rising, its rows are not held back by Kafka's\n", outageLength)
+		down()
+		fmt.Printf("\n%s down for %s (on purpose): the webhook count keeps rising, its rows are not held back by %s\n", what, outageLength, whose)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(outageLength):
 		}
-		down.Store(false)
-		fmt.Println("\nbroker back: Kafka's rows catch up, each key's in id order")
+		if err := up(); err != nil {
+			fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
+			return
+		}
+		fmt.Printf("\n%s back: %s rows catch up, each key's in id order\n", what, whose)
 	}
+}
+
+// brokerOutages makes the in-process broker refuse produce requests now
+// and then until ctx ends.
+func brokerOutages(ctx context.Context, c *kfake.Cluster) {
+	var down atomic.Bool
+	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if down.Load() {
+			return nil, errors.New("broker outage (localstack)"), true
+		}
+		return nil, nil, false
+	})
+	outages(ctx, "broker", "Kafka's", func() { down.Store(true) }, func() error { down.Store(false); return nil })
 }
 
 var orderID = regexp.MustCompile(`"order_id":([0-9]+)`)

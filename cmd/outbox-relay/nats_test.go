@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -149,20 +148,7 @@ routes:
 	if t.Failed() {
 		return
 	}
-	var final []*relayProcess
-	for range relays {
-		p := startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info"))
-		final = append(final, p)
-	}
-	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
-	for _, p := range final {
-		p.signal(t, syscall.SIGTERM)
-	}
-	for _, p := range final {
-		if code := p.wait(t, time.Minute); code != 0 {
-			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
-		}
-	}
+	drainCalmly(t, env, relays, pool)
 
 	msgs := natstest.Messages(t, js, "CHECK")
 	delivered := map[uuid.UUID]int{}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -112,14 +113,5 @@ next:
 // checkerEnv is the environment of the kill-and-restart checker's relays
 // against a sink's server: small batches, short backoffs and pauses.
 func checkerEnv(dsn, cfg string, extra ...string) []string {
-	return natsEnv(dsn, cfg, append([]string{
-		"OUTBOX_RELAY_BATCH_SIZE=200",
-		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
-		"OUTBOX_RETRY_BASE_DELAY=5ms",
-		"OUTBOX_RETRY_MAX_DELAY=100ms",
-		"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
-		"OUTBOX_RETRY_PAUSE_BASE=20ms",
-		"OUTBOX_RETRY_PAUSE_MAX=200ms",
-		"OUTBOX_LOG_LEVEL=warn",
-	}, extra...)...)
+	return natsEnv(dsn, cfg, append(slices.Clone(checkerSettings), extra...)...)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -176,19 +175,7 @@ routes:
 	if t.Failed() {
 		return
 	}
-	var final []*relayProcess
-	for range relays {
-		final = append(final, startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info")))
-	}
-	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
-	for _, p := range final {
-		p.signal(t, syscall.SIGTERM)
-	}
-	for _, p := range final {
-		if code := p.wait(t, time.Minute); code != 0 {
-			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
-		}
-	}
+	drainCalmly(t, env, relays, pool)
 	ch, err := node.Dial(amqp.Config{}).Channel()
 	if err != nil {
 		t.Fatal(err)

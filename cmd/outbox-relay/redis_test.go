@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -136,19 +135,7 @@ routes:
 	if t.Failed() {
 		return
 	}
-	var final []*relayProcess
-	for range relays {
-		final = append(final, startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info")))
-	}
-	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
-	for _, p := range final {
-		p.signal(t, syscall.SIGTERM)
-	}
-	for _, p := range final {
-		if code := p.wait(t, time.Minute); code != 0 {
-			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
-		}
-	}
+	drainCalmly(t, env, relays, pool)
 	// Each stream in its order: consumers read a stream at a time.
 	c := srv.Client(nil)
 	delivered := map[uuid.UUID]int{}

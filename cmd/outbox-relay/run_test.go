@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -397,20 +398,12 @@ routes:
 `, strings.Join(c.ListenAddrs(), ", "))), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := relayEnv(dsn, c,
+	env := relayEnv(dsn, c, append(slices.Clone(checkerSettings),
 		"OUTBOX_CONFIG="+cfgFile,
-		"OUTBOX_RELAY_BATCH_SIZE=200",
 		"OUTBOX_RELAY_WORKERS=2",
-		"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
-		"OUTBOX_RETRY_BASE_DELAY=5ms",
-		"OUTBOX_RETRY_MAX_DELAY=100ms",
-		"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
-		"OUTBOX_RETRY_PAUSE_BASE=20ms",
-		"OUTBOX_RETRY_PAUSE_MAX=200ms",
-		"OUTBOX_LOG_LEVEL=warn",
 		"OUTBOX_RELAY_STRICT_ORDER="+strconv.FormatBool(strict),
 		"OUTBOX_RELAY_ORDER_SCOPE="+scope,
-	)
+	)...)
 
 	book := newLedger()
 	producing := produceChecked(t, pool, book, strict, rows, []string{"events", "changes", "audit"})
@@ -422,24 +415,7 @@ routes:
 		return
 	}
 
-	// Calm: fresh relays drain what is left, then stop cleanly.
-	var final []*relayProcess
-	for range relays {
-		p := startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info"))
-		final = append(final, p)
-		testwait.Within(t, time.Minute, "a relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
-	}
-	// A key's rows alternating two topics of one destination move a row a
-	// batch; on a loaded machine the drain takes minutes.
-	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
-	for _, p := range final {
-		p.signal(t, syscall.SIGTERM)
-	}
-	for _, p := range final {
-		if code := p.wait(t, time.Minute); code != 0 {
-			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
-		}
-	}
+	drainCalmly(t, env, relays, pool)
 
 	// Check.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -574,6 +550,43 @@ func checkScopeOrder(t *testing.T, arrived []arrival, scope string) {
 			t.Errorf("key %s: row %d first delivered after row %d; its first deliveries up to here (row@topic time): %v", k, a.id, last[k], seen)
 		}
 		last[k] = max(last[k], a.id)
+	}
+}
+
+// checkerSettings are the kill-and-restart checker's relay settings:
+// small batches, short backoffs and pauses, every row retried until
+// delivered.
+var checkerSettings = []string{
+	"OUTBOX_RELAY_BATCH_SIZE=200",
+	"OUTBOX_RELAY_PUBLISH_TIMEOUT=5s",
+	"OUTBOX_RETRY_BASE_DELAY=5ms",
+	"OUTBOX_RETRY_MAX_DELAY=100ms",
+	"OUTBOX_RETRY_MAX_ATTEMPTS=10000",
+	"OUTBOX_RETRY_PAUSE_BASE=20ms",
+	"OUTBOX_RETRY_PAUSE_MAX=200ms",
+	"OUTBOX_LOG_LEVEL=warn",
+}
+
+// drainCalmly is the checker's calm after the chaos: fresh relays with
+// env drain what is left, then stop cleanly on SIGTERM.
+func drainCalmly(t *testing.T, env []string, relays int, pool *pgxpool.Pool) {
+	t.Helper()
+	var final []*relayProcess
+	for range relays {
+		p := startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info"))
+		final = append(final, p)
+		testwait.Within(t, time.Minute, "a relay to start", func() bool { return strings.Contains(p.output.String(), "relay started") })
+	}
+	// A key's rows alternating two topics of one destination move a row a
+	// batch; on a loaded machine the drain takes minutes.
+	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	for _, p := range final {
+		p.signal(t, syscall.SIGTERM)
+	}
+	for _, p := range final {
+		if code := p.wait(t, time.Minute); code != 0 {
+			t.Errorf("relay exit code %d after SIGTERM; output:\n%s", code, p.output)
+		}
 	}
 }
 

@@ -37,8 +37,7 @@ import (
 const (
 	HeaderEventID = outbox.HeaderEventID
 	HeaderID      = outbox.HeaderID
-	// HeaderKey carries the row's key; a row without a key has none.
-	HeaderKey = "outbox-key"
+	HeaderKey     = sink.HeaderKey
 )
 
 // Defaults of Config.

@@ -50,6 +50,11 @@ type Reloader interface {
 	Reload(p relay.Publisher) error
 }
 
+// HeaderKey carries a row's key in the messages of sinks whose messages
+// have no key of their own (NATS, RabbitMQ); a row without a key has
+// none.
+const HeaderKey = "outbox-key"
+
 // Options are what a sink is told when it opens a destination.
 type Options struct {
 	// Name is the destination's name, for errors and logs.

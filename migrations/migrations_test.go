@@ -617,6 +617,8 @@ WHERE table_name = 'outbox' AND column_name = 'parked_behind'`},
 WHERE table_name = 'outbox' AND column_name = 'error_group'`},
 		{15, "CREATE INDEX CONCURRENTLY outbox_failure_group_idx", `SELECT count(*) FROM pg_index
 WHERE indexrelid = 'outbox_failure_group_idx'::regclass AND indisvalid`},
+		{24, "CREATE INDEX CONCURRENTLY outbox_failure_group_next_idx", `SELECT count(*) FROM pg_index
+WHERE indexrelid = 'outbox_failure_group_idx'::regclass AND indisvalid AND indnatts = 6`},
 	} {
 		t.Run(fmt.Sprint(c.version), func(t *testing.T) {
 			t.Parallel()

@@ -171,6 +171,12 @@ func orderScopeRun(t *testing.T, f orderScopeFault, scope string) {
 	t.Logf("%s, %s scope: webhook p99 commit to ack %s over %d rows until the fault ended, %s over all; %d rows parked; %d payments rows stuck as the fault ended",
 		f.name, scope, p99, delivered, all, parked, paymentsStuck)
 	hookParked := count(t, s.Pool, "topic = 'notifications' AND status = 'pending'")
+	// Held back, the webhook's rows wait for the whole fault (10 s or
+	// more). Not held back, they still slow down as a paused topic's
+	// backlog grows: the rows held behind it are claimed and deferred
+	// again at each cool-down (docs/ordering.md), up to about a second
+	// by the end of a 10 s pause here on two busy cores.
+	const heldBack = 2 * time.Second
 	switch scope {
 	case relay.OrderScopeGlobal:
 		// The webhook's rows wait behind Kafka's: the fault held them.
@@ -178,11 +184,11 @@ func orderScopeRun(t *testing.T, f orderScopeFault, scope string) {
 			if hookParked == 0 {
 				t.Errorf("no webhook row of the parked key waits behind it: global order lets rows past their key's dead letter")
 			}
-		} else if p99 < time.Second {
+		} else if p99 < heldBack {
 			t.Errorf("webhook p99 %s under a Kafka fault of %s: global order must hold the webhook's rows of the shared keys", p99, f.lasts)
 		}
 	default:
-		if p99 >= time.Second || hookParked != 0 {
+		if p99 >= heldBack || hookParked != 0 {
 			t.Errorf("webhook p99 %s, %d of its rows held back by the parked key: Kafka's fault must not hold back another destination", p99, hookParked)
 		}
 		checkPayloadOrder(t, "hook", hook.run("hook").delivered(t), rows)

@@ -237,3 +237,52 @@ func pendingRows(t *testing.T, s *pgtest.Schema) string {
 	}
 	return strings.Join(got, "; ")
 }
+
+// A topic paused long enough for its keys' rows held behind it to
+// outnumber a batch: those rows, deferred to each probe, come due together,
+// and claims that took them first left no room for the rows that never
+// waited, the probe's among them: the topic never recovered, and neither
+// its rows nor the other destinations' new ones were claimed again. Claims
+// leave rows that never waited a share, so once the topic heals
+// everything drains.
+func TestLongPauseLeavesRoomForItsProbes(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t).WithConns(t, 8)
+	c := kafkatest.NewCluster(t, nil)
+	for _, topic := range []string{"orders", "payments"} {
+		if err := c.CreateTopic(topic, 3, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook := newReceiver(t, http.StatusServiceUnavailable)
+	startFault, stopFault, _ := produceFault(kerr.TopicAuthorizationFailed)(c, "orders")
+	const batch = 100
+	h := start(t, s, nil, options{claimer: "relay", policy: outagePolicy, cfg: relay.Config{
+		Destinations: []relay.Destination{
+			{Name: "kafka", Publisher: newKafka(t, c)},
+			hookDestination(t, "hook", hook.srv.URL),
+		},
+		Routes: []relay.Route{
+			{Topics: []string{"orders", "payments"}, Destination: "kafka"},
+			{Topics: []string{"notifications"}, Destination: "hook"},
+		},
+		BatchSize: batch,
+		Pause:     relay.PauseConfig{Base: outageCool, Max: outageCoolMax},
+	}})
+	startFault()
+	produce(t, s, 8*time.Second, func(n int) string {
+		return fmt.Sprintf(`INSERT INTO outbox (topic, key, payload) VALUES
+    ('orders', 'k%[1]d', 'o%[2]d'), ('notifications', 'k%[1]d', 'n%[2]d'), ('payments', 'k%[1]d', 'p%[2]d')`, n%50, n)
+	}, nil)
+	if held := count(t, s.Pool, "topic = 'payments' AND status = 'pending' AND next_attempt_at <> created_at"); held < 2*batch {
+		t.Fatalf("%d payments rows held behind the paused topic, fewer than two batches: the test proves nothing", held)
+	}
+	stopFault()
+	testwait.State(t, time.Minute, func() (bool, string) {
+		if count(t, s.Pool, "status = 'pending'") == 0 {
+			return true, ""
+		}
+		return false, "rows still pending a minute after the topic healed: " + pendingRows(t, s)
+	})
+	h.stop()
+}

@@ -239,7 +239,7 @@ func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 // Each worker then holds two batches at most: one publishing, the next
 // claimed.
 func (w *worker) claimAhead(t taken) bool {
-	return t.claim.Claimed == t.limit && len(t.claim.Records) > 0 &&
+	return t.claim.Full && len(t.claim.Records) > 0 &&
 		w.s.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.s.store.SpareConns() >= 2
 }
 
@@ -331,7 +331,7 @@ func (w *worker) drop(ctx context.Context, t taken) {
 // sent, which a batch claimed ahead of it must hold back.
 func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, unsent keySet, err error) {
 	r, s := w.r, w.s
-	claim, start, limit := t.claim, t.start, t.limit
+	claim, start := t.claim, t.start
 	defer s.inflight.remove(t.inflight)
 	defer w.releaseWaits(t)
 	if len(claim.Records) == 0 {
@@ -437,7 +437,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	handedOff = true
 	s.tally.batches.Add(1)
 	s.tally.settled(outcomes, groups, claim.Records, claim.Deferred)
-	if claim.Claimed == limit && published > 0 {
+	if claim.Full && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
 		s.askHelp()

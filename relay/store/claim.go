@@ -75,8 +75,11 @@ type Claim struct {
 	// Now is the database clock at the claim.
 	Now time.Time
 	// Claimed counts the rows locked, before rows were held back for their
-	// key; a claim that reached its limit suggests more rows are ready.
+	// key.
 	Claimed int
+	// Full says the claim reached its limit, or its share of rows that
+	// waited: more rows are probably ready.
+	Full bool
 
 	start    claimStart
 	partLo   int
@@ -155,12 +158,17 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	recs := make([]Record, 0, p.Limit)
 	seen := make(map[int64]bool, p.Limit)
 	var lastFresh int64
+	// Rows that waited take at most three quarters of the claim: the rows
+	// above its start get the rest (see the claim statement).
+	waitedLimit, waited := p.Limit-p.Limit/4, 0
 	res, err := s.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
 		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: c.start.from, MaxID: bound,
-		PartLo: lo, PartHi: hi, Waited: c.start.from > 0}, func(row *outboxdb.ClaimedRow) {
+		PartLo: lo, PartHi: hi, Waited: c.start.from > 0, WaitedLimit: waitedLimit}, func(row *outboxdb.ClaimedRow) {
 		c.Claimed++
 		if !row.Waited {
 			lastFresh = max(lastFresh, row.ID)
+		} else {
+			waited++
 		}
 		if seen[row.ID] {
 			return // a row that waited, read again above the start
@@ -177,6 +185,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	if err != nil {
 		return fmt.Errorf("claim outbox rows: %w", err)
 	}
+	c.Full = c.Claimed >= p.Limit || waited >= waitedLimit
 	// Rows that waited came first: the records go in id order.
 	slices.SortFunc(recs, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
 	c.Now, c.Records = res.Now, recs

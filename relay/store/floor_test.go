@@ -509,7 +509,7 @@ func TestHeldSnapshotDoesNotChangeWhatAClaimReads(t *testing.T) {
 	}
 	read := func(from, keyFloor int64) [3]int {
 		return [3]int{
-			buffers(store.ClaimSQL(st), fmt.Sprintf("100, 100, '{}', '{}', 9223372036854775807, %d, %d, %d, true", from, lo, hi)),
+			buffers(store.ClaimSQL(st), fmt.Sprintf("100, 100, '{}', '{}', 9223372036854775807, %d, %d, %d, true, 75", from, lo, hi)),
 			buffers(store.HoldingByKeySQL(st), fmt.Sprintf("%s, %s, %d", keys, claimed, keyFloor)),
 			buffers(store.HoldingBySpanSQL(st), fmt.Sprintf("%s, %s, %d, %d, %d, %d", keys, claimed, keyFloor, dead+5, lo, hi)),
 		}

@@ -732,7 +732,7 @@ func TestClaimPlanSurvivesAnalyze(t *testing.T) {
 	explain := preparedPlans(t, s, "force_generic_plan")
 	plan := func(sql, args string) string { return explain("", sql, args) }
 	for _, parts := range []string{"0, 15", "4, 7"} {
-		claimPlan := plan(store.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 100, "+parts+", true")
+		claimPlan := plan(store.ClaimSQL(st), "1000, 1048576, '{k1}', '{t1}', 9223372036854775807, 100, "+parts+", true, 750")
 		if !claimScans.MatchString(claimPlan) || !strings.Contains(claimPlan, "Index Scan using outbox_waiting_idx") ||
 			strings.Contains(claimPlan, "Seq Scan") {
 			t.Fatalf("claim plan of partitions %s does not read the claim index from its start, and the waiting rows' index:\n%s", parts, claimPlan)

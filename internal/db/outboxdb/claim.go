@@ -1,6 +1,7 @@
 package outboxdb
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,8 +62,10 @@ type ClaimArgs struct {
 	// PartLo and PartHi are the partitions claimed, inclusive.
 	PartLo, PartHi int
 	// Waited claims the rows that waited and are due, wherever they lie,
-	// before the rows above MinID.
-	Waited bool
+	// before the rows above MinID: at most WaitedLimit of them (Limit
+	// when zero), the rest of Limit left to the rows above MinID.
+	Waited      bool
+	WaitedLimit int
 }
 
 // ClaimedRow is a locked pending row.
@@ -107,7 +110,7 @@ func (q *Queries) Claim(ctx context.Context, tx pgx.Tx, a ClaimArgs, each func(*
 		excludeTopics = []string{}
 	}
 	rows, err := tx.Query(ctx, q.claim, a.Limit, a.PayloadCap, exclude, excludeTopics, a.MaxID, a.MinID,
-		a.PartLo, a.PartHi, a.Waited)
+		a.PartLo, a.PartHi, a.Waited, cmp.Or(a.WaitedLimit, a.Limit))
 	if err != nil {
 		return res, err
 	}

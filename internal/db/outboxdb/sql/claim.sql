@@ -28,12 +28,16 @@ statement; {{.Outbox}} is the quoted outbox table.
 -- waiting row above $6 comes back from both. The plain forms keep their
 -- plans after ANALYZE; IN (SELECT ... LIMIT) and CTE forms flip to
 -- generic plans that scan the whole table. $9 leaves the first part out
--- (a claim from the table's start, which reads every row anyway).
+-- (a claim from the table's start, which reads every row anyway). $10
+-- caps the first part below $1, so that rows that never waited always get
+-- the rest: due rows that wait again and again (behind a paused topic's
+-- rows, say) never crowd out a probe's rows, the rows they wait for, or
+-- other destinations' new rows.
 SELECT * FROM (
     SELECT {{template "claim_columns" .}}, true FROM {{.Outbox}}
     WHERE {{template "claim_filter" .}} AND next_attempt_at <> created_at AND $9
     ORDER BY next_attempt_at
-    LIMIT $1
+    LIMIT $10
     FOR UPDATE SKIP LOCKED) AS waited
 UNION ALL
 SELECT * FROM (

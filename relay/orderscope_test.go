@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
@@ -88,18 +89,13 @@ func orderScopeRun(t *testing.T, f orderScopeFault, scope string) {
 		startFault, stopFault = func() {}, func() {}
 	}
 	obs := &settled{}
+	dests, routes := kafkaAndHook(t, c, hook)
 	h := start(t, s, nil, options{claimer: "relay", policy: outagePolicy, cfg: relay.Config{
-		Destinations: []relay.Destination{
-			{Name: "kafka", Publisher: newKafka(t, c), OnDeadLetter: relay.OnDeadLetterBlock},
-			hookDestination(t, "hook", hook.srv.URL),
-		},
-		Routes: []relay.Route{
-			{Topics: []string{"orders", "payments"}, Destination: "kafka"},
-			{Topics: []string{"notifications"}, Destination: "hook"},
-		},
-		OrderScope: scope,
-		Observer:   obs,
-		Pause:      relay.PauseConfig{Base: outageCool, Max: outageCoolMax},
+		Destinations: dests,
+		Routes:       routes,
+		OrderScope:   scope,
+		Observer:     obs,
+		Pause:        relay.PauseConfig{Base: outageCool, Max: outageCoolMax},
 	}})
 
 	// Two seconds of health, the fault, and two seconds once healed. In
@@ -224,6 +220,19 @@ func orderScopeRun(t *testing.T, f orderScopeFault, scope string) {
 	}
 }
 
+// kafkaAndHook are the destinations of the order-scope tests: cluster c
+// takes topics orders and payments (a dead letter parks its key there),
+// and the webhook hook takes notifications.
+func kafkaAndHook(t *testing.T, c *kfake.Cluster, hook *receiver) ([]relay.Destination, []relay.Route) {
+	return []relay.Destination{
+			{Name: "kafka", Publisher: newKafka(t, c), OnDeadLetter: relay.OnDeadLetterBlock},
+			hookDestination(t, "hook", hook.srv.URL),
+		}, []relay.Route{
+			{Topics: []string{"orders", "payments"}, Destination: "kafka"},
+			{Topics: []string{"notifications"}, Destination: "hook"},
+		}
+}
+
 // pendingRows describes the pending rows, by topic.
 func pendingRows(t *testing.T, s *pgtest.Schema) string {
 	rows, err := s.Pool.Query(context.Background(), `SELECT topic || ': ' || count(*) || ' (' || count(*) FILTER (WHERE next_attempt_at <> created_at)
@@ -257,17 +266,12 @@ func TestLongPauseLeavesRoomForItsProbes(t *testing.T) {
 	hook := newReceiver(t, http.StatusServiceUnavailable)
 	startFault, stopFault, _ := produceFault(kerr.TopicAuthorizationFailed)(c, "orders")
 	const batch = 100
+	dests, routes := kafkaAndHook(t, c, hook)
 	h := start(t, s, nil, options{claimer: "relay", policy: outagePolicy, cfg: relay.Config{
-		Destinations: []relay.Destination{
-			{Name: "kafka", Publisher: newKafka(t, c)},
-			hookDestination(t, "hook", hook.srv.URL),
-		},
-		Routes: []relay.Route{
-			{Topics: []string{"orders", "payments"}, Destination: "kafka"},
-			{Topics: []string{"notifications"}, Destination: "hook"},
-		},
-		BatchSize: batch,
-		Pause:     relay.PauseConfig{Base: outageCool, Max: outageCoolMax},
+		Destinations: dests,
+		Routes:       routes,
+		BatchSize:    batch,
+		Pause:        relay.PauseConfig{Base: outageCool, Max: outageCoolMax},
 	}})
 	startFault()
 	produce(t, s, 8*time.Second, func(n int) string {

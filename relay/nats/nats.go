@@ -103,7 +103,9 @@ type Publisher struct {
 	// of permission, and when.
 	denied sync.Map // string → time.Time
 	// refused is the last error the connection was lost or refused with.
-	refused atomic.Value
+	// A pointer, not an atomic.Value: the errors' types differ, which
+	// an atomic.Value refuses (it panics).
+	refused atomic.Pointer[error]
 }
 
 // connection is one connection to the servers, with the publishes in
@@ -366,8 +368,8 @@ func (p *Publisher) unreachable(conn *connection) error {
 	err := fmt.Errorf("nats: not connected to %s (%s)", strings.Join(p.cfg.Servers, ","), conn.nc.Status())
 	if last := conn.nc.LastError(); last != nil {
 		err = fmt.Errorf("%w: %w", err, last)
-	} else if refused, _ := p.refused.Load().(error); refused != nil {
-		err = fmt.Errorf("%w: %w", err, refused)
+	} else if refused := p.refused.Load(); refused != nil {
+		err = fmt.Errorf("%w: %w", err, *refused)
 	}
 	return retry.DestinationFailure(retry.ClassSystemic, err)
 }
@@ -376,7 +378,7 @@ func (p *Publisher) unreachable(conn *connection) error {
 // errors of publishes while it is down.
 func (p *Publisher) noteRefused(err error) {
 	if err != nil {
-		p.refused.Store(err)
+		p.refused.Store(&err)
 	}
 }
 

@@ -359,9 +359,12 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 	default:
 	}
 	// The record the broker closed the channel over: the one of the size
-	// its reason names, or else the first it left unconfirmed.
+	// its reason names, or else the first it left unconfirmed. A channel
+	// that closed with its connection (lost, reset, or closed by the
+	// client's reader or writer) was closed over no record: every record
+	// left unconfirmed went down with it.
 	culprit := -1
-	if closeErr != nil {
+	if closeErr != nil && closeErr.Server && closeErr.Recover {
 		if m := tooLarge.FindStringSubmatch(closeErr.Reason); m != nil {
 			for _, o := range outcomes {
 				if !o.ack && strconv.Itoa(len(records[o.rec].Payload)) == m[1] {
@@ -392,10 +395,12 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 		case !o.ack && closeErr != nil && o.rec == culprit:
 			// The others went down with it.
 			err = p.classify(ctx, topic, closeErr)
-		case !o.ack && closeErr != nil && records[o.rec].HasKey && records[culprit].HasKey && records[o.rec].Key == records[culprit].Key:
+		case !o.ack && culprit >= 0 && records[o.rec].HasKey && records[culprit].HasKey && records[o.rec].Key == records[culprit].Key:
 			err = retry.ErrNotSent
-		case !o.ack && closeErr != nil:
+		case !o.ack && culprit >= 0:
 			err = retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the channel closed under the message, over another one's failure: %w", closeErr))
+		case !o.ack && closeErr != nil:
+			err = p.classify(ctx, topic, closeErr)
 		case !o.ack:
 			err = retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: the broker refused the message (nack): a queue full with overflow reject-publish, or an internal error", topic))
 		}
@@ -450,15 +455,26 @@ func (p *Publisher) classify(ctx context.Context, topic string, err error) error
 	if errors.As(err, &aerr) {
 		wrapped := fmt.Errorf("rabbitmq: %w", err)
 		switch aerr.Code {
+		case amqp.FrameError:
+			// amqp091-go reports any read or write error on the
+			// connection as 501, frame error, whatever its cause (a
+			// reset, a broker killed); from the broker it says the
+			// connection's frames are broken. A property of the
+			// connection, never of a message: the message may or may not
+			// have reached the broker, so it is sent again, a duplicate
+			// at worst.
+			return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the connection failed under the publish: %w", err))
 		case amqp.AccessRefused:
 			// Authentication, or no permission on the vhost or the exchange.
 			return retry.Systemic(wrapped)
 		case amqp.NotFound:
 			return retry.Systemic(fmt.Errorf("rabbitmq: exchange %q does not exist: declare it, or fix the destination's exchange: %w", p.cfg.Exchange, err))
-		case amqp.ContentTooLarge, amqp.FrameError:
-			return retry.Permanent(wrapped, retry.ReasonTooLarge)
-		case amqp.PreconditionFailed:
-			if strings.Contains(aerr.Reason, "message size") {
+		case amqp.ContentTooLarge, amqp.PreconditionFailed:
+			switch {
+			case !aerr.Server:
+				// Not the broker's answer to a message: the client's.
+				return retry.DestinationFailure(retry.ClassTransient, wrapped)
+			case aerr.Code == amqp.ContentTooLarge, strings.Contains(aerr.Reason, "message size"):
 				return retry.Permanent(wrapped, retry.ReasonTooLarge)
 			}
 			return retry.Permanent(wrapped, retry.ReasonPermanent)

@@ -45,6 +45,21 @@ func TestConformance(t *testing.T) {
 			_ = ln.Close()
 			return newPublisher(t, nats.Config{Servers: []string{url}})
 		},
+		Crashable: func(t *testing.T) (publishertest.Destination, func(*testing.T)) {
+			srv := natstest.StartProcess(t, natstest.Options{MaxPayload: maxPayload})
+			js := srv.Connect()
+			natstest.AddStream(t, js, "CONFORMANCE", "conformance.>")
+			return publishertest.Destination{
+				Publisher: newPublisher(t, nats.Config{Servers: []string{srv.URL}}),
+				Accepted: func(t *testing.T) []string {
+					var got []string
+					for _, m := range natstest.Messages(t, js, "CONFORMANCE") {
+						got = append(got, string(m.Data))
+					}
+					return got
+				},
+			}, func(*testing.T) { srv.Crash() }
+		},
 	})
 }
 

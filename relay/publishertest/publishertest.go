@@ -10,7 +10,11 @@
 // (too_large for the latter) while the others go; a cancelled context
 // fails every record without a permanent error; and a destination that
 // refuses connections fails every record as the destination's failure, so
-// that the breaker opens and no row is dead-lettered.
+// that the breaker opens and no row is dead-lettered. Where the sink can
+// give a destination a server of its own, its server is killed and
+// started again on its data, five times, under a burst of publishes: no
+// record fails for good, none is lost, and each key's records first
+// arrive in order; duplicates are counted.
 package publishertest
 
 import (
@@ -56,6 +60,12 @@ type Sink struct {
 	// Unreachable returns a Publisher to a destination that refuses
 	// connections.
 	Unreachable func(t *testing.T) relay.Publisher
+	// Crashable, when set, starts a destination on a server of its own
+	// that keeps what it acknowledged on disk, and returns it with a
+	// function that kills the server (SIGKILL: no goodbye to its clients)
+	// and starts it again on the same address and data. Accepted must
+	// read the destination afresh after a restart.
+	Crashable func(t *testing.T) (Destination, func(t *testing.T))
 }
 
 // Run runs the suite against s.
@@ -67,6 +77,9 @@ func Run(t *testing.T, s Sink) {
 	t.Run("TooLarge", func(t *testing.T) { t.Parallel(); tooLarge(t, s) })
 	t.Run("CancelledContext", func(t *testing.T) { t.Parallel(); cancelledContext(t, s) })
 	t.Run("ConnectionRefused", func(t *testing.T) { t.Parallel(); connectionRefused(t, s) })
+	if s.Crashable != nil {
+		t.Run("ServerKilledUnderABurst", func(t *testing.T) { t.Parallel(); serverKilled(t, s) })
+	}
 }
 
 // publishTimeout bounds every publish of the suite.

@@ -91,7 +91,44 @@ func TestConformance(t *testing.T) {
 			_ = ln.Close()
 			return newPublisher(t, rabbitmq.Config{URL: url, Password: "guest"})
 		},
+		Crashable: func(t *testing.T) (publishertest.Destination, func(*testing.T)) {
+			own := rabbitmqtest.Start(t, rabbitmqtest.Options{})
+			exchange, received := declareDurable(t, own, publishertest.TopicA, publishertest.TopicB)
+			return publishertest.Destination{
+				Publisher: newPublisher(t, rabbitmq.Config{URL: own.URL, Password: "guest", Exchange: exchange, MaxMessageBytes: maxMessage}),
+				Accepted:  received,
+			}, func(*testing.T) { own.Crash() }
+		},
 	})
+}
+
+// declareDurable declares, as users do, a durable exchange with a durable
+// queue bound for each routing key, and returns the exchange and a function
+// that returns the bodies the queue received so far, in order, on a
+// connection of its own each time, so that it reads the node afresh after
+// a crash.
+func declareDurable(t *testing.T, node *rabbitmqtest.Node, keys ...string) (string, func(*testing.T) []string) {
+	t.Helper()
+	name, _ := declare(t, node, keys...)
+	var got []string
+	return name, func(t *testing.T) []string {
+		conn := node.Dial(amqp.Config{})
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m, ok, err := ch.Get(name, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				return append([]string(nil), got...)
+			}
+			got = append(got, string(m.Body))
+		}
+	}
 }
 
 func newPublisher(t *testing.T, c rabbitmq.Config) *rabbitmq.Publisher {

@@ -31,22 +31,31 @@ const maxEntry = 64 << 10
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
+	// Each destination is a server of its own, so each can crash.
+	destination := func(t *testing.T) (publishertest.Destination, *redistest.Server) {
+		srv := redistest.Start(t, redistest.Options{})
+		c := srv.Client(nil)
+		return publishertest.Destination{
+			Publisher: newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, MaxEntryBytes: maxEntry}),
+			Accepted: func(t *testing.T) []string {
+				var got []string
+				for _, stream := range []string{publishertest.TopicA, publishertest.TopicB} {
+					for _, e := range redistest.Entries(t, c, stream) {
+						got = append(got, e[redis.FieldPayload].(string))
+					}
+				}
+				return got
+			},
+		}, srv
+	}
 	publishertest.Run(t, publishertest.Sink{
 		New: func(t *testing.T) publishertest.Destination {
-			srv := redistest.Start(t, redistest.Options{})
-			c := srv.Client(nil)
-			return publishertest.Destination{
-				Publisher: newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, MaxEntryBytes: maxEntry}),
-				Accepted: func(t *testing.T) []string {
-					var got []string
-					for _, stream := range []string{publishertest.TopicA, publishertest.TopicB} {
-						for _, e := range redistest.Entries(t, c, stream) {
-							got = append(got, e[redis.FieldPayload].(string))
-						}
-					}
-					return got
-				},
-			}
+			d, _ := destination(t)
+			return d
+		},
+		Crashable: func(t *testing.T) (publishertest.Destination, func(*testing.T)) {
+			d, srv := destination(t)
+			return d, func(*testing.T) { srv.Crash() }
 		},
 		Reject:   func(rec *store.Record) { rec.Topic = "" },
 		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxEntry)) },

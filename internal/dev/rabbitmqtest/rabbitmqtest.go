@@ -204,6 +204,27 @@ func (n *Node) Stop() {
 	_ = exec.Command("epmd", "-port", fmt.Sprint(n.epmdPort), "-kill").Run()
 }
 
+// Kill kills the node as a crash does: SIGKILL to the script, the Erlang VM
+// and its helpers, with no time to flush or to close its clients'
+// connections. What it confirmed is on disk in its directory.
+func (n *Node) Kill() {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	<-n.done
+}
+
+// Crash kills the node and starts it again on the same ports with the same
+// data, and fails the test if it cannot.
+func (n *Node) Crash() {
+	n.tb.Helper()
+	n.Kill()
+	if err := n.start(); err != nil {
+		n.tb.Fatal(err)
+	}
+}
+
 // Ctl runs rabbitmqctl against the node, and fails the test if it fails.
 func (n *Node) Ctl(args ...string) {
 	n.tb.Helper()

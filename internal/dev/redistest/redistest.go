@@ -148,6 +148,26 @@ func (s *Server) Stop() {
 	}
 }
 
+// Kill kills the server as a crash does (SIGKILL): what it acknowledged is
+// in its append-only file, written before each reply.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Crash kills the server and starts it again on the same port with the same
+// data, and fails the test if it cannot.
+func (s *Server) Crash() {
+	s.tb.Helper()
+	s.Kill()
+	if err := s.start(); err != nil {
+		s.tb.Fatal(err)
+	}
+}
+
 // Restart starts the server again, on the same port with the same data,
 // and fails the test if it cannot.
 func (s *Server) Restart() {

@@ -1,0 +1,11 @@
+package nats_test
+
+import (
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
+)
+
+// The crash test kills a NATS server in a process of its own: this test
+// binary, run again as the server.
+func TestMain(m *testing.M) { natstest.Main(m) }

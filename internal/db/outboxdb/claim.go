@@ -205,9 +205,13 @@ func (q *Queries) Holders(ctx context.Context, tx pgx.Tx, a HoldersArgs) ([]Hold
 	if a.Scoped {
 		bySpan, byKey = q.holdingInSpan, q.holdingInRange
 	}
-	if a.BySpan {
-		rows, err = tx.Query(ctx, bySpan, a.Keys, a.IDs, a.Floor, a.IDs[len(a.IDs)-1], a.PartLo, a.PartHi)
-	} else {
+	last := a.IDs[len(a.IDs)-1]
+	switch {
+	case a.BySpan:
+		rows, err = tx.Query(ctx, bySpan, a.Keys, a.IDs, a.Floor, last, a.PartLo, a.PartHi)
+	case a.Scoped:
+		rows, err = tx.Query(ctx, byKey, a.Keys, a.IDs, a.Floor, last)
+	default:
 		rows, err = tx.Query(ctx, byKey, a.Keys, a.IDs, a.Floor)
 	}
 	if err != nil {

@@ -88,8 +88,13 @@ func start() (stop func() error, err error) {
 		}
 	}
 	// Prepared transactions are allowed: tests of what holds the xmin
-	// horizon prepare one.
-	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: map[string]string{"max_prepared_transactions": "10"}})
+	// horizon prepare one. pg_stat_statements counts what each statement
+	// reads, for tests of what a claim costs the database.
+	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: map[string]string{
+		"max_prepared_transactions": "10",
+		"shared_preload_libraries":  "pg_stat_statements",
+		"pg_stat_statements.max":    "10000",
+	}})
 	if err != nil {
 		return nil, err
 	}

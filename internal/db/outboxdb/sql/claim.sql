@@ -98,10 +98,15 @@ and the last claimed row ends the scan. The bounds are row comparisons on
 the key index gives without a sort. With key = beside them the planner
 would drop the key from that order, and the scan would start at the key's
 first entry. The index stops early on a row comparison's first column
-only, so the upper bound is inclusive: LIMIT, reached at the last claimed
-row, ends the scan. The LATERAL probe keeps the work bounded for a
-dominant key too, where a plain join flips to hashing the whole pending
-index.
+only, so the upper bound is inclusive, and does not end the scan: LIMIT,
+reached at the last claimed row, does. The LATERAL probe keeps the work
+bounded for a dominant key too, where a plain join flips to hashing the
+whole pending index.
+
+Where no LIMIT can end a scan (a probe for a row that may not exist, a
+range read whole), the bounds are key = and id ranges instead: with the
+key fixed, the index stops at the id bound. A row comparison there would
+read the key's entries on to its last, the rest of a hot key's backlog.
 
 Both return key, id, parked, next_attempt_at, waiting, topic, leased,
 unsorted.
@@ -114,7 +119,11 @@ scope is. Rows that wait below the floor are found per topic, on the
 waiting rows' (key, topic, id) index: a skip scan takes the key's next
 topic, one descent each, and a probe its lowest row. Above the floor,
 the key form reads each key's whole range of the claim's span, without a
-LIMIT: rows of other scopes may come first.
+LIMIT: rows of other scopes may come first. The planner pulls that range
+up into a join, a probe a key or one pass over the span hashed against
+the keys, whichever is cheaper; the claim's last id ($4) bounds the pass,
+which would otherwise read every pending row above the floor, the whole
+backlog.
 */}}
 
 {{define "claimed_keys"}}(SELECT c.key, max(c.id) AS max_id, count(*) AS n
@@ -149,7 +158,7 @@ FROM {{template "claimed_keys" .}}
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
     WHERE p.status = 'pending' AND p.key IS NOT NULL AND p.next_attempt_at <> p.created_at
-      AND (p.key, p.id) >= (c.key, 0) AND (p.key, p.id) < (c.key, least($3, c.max_id))
+      AND p.key = c.key AND p.id < least($3, c.max_id)
       AND p.id NOT IN (SELECT unnest($2::bigint[]))
     ORDER BY p.key, p.id LIMIT 1) AS w
 {{- template "parked_holders" .}}
@@ -258,7 +267,7 @@ FROM {{template "claimed_keys" .}}
 CROSS JOIN LATERAL (
     SELECT p.id, p.next_attempt_at, p.topic, p.lease_token FROM {{.Outbox}} AS p
     WHERE p.status = 'pending' AND p.key IS NOT NULL
-      AND p.key = c.key AND p.id >= $3 AND p.id <= c.max_id) AS h
+      AND p.key = c.key AND p.id >= $3 AND p.id <= c.max_id AND p.id <= $4) AS h
 WHERE h.id NOT IN (SELECT unnest($2::bigint[]))
 {{- template "other_holders_scoped" .}}
 {{end}}

@@ -29,6 +29,13 @@ type worker struct {
 	// keys in flight elsewhere, answers calls for help again, as
 	// nanoseconds since the Unix epoch (see source.askHelp).
 	heldOff atomic.Int64
+	// crowded says its last claim came back with a whole batch of rows of
+	// a few keys in flight elsewhere, many of each, and nothing else: a
+	// hot key's backlog, which a claim that leaves those keys out would
+	// read to its end. Until a claim of the worker keeps a row, its claims
+	// read a few batches' worth of ids only (see
+	// store.ClaimParams.ExcludedSpan).
+	crowded atomic.Bool
 	// busySince is when the batch under way began, as time since the
 	// relay's epoch plus one; 0 while the worker waits (see Relay.Wedged).
 	busySince atomic.Int64
@@ -49,9 +56,18 @@ func (w *worker) run(ctx, inflight context.Context) error {
 	defer poll.Stop()
 	var ahead chan taken // the next batch, being claimed
 	var unsent keySet    // keys of the last batch delivered not all sent
+	// followed is the batch that the one claimed ahead follows: it stays
+	// in flight until that claim is in, so that its keys never seem free
+	// to the other workers between the two batches.
+	var followed inflightID
+	dropAhead := func() {
+		w.drop(ctx, <-ahead)
+		ahead = nil
+		s.inflight.remove(followed)
+	}
 	defer func() {
 		if ahead != nil {
-			w.drop(ctx, <-ahead)
+			dropAhead()
 		}
 	}()
 	errDelay := time.Duration(0)
@@ -65,6 +81,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		held := false // rows of the batch claimed ahead held back
 		if ahead != nil {
 			t, ahead = <-ahead, nil
+			s.inflight.remove(followed)
 			if t.err == nil {
 				if 2*len(t.claim.Records) < t.limit {
 					// Not worth it: the backlog is ending, or its rows
@@ -84,13 +101,20 @@ func (w *worker) run(ctx, inflight context.Context) error {
 				go func() { next <- w.claim(ctx, t.owner^1, follows) }()
 				ahead = next
 			}
+			if len(t.claim.Records) > 0 {
+				w.crowded.Store(false)
+			}
 			more, unsent, err = w.deliver(ctx, inflight, t)
 			more = more || held
+			if ahead != nil {
+				followed = t.inflight
+			} else {
+				s.inflight.remove(t.inflight)
+			}
 		}
 		if err != nil {
 			if ahead != nil {
-				w.drop(ctx, <-ahead)
-				ahead = nil
+				dropAhead()
 			}
 			if ctx.Err() != nil {
 				return nil
@@ -109,12 +133,21 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		if more || ahead != nil || t.ahead {
 			continue
 		}
-		if len(t.claim.Records) == 0 && t.claim.Skipped > 0 {
-			// All it found is in flight elsewhere, a hot key's rows
-			// most likely: claiming past them again, or excluding them,
-			// which scans the rest of the backlog, would only cost the
-			// database. Notifications still wake it.
+		if len(t.claim.Records) == 0 && (t.claim.Skipped > 0 || t.claim.Windowed) {
+			// All it found, or all it looked at, is in flight elsewhere,
+			// a hot key's rows most likely: claiming again at every call
+			// for help would only cost the database, and lock rows the
+			// worker delivering them claims next. The keys it left out
+			// are still busy, and hold all it could look at: it keeps out
+			// of their way longer. Notifications still wake it.
+			if t.claim.Windowed {
+				w.avoid.add(t.excluded, time.Now())
+			}
 			w.heldOff.Store(w.avoid.until().UnixNano())
+			if t.claim.Windowed || t.claim.Full && t.limit == s.batchSize && len(t.claim.SkippedKeys) <= crowdedKeys &&
+				t.claim.Skipped >= crowdedRows*len(t.claim.SkippedKeys) {
+				w.crowded.Store(true)
+			}
 		}
 		// Wake up when a breaker may let a probe through, too.
 		wait := r.cfg.PollInterval
@@ -137,6 +170,15 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		}
 	}
 }
+
+// A crowded worker (see worker.crowded) found only rows of at most
+// crowdedKeys keys in flight elsewhere, crowdedRows of each or more; its
+// claims read crowdedBatches batches' worth of ids at most.
+const (
+	crowdedKeys    = 4
+	crowdedRows    = 32
+	crowdedBatches = 4
+)
 
 // nudge wakes the worker if it is idle; a wake-up already pending will do.
 func (w *worker) nudge() {
@@ -199,6 +241,7 @@ type taken struct {
 	limit    int
 	start    time.Time  // when the claim began
 	ahead    bool       // claimed while the batch before it was delivered
+	excluded []string   // the keys it left out, in flight elsewhere
 	waits    *slotWaits // full bulkheads it waits on
 	err      error
 }
@@ -259,8 +302,12 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	s.sqlBusy.Add(1)
 	claimCtx, cancel := context.WithTimeout(ctx, r.cfg.QueryTimeout)
 	excluded, excludedFrom := s.inflight.elsewhere(owner, w.avoid.keys(start))
+	var span int64
+	if w.crowded.Load() {
+		span = crowdedBatches * int64(s.batchSize)
+	}
 	claim, err := s.store.Claim(claimCtx, store.ClaimParams{
-		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: excluded, ExcludedFrom: excludedFrom,
+		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: excluded, ExcludedFrom: excludedFrom, ExcludedSpan: span,
 		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows, OrderScope: s.scope,
 	})
 	cancel()
@@ -287,7 +334,8 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	if len(claim.Records) > 0 {
 		s.r.stirFleet()
 	}
-	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil, waits: waits}
+	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil,
+		excluded: excluded, waits: waits}
 }
 
 // releaseWaits gives back t's places among the batches waiting for a
@@ -324,15 +372,14 @@ func (w *worker) drop(ctx context.Context, t taken) {
 }
 
 // deliver plans a claimed batch, publishes it, decides each row's outcome
-// and completes the claim with them. Groups of destinations with a
-// visibility timeout are leased instead, and delivered after the claim
-// commits. more reports that it delivered something, so the worker should
-// look again before sleeping. unsent are the keys of its rows not all
+// and completes the claim with them; its caller ends the batch's flight.
+// Groups of destinations with a visibility timeout are leased instead, and
+// delivered after the claim commits. more reports that it delivered
+// something, so the worker should look again before sleeping. unsent are the keys of its rows not all
 // sent, which a batch claimed ahead of it must hold back.
 func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, unsent keySet, err error) {
 	r, s := w.r, w.s
 	claim, start := t.claim, t.start
-	defer s.inflight.remove(t.inflight)
 	defer w.releaseWaits(t)
 	if len(claim.Records) == 0 {
 		writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)

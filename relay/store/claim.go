@@ -25,6 +25,13 @@ type ClaimParams struct {
 	// rows the claim could only lock and skip, getting in the way of the
 	// worker that delivers them. Keep it short.
 	ExcludeKeys []string
+	// ExcludedSpan, when positive, bounds a claim that leaves keys out
+	// and no topic to the rows up to that many ids above where it
+	// begins: the keys left out may hold the rest of the backlog (a hot
+	// key delivered elsewhere), which it would otherwise read to the
+	// table's end, row after row, for nothing. Rows above are read by
+	// later claims. Its Windowed says it was so bounded.
+	ExcludedSpan int64
 	// ExcludedFrom is the lowest id of ExcludeKeys in flight, or followed
 	// by a claim in flight (see Follows: the rows it follows may fail and
 	// stay pending below its own). Their pending rows lie above it, so
@@ -80,6 +87,10 @@ type Claim struct {
 	// Full says the claim reached its limit, or its share of rows that
 	// waited: more rows are probably ready.
 	Full bool
+	// Windowed says the claim read only ClaimParams.ExcludedSpan ids
+	// above where it began: a claim that kept no row saw only rows of
+	// the keys it left out there.
+	Windowed bool
 
 	start    claimStart
 	partLo   int
@@ -161,6 +172,9 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	// Rows that waited take at most three quarters of the claim: the rows
 	// above its start get the rest (see the claim statement).
 	waitedLimit, waited := p.Limit-p.Limit/4, 0
+	if w := c.start.from + p.ExcludedSpan; p.ExcludedSpan > 0 && len(p.ExcludeKeys) > 0 && len(p.ExcludeTopics) == 0 && w < bound {
+		bound, c.Windowed = w, true
+	}
 	res, err := s.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
 		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: c.start.from, MaxID: bound,
 		PartLo: lo, PartHi: hi, Waited: c.start.from > 0, WaitedLimit: waitedLimit}, func(row *outboxdb.ClaimedRow) {
@@ -211,7 +225,8 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 			return err
 		}
 	}
-	r := claimResult{short: c.Claimed < p.Limit, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
+	// A claim cut at its window read only up to its last row, as a full one.
+	r := claimResult{short: c.Claimed < p.Limit && !c.Windowed, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
 	if len(p.ExcludeKeys) > 0 {
 		r.passedKeys, r.passedFrom = true, max(p.ExcludedFrom-1, 0)
 		if p.OrderScope != nil {

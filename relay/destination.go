@@ -213,7 +213,7 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChang
 	if d.VisibilityTimeout > 0 {
 		// Leased deliveries outlive their batch: bound them as the
 		// workers' batches are, so memory stays bounded.
-		if limit := cfg.Workers * cfg.BatchSize; d.MaxInFlight == 0 || d.MaxInFlight > limit {
+		if limit := cfg.Workers * cfg.largestBatch(); d.MaxInFlight == 0 || d.MaxInFlight > limit {
 			d.MaxInFlight = limit
 		}
 	}

@@ -47,6 +47,44 @@ func leasedConfig(p relay.Publisher, vt time.Duration) relay.Config {
 	}
 }
 
+// blockedPublisher holds every publish until released.
+type blockedPublisher struct {
+	fakePublisher
+	release chan struct{}
+}
+
+func (p *blockedPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+		errs := make([]error, len(recs))
+		for i := range errs {
+			errs[i] = ctx.Err()
+		}
+		return errs
+	}
+	return p.fakePublisher.Publish(ctx, recs)
+}
+
+func TestLeasedDeliveriesBoundedByTheOutboxBatch(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	// The outbox claims 60 rows a batch, the relay's default batch being
+	// 10: leased deliveries are bounded by the batches the workers hold
+	// at once, the outbox's, not the relay's default.
+	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'k' || g, 'a' FROM generate_series(1, 60) g`)
+	p := &blockedPublisher{release: make(chan struct{})}
+	cfg := leasedConfig(p, time.Hour)
+	cfg.Workers, cfg.BatchSize = 1, 10
+	h := start(t, s, nil, options{keepSent: true, outboxBatch: 60, cfg: cfg})
+	testwait.For(t, "the outbox's whole batch leased at once", func() bool {
+		return count(t, s.Pool, "lease_token IS NOT NULL") == 60
+	})
+	close(p.release)
+	testwait.For(t, "every row delivered", func() bool { return count(t, s.Pool, "status = 'sent'") == 60 })
+	h.stop()
+}
+
 func TestLeasedDeliveryOutsideTheClaim(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)

@@ -114,7 +114,10 @@ type options struct {
 	claimer  string
 	policy   retry.PolicyConfig
 	listener bool
-	cfg      relay.Config
+	// outboxBatch, when set, is the outbox's own batch size (the relay's
+	// is cfg.BatchSize).
+	outboxBatch int
+	cfg         relay.Config
 }
 
 func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harness {
@@ -152,6 +155,10 @@ func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harn
 			t.Fatal(err)
 		}
 		cfg.Listener = l
+	}
+	if o.outboxBatch > 0 {
+		cfg.Outboxes = []relay.Outbox{{Name: relay.DefaultOutbox, Store: st, Listener: cfg.Listener, BatchSize: o.outboxBatch}}
+		cfg.Store, cfg.Listener = nil, nil
 	}
 	r, err := relay.New(cfg)
 	if err != nil {

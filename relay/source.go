@@ -375,6 +375,16 @@ func (c *Config) outboxes() []Outbox {
 	return []Outbox{{Name: DefaultOutbox, Store: c.Store, Listener: c.Listener, Observer: c.Observer}}
 }
 
+// largestBatch is the most rows one batch of any of c's outboxes holds:
+// the relay's Workers bound the batches of all outboxes together.
+func (c *Config) largestBatch() int {
+	n := 0
+	for _, o := range c.outboxes() {
+		n = max(n, cmp.Or(o.BatchSize, c.BatchSize))
+	}
+	return n
+}
+
 // outboxProblems reports every problem of c's outboxes.
 func (c *Config) outboxProblems() []error {
 	if c.Store != nil && len(c.Outboxes) > 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -15,12 +16,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/containertest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
 var binary string // the outbox-relay binary under test
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// The images take minutes to build: the tests that need no engine run
+	// meanwhile.
+	containertest.Prebuild()
 	pgtest.Main(m, func(string) (func(), error) {
 		dir, err := os.MkdirTemp("", "outbox-relay-bin-")
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -47,6 +48,9 @@ func Available() error {
 // Require skips t without a Docker engine, or fails it with EnvRequire=1.
 func Require(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("container test: skipped in -short runs; make test runs it")
+	}
 	if err := Available(); err != nil {
 		if os.Getenv(EnvRequire) == "1" {
 			t.Fatalf("%s=1 and no Docker engine answers: %v", EnvRequire, err)
@@ -78,6 +82,19 @@ func Build(t testing.TB) Images {
 	return images
 }
 
+// Prebuild starts building the images in the background where an engine
+// answers, for the TestMain of a package run whole (no -run): its other
+// tests run meanwhile, and Build waits for it. It builds nothing in -short
+// runs, which skip the container tests.
+func Prebuild() {
+	if run := flag.Lookup("test.run"); run != nil && run.Value.String() != "" {
+		return
+	}
+	if !testing.Short() && Available() == nil {
+		go BuildImages() //nolint:errcheck // Build reports the error.
+	}
+}
+
 // BuildImages is Build for a TestMain. Test binaries that build at the
 // same time take turns.
 func BuildImages() (Images, error) {
@@ -90,15 +107,11 @@ func build() (Images, error) {
 	if err != nil {
 		return Images{}, err
 	}
-	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "outbox-relay-test-images.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	unlock, err := LockBuilds()
 	if err != nil {
 		return Images{}, err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return Images{}, err
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	defer unlock()
 
 	relay, err := script(root, "scripts/build-image", "outbox-relay-test/relay:local")
 	if err != nil {
@@ -112,6 +125,25 @@ func build() (Images, error) {
 		return Images{}, fmt.Errorf("the build scripts printed %q and %q, want one tag and two", relay, others)
 	}
 	return Images{Relay: relay[0], Postgres: others[0], Kafka: others[1]}, nil
+}
+
+// LockBuilds waits until no other test process builds the static binary
+// or the images, and holds that turn until unlock. A static build compiles
+// every package anew (-trimpath, no cgo): two at once would each do it in
+// full, where the second one's turn finds them in the build cache.
+func LockBuilds() (unlock func(), err error) {
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "outbox-relay-test-images.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return func() {
+		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		lock.Close()
+	}, nil
 }
 
 // script runs a script of the repository and returns the lines it printed.

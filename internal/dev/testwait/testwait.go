@@ -49,3 +49,13 @@ func Poll(timeout time.Duration, cond func() (ok bool, saw string)) (bool, strin
 		pause = min(2*pause, 20*time.Millisecond)
 	}
 }
+
+// SkipShort skips tb in -short runs, the inner loop: for tests that take
+// long by design (a fault held for seconds, servers crashed and restarted,
+// kill checkers, image builds). make test runs them.
+func SkipShort(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("long by design: skipped in -short runs; make test runs it")
+	}
+}

@@ -19,7 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
 
 const token = "console-test-token-0123456789"
 

@@ -16,7 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
 
 // base is a fixed past moment the tests dead-letter rows around.
 var base = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)

@@ -12,7 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
 
 func TestShare(t *testing.T) {
 	// Every replica of three wants more: an even split.

@@ -15,7 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
 
 func newStore(t *testing.T) (*history.Store, *pgtest.Schema) {
 	t.Helper()

@@ -19,7 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
 
 func openDB(t *testing.T, dsn string) *sql.DB {
 	t.Helper()

@@ -41,6 +41,7 @@ type orderScopeFault struct {
 // failing destination is held back by a paused one; with global order,
 // the webhook's rows of the keys wait for Kafka's, as they always did.
 func TestOrderScopeKeepsOtherDestinationsFlowing(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	brokerDown := orderScopeFault{name: "broker down", lasts: 30 * time.Second}
 	pausedTopic := orderScopeFault{name: "paused topic", lasts: 10 * time.Second}
@@ -255,6 +256,7 @@ func pendingRows(t *testing.T, s *pgtest.Schema) string {
 // leave rows that never waited a share, so once the topic heals
 // everything drains.
 func TestLongPauseLeavesRoomForItsProbes(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	s := pgtest.NewSchema(t).WithConns(t, 8)
 	c := kafkatest.NewCluster(t, nil)

@@ -265,6 +265,7 @@ func (r *receiver) run(name string) outageRun {
 // REQUEST_TIMED_OUT or NOT_LEADER_OR_FOLLOWER, or closing every
 // connection.
 func TestOutagesCostNoRow(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	checkOutages(t, 1,
 		newReceiver(t, http.StatusServiceUnavailable).run("http-503"),
@@ -278,6 +279,7 @@ func TestOutagesCostNoRow(t *testing.T) {
 
 // The same for two replicas sharing the destination's breaker.
 func TestOutageCostsNoRowOfAFleet(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	checkOutages(t, 2, newReceiver(t, http.StatusServiceUnavailable).run("http-503"))
 }

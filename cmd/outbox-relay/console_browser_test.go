@@ -60,6 +60,7 @@ func newBrowser(t *testing.T, width, height int) context.Context {
 // cross-site form change nothing; every page fits a narrow screen.
 // Screenshots go to OUTBOX_CONSOLE_SCREENSHOTS when it names a directory.
 func TestConsoleInBrowser(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := newBrowser(t, 1280, 800)
 	dsn, pool := migrated(t)

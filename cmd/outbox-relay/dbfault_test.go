@@ -86,6 +86,7 @@ func (d *dbProxy) heal(t *testing.T) {
 // delivered, no rolled-back row was, the same relay process recovered by
 // itself each time, and no row counted a failed attempt for the outages.
 func TestDatabaseCrashAndBlackHole(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	pg := crashableServer(t)

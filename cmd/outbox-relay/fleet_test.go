@@ -69,6 +69,7 @@ func (rc *countingReceiver) counts() (now, most, requests, delivered int) {
 // requests at once than the fleet's limit, and while the destination is
 // down one probe at a time goes, whichever replica sends it.
 func TestRunFleetSharesFlowControl(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	dsn, pool := migrated(t)
 	c := kafkatest.NewCluster(t, nil)

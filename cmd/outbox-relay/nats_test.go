@@ -83,6 +83,7 @@ FROM generate_series(1, 1001) g`); err != nil {
 // none is dead-lettered, and no attempt is counted for the refused
 // connections.
 func TestRunRidesOutANATSOutage(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	dsn, pool := migrated(t)
 	srv := natstest.Start(t, natstest.Options{})
@@ -108,6 +109,7 @@ func TestRunRidesOutANATSOutage(t *testing.T) {
 // first in id order, and the stream drops the redeliveries kills cause
 // (Nats-Msg-Id).
 func TestKillRestartCheckerNATS(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	const (
 		rows     = 8_000

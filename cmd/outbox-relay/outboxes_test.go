@@ -61,6 +61,7 @@ func searchPathPool(t *testing.T, dsn, schema string) *pgxpool.Pool {
 // says which, and it catches up when the cluster is back. The dead-letter
 // command line acts on the outbox it names.
 func TestRunSeveralOutboxesThroughKills(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	srv := pgtest.NewServer(t)

@@ -87,6 +87,7 @@ FROM generate_series(1, 1001) g`); err != nil {
 // order per key, none is dead-lettered, and no attempt is counted for the
 // refused connections.
 func TestRunRidesOutAPubSubOutage(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -116,6 +116,7 @@ FROM generate_series(1, 1001) g`); err != nil {
 // breaker, then comes back: every row is confirmed, in order per key, none
 // is dead-lettered, and no attempt is counted for the refused connections.
 func TestRunRidesOutARabbitMQOutage(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	node, _ := rabbitSetup(t)
 	dsn, pool := migrated(t)
@@ -137,6 +138,7 @@ func TestRunRidesOutARabbitMQOutage(t *testing.T) {
 // rolled-back one, each key's rows first in id order; duplicates come
 // only from kills and the restart.
 func TestKillRestartCheckerRabbitMQ(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	const (
 		rows     = 8_000

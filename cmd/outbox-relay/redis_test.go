@@ -70,6 +70,7 @@ FROM generate_series(1, 1001) g`); err != nil {
 // breaker, then comes back: every row is appended, in order per key, none
 // is dead-lettered, and no attempt is counted for the refused connections.
 func TestRunRidesOutARedisOutage(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	dsn, pool := migrated(t)
@@ -91,6 +92,7 @@ func TestRunRidesOutARedisOutage(t *testing.T) {
 // twice meanwhile: every committed row is appended, no rolled-back one,
 // each key's rows first in id order; duplicates come only from kills.
 func TestKillRestartCheckerRedis(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	const (
 		rows     = 8_000

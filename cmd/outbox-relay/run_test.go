@@ -322,6 +322,7 @@ func TestRunReportsEveryConfigurationProblem(t *testing.T) {
 // and they lock each key they write, as an application locking the
 // aggregate it changes does.
 func TestKillRestartChecker(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	checkKillRestart(t, false, "destination", 20_000)
 }
@@ -329,6 +330,7 @@ func TestKillRestartChecker(t *testing.T) {
 // With strict order, producers write keys from concurrent transactions
 // without locking them, and the check is the same.
 func TestKillRestartCheckerStrictOrder(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	checkKillRestart(t, true, "destination", 20_000)
 }
@@ -336,6 +338,7 @@ func TestKillRestartCheckerStrictOrder(t *testing.T) {
 // Order per topic, and order across every destination: smaller runs, one
 // after the other.
 func TestKillRestartCheckerScopes(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	for _, c := range []struct {
 		scope  string

@@ -26,6 +26,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -78,7 +79,7 @@ func Run(t *testing.T, s Sink) {
 	t.Run("CancelledContext", func(t *testing.T) { t.Parallel(); cancelledContext(t, s) })
 	t.Run("ConnectionRefused", func(t *testing.T) { t.Parallel(); connectionRefused(t, s) })
 	if s.Crashable != nil {
-		t.Run("ServerKilledUnderABurst", func(t *testing.T) { t.Parallel(); serverKilled(t, s) })
+		t.Run("ServerKilledUnderABurst", func(t *testing.T) { testwait.SkipShort(t); t.Parallel(); serverKilled(t, s) })
 	}
 }
 

@@ -226,6 +226,7 @@ func TestMessagesReturnsAndOutages(t *testing.T) {
 // A node that stops fails the publish as the destination's systemic
 // failure; once it is back the publisher connects again by itself.
 func TestNodeStopsAndComesBack(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	node := rabbitmqtest.Start(t, rabbitmqtest.Options{})
 	exchange, accepted := declare(t, node, "orders")
@@ -341,6 +342,7 @@ func TestSettingsValidate(t *testing.T) {
 // the broker said so has an unknown outcome (no confirm in time): it may
 // arrive later, in its place.
 func TestMemoryAlarmBlocksPublishing(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	node := rabbitmqtest.Start(t, rabbitmqtest.Options{})
 	exchange, accepted := declare(t, node, "orders")

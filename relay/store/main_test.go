@@ -6,4 +6,4 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m, pgtest.StatementStats) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.StatementStats, pgtest.WaitingTests) }

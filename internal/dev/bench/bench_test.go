@@ -12,12 +12,14 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/bench"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // A small run of every scenario, so the benchmark cannot rot.
 func TestSmoke(t *testing.T) {
+	testwait.SkipShort(t)
 	results, err := bench.Run(context.Background(), bench.Config{
 		URL: pgtest.URL(t), Rows: 2000, Pairs: 2, BatchSize: 200, PayloadBytes: 100,
 		Rates: []int{500}, LatencyFor: time.Second, ProducersFor: 300 * time.Millisecond,

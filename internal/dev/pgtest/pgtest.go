@@ -10,9 +10,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -40,6 +43,9 @@ type Setup func(serverURL string) (cleanup func(), err error)
 // runs the tests, undoes the setups and stops the server. Call it from
 // TestMain.
 func Main(m *testing.M, setups ...Setup) {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
 	stop, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest:", err)
@@ -69,6 +75,22 @@ func Main(m *testing.M, setups ...Setup) {
 		fmt.Fprintln(os.Stderr, "pgtest: stop:", err)
 	}
 	os.Exit(code)
+}
+
+// WaitingTests is a Setup for packages whose tests mostly wait (on the
+// server, a backoff, a breaker's cool-down) and use little CPU: it runs 4 ×
+// GOMAXPROCS of their parallel tests at once, where go test's default,
+// GOMAXPROCS, leaves the machine idle, unless -parallel says otherwise.
+// Not for packages of tests that start relay processes or servers.
+func WaitingTests(string) (func(), error) {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0))); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
 }
 
 func start() (stop func() error, err error) {

@@ -45,7 +45,7 @@ const (
 	DefaultSchema         = migrations.DefaultSchema
 	DefaultMaxConns       = 10
 	DefaultConnectTimeout = 10 * time.Second
-	DefaultQueryTimeout   = 30 * time.Second
+	DefaultQueryTimeout   = relay.DefaultQueryTimeout
 	DefaultLogLevel       = "info"
 	DefaultLogFormat      = "text"
 )

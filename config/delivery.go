@@ -60,13 +60,23 @@ func (c *Config) RelayConfig() relay.Config {
 	return rc.WithDefaults()
 }
 
+// connsNeeded says why a pool needs two connections more than its
+// outbox's workers.
+const connsNeeded = "one connection per worker, one for wake-ups, one for maintenance"
+
+// tooFewConns says whether a pool of maxConns (0 or 1: not checked here)
+// is too small for workers.
+func tooFewConns(maxConns int32, workers int) bool {
+	return maxConns >= 2 && workers >= 1 && int(maxConns) < workers+2
+}
+
 func (r Relay) problems(maxConns int32) []string {
 	p := lines("relay.", r.ValidateSettings())
 	if err := deadletter.ValidateAuditPayloads(r.AuditPayloads); err != nil {
 		p = append(p, "relay."+err.Error())
 	}
-	if maxConns >= 2 && r.Workers >= 1 && int(maxConns) < r.Workers+2 {
-		p = append(p, fmt.Sprintf("database.max_conns %d is below relay.workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", maxConns, r.Workers+2))
+	if tooFewConns(maxConns, r.Workers) {
+		p = append(p, fmt.Sprintf("database.max_conns %d is below relay.workers + 2 (%d): %s", maxConns, r.Workers+2, connsNeeded))
 	}
 	sort.Strings(p)
 	return p

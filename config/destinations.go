@@ -186,9 +186,7 @@ func (c *Config) destinationProblems() []string {
 			p = append(p, "routes are required with destinations: say which topics go where")
 		}
 	} else if err := relay.ValidateRoutes(c.relayRoutes(), names); err != nil {
-		for _, line := range strings.Split(err.Error(), "\n") {
-			p = append(p, "routes: "+line)
-		}
+		p = append(p, lines("routes: ", err)...)
 	}
 	for i, r := range c.Routes {
 		if r.Topic == "" {

@@ -137,8 +137,8 @@ func (c *Config) outboxProblems(need Need) []string {
 			p = append(p, fmt.Sprintf("%s: max_conns is %d; it must not be negative", at, o.MaxConns))
 		}
 		workers := cmp.Or(r.Workers, c.Relay.Workers)
-		if db.MaxConns >= 2 && workers >= 1 && int(db.MaxConns) < workers+2 {
-			p = append(p, fmt.Sprintf("%s: max_conns %d is below its workers + 2 (%d): one connection per worker, one for wake-ups, one for maintenance", at, db.MaxConns, workers+2))
+		if tooFewConns(db.MaxConns, workers) {
+			p = append(p, fmt.Sprintf("%s: max_conns %d is below its workers + 2 (%d): %s", at, db.MaxConns, workers+2, connsNeeded))
 		}
 	}
 	return p

@@ -196,8 +196,8 @@ func (c *Config) ValidateSettings() error {
 			errs = append(errs, fmt.Errorf("%s is %d; it must be at least 1", n.name, n.v))
 		}
 	}
-	if c.BatchSize > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("batch_size is %d; at most %d rows fit one claim", c.BatchSize, MaxBatchSize))
+	if err := batchSizeProblem(c.BatchSize); err != nil {
+		errs = append(errs, err)
 	}
 	if c.PayloadCap < 0 {
 		errs = append(errs, fmt.Errorf("payload_cap is %d; it must not be negative", c.PayloadCap))
@@ -277,6 +277,14 @@ func (c *Config) Validate() error {
 		errs = append(errs, c.Fleet.problems()...)
 	}
 	return errors.Join(errs...)
+}
+
+// batchSizeProblem says what is wrong with a batch size above MaxBatchSize.
+func batchSizeProblem(n int) error {
+	if n > MaxBatchSize {
+		return fmt.Errorf("batch_size is %d; at most %d rows fit one claim", n, MaxBatchSize)
+	}
+	return nil
 }
 
 // prefixed splits err's lines, putting at in front of each.

@@ -81,8 +81,8 @@ func (o *Outbox) ValidateSettings() error {
 			errs = append(errs, fmt.Errorf("%s is %d; it must not be negative (0 takes the relay's)", n.name, n.v))
 		}
 	}
-	if o.BatchSize > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("batch_size is %d; at most %d rows fit one claim", o.BatchSize, MaxBatchSize))
+	if err := batchSizeProblem(o.BatchSize); err != nil {
+		errs = append(errs, err)
 	}
 	if err := ValidateOrderScope(o.OrderScope); err != nil {
 		errs = append(errs, err)

@@ -165,7 +165,7 @@ func (o outboxMetrics) Settled(destination string, kind store.OutcomeKind, reaso
 // Publisher wraps p, the publisher of the named destination, to time its
 // publishes.
 func (m *Relay) Publisher(destination string, p relay.Publisher) relay.Publisher {
-	return timedPublisher{next: p, hist: m.publish.WithLabelValues(destination)}
+	return relay.Decorate(p, timedPublisher{next: p, hist: m.publish.WithLabelValues(destination)})
 }
 
 type timedPublisher struct {

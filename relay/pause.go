@@ -7,19 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
-
-// Partitioner tells which partition of its topic a record goes to, for
-// destinations whose topics have partitions (Kafka). The relay asks it
-// only while a partition of the record's topic is paused, to hold back
-// that partition's rows and let the others go.
-type Partitioner interface {
-	// Partition returns rec's partition without I/O, or false when it is
-	// not known in advance (a record without a key is placed per publish).
-	Partition(rec store.Record) (int, bool)
-}
 
 // subject is a part of a destination that can pause on its own: a topic
 // (partition -1) or one partition of it. Topics are the ones published,

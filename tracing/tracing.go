@@ -98,13 +98,13 @@ func FromEnv(ctx context.Context, getenv func(string) string, version string) (*
 // delivers. system is the messaging system for the spans' attributes
 // ("kafka"), or "" for HTTP endpoints.
 func (t *Tracing) Publisher(destination, system string, p relay.Publisher) relay.Publisher {
-	return &tracedPublisher{
+	return relay.Decorate(p, &tracedPublisher{
 		next:   p,
 		tracer: t.Provider.Tracer(InstrumentationName),
 		prop:   t.Propagator,
 		dest:   destination,
 		system: system,
-	}
+	})
 }
 
 type tracedPublisher struct {

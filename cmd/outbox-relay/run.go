@@ -511,9 +511,6 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 		}
 		d := s.Relay
 		d.Publisher = wrap(s.Name, s.Sink.MessagingSystem, cloudevents.Wrap(p, s.Format, s.Sink.CloudEventsPrefix))
-		if pt, ok := p.(relay.Partitioner); ok {
-			d.Partitioner = pt // the wrappers hide it
-		}
 		out = append(out, d)
 	}
 	return out, routes, publishers, closeAll, nil

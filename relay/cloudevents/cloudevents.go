@@ -120,7 +120,7 @@ func Wrap(p relay.Publisher, s Settings, prefix string) relay.Publisher {
 	if s.CloudEvents.Mode == "" {
 		s.CloudEvents.Mode = ModeBinary
 	}
-	return &publisher{next: p, opts: s.CloudEvents, prefix: prefix}
+	return relay.Decorate(p, &publisher{next: p, opts: s.CloudEvents, prefix: prefix})
 }
 
 type publisher struct {

@@ -10,7 +10,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
@@ -80,7 +80,7 @@ routes:
 		t.Fatal(err)
 	}
 	if wc.BearerToken != "s3cret-token" || len(wc.SigningSecrets) != 1 || wc.SigningSecrets[0] != secretA ||
-		wc.Timeout != 5*time.Second || wc.StatusClasses[409] != retry.ClassTransient {
+		wc.Timeout != 5*time.Second || wc.StatusClasses[409] != sink.ClassTransient {
 		t.Fatalf("webhook config %+v", wc)
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 func byRefs(refs ...deadletter.Ref) deadletter.BulkParams {
@@ -43,7 +43,7 @@ func TestReplayByRefs(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	a, _ := addDead(t, s, dead{At: base, Retries: 5, Key: "ka"})
-	b, bEvent := addDead(t, s, dead{At: base.Add(time.Minute), Retries: 3, Reason: retry.ReasonRetriesExhausted,
+	b, bEvent := addDead(t, s, dead{At: base.Add(time.Minute), Retries: 3, Reason: sink.ReasonRetriesExhausted,
 		History: `[{"at":"2026-11-20T09:00:00Z","attempt":1,"class":"transient","error":"HTTP 500"},
 		           {"at":"2026-11-20T09:01:00Z","attempt":2,"class":"transient","error":"HTTP 503"}]`})
 	c, _ := addDead(t, s, dead{At: base.Add(2 * time.Minute)})
@@ -268,7 +268,7 @@ func TestReplayAll(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	a, _ := addDead(t, s, dead{Topic: "a"})
-	b, _ := addDead(t, s, dead{Topic: "b", Reason: retry.ReasonNoRoute})
+	b, _ := addDead(t, s, dead{Topic: "b", Reason: sink.ReasonNoRoute})
 	d, _ := addDead(t, s, dead{Topic: "c", Status: deadletter.StatusDiscarded})
 
 	res, err := st.Replay(ctx, deadletter.ReplayParams{BulkParams: deadletter.BulkParams{
@@ -442,7 +442,7 @@ func TestDiscard(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
-	a, _ := addDead(t, s, dead{At: base, Reason: retry.ReasonTooLarge})
+	a, _ := addDead(t, s, dead{At: base, Reason: sink.ReasonTooLarge})
 	b, _ := addDead(t, s, dead{At: base.Add(time.Second)})
 	k := addParked(t, s, "K", base)
 	l := addParked(t, s, "L", base)

@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // Reasons are the dead-letter reasons a filter may name.
 var Reasons = []string{
-	retry.ReasonPermanent, retry.ReasonRetriesExhausted, retry.ReasonMaxAgeExceeded,
-	retry.ReasonTooLarge, retry.ReasonNoRoute, retry.ReasonInvalidMessage,
+	sink.ReasonPermanent, sink.ReasonRetriesExhausted, sink.ReasonMaxAgeExceeded,
+	sink.ReasonTooLarge, sink.ReasonNoRoute, sink.ReasonInvalidMessage,
 }
 
 // Statuses of rows the dead-letter operations see.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -62,7 +62,7 @@ func TestFailureGroups(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	busy := func(n, id int, q string, legacy bool) int64 {
-		row, _ := addDead(t, s, dead{Dest: "billing", Reason: retry.ReasonRetriesExhausted, At: base.Add(time.Duration(n) * time.Minute),
+		row, _ := addDead(t, s, dead{Dest: "billing", Reason: sink.ReasonRetriesExhausted, At: base.Add(time.Duration(n) * time.Minute),
 			LastError: "HTTP 503 from http://billing:8080/orders/" + strconv.Itoa(id) + ": \"" + q + "\"", Legacy: legacy})
 		return row
 	}
@@ -70,7 +70,7 @@ func TestFailureGroups(t *testing.T) {
 	busy(2, 1002, "queue full", false)
 	busy(3, 1003, "try later", true)
 	latest := busy(4, 1004, "upstream busy", false)
-	addDead(t, s, dead{Dest: "billing", Reason: retry.ReasonRetriesExhausted, Status: deadletter.StatusDiscarded,
+	addDead(t, s, dead{Dest: "billing", Reason: sink.ReasonRetriesExhausted, Status: deadletter.StatusDiscarded,
 		LastError: "HTTP 503 from http://billing:8080/orders/9: \"gone\""})
 	bad1, _ := addDead(t, s, dead{Dest: "billing", LastError: "HTTP 400: field 'amount' of 7f3c2a91-0b6e-4c1d-9a8f-2e5d6c7b8a90"})
 	bad2, _ := addDead(t, s, dead{Dest: "billing", LastError: "HTTP 400: field 'currency' of 0c1d2e3f-0b6e-4c1d-9a8f-2e5d6c7b8a90", At: base.Add(time.Hour)})
@@ -179,8 +179,8 @@ func TestWriteBackFingerprintsDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := c.Complete(ctx, []store.Outcome{
-		{ID: 1, Kind: store.DeadLettered, Reason: retry.ReasonPermanent, Error: "HTTP 400 for order 17", Destination: "hook", Attempted: true},
-		{ID: 2, Kind: store.DeadLettered, Reason: retry.ReasonPermanent, Error: "HTTP 400 for order 18", Destination: "hook", Attempted: true},
+		{ID: 1, Kind: store.DeadLettered, Reason: sink.ReasonPermanent, Error: "HTTP 400 for order 17", Destination: "hook", Attempted: true},
+		{ID: 2, Kind: store.DeadLettered, Reason: sink.ReasonPermanent, Error: "HTTP 400 for order 18", Destination: "hook", Attempted: true},
 		{ID: 3, Kind: store.Retried, Delay: time.Minute, Error: "HTTP 503 for order 19", Destination: "hook", Attempted: true},
 	}); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -96,7 +96,7 @@ func addDead(t *testing.T, s *pgtest.Schema, d dead) (int64, uuid.UUID) {
 		d.Status = deadletter.StatusDeadLettered
 	}
 	if d.Reason == "" {
-		d.Reason = retry.ReasonPermanent
+		d.Reason = sink.ReasonPermanent
 	}
 	if d.At.IsZero() {
 		d.At = base

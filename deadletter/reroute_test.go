@@ -13,7 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
@@ -21,13 +21,13 @@ func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
-	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: retry.ReasonNoRoute, Retries: 0})
-	b, _ := addDead(t, s, dead{Topic: "ordres.eu", At: base.Add(time.Second), Reason: retry.ReasonNoRoute})
-	c, _ := addDead(t, s, dead{Topic: "orders", At: base.Add(2 * time.Second), Reason: retry.ReasonPermanent})
+	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: sink.ReasonNoRoute, Retries: 0})
+	b, _ := addDead(t, s, dead{Topic: "ordres.eu", At: base.Add(time.Second), Reason: sink.ReasonNoRoute})
+	c, _ := addDead(t, s, dead{Topic: "orders", At: base.Add(2 * time.Second), Reason: sink.ReasonPermanent})
 	k := addParked(t, s, "K", base)
 	before := snapshot(t, s)
 
-	noRoute := byFilter(deadletter.Filter{Reason: retry.ReasonNoRoute}, 1)
+	noRoute := byFilter(deadletter.Filter{Reason: sink.ReasonNoRoute}, 1)
 	refused := errors.New("no route matches it")
 	checkTopic := func(topic string) error {
 		if topic != "orders" {
@@ -158,7 +158,7 @@ func TestAPIReroute(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	h := newAPI(t, s)
-	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: retry.ReasonNoRoute})
+	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: sink.ReasonNoRoute})
 	path := strings.TrimSuffix(deadletter.APIPrefix, "/") + "/dead-letters/reroute"
 	for body, want := range map[string]string{
 		`{"filter":{"reason":"no_route"}}`:                           "reroute needs to",

@@ -14,7 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -42,11 +42,11 @@ func TestListFilters(t *testing.T) {
 		d    dead
 	}{
 		{"created", dead{Topic: "orders.created", Dest: "kafka", Key: "k1", At: hoursAgo(1), LastError: "HTTP 400 Bad Request"}},
-		{"updated", dead{Topic: "orders.updated", Dest: "webhook", Key: "k2", At: hoursAgo(2), Reason: retry.ReasonRetriesExhausted, LastError: "dial tcp: connection refused"}},
-		{"underscore", dead{Topic: "orders_x", Dest: "kafka", At: hoursAgo(3), Reason: retry.ReasonTooLarge, LastError: "payload of 2_000_000 bytes"}},
-		{"letter", dead{Topic: "ordersAx", At: hoursAgo(4), Reason: retry.ReasonNoRoute, LastError: "no route for topic"}},
-		{"percent", dead{Topic: "100%", At: hoursAgo(5), Reason: retry.ReasonInvalidMessage, LastError: "headers are not a JSON object"}},
-		{"digits", dead{Topic: "1000", At: hoursAgo(6), Reason: retry.ReasonMaxAgeExceeded, LastError: "older than 24h"}},
+		{"updated", dead{Topic: "orders.updated", Dest: "webhook", Key: "k2", At: hoursAgo(2), Reason: sink.ReasonRetriesExhausted, LastError: "dial tcp: connection refused"}},
+		{"underscore", dead{Topic: "orders_x", Dest: "kafka", At: hoursAgo(3), Reason: sink.ReasonTooLarge, LastError: "payload of 2_000_000 bytes"}},
+		{"letter", dead{Topic: "ordersAx", At: hoursAgo(4), Reason: sink.ReasonNoRoute, LastError: "no route for topic"}},
+		{"percent", dead{Topic: "100%", At: hoursAgo(5), Reason: sink.ReasonInvalidMessage, LastError: "headers are not a JSON object"}},
+		{"digits", dead{Topic: "1000", At: hoursAgo(6), Reason: sink.ReasonMaxAgeExceeded, LastError: "older than 24h"}},
 		{"backslash", dead{Topic: `a\b`, At: hoursAgo(7), LastError: "HTTP 404"}},
 		{"discarded", dead{Topic: "orders.created", Dest: "kafka", Key: "k1", At: hoursAgo(1.5), Status: deadletter.StatusDiscarded, LastError: "HTTP 400"}},
 	} {
@@ -83,8 +83,8 @@ func TestListFilters(t *testing.T) {
 		{"glob question mark is one character", "", deadletter.Filter{Topic: "10?"}, nil},
 		{"glob backslash is literal", "", deadletter.Filter{Topic: `a\*`}, []string{"backslash"}},
 		{"destination", "", deadletter.Filter{Destination: "kafka"}, []string{"created", "underscore"}},
-		{"reason", "", deadletter.Filter{Reason: retry.ReasonTooLarge}, []string{"underscore"}},
-		{"reason all statuses", "all", deadletter.Filter{Reason: retry.ReasonPermanent}, []string{"created", "discarded", "backslash"}},
+		{"reason", "", deadletter.Filter{Reason: sink.ReasonTooLarge}, []string{"underscore"}},
+		{"reason all statuses", "all", deadletter.Filter{Reason: sink.ReasonPermanent}, []string{"created", "discarded", "backslash"}},
 		{"key", "", deadletter.Filter{Key: "k2"}, []string{"updated"}},
 		{"since ago", "", deadletter.Filter{Since: ago(2.5)}, []string{"created", "updated"}},
 		{"until ago", "", deadletter.Filter{Until: ago(5.5)}, []string{"digits", "backslash"}},
@@ -95,9 +95,9 @@ func TestListFilters(t *testing.T) {
 		{"error contains ignores case", "", deadletter.Filter{ErrorContains: "http 4"}, []string{"created", "backslash"}},
 		{"error contains underscore is literal", "", deadletter.Filter{ErrorContains: "2_000"}, []string{"underscore"}},
 		{"error contains percent is literal", "", deadletter.Filter{ErrorContains: "%"}, nil},
-		{"every field", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: retry.ReasonPermanent,
+		{"every field", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: sink.ReasonPermanent,
 			Key: "k1", Since: ago(2), Until: ago(0.5), ErrorContains: "bad request"}, []string{"created"}},
-		{"every field but one", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: retry.ReasonPermanent,
+		{"every field but one", "", deadletter.Filter{Topic: "orders.*", Destination: "kafka", Reason: sink.ReasonPermanent,
 			Key: "k1", Since: ago(2), Until: ago(0.5), ErrorContains: "refused"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -126,9 +126,9 @@ func TestListLetterFields(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s)
 	at := base.Add(time.Minute)
-	keyed, ev := addDead(t, s, dead{Topic: "orders", Key: "k", Dest: "webhook", At: at, Reason: retry.ReasonRetriesExhausted,
+	keyed, ev := addDead(t, s, dead{Topic: "orders", Key: "k", Dest: "webhook", At: at, Reason: sink.ReasonRetriesExhausted,
 		LastError: "HTTP 503", Retries: 7, Parked: true, Payload: []byte("12345"), Headers: `{"trace": "abc"}`})
-	plain, _ := addDead(t, s, dead{Topic: "t", Reason: retry.ReasonNoRoute, At: base})
+	plain, _ := addDead(t, s, dead{Topic: "t", Reason: sink.ReasonNoRoute, At: base})
 
 	page, err := st.List(ctx, deadletter.ListParams{})
 	if err != nil {
@@ -139,7 +139,7 @@ func TestListLetterFields(t *testing.T) {
 	}
 	l := page.Letters[0]
 	if l.EventID != ev || l.Topic != "orders" || l.Key == nil || *l.Key != "k" || l.Destination != "webhook" ||
-		l.Status != deadletter.StatusDeadLettered || l.Reason != retry.ReasonRetriesExhausted || !l.ParksKey ||
+		l.Status != deadletter.StatusDeadLettered || l.Reason != sink.ReasonRetriesExhausted || !l.ParksKey ||
 		l.Attempts != 7 || l.LastError != "HTTP 503" || l.PayloadBytes != 5 ||
 		l.DeadLetteredAt == nil || !l.DeadLetteredAt.Equal(at) || l.LastAttemptAt == nil || l.CreatedAt.IsZero() {
 		t.Errorf("letter = %+v", l)
@@ -505,10 +505,10 @@ func TestStats(t *testing.T) {
 		t.Errorf("Stats of no dead letters = %+v", empty)
 	}
 
-	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: retry.ReasonPermanent, At: base.Add(time.Hour)})
-	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: retry.ReasonRetriesExhausted, At: base.Add(2 * time.Hour), Key: "k1", Parked: true})
-	addDead(t, s, dead{Topic: "a", Dest: "webhook", Reason: retry.ReasonRetriesExhausted, At: base.Add(3 * time.Hour), Key: "k2", Parked: true})
-	addDead(t, s, dead{Topic: "b", Reason: retry.ReasonNoRoute, At: base.Add(4 * time.Hour)})
+	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: sink.ReasonPermanent, At: base.Add(time.Hour)})
+	addDead(t, s, dead{Topic: "a", Dest: "kafka", Reason: sink.ReasonRetriesExhausted, At: base.Add(2 * time.Hour), Key: "k1", Parked: true})
+	addDead(t, s, dead{Topic: "a", Dest: "webhook", Reason: sink.ReasonRetriesExhausted, At: base.Add(3 * time.Hour), Key: "k2", Parked: true})
+	addDead(t, s, dead{Topic: "b", Reason: sink.ReasonNoRoute, At: base.Add(4 * time.Hour)})
 	// Discarded rows count apart, whenever they died.
 	addDead(t, s, dead{Topic: "c", Dest: "kafka", Status: deadletter.StatusDiscarded, At: base})
 	addDead(t, s, dead{Topic: "a", Dest: "kafka", Status: deadletter.StatusDiscarded, At: base.Add(5 * time.Hour)})
@@ -535,7 +535,7 @@ func TestStats(t *testing.T) {
 	}{
 		{"topic", got.ByTopic, map[string]int{"a": 3, "b": 1}},
 		{"destination", got.ByDestination, map[string]int{"kafka": 2, "webhook": 1, "": 1}},
-		{"reason", got.ByReason, map[string]int{retry.ReasonPermanent: 1, retry.ReasonRetriesExhausted: 2, retry.ReasonNoRoute: 1}},
+		{"reason", got.ByReason, map[string]int{sink.ReasonPermanent: 1, sink.ReasonRetriesExhausted: 2, sink.ReasonNoRoute: 1}},
 	} {
 		if !maps.Equal(c.got, c.want) {
 			t.Errorf("by %s = %v, want %v", c.name, c.got, c.want)

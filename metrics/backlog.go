@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -135,8 +135,8 @@ func (b *backlog) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(b.parked, prometheus.GaugeValue, float64(stats.ParkedKeys))
 }
 
-var deadLetterReasons = []string{retry.ReasonPermanent, retry.ReasonRetriesExhausted, retry.ReasonMaxAgeExceeded,
-	retry.ReasonTooLarge, retry.ReasonNoRoute, retry.ReasonInvalidMessage}
+var deadLetterReasons = []string{sink.ReasonPermanent, sink.ReasonRetriesExhausted, sink.ReasonMaxAgeExceeded,
+	sink.ReasonTooLarge, sink.ReasonNoRoute, sink.ReasonInvalidMessage}
 
 // measure returns the latest measurement, taking a new one when the last
 // is older than MaxAge. Scrapes at the same time wait for one

@@ -25,7 +25,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	_ "github.com/outbox-relay/outbox-relay/relay/sink/builtin" // the deployed configuration names kafka and http destinations
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
@@ -60,8 +60,8 @@ func exposed(t *testing.T) series {
 	o.Settled("kafka", store.Retried, "", 0)
 	o.Settled("", store.Deferred, relay.DeferKeyWaiting, 0)
 	o.Settled("kafka", store.Deferred, relay.DeferCircuitOpen, 0)
-	o.Settled("kafka", store.DeadLettered, retry.ReasonPermanent, 0)
-	o.Settled("", store.DeadLettered, retry.ReasonNoRoute, 0)
+	o.Settled("kafka", store.DeadLettered, sink.ReasonPermanent, 0)
+	o.Settled("", store.DeadLettered, sink.ReasonNoRoute, 0)
 	o.Settled("kafka", store.Leased, "", 0)
 	if errs := m.Publisher("kafka", nopPublisher{}).Publish(context.Background(), nil); len(errs) != 0 {
 		t.Fatalf("Publish: %v", errs)
@@ -127,7 +127,7 @@ func exposed(t *testing.T) series {
 
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(context.Context, []store.Record) []error { return nil }
+func (nopPublisher) Publish(context.Context, []sink.Record) []error { return nil }
 
 type fakeBacklog struct{}
 
@@ -138,7 +138,7 @@ func (fakeBacklog) Backlog(context.Context) ([]store.TopicBacklog, error) {
 type fakeDeadLetters struct{}
 
 func (fakeDeadLetters) Stats(context.Context) (*deadletter.Stats, error) {
-	return &deadletter.Stats{DeadLettered: 1, ParkedKeys: 1, ByReason: map[string]int{retry.ReasonPermanent: 1}}, nil
+	return &deadletter.Stats{DeadLettered: 1, ParkedKeys: 1, ByReason: map[string]int{sink.ReasonPermanent: 1}}, nil
 }
 
 // expr is a PromQL expression found in a file, with where it was.

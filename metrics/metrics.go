@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -164,16 +165,16 @@ func (o outboxMetrics) Settled(destination string, kind store.OutcomeKind, reaso
 
 // Publisher wraps p, the publisher of the named destination, to time its
 // publishes.
-func (m *Relay) Publisher(destination string, p relay.Publisher) relay.Publisher {
-	return relay.Decorate(p, timedPublisher{next: p, hist: m.publish.WithLabelValues(destination)})
+func (m *Relay) Publisher(destination string, p sink.Publisher) sink.Publisher {
+	return sink.Decorate(p, timedPublisher{next: p, hist: m.publish.WithLabelValues(destination)})
 }
 
 type timedPublisher struct {
-	next relay.Publisher
+	next sink.Publisher
 	hist prometheus.Observer
 }
 
-func (t timedPublisher) Publish(ctx context.Context, records []store.Record) []error {
+func (t timedPublisher) Publish(ctx context.Context, records []sink.Record) []error {
 	start := time.Now()
 	errs := t.next.Publish(ctx, records)
 	t.hist.Observe(time.Since(start).Seconds())

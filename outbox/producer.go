@@ -22,6 +22,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
 	"github.com/outbox-relay/outbox-relay/internal/db/schema"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // Message is one message to enqueue.
@@ -58,8 +59,8 @@ var ErrInvalidMessage = errors.New("invalid outbox message")
 
 // Header names the relay sets on every delivery; producers may not set them.
 const (
-	HeaderEventID = "outbox-event-id"
-	HeaderID      = "outbox-id"
+	HeaderEventID = sink.HeaderEventID
+	HeaderID      = sink.HeaderID
 )
 
 // DefaultCopyThreshold is the batch size from which Write uses COPY.

@@ -3,6 +3,7 @@ package relay
 import (
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -14,14 +15,14 @@ type gate interface {
 	// enter lets rec through, taking what the gate gives it, or says why
 	// not: held (the row waits for a later batch, untouched) or deferred
 	// (it waits, without counting an attempt, for wait; reason says why).
-	enter(rec store.Record, now time.Time) (v verdict, reason string, wait time.Duration)
+	enter(rec sink.Record, now time.Time) (v verdict, reason string, wait time.Duration)
 	// leave gives back what enter took, when a later gate refuses the row.
 	leave()
 }
 
 // take passes rec through the destination's gates, in order; a gate that
 // refuses it gets back what the earlier ones took.
-func (d *dest) take(rec store.Record, now time.Time) (verdict, store.Outcome) {
+func (d *dest) take(rec sink.Record, now time.Time) (verdict, store.Outcome) {
 	for i, g := range d.gates {
 		v, reason, wait := g.enter(rec, now)
 		if v == admitted {
@@ -39,7 +40,7 @@ func (d *dest) take(rec store.Record, now time.Time) (verdict, store.Outcome) {
 }
 
 // enter takes a slot of the bulkhead.
-func (h *bulkhead) enter(store.Record, time.Time) (verdict, string, time.Duration) {
+func (h *bulkhead) enter(sink.Record, time.Time) (verdict, string, time.Duration) {
 	if h.take(1) == 0 {
 		return held, "", 0
 	}
@@ -49,7 +50,7 @@ func (h *bulkhead) enter(store.Record, time.Time) (verdict, string, time.Duratio
 func (h *bulkhead) leave() { h.give(1) }
 
 // enter spends a token of the rate limit; nil is unlimited.
-func (r *rateLimit) enter(_ store.Record, now time.Time) (verdict, string, time.Duration) {
+func (r *rateLimit) enter(_ sink.Record, now time.Time) (verdict, string, time.Duration) {
 	if !r.take(now) {
 		return held, "", 0
 	}
@@ -61,7 +62,7 @@ func (r *rateLimit) enter(_ store.Record, now time.Time) (verdict, string, time.
 func (r *rateLimit) leave() {}
 
 // enter spends a share of the retry budget on a retry.
-func (b *retryBudget) enter(rec store.Record, now time.Time) (verdict, string, time.Duration) {
+func (b *retryBudget) enter(rec sink.Record, now time.Time) (verdict, string, time.Duration) {
 	if rec.RetryCount > 0 && !b.spend(now) {
 		return deferred, DeferRetryBudget, budgetDeferral
 	}

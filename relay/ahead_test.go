@@ -13,7 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // gatedPublisher is a fakePublisher that calls before ahead of each
@@ -24,7 +24,7 @@ type gatedPublisher struct {
 	before func(call int)
 }
 
-func (p *gatedPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *gatedPublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	p.before(int(p.calls.Add(1)))
 	return p.fakePublisher.Publish(ctx, recs)
 }
@@ -52,7 +52,7 @@ func (o *claimSizes) first(n int) string {
 // whose first publish waits for the next batch to be claimed ahead; fail
 // decides each publish attempt. It returns the ids sent, in order, and
 // the sizes of the first two claims.
-func hotKeyAhead(t *testing.T, fail func(r store.Record, attempt int) error) ([]int64, string) {
+func hotKeyAhead(t *testing.T, fail func(r sink.Record, attempt int) error) ([]int64, string) {
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 't', 'hot', g::text::bytea FROM generate_series(1, 30) g`)
 	var rel atomic.Pointer[relay.Relay]
@@ -75,7 +75,7 @@ func hotKeyAhead(t *testing.T, fail func(r store.Record, attempt int) error) ([]
 // behind it, rather than held back by it: one worker pipelines a key.
 func TestHotKeyBatchClaimedAheadBehindItsBatch(t *testing.T) {
 	t.Parallel()
-	sent, claims := hotKeyAhead(t, func(store.Record, int) error { return nil })
+	sent, claims := hotKeyAhead(t, func(sink.Record, int) error { return nil })
 	if claims != "[10 10]" {
 		t.Fatalf("the first two claims returned %s rows, want [10 10]: the second, claimed ahead, behind the first", claims)
 	}
@@ -93,9 +93,9 @@ func TestHotKeyBatchClaimedAheadBehindItsBatch(t *testing.T) {
 // it are held back until it is sent: per-key order holds.
 func TestClaimedAheadHeldBackBehindAFailedRow(t *testing.T) {
 	t.Parallel()
-	sent, claims := hotKeyAhead(t, func(r store.Record, attempt int) error {
+	sent, claims := hotKeyAhead(t, func(r sink.Record, attempt int) error {
 		if string(r.Payload) == "5" && attempt == 1 {
-			return retry.Transient(errors.New("leader moved"), 0)
+			return sink.Transient(errors.New("leader moved"), 0)
 		}
 		return nil
 	})

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // BreakerConfig configures a destination's circuit breaker. It opens only
@@ -445,14 +445,14 @@ type probeMix struct {
 }
 
 // fits reports whether rec, bound for topic, may join the probe.
-func (m *probeMix) fits(rec store.Record, topic string, rows int) bool {
+func (m *probeMix) fits(rec sink.Record, topic string, rows int) bool {
 	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) &&
 		m.topics[topic] < probeRowsByTopic && (rec.RetryCount == 0 || m.retries < probeRetries)
 }
 
 // fitsPause reports whether rec may join the probe of a paused topic or
 // partition, whose rows are all of one topic.
-func (m *probeMix) fitsPause(rec store.Record) bool {
+func (m *probeMix) fitsPause(rec sink.Record) bool {
 	rows := 0
 	for _, n := range m.topics {
 		rows += n
@@ -460,7 +460,7 @@ func (m *probeMix) fitsPause(rec store.Record) bool {
 	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) && (rec.RetryCount == 0 || m.retries < probeRetries)
 }
 
-func (m *probeMix) add(rec store.Record, topic string) {
+func (m *probeMix) add(rec sink.Record, topic string) {
 	if rec.HasKey {
 		m.keys[rec.Key] = true
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -23,10 +24,9 @@ const (
 	DefaultBatchSize = 2000
 	// MaxBatchSize is the most rows one claim may take.
 	MaxBatchSize = 10000
-	// DefaultMaxBatchBytes keeps a full batch, with the per-record
-	// overhead counted, well under a broker's default max.message.bytes
-	// (1 MiB).
-	DefaultMaxBatchBytes   = 900 << 10
+	// DefaultMaxBatchBytes is relay.max_batch_bytes's default, which
+	// sinks size their message limits by.
+	DefaultMaxBatchBytes   = sink.DefaultMaxBatchBytes
 	DefaultPollInterval    = time.Second
 	DefaultPublishTimeout  = 15 * time.Second
 	DefaultDrainTimeout    = 30 * time.Second
@@ -72,7 +72,7 @@ type Config struct {
 	// dead-lettered no_route.
 	Routes []Route `koanf:"-"`
 	// Publisher is the single destination of a relay without Destinations.
-	Publisher Publisher `koanf:"-"`
+	Publisher sink.Publisher `koanf:"-"`
 	// Listener wakes Store's workers when rows are inserted; without one
 	// they only poll.
 	Listener *store.Listener `koanf:"-"`

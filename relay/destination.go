@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -26,7 +27,7 @@ type Destination struct {
 	// Name identifies the destination in routes, logs and metrics.
 	Name string `koanf:"-"`
 	// Publisher delivers the destination's rows. Required.
-	Publisher Publisher `koanf:"-"`
+	Publisher sink.Publisher `koanf:"-"`
 	// OnDeadLetter is release or block; default the relay's OnDeadLetter.
 	OnDeadLetter string `koanf:"on_dead_letter"`
 	// Breaker configures the destination's circuit breaker.
@@ -44,7 +45,7 @@ type Destination struct {
 	// Partitioner tells the partition of a row, so that a paused
 	// partition holds only its own rows. Default the Publisher, when it
 	// is one.
-	Partitioner Partitioner `koanf:"-"`
+	Partitioner sink.Partitioner `koanf:"-"`
 	// VisibilityTimeout, when set, delivers the destination's rows on a
 	// lease instead of inside the claim's transaction: the claim hides
 	// them for this long under a fresh lease token and counts the
@@ -138,7 +139,7 @@ type dest struct {
 	block   bool
 	breaker *breaker
 	pauses  *pauseSet
-	parts   Partitioner // nil: partitions are not known
+	parts   sink.Partitioner // nil: partitions are not known
 	bulk    bulkhead
 	gates   []gate // bulk, rate, budget
 	// fleetMax is MaxInFlight as configured, shared by the fleet; 0 when
@@ -204,7 +205,7 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChang
 	}
 	d.Breaker = d.Breaker.WithDefaults()
 	if d.Partitioner == nil {
-		d.Partitioner, _ = d.Publisher.(Partitioner)
+		d.Partitioner, _ = d.Publisher.(sink.Partitioner)
 	}
 	fleetMax := 0
 	if cfg.Fleet != nil {
@@ -264,7 +265,7 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChang
 type group struct {
 	d     *dest
 	adm   admission // the breaker's, for the whole batch
-	recs  []store.Record
+	recs  []sink.Record
 	errs  []error
 	token uuid.UUID // the lease, for a destination with a visibility timeout
 	// asked are the pauses asked about in this batch (the first ask of a
@@ -295,7 +296,7 @@ func (d *dest) begin(now time.Time, rows int) *group {
 	if g.adm.probe {
 		g.mix = &probeMix{keys: map[string]bool{}, topics: map[string]int{}}
 	} else if g.adm.ok {
-		g.recs = make([]store.Record, 0, rows)
+		g.recs = make([]sink.Record, 0, rows)
 	}
 	return g
 }
@@ -317,7 +318,7 @@ const (
 // a destination's, takes a few rows of different keys; the rest of the
 // batch's rows there wait for a later batch. On admitted, the row is the
 // group's to take (see take), with the pauses whose probe it joins.
-func (d *dest) admit(g *group, rec store.Record, topic string, now time.Time) (verdict, store.Outcome, []subject) {
+func (d *dest) admit(g *group, rec sink.Record, topic string, now time.Time) (verdict, store.Outcome, []subject) {
 	if !g.adm.ok {
 		return deferred, d.deferral(rec, DeferCircuitOpen, g.adm.until.Sub(now)), nil
 	}
@@ -341,12 +342,12 @@ func (d *dest) admit(g *group, rec store.Record, topic string, now time.Time) (v
 	return admitted, store.Outcome{}, paused
 }
 
-func (d *dest) deferral(rec store.Record, reason string, wait time.Duration) store.Outcome {
+func (d *dest) deferral(rec sink.Record, reason string, wait time.Duration) store.Outcome {
 	return store.Outcome{ID: rec.ID, Kind: store.Deferred, Delay: max(wait, time.Millisecond), Reason: reason, Destination: d.Name}
 }
 
 // add puts an admitted and taken rec, bound for topic, in g.
-func (g *group) add(rec store.Record, topic string, paused []subject) {
+func (g *group) add(rec sink.Record, topic string, paused []subject) {
 	if g.adm.probe {
 		g.mix.add(rec, topic)
 	}
@@ -380,7 +381,7 @@ func (g *group) add(rec store.Record, topic string, paused []subject) {
 // askPauses checks rec, bound for topic, against the destination's paused
 // topic and partitions. It returns the pauses whose probe rec joins, or,
 // when rec must wait, the deferral reason and until when.
-func (d *dest) askPauses(g *group, rec store.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
+func (d *dest) askPauses(g *group, rec sink.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
 	ask := func(s subject) (admission, bool) {
 		if a, ok := g.asked[s]; ok {
 			return a, true

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
@@ -128,7 +129,7 @@ type switchable struct {
 	once      sync.Once
 }
 
-func (p *switchable) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *switchable) Publish(ctx context.Context, recs []sink.Record) []error {
 	if p.down.Load() {
 		p.callsDown.Add(1)
 		errs := make([]error, len(recs))
@@ -145,7 +146,7 @@ func TestBreakerIsolatesAFailingDestination(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	healthy := &fakePublisher{}
-	failing := &switchable{err: retry.Systemic(errors.New("dial tcp: connection refused")), firstUp: make(chan int, 1)}
+	failing := &switchable{err: sink.Systemic(errors.New("dial tcp: connection refused")), firstUp: make(chan int, 1)}
 	failing.down.Store(true)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload)
 SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' FROM generate_series(1, 200) g`)
@@ -191,12 +192,12 @@ SELECT CASE WHEN g % 2 = 0 THEN 'hooks' ELSE 'events' END, 'k' || (g % 5), 'x' F
 
 // noAnswer is a transient failure of a whole destination: it answered
 // nothing.
-var noAnswer = retry.DestinationFailure(retry.ClassTransient, errors.New("read tcp: connection reset by peer"))
+var noAnswer = sink.DestinationFailure(sink.ClassTransient, errors.New("read tcp: connection reset by peer"))
 
 func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(store.Record, int) error { return noAnswer }}
+	p := &fakePublisher{fail: func(sink.Record, int) error { return noAnswer }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 50)`)
 	h := start(t, s, nil, options{
 		policy: retry.PolicyConfig{MaxAttempts: 1000, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
@@ -231,7 +232,7 @@ func TestBreakerOpensAfterConsecutiveTransientFailures(t *testing.T) {
 func TestRetryBudgetLimitsFailingRetries(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(store.Record, int) error { return errors.New("500 Internal Server Error") }}
+	p := &fakePublisher{fail: func(sink.Record, int) error { return errors.New("500 Internal Server Error") }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 40)`)
 	start := time.Now()
 	h := startRelay(t, s, retry.PolicyConfig{MaxAttempts: 1000, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}, relay.Config{
@@ -267,7 +268,7 @@ type gate struct {
 	sent     atomic.Int32
 }
 
-func (g *gate) Publish(ctx context.Context, recs []store.Record) []error {
+func (g *gate) Publish(ctx context.Context, recs []sink.Record) []error {
 	n := g.inFlight.Add(int32(len(recs)))
 	defer g.inFlight.Add(-int32(len(recs)))
 	for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
@@ -379,7 +380,7 @@ SELECT (ARRAY['orders', 'payments', 'hooks.order'])[1 + g % 3], 'k' || (g % 9), 
 func TestBreakerHalfOpensWithoutTraffic(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(store.Record, int) error { return noAnswer }}
+	p := &fakePublisher{fail: func(sink.Record, int) error { return noAnswer }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) VALUES ('t', 'x')`)
 	// The failed row waits an hour; the breaker's cool-down is short. It
 	// must not stay open for want of a row to probe it with.
@@ -403,7 +404,7 @@ type stampPublisher struct {
 	ids   map[int64]int
 }
 
-func (p *stampPublisher) Publish(_ context.Context, recs []store.Record) []error {
+func (p *stampPublisher) Publish(_ context.Context, recs []sink.Record) []error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ids == nil {
@@ -479,7 +480,7 @@ type stuckPublisher struct {
 	release chan struct{}
 }
 
-func (p *stuckPublisher) Publish(_ context.Context, recs []store.Record) []error {
+func (p *stuckPublisher) Publish(_ context.Context, recs []sink.Record) []error {
 	select {
 	case p.got <- struct{}{}:
 	default:

@@ -14,8 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // endpoint is one destination that several replicas publish to: it
@@ -42,14 +41,14 @@ func newEndpoint(delay time.Duration, failing bool) *endpoint {
 	return &endpoint{delay: delay, failing: failing, attempts: map[string]int{}, first: map[string]time.Time{}, delivered: map[int64]bool{}}
 }
 
-func (e *endpoint) replica(name string) relay.Publisher { return endpointReplica{e, name} }
+func (e *endpoint) replica(name string) sink.Publisher { return endpointReplica{e, name} }
 
 type endpointReplica struct {
 	e    *endpoint
 	name string
 }
 
-func (p endpointReplica) Publish(ctx context.Context, recs []store.Record) []error {
+func (p endpointReplica) Publish(ctx context.Context, recs []sink.Record) []error {
 	e := p.e
 	e.mu.Lock()
 	e.account()
@@ -75,7 +74,7 @@ func (p endpointReplica) Publish(ctx context.Context, recs []store.Record) []err
 	errs := make([]error, len(recs))
 	for i, r := range recs {
 		if failing {
-			errs[i] = retry.Systemic(errors.New("connection refused"))
+			errs[i] = sink.Systemic(errors.New("connection refused"))
 			continue
 		}
 		e.delivered[r.ID] = true
@@ -324,7 +323,7 @@ type waitingPublisher struct {
 	synced chan bool
 }
 
-func (p waitingPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (p waitingPublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	from := p.fleet.syncs.Load()
 	ok, _ := testwait.Poll(30*time.Second, func() (bool, string) { return p.fleet.syncs.Load() >= from+3, "" })
 	p.synced <- ok

@@ -6,13 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func keyed(keys ...string) []store.Record {
-	recs := make([]store.Record, len(keys))
+func keyed(keys ...string) []sink.Record {
+	recs := make([]sink.Record, len(keys))
 	for i, k := range keys {
-		recs[i] = store.Record{ID: int64(i + 1), Key: k, HasKey: k != ""}
+		recs[i] = sink.Record{ID: int64(i + 1), Key: k, HasKey: k != ""}
 	}
 	return recs
 }
@@ -63,7 +64,7 @@ func TestInflightKeysElsewhere(t *testing.T) {
 		t.Errorf("after removing every batch: %s, %d batches left", got, len(f.batches))
 	}
 	// The lowest id in flight is of the keys found, not of the batch.
-	claimed := f.add(2, []store.Record{{ID: 30, Key: "p", HasKey: true}, {ID: 10, Key: "q", HasKey: true}, {ID: 20, Key: "r", HasKey: true}}, nil)
+	claimed := f.add(2, []sink.Record{{ID: 30, Key: "p", HasKey: true}, {ID: 10, Key: "q", HasKey: true}, {ID: 20, Key: "r", HasKey: true}}, nil)
 	if got, lowest := f.elsewhere(0, []string{"p", "r", "x"}); fmt.Sprint(got) != "[p r]" || lowest != 20 {
 		t.Errorf("worker 0 sees %v from %d, want [p r] from 20", got, lowest)
 	}
@@ -71,7 +72,7 @@ func TestInflightKeysElsewhere(t *testing.T) {
 	// A batch claimed ahead holds rows of its keys above those of the
 	// batch before it, which may have failed to send them and left them
 	// pending: the lowest counts the rows it follows of the keys asked.
-	f.add(3, []store.Record{{ID: 40, Key: "p", HasKey: true}, {ID: 50, Key: "r", HasKey: true}},
+	f.add(3, []sink.Record{{ID: 40, Key: "p", HasKey: true}, {ID: 50, Key: "r", HasKey: true}},
 		[]store.KeyedRow{{Key: "q", ID: 5}, {Key: "p", ID: 12}, {Key: "r", ID: 15}})
 	if got, lowest := f.elsewhere(0, []string{"p", "r"}); fmt.Sprint(got) != "[p r]" || lowest != 12 {
 		t.Errorf("worker 0 sees %v from %d, want [p r] from 12, the lowest followed row of theirs", got, lowest)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -57,14 +58,14 @@ type ruling struct {
 // judge decides the outcome of one row whose publish failed with err, age
 // after the row was written. It reads nothing but its arguments (the
 // policy's jitter aside), so a table test covers every path.
-func judge(rec store.Record, err error, age time.Duration, s scopeState) ruling {
-	ce := retry.Classify(err)
-	v := ruling{permanent: ce.Class == retry.ClassPermanent}
+func judge(rec sink.Record, err error, age time.Duration, s scopeState) ruling {
+	ce := sink.Classify(err)
+	v := ruling{permanent: ce.Class == sink.ClassPermanent}
 	if !v.permanent {
 		switch ce.Scope {
-		case retry.ScopeTopic:
+		case sink.ScopeTopic:
 			v.about, v.scoped = subject{rec.Topic, wholeTopic}, true
-		case retry.ScopePartition:
+		case sink.ScopePartition:
 			v.about, v.scoped = subject{rec.Topic, ce.Partition}, true
 			if ce.Partition < 0 { // the sink did not say which: the topic
 				v.about.partition = wholeTopic
@@ -72,9 +73,9 @@ func judge(rec store.Record, err error, age time.Duration, s scopeState) ruling 
 		}
 	}
 	switch {
-	case v.permanent || ce.Scope == retry.ScopeRecord:
+	case v.permanent || ce.Scope == sink.ScopeRecord:
 		v.kind = rowFailure
-	case ce.Class == retry.ClassSystemic:
+	case ce.Class == sink.ClassSystemic:
 		v.kind = systemicFailure
 	default:
 		v.kind = transientFailure
@@ -86,7 +87,7 @@ func judge(rec store.Record, err error, age time.Duration, s scopeState) ruling 
 	var dec retry.Decision
 	switch {
 	case v.probed && s.policy.Outlived(age):
-		dec = retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonMaxAgeExceeded}
+		dec = retry.Decision{Action: retry.DeadLetter, Reason: sink.ReasonMaxAgeExceeded}
 	case v.probed:
 		dec = retry.Decision{Action: retry.Defer}
 	default:
@@ -113,7 +114,7 @@ func judge(rec store.Record, err error, age time.Duration, s scopeState) ruling 
 }
 
 // add counts v, the ruling on rec, as evidence about its subject.
-func (ev *evidence) add(v ruling, rec store.Record) {
+func (ev *evidence) add(v ruling, rec sink.Record) {
 	switch v.kind {
 	case rowFailure:
 		ev.rowFailed = append(ev.rowFailed, rec.ID)

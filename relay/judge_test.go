@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -35,81 +36,81 @@ func TestJudgeDecidesEachFailedRow(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		rec   store.Record
+		rec   sink.Record
 		err   error
 		age   time.Duration
 		state scopeState
 		want  want
 	}{
 		{name: "unclassified: a transient failure of the row, retried with backoff",
-			rec: store.Record{HasKey: true, Key: "k"}, err: boom,
+			rec: sink.Record{HasKey: true, Key: "k"}, err: boom,
 			want: want{kind: store.Retried, delay: time.Second, class: "transient", evidence: rowFailure}},
 		{name: "the third attempt backs off further",
-			rec: store.Record{RetryCount: 2}, err: boom,
+			rec: sink.Record{RetryCount: 2}, err: boom,
 			want: want{kind: store.Retried, delay: 4 * time.Second, class: "transient", evidence: rowFailure}},
 		{name: "a Retry-After above the backoff wins",
-			err:  retry.Transient(boom, 30*time.Second),
+			err:  sink.Transient(boom, 30*time.Second),
 			want: want{kind: store.Retried, delay: 30 * time.Second, class: "transient", evidence: rowFailure}},
 		{name: "a Retry-After is capped",
-			err:  retry.Transient(boom, time.Hour),
+			err:  sink.Transient(boom, time.Hour),
 			want: want{kind: store.Retried, delay: 10 * time.Minute, class: "transient", evidence: rowFailure}},
 		{name: "the last attempt dead-letters",
-			rec: store.Record{RetryCount: 4}, err: boom,
-			want: want{kind: store.DeadLettered, reason: retry.ReasonRetriesExhausted, class: "transient", evidence: rowFailure}},
+			rec: sink.Record{RetryCount: 4}, err: boom,
+			want: want{kind: store.DeadLettered, reason: sink.ReasonRetriesExhausted, class: "transient", evidence: rowFailure}},
 		{name: "too old dead-letters whatever its attempts",
 			err: boom, age: 2 * time.Hour,
-			want: want{kind: store.DeadLettered, reason: retry.ReasonMaxAgeExceeded, class: "transient", evidence: rowFailure}},
+			want: want{kind: store.DeadLettered, reason: sink.ReasonMaxAgeExceeded, class: "transient", evidence: rowFailure}},
 		{name: "permanent dead-letters at once with its reason, and parks its key when keys block",
-			rec: store.Record{HasKey: true, Key: "k"}, err: retry.Permanent(boom, retry.ReasonTooLarge),
+			rec: sink.Record{HasKey: true, Key: "k"}, err: sink.Permanent(boom, sink.ReasonTooLarge),
 			state: scopeState{block: true},
-			want:  want{kind: store.DeadLettered, reason: retry.ReasonTooLarge, park: true, class: "permanent", evidence: rowFailure, permanent: true}},
+			want:  want{kind: store.DeadLettered, reason: sink.ReasonTooLarge, park: true, class: "permanent", evidence: rowFailure, permanent: true}},
 		{name: "a row without a key parks nothing",
-			err: retry.Permanent(boom, ""), state: scopeState{block: true},
-			want: want{kind: store.DeadLettered, reason: retry.ReasonPermanent, class: "permanent", evidence: rowFailure, permanent: true}},
+			err: sink.Permanent(boom, ""), state: scopeState{block: true},
+			want: want{kind: store.DeadLettered, reason: sink.ReasonPermanent, class: "permanent", evidence: rowFailure, permanent: true}},
 		{name: "a permanent failure is the row's even when the sink scoped it to the topic",
-			err:  &retry.Error{Class: retry.ClassPermanent, Scope: retry.ScopeTopic, Err: boom},
-			want: want{kind: store.DeadLettered, reason: retry.ReasonPermanent, class: "permanent", evidence: rowFailure, permanent: true}},
+			err:  &sink.Error{Class: sink.ClassPermanent, Scope: sink.ScopeTopic, Err: boom},
+			want: want{kind: store.DeadLettered, reason: sink.ReasonPermanent, class: "permanent", evidence: rowFailure, permanent: true}},
 		{name: "a permanent failure in a failed probe still dead-letters",
-			err: retry.Permanent(boom, ""), state: scopeState{destProbeFailed: true},
-			want: want{kind: store.DeadLettered, reason: retry.ReasonPermanent, class: "permanent", evidence: rowFailure, permanent: true}},
+			err: sink.Permanent(boom, ""), state: scopeState{destProbeFailed: true},
+			want: want{kind: store.DeadLettered, reason: sink.ReasonPermanent, class: "permanent", evidence: rowFailure, permanent: true}},
 		{name: "systemic: the destination fails, the row waits without an attempt's backoff",
-			err:  retry.Systemic(boom),
+			err:  sink.Systemic(boom),
 			want: want{kind: store.Deferred, reason: DeferDestinationFailing, class: "systemic", evidence: systemicFailure}},
 		{name: "a transient failure of the destination counts towards its breaker",
-			err:  retry.DestinationFailure(retry.ClassTransient, boom),
+			err:  sink.DestinationFailure(sink.ClassTransient, boom),
 			want: want{kind: store.Retried, delay: time.Second, class: "transient", evidence: transientFailure}},
 		{name: "a systemic failure of the topic pauses the topic",
-			rec: store.Record{Topic: "orders"}, err: retry.TopicFailure(retry.ClassSystemic, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.TopicFailure(sink.ClassSystemic, boom),
 			want: want{kind: store.Deferred, reason: DeferTopicPaused, class: "systemic", evidence: systemicFailure, about: topic, scoped: true}},
 		{name: "a systemic failure of a partition pauses the partition",
-			rec: store.Record{Topic: "orders"}, err: retry.PartitionFailure(retry.ClassSystemic, 3, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.PartitionFailure(sink.ClassSystemic, 3, boom),
 			want: want{kind: store.Deferred, reason: DeferPartitionPaused, class: "systemic", evidence: systemicFailure, about: part3, scoped: true}},
 		{name: "a partition the sink did not name is the topic's",
-			rec: store.Record{Topic: "orders"}, err: retry.PartitionFailure(retry.ClassSystemic, -1, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.PartitionFailure(sink.ClassSystemic, -1, boom),
 			want: want{kind: store.Deferred, reason: DeferTopicPaused, class: "systemic", evidence: systemicFailure, about: topic, scoped: true}},
 		{name: "a transient failure of a partition is retried and counts towards its pause",
-			rec: store.Record{Topic: "orders"}, err: retry.PartitionFailure(retry.ClassTransient, 3, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.PartitionFailure(sink.ClassTransient, 3, boom),
 			want: want{kind: store.Retried, delay: time.Second, class: "transient", evidence: transientFailure, about: part3, scoped: true}},
 		{name: "in a failed probe of the destination the row waits and counts no attempt",
-			rec: store.Record{RetryCount: 4}, err: boom, state: scopeState{destProbeFailed: true},
+			rec: sink.Record{RetryCount: 4}, err: boom, state: scopeState{destProbeFailed: true},
 			want: want{kind: store.Deferred, reason: DeferDestinationFailing, class: "transient", evidence: rowFailure, probed: true}},
 		{name: "in a failed probe, a row past its age still dead-letters",
 			err: boom, age: time.Hour, state: scopeState{destProbeFailed: true},
-			want: want{kind: store.DeadLettered, reason: retry.ReasonMaxAgeExceeded, class: "transient", evidence: rowFailure, probed: true}},
+			want: want{kind: store.DeadLettered, reason: sink.ReasonMaxAgeExceeded, class: "transient", evidence: rowFailure, probed: true}},
 		{name: "in a failed probe of its partition",
-			rec: store.Record{Topic: "orders"}, err: retry.PartitionFailure(retry.ClassTransient, 3, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.PartitionFailure(sink.ClassTransient, 3, boom),
 			state: scopeState{pauseProbeFailed: map[subject]bool{part3: true}},
 			want:  want{kind: store.Deferred, reason: DeferPartitionPaused, class: "transient", evidence: transientFailure, about: part3, scoped: true, probed: true}},
 		{name: "a partition's failure in a failed probe of its topic",
-			rec: store.Record{Topic: "orders"}, err: retry.PartitionFailure(retry.ClassTransient, 3, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.PartitionFailure(sink.ClassTransient, 3, boom),
 			state: scopeState{pauseProbeFailed: map[subject]bool{topic: true}},
 			want:  want{kind: store.Deferred, reason: DeferPartitionPaused, class: "transient", evidence: transientFailure, about: part3, scoped: true, probed: true}},
 		{name: "a failed probe of another partition says nothing of this row",
-			rec: store.Record{Topic: "orders"}, err: retry.PartitionFailure(retry.ClassTransient, 3, boom),
+			rec: sink.Record{Topic: "orders"}, err: sink.PartitionFailure(sink.ClassTransient, 3, boom),
 			state: scopeState{pauseProbeFailed: map[subject]bool{{"orders", 4}: true}},
 			want:  want{kind: store.Retried, delay: time.Second, class: "transient", evidence: transientFailure, about: part3, scoped: true}},
 		{name: "a row's own failure in a failed probe of its topic follows the policy",
-			rec: store.Record{Topic: "orders"}, err: boom,
+			rec: sink.Record{Topic: "orders"}, err: boom,
 			state: scopeState{pauseProbeFailed: map[subject]bool{topic: true}},
 			want:  want{kind: store.Retried, delay: time.Second, class: "transient", evidence: rowFailure}},
 	}
@@ -140,11 +141,11 @@ func TestJudgeDecidesEachFailedRow(t *testing.T) {
 func TestEvidenceCountsRulings(t *testing.T) {
 	t.Parallel()
 	var ev evidence
-	ev.add(ruling{kind: rowFailure, permanent: true, outcome: store.Outcome{Error: "refused"}}, store.Record{ID: 1})
-	ev.add(ruling{kind: rowFailure, outcome: store.Outcome{Error: "503"}}, store.Record{ID: 2})
-	ev.add(ruling{kind: rowFailure, outcome: store.Outcome{Error: "503"}}, store.Record{ID: 3, RetryCount: 1})
-	ev.add(ruling{kind: systemicFailure, outcome: store.Outcome{Error: "auth"}}, store.Record{ID: 4})
-	ev.add(ruling{kind: transientFailure, outcome: store.Outcome{Error: "timeout"}}, store.Record{ID: 5})
+	ev.add(ruling{kind: rowFailure, permanent: true, outcome: store.Outcome{Error: "refused"}}, sink.Record{ID: 1})
+	ev.add(ruling{kind: rowFailure, outcome: store.Outcome{Error: "503"}}, sink.Record{ID: 2})
+	ev.add(ruling{kind: rowFailure, outcome: store.Outcome{Error: "503"}}, sink.Record{ID: 3, RetryCount: 1})
+	ev.add(ruling{kind: systemicFailure, outcome: store.Outcome{Error: "auth"}}, sink.Record{ID: 4})
+	ev.add(ruling{kind: transientFailure, outcome: store.Outcome{Error: "timeout"}}, sink.Record{ID: 5})
 	want := evidence{rowFailed: []int64{1, 2, 3}, rowTransient: 2, rowFirsts: 1, systemic: 1, transient: 1, lastErr: "timeout"}
 	if ev.systemic != want.systemic || ev.transient != want.transient || ev.rowTransient != want.rowTransient ||
 		ev.rowFirsts != want.rowFirsts || ev.lastErr != want.lastErr || len(ev.rowFailed) != 3 {

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -68,7 +69,7 @@ type inflightID int64
 
 type inflightBatch struct {
 	owner   int
-	recs    []store.Record
+	recs    []sink.Record
 	follows []store.KeyedRow
 }
 
@@ -76,7 +77,7 @@ type inflightBatch struct {
 // the id it returns. follows are the rows a batch claimed ahead follows
 // (see store.ClaimParams.Follows): those the batch before failed to send
 // stay pending below its rows of their keys while it is in flight.
-func (f *inflightKeys) add(owner int, recs []store.Record, follows []store.KeyedRow) inflightID {
+func (f *inflightKeys) add(owner int, recs []sink.Record, follows []store.KeyedRow) inflightID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.next++

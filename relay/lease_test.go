@@ -11,7 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // heldPublisher holds its first publish until released, then publishes
@@ -24,7 +24,7 @@ type heldPublisher struct {
 	calls   atomic.Int32
 }
 
-func (p *heldPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *heldPublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	if p.calls.Add(1) == 1 {
 		p.once.Do(func() { close(p.held) })
 		select {
@@ -40,7 +40,7 @@ func (p *heldPublisher) Publish(ctx context.Context, recs []store.Record) []erro
 	return p.fakePublisher.Publish(ctx, recs)
 }
 
-func leasedConfig(p relay.Publisher, vt time.Duration) relay.Config {
+func leasedConfig(p sink.Publisher, vt time.Duration) relay.Config {
 	return relay.Config{
 		Destinations: []relay.Destination{{Name: "hooks", Publisher: p, VisibilityTimeout: vt}},
 		Routes:       []relay.Route{{Topics: []string{"*"}, Destination: "hooks"}},
@@ -53,7 +53,7 @@ type blockedPublisher struct {
 	release chan struct{}
 }
 
-func (p *blockedPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *blockedPublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	select {
 	case <-p.release:
 	case <-ctx.Done():
@@ -176,18 +176,18 @@ func TestLeasedRowsThatNeverFinishRunOutOfAttempts(t *testing.T) {
 func TestLeasedFailuresRetryAndDeferLikeInline(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(r store.Record, attempt int) error {
+	p := &fakePublisher{fail: func(r sink.Record, attempt int) error {
 		switch string(r.Payload) {
 		case "transient":
 			if attempt == 1 {
-				return retry.Transient(errFake("503"), 0)
+				return sink.Transient(errFake("503"), 0)
 			}
 		case "systemic":
 			if attempt == 1 {
-				return retry.Systemic(errFake("401"))
+				return sink.Systemic(errFake("401"))
 			}
 		case "permanent":
-			return retry.Permanent(errFake("422"), "")
+			return sink.Permanent(errFake("422"), "")
 		}
 		return nil
 	}}

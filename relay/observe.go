@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -68,7 +69,7 @@ func (t *tally) claimed(elapsed time.Duration, rows int) {
 // settled counts written-back outcomes of groups, and rows the claim
 // deferred behind a waiting row of their key; recs are the rows the
 // outcomes are about.
-func (t *tally) settled(outcomes []store.Outcome, groups []*group, recs []store.Record, deferredByClaim int) {
+func (t *tally) settled(outcomes []store.Outcome, groups []*group, recs []sink.Record, deferredByClaim int) {
 	t.count(outcomes, deferredByClaim)
 	t.observe(outcomes, groups, deferredByClaim)
 	t.logDeadLetters(outcomes, recs)
@@ -77,14 +78,14 @@ func (t *tally) settled(outcomes []store.Outcome, groups []*group, recs []store.
 // logDeadLetters logs each dead-lettered outcome once it is written back,
 // whoever decided it: the planner (a row undeliverable as it is, or without
 // a route) or a destination's settling.
-func (t *tally) logDeadLetters(outcomes []store.Outcome, recs []store.Record) {
-	var byID map[int64]*store.Record
+func (t *tally) logDeadLetters(outcomes []store.Outcome, recs []sink.Record) {
+	var byID map[int64]*sink.Record
 	for _, o := range outcomes {
 		if o.Kind != store.DeadLettered || t.log == nil {
 			continue
 		}
 		if byID == nil {
-			byID = make(map[int64]*store.Record, len(recs))
+			byID = make(map[int64]*sink.Record, len(recs))
 			for i := range recs {
 				byID[recs[i].ID] = &recs[i]
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -25,7 +26,7 @@ type byTopic struct {
 	at func(counts map[string]int)
 }
 
-func (p *byTopic) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *byTopic) Publish(ctx context.Context, recs []sink.Record) []error {
 	if p.delay > 0 {
 		// The destination's round trip: what makes turns worth having.
 		time.Sleep(p.delay)
@@ -74,7 +75,7 @@ func (p *byTopic) published(topic string) []int64 {
 
 // runOutboxes runs one relay over the schemas, outbox i named after
 // names[i]; each schema gets workers[i] workers (0: the relay's).
-func runOutboxes(t *testing.T, cfg relay.Config, pub relay.Publisher, names []string, schemas []*pgtest.Schema, workers []int) *relay.Relay {
+func runOutboxes(t *testing.T, cfg relay.Config, pub sink.Publisher, names []string, schemas []*pgtest.Schema, workers []int) *relay.Relay {
 	t.Helper()
 	for i, s := range schemas {
 		st, err := store.New(s.Pool, store.Config{Schema: s.Name})

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -44,7 +44,7 @@ func newPlanner(cfg *Config, dests []*dest) *planner {
 // that a failure in one place can never let a later row of the key through
 // in another; and once the batch's byte budget or a destination's
 // bulkhead is spent, the remaining rows wait for the next batch, untouched.
-func (p *planner) plan(recs []store.Record, now time.Time, scope func(topic string) string) ([]*group, []store.Outcome) {
+func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic string) string) ([]*group, []store.Outcome) {
 	type keyRun struct {
 		dest    int
 		topic   string
@@ -63,7 +63,7 @@ func (p *planner) plan(recs []store.Record, now time.Time, scope func(topic stri
 		rt := p.router.route(rec.Topic)
 		if rec.Undeliverable == "" && rt.dest < 0 {
 			rec.Undeliverable = fmt.Sprintf("no route matches topic %q", rec.Topic)
-			rec.UndeliverableReason = retry.ReasonNoRoute
+			rec.UndeliverableReason = sink.ReasonNoRoute
 		}
 		var run *keyRun
 		if rec.HasKey && parkedEverywhere[rec.Key] {
@@ -140,12 +140,12 @@ func (p *planner) plan(recs []store.Record, now time.Time, scope func(topic stri
 // deadLetter returns the outcome of a row that cannot be delivered at all,
 // bound for d (nil without a route): one the claim found undeliverable, or
 // a leased row whose attempts all ran out.
-func (p *planner) deadLetter(d *dest, rec store.Record) (store.Outcome, bool) {
+func (p *planner) deadLetter(d *dest, rec sink.Record) (store.Outcome, bool) {
 	if rec.Undeliverable != "" {
 		// Without a destination, the relay's own policy applies.
 		park := rec.HasKey && ((d != nil && d.block) || (d == nil && p.block))
 		o := store.Outcome{ID: rec.ID, Kind: store.DeadLettered,
-			Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: retry.ClassPermanent.String(), ParkKey: park}
+			Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: sink.ClassPermanent.String(), ParkKey: park}
 		if d != nil {
 			o.Destination = d.Name
 		}
@@ -155,14 +155,14 @@ func (p *planner) deadLetter(d *dest, rec store.Record) (store.Outcome, bool) {
 		// Leases count their attempt up front: this row's leases all
 		// ended without an outcome, as when it crashes the relay.
 		msg := fmt.Sprintf("all %d attempts used; the last leases ended without an outcome (the relay stopped or crashed while delivering)", rec.RetryCount)
-		return store.Outcome{ID: rec.ID, Kind: store.DeadLettered, Reason: retry.ReasonRetriesExhausted,
-			Error: msg, Class: retry.ClassTransient.String(), ParkKey: d.block && rec.HasKey, Destination: d.Name}, true
+		return store.Outcome{ID: rec.ID, Kind: store.DeadLettered, Reason: sink.ReasonRetriesExhausted,
+			Error: msg, Class: sink.ClassTransient.String(), ParkKey: d.block && rec.HasKey, Destination: d.Name}, true
 	}
 	return store.Outcome{}, false
 }
 
 // recordSize is what a record counts against MaxBatchBytes.
-func recordSize(rec store.Record) int {
+func recordSize(rec sink.Record) int {
 	size := RecordOverhead + rec.PayloadSize + len(rec.Key)
 	for k, v := range rec.Headers {
 		size += len(k) + len(v)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -16,7 +16,7 @@ import (
 
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(_ context.Context, recs []store.Record) []error {
+func (nopPublisher) Publish(_ context.Context, recs []sink.Record) []error {
 	return make([]error, len(recs))
 }
 
@@ -38,8 +38,8 @@ func testPlanner(t *testing.T, cfg Config, ds []Destination, routes []Route) *pl
 	return newPlanner(&cfg, dests)
 }
 
-func rec(id int64, topic, key string) store.Record {
-	return store.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", PayloadSize: 10}
+func rec(id int64, topic, key string) sink.Record {
+	return sink.Record{ID: id, Topic: topic, Key: key, HasKey: key != "", PayloadSize: 10}
 }
 
 // planned returns the ids of each group's rows, by destination, and the
@@ -62,7 +62,7 @@ var twoDestinations = []Route{{Topics: []string{"a.*"}, Destination: "a"}, {Topi
 
 func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
-	groups, outcomes := p.plan([]store.Record{
+	groups, outcomes := p.plan([]sink.Record{
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"), // k moves to b: its run ends at 1
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's next row goes in a later batch
@@ -79,7 +79,7 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 			t.Errorf("b's rows go to topic %q, want the route's renamed", g.recs[0].Topic)
 		}
 	}
-	if o := out[7]; o.Kind != store.DeadLettered || o.Reason != retry.ReasonNoRoute || o.ParkKey {
+	if o := out[7]; o.Kind != store.DeadLettered || o.Reason != sink.ReasonNoRoute || o.ParkKey {
 		t.Errorf("unroutable row: %+v, want dead-lettered no_route, not parked", o)
 	}
 	if len(outcomes) != 1 {
@@ -91,7 +91,7 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 // travel together, whatever the key's rows of another destination do.
 func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
-	groups, outcomes := p.plan([]store.Record{
+	groups, outcomes := p.plan([]sink.Record{
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"),
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's row of a goes
@@ -113,7 +113,7 @@ func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	for _, scope := range []string{OrderScopeGlobal, OrderScopeDestination, OrderScopeTopic} {
-		groups, outcomes := p.plan([]store.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
+		groups, outcomes := p.plan([]sink.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
 			time.Now(), p.router.scope(scope))
 		ids, out := planned(groups, outcomes)
 		if o := out[1]; o.Kind != store.DeadLettered || !o.ParkKey {
@@ -127,7 +127,7 @@ func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 
 func TestPlanStopsAtTheByteBudget(t *testing.T) {
 	p := testPlanner(t, Config{MaxBatchBytes: 3*(RecordOverhead+10) + 1}, []Destination{{Name: "a"}}, twoDestinations)
-	groups, outcomes := p.plan([]store.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
+	groups, outcomes := p.plan([]sink.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, _ := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[2] != 3 {
 		t.Errorf("planned %v, want the first three rows", got)
@@ -141,7 +141,7 @@ func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Minute, Max: time.Minute}}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1, lastErr: "refused"})
-	groups, outcomes := p.plan([]store.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
+	groups, outcomes := p.plan([]sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
 	ids, out := planned(groups, outcomes)
 	if o := out[1]; o.Kind != store.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
 		t.Errorf("row of the open destination: %+v, want deferred circuit_open for its cool-down, no attempt", o)
@@ -158,7 +158,7 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Millisecond, Max: time.Millisecond}}, []Destination{{Name: "a"}}, twoDestinations)
 	now := time.Now()
 	p.dests[0].breaker.feed(now, evidence{systemic: 1})
-	var recs []store.Record
+	var recs []sink.Record
 	for i := range 20 {
 		recs = append(recs, rec(int64(i+1), []string{"a.x", "a.y"}[i%2], []string{"k", "j", "", ""}[i%4]))
 	}
@@ -185,9 +185,9 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 
 func TestPlanHoldsRowsPastTheBulkheadAndDefersRetriesOverBudget(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a", MaxInFlight: 3, RetryBudget: RetryBudgetConfig{MinPerSecond: 0.1}}}, twoDestinations)
-	retryRec := func(id int64) store.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
+	retryRec := func(id int64) sink.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
 	// The budget holds one retry (a tenth per second, ten seconds' worth).
-	groups, outcomes := p.plan([]store.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
+	groups, outcomes := p.plan([]sink.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, out := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[0] != 1 || got[1] != 3 || got[2] != 4 {
 		t.Errorf("planned %v, want [1 3 4]", got)
@@ -216,9 +216,9 @@ func TestSettleReleasesOrHoldsAKeyAfterAFailure(t *testing.T) {
 			policy = OnDeadLetterBlock
 		}
 		p := testPlanner(t, Config{OnDeadLetter: policy}, []Destination{{Name: "a"}}, twoDestinations)
-		groups, _ := p.plan([]store.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
+		groups, _ := p.plan([]sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
 		g := groups[0]
-		g.errs = []error{retry.Permanent(errBad, "rejected"), nil, retry.Transient(errBad, 0), retry.ErrNotSent}
+		g.errs = []error{sink.Permanent(errBad, "rejected"), nil, sink.Transient(errBad, 0), sink.ErrNotSent}
 		out := map[int64]store.Outcome{}
 		for _, o := range g.d.settle(g, false) {
 			out[o.ID] = o

@@ -8,10 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // The fake the relay's tests publish to keeps the Publisher contract too.
@@ -20,12 +18,12 @@ func TestFakePublisherConformance(t *testing.T) {
 	const limit = 1 << 10
 	publishertest.Run(t, publishertest.Sink{
 		New: func(t *testing.T) publishertest.Destination {
-			f := &fakePublisher{fail: func(r store.Record, _ int) error {
+			f := &fakePublisher{fail: func(r sink.Record, _ int) error {
 				switch {
 				case r.Headers["X-Conformance"] == "reject":
-					return retry.Permanent(errors.New("rejected"), "")
+					return sink.Permanent(errors.New("rejected"), "")
 				case r.PayloadSize > limit:
-					return retry.Permanent(fmt.Errorf("%d bytes", r.PayloadSize), retry.ReasonTooLarge)
+					return sink.Permanent(fmt.Errorf("%d bytes", r.PayloadSize), sink.ReasonTooLarge)
 				}
 				return nil
 			}}
@@ -37,11 +35,11 @@ func TestFakePublisherConformance(t *testing.T) {
 				return out
 			}}
 		},
-		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
-		TooLarge: func(rec *store.Record) { rec.Payload = make([]byte, 2*limit) },
-		Unreachable: func(*testing.T) relay.Publisher {
-			refused := retry.NetworkFailure(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
-			return &fakePublisher{fail: func(store.Record, int) error { return refused }}
+		Reject:   func(rec *sink.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
+		TooLarge: func(rec *sink.Record) { rec.Payload = make([]byte, 2*limit) },
+		Unreachable: func(*testing.T) sink.Publisher {
+			refused := sink.NetworkFailure(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+			return &fakePublisher{fail: func(sink.Record, int) error { return refused }}
 		},
 	})
 }

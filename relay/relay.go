@@ -1,8 +1,8 @@
 // Package relay delivers outbox rows: it claims ready rows in batches,
-// publishes them through a Publisher, and writes each outcome back, under
-// the delivery contract: at least once, in id order per key, retrying
-// transient failures, deferring rows while a destination is down, and
-// dead-lettering what cannot be delivered.
+// publishes them through each destination's sink.Publisher, and writes
+// each outcome back, under the delivery contract: at least once, in id
+// order per key, retrying transient failures, deferring rows while a
+// destination is down, and dead-lettering what cannot be delivered.
 package relay
 
 import (
@@ -16,49 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
-
-// Publisher delivers records to a destination. Publish returns one error
-// per record, nil for each record the destination acknowledged. Errors are
-// classified with the retry package; unclassified errors are transient.
-// Records sharing a key are given in id order and must be delivered in that
-// order: after a record fails, a Publisher must not send the later records
-// of its key, and reports them with retry.ErrNotSent. The records are the
-// relay's, read by other workers while they are in flight: a Publisher
-// reads them and never changes them.
-type Publisher interface {
-	Publish(ctx context.Context, records []store.Record) []error
-}
-
-// Partitioner tells which partition of its topic a record goes to, for
-// destinations whose topics have partitions (Kafka). The relay asks it
-// only while a partition of the record's topic is paused, to hold back
-// that partition's rows and let the others go.
-type Partitioner interface {
-	// Partition returns rec's partition without I/O, or false when it is
-	// not known in advance (a record without a key is placed per publish).
-	Partition(rec store.Record) (int, bool)
-}
-
-// Decorate returns outer, a Publisher that wraps inner (to time, trace or
-// format its publishes), with the optional interfaces of inner that outer
-// lacks: Partitioner. A wrapper returns Decorate(inner, itself), so that
-// wrapping a publisher never hides what the relay asks of it.
-func Decorate(inner, outer Publisher) Publisher {
-	if pt, ok := inner.(Partitioner); ok {
-		if _, has := outer.(Partitioner); !has {
-			return partitioned{Publisher: outer, Partitioner: pt}
-		}
-	}
-	return outer
-}
-
-// partitioned is a wrapper with the Partitioner of the publisher it wraps.
-type partitioned struct {
-	Publisher
-	Partitioner
-}
 
 // Dead-letter policies of a destination.
 const (

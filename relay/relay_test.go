@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -32,12 +33,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // says to.
 type fakePublisher struct {
 	mu    sync.Mutex
-	calls [][]store.Record
-	fail  func(r store.Record, attempt int) error
+	calls [][]sink.Record
+	fail  func(r sink.Record, attempt int) error
 	seen  map[int64]int
 }
 
-func (f *fakePublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (f *fakePublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	errs := make([]error, len(recs))
 	if err := ctx.Err(); err != nil {
 		for i := range errs {
@@ -55,7 +56,7 @@ func (f *fakePublisher) Publish(ctx context.Context, recs []store.Record) []erro
 	for i, r := range recs {
 		f.seen[r.ID]++
 		if r.HasKey && failedKeys[r.Key] {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 			continue
 		}
 		if f.fail != nil {
@@ -120,7 +121,7 @@ type options struct {
 	cfg         relay.Config
 }
 
-func start(t *testing.T, s *pgtest.Schema, pub relay.Publisher, o options) *harness {
+func start(t *testing.T, s *pgtest.Schema, pub sink.Publisher, o options) *harness {
 	t.Helper()
 	st, err := store.New(s.Pool, store.Config{Schema: s.Name, KeepSent: o.keepSent, Claimer: o.claimer, ClaimLease: 2 * time.Second})
 	if err != nil {
@@ -301,9 +302,9 @@ func TestPartialBatchFailure(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES
 		('t', 'K', 'a'), ('t', 'K', 'b'), ('t', 'J', 'c'), ('t', NULL, 'd'), ('t', 'K', 'e')`)
-	pub := &fakePublisher{fail: func(r store.Record, attempt int) error {
+	pub := &fakePublisher{fail: func(r sink.Record, attempt int) error {
 		if string(r.Payload) == "a" && attempt == 1 {
-			return retry.Transient(errors.New("leader moved"), 0)
+			return sink.Transient(errors.New("leader moved"), 0)
 		}
 		return nil
 	}}
@@ -342,9 +343,9 @@ func TestHeadInBackoffHoldsOnlyItsKey(t *testing.T) {
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'stuck', 'head')`)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload)
 		SELECT 't', CASE WHEN g % 5 = 0 THEN 'stuck' ELSE 'k' || (g % 7) END, 'x' FROM generate_series(1, 500) g`)
-	pub := &fakePublisher{fail: func(r store.Record, _ int) error {
+	pub := &fakePublisher{fail: func(r sink.Record, _ int) error {
 		if string(r.Payload) == "head" {
-			return retry.Transient(errors.New("503"), 0)
+			return sink.Transient(errors.New("503"), 0)
 		}
 		return nil
 	}}
@@ -405,8 +406,8 @@ func TestExhaustedAttemptsAndMaxAge(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'a', 'young')`)
 	insert(t, s, `INSERT INTO outbox (topic, key, payload, created_at) VALUES ('t', 'b', 'old', now() - interval '2 hours')`)
-	pub := &fakePublisher{fail: func(store.Record, int) error {
-		return retry.Transient(errors.New("HTTP 503 Service Unavailable"), 0)
+	pub := &fakePublisher{fail: func(sink.Record, int) error {
+		return sink.Transient(errors.New("HTTP 503 Service Unavailable"), 0)
 	}}
 	start(t, s, pub, options{policy: retry.PolicyConfig{MaxAttempts: 3, MaxAge: time.Hour, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
 	testwait.For(t, "both dead-lettered", func() bool { return count(t, s.Pool, "status = 'dead_lettered'") == 2 })
@@ -426,9 +427,9 @@ func TestOnDeadLetterReleaseAndBlock(t *testing.T) {
 			t.Parallel()
 			s := pgtest.NewSchema(t)
 			insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'K', 'poison'), ('t', 'K', 'next'), ('t', 'J', 'other')`)
-			pub := &fakePublisher{fail: func(r store.Record, _ int) error {
+			pub := &fakePublisher{fail: func(r sink.Record, _ int) error {
 				if string(r.Payload) == "poison" {
-					return retry.Permanent(errors.New("HTTP 422"), "")
+					return sink.Permanent(errors.New("HTTP 422"), "")
 				}
 				return nil
 			}}
@@ -537,7 +538,7 @@ type blockingPublisher struct {
 	once    sync.Once
 }
 
-func (b *blockingPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (b *blockingPublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	b.once.Do(func() { close(b.started) })
 	errs := make([]error, len(recs))
 	select {
@@ -587,7 +588,7 @@ type stepPublisher struct {
 	step  func(call int)
 }
 
-func (p *stepPublisher) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *stepPublisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	p.mu.Lock()
 	p.calls++
 	call := p.calls
@@ -772,11 +773,11 @@ func TestCrashAfterPublishBeforeAck(t *testing.T) {
 // crashAfter publishes, then cuts the relay's database sessions before the
 // write-back, once.
 type crashAfter struct {
-	inner relay.Publisher
+	inner sink.Publisher
 	crash func()
 }
 
-func (c crashAfter) Publish(ctx context.Context, recs []store.Record) []error {
+func (c crashAfter) Publish(ctx context.Context, recs []sink.Record) []error {
 	errs := c.inner.Publish(ctx, recs)
 	c.crash()
 	return errs

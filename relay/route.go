@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -152,7 +153,7 @@ func OrderScopeOf(routes []Route, scope string) func(topic string) string {
 
 // scopedKey is a record's key in its order scope: the rows that keep their
 // order among themselves.
-func scopedKey(scope func(topic string) string, rec *store.Record) string {
+func scopedKey(scope func(topic string) string, rec *sink.Record) string {
 	if scope == nil {
 		return rec.Key
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -260,7 +261,7 @@ AND retry_count = 4 AND last_error LIKE '%500 Internal Server Error%refunds are 
 func TestEndpointFailingEveryRowOpensTheBreaker(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &fakePublisher{fail: func(store.Record, int) error { return errors.New("500 Internal Server Error") }}
+	p := &fakePublisher{fail: func(sink.Record, int) error { return errors.New("500 Internal Server Error") }}
 	insert(t, s, `INSERT INTO outbox (topic, payload) SELECT 't', 'x' FROM generate_series(1, 300)`)
 	h := start(t, s, nil, options{
 		policy: retry.PolicyConfig{MaxAttempts: 1000, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond},
@@ -309,9 +310,9 @@ type poisoned struct {
 	failedProbes atomic.Int32
 }
 
-var errUnreachable = retry.Systemic(errors.New("dial tcp: connection refused"))
+var errUnreachable = sink.Systemic(errors.New("dial tcp: connection refused"))
 
-func (p *poisoned) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *poisoned) Publish(ctx context.Context, recs []sink.Record) []error {
 	if p.down.Load() {
 		errs := make([]error, len(recs))
 		for i := range errs {
@@ -337,7 +338,7 @@ func (p *poisoned) Publish(ctx context.Context, recs []store.Record) []error {
 func TestProbeIsNotPoisonedByFailingRows(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	p := &poisoned{fakePublisher: fakePublisher{fail: func(r store.Record, _ int) error {
+	p := &poisoned{fakePublisher: fakePublisher{fail: func(r sink.Record, _ int) error {
 		if string(r.Payload) == "poison" {
 			return errors.New("500 Internal Server Error")
 		}
@@ -387,15 +388,15 @@ type topicDenied struct {
 	calls  atomic.Int32 // publishes carrying a secret row while denied
 }
 
-func (p *topicDenied) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *topicDenied) Publish(ctx context.Context, recs []sink.Record) []error {
 	if !p.denied.Load() {
 		return p.fakePublisher.Publish(ctx, recs)
 	}
 	errs := p.fakePublisher.Publish(ctx, recs)
 	carried := false
 	for i, r := range recs {
-		if r.Topic == "secret" && !errors.Is(errs[i], retry.ErrNotSent) {
-			errs[i] = retry.TopicFailure(retry.ClassSystemic, errors.New("kafka: [29] Topic Authorization Failed"))
+		if r.Topic == "secret" && !errors.Is(errs[i], sink.ErrNotSent) {
+			errs[i] = sink.TopicFailure(sink.ClassSystemic, errors.New("kafka: [29] Topic Authorization Failed"))
 			carried = true
 		}
 	}
@@ -474,7 +475,7 @@ func TestPartitionWithoutLeaderPausesAlone(t *testing.T) {
 		}
 		for i := range 30 {
 			key := fmt.Sprintf("k%d", i)
-			if part, ok := k.Partition(store.Record{Topic: "events", Key: key, HasKey: true}); ok && part == 1 {
+			if part, ok := k.Partition(sink.Record{Topic: "events", Key: key, HasKey: true}); ok && part == 1 {
 				blocked[key] = true
 			}
 		}

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -62,7 +62,7 @@ func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
 		if rec.HasKey {
 			failedKeys[rec.Key] = true
 		}
-		if abandoned || errors.Is(err, retry.ErrNotSent) {
+		if abandoned || errors.Is(err, sink.ErrNotSent) {
 			// Shutting down: an interrupted publish counts nothing. Not
 			// sent: the row waits for its key's failed row. Either way a
 			// retry's budget is given back.

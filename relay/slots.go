@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // slotWaits are the destinations whose full bulkhead a claimed batch waits
@@ -63,7 +63,7 @@ func (w *slotWaits) release() bool {
 // await waits, at most for timeout, until a destination the batch waits on
 // has a free slot, but only when every row of recs is bound for one of
 // them and finds it full: a batch with rows that can go now does not wait.
-func (w *slotWaits) await(ctx context.Context, p *planner, recs []store.Record, timeout time.Duration) {
+func (w *slotWaits) await(ctx context.Context, p *planner, recs []sink.Record, timeout time.Duration) {
 	if w == nil {
 		return
 	}

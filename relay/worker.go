@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -196,7 +197,7 @@ const heldRecheck = 2 * time.Millisecond
 type keySet map[string]bool
 
 // keyedRows returns the keys and ids of recs' keyed rows.
-func keyedRows(recs []store.Record) []store.KeyedRow {
+func keyedRows(recs []sink.Record) []store.KeyedRow {
 	out := make([]store.KeyedRow, 0, len(recs))
 	for i := range recs {
 		if r := &recs[i]; r.HasKey {
@@ -208,7 +209,7 @@ func keyedRows(recs []store.Record) []store.KeyedRow {
 
 // unsentKeys returns the keys of recs' keyed rows without a Sent outcome,
 // each in its order scope; nil when every row was sent.
-func unsentKeys(recs []store.Record, outcomes []store.Outcome, scope func(topic string) string) keySet {
+func unsentKeys(recs []sink.Record, outcomes []store.Outcome, scope func(topic string) string) keySet {
 	n := 0
 	for i := range outcomes {
 		if outcomes[i].Kind == store.Sent {
@@ -257,7 +258,7 @@ func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 		return false
 	}
 	// A new slice: the in-flight registry holds the claimed one.
-	kept := make([]store.Record, 0, len(t.claim.Records))
+	kept := make([]sink.Record, 0, len(t.claim.Records))
 	for _, r := range t.claim.Records {
 		if !r.HasKey || !unsent[scopedKey(scope, &r)] {
 			kept = append(kept, r)

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/contrib/propagators/autoprop"
 	"go.opentelemetry.io/otel/attribute"
@@ -24,9 +25,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // InstrumentationName names the relay's tracer.
@@ -97,8 +95,8 @@ func FromEnv(ctx context.Context, getenv func(string) string, version string) (*
 // Publisher wraps the publisher of a destination to trace each record it
 // delivers. system is the messaging system for the spans' attributes
 // ("kafka"), or "" for HTTP endpoints.
-func (t *Tracing) Publisher(destination, system string, p relay.Publisher) relay.Publisher {
-	return relay.Decorate(p, &tracedPublisher{
+func (t *Tracing) Publisher(destination, system string, p sink.Publisher) sink.Publisher {
+	return sink.Decorate(p, &tracedPublisher{
 		next:   p,
 		tracer: t.Provider.Tracer(InstrumentationName),
 		prop:   t.Propagator,
@@ -108,7 +106,7 @@ func (t *Tracing) Publisher(destination, system string, p relay.Publisher) relay
 }
 
 type tracedPublisher struct {
-	next   relay.Publisher
+	next   sink.Publisher
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	dest   string
@@ -118,9 +116,9 @@ type tracedPublisher struct {
 // Publish starts a span per record, parented on the record's own trace
 // context, puts the span's context in a copy of the record's headers,
 // and ends each span with the record's result.
-func (p *tracedPublisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *tracedPublisher) Publish(ctx context.Context, records []sink.Record) []error {
 	spans := make([]trace.Span, len(records))
-	out := make([]store.Record, len(records))
+	out := make([]sink.Record, len(records))
 	for i, rec := range records {
 		parent := p.prop.Extract(ctx, propagation.MapCarrier(rec.Headers))
 		attrs := []attribute.KeyValue{

@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
@@ -119,7 +120,7 @@ func TestDeliverySpanContinuesTheRowsTrace(t *testing.T) {
 
 	keyOf := map[int64]string{} // by outbox id, from the messages
 	for _, m := range msgs {
-		id, _ := strconv.ParseInt(m.Headers[outbox.HeaderID], 10, 64)
+		id, _ := strconv.ParseInt(m.Headers[sink.HeaderID], 10, 64)
 		keyOf[id] = string(m.Key)
 	}
 	spans := map[string]tracetest.SpanStub{} // by key
@@ -165,9 +166,9 @@ func TestDeliverySpanContinuesTheRowsTrace(t *testing.T) {
 	}
 }
 
-type failSecond struct{ got []store.Record }
+type failSecond struct{ got []sink.Record }
 
-func (f *failSecond) Publish(_ context.Context, recs []store.Record) []error {
+func (f *failSecond) Publish(_ context.Context, recs []sink.Record) []error {
 	f.got = recs
 	errs := make([]error, len(recs))
 	errs[1] = errors.New("broker said no")
@@ -182,7 +183,7 @@ func TestPublisherRecordsFailuresAndCopiesHeaders(t *testing.T) {
 	tr := &tracing.Tracing{Provider: sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)), Propagator: propagation.TraceContext{}}
 	inner := &failSecond{}
 	shared := map[string]string{"content-type": "application/json"}
-	recs := []store.Record{{ID: 1, Topic: "t", Headers: shared}, {ID: 2, Topic: "t", Headers: shared}}
+	recs := []sink.Record{{ID: 1, Topic: "t", Headers: shared}, {ID: 2, Topic: "t", Headers: shared}}
 	errs := tr.Publisher("hooks", "", inner).Publish(context.Background(), recs)
 	if errs[0] != nil || errs[1] == nil {
 		t.Fatalf("errors %v, want the inner publisher's", errs)

@@ -16,7 +16,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -34,7 +33,7 @@ type reloader struct {
 	tokens *deadletter.Tokens // nil when the API is off
 	certs  *certificate       // nil without admin TLS
 	// publishers are the destinations' own publishers, by name.
-	publishers map[string]relay.Publisher
+	publishers map[string]sink.Publisher
 
 	cfg  *config.Config    // the configuration last applied
 	sums map[string]string // what was applied, by part: a digest each
@@ -45,7 +44,7 @@ type reloader struct {
 // Secret's files in a few renames.
 const reloadDebounce = 200 * time.Millisecond
 
-func newReloader(a *app, need config.Need, tokens *deadletter.Tokens, certs *certificate, publishers map[string]relay.Publisher) *reloader {
+func newReloader(a *app, need config.Need, tokens *deadletter.Tokens, certs *certificate, publishers map[string]sink.Publisher) *reloader {
 	r := &reloader{a: a, need: need, tokens: tokens, certs: certs, publishers: publishers, cfg: a.cfg, log: a.log}
 	byName, _ := r.readTokens(a.cfg)
 	r.sums = r.digests(a.cfg, byName)

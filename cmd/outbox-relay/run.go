@@ -72,7 +72,7 @@ func (a *app) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	wrap := func(name, _ string, p relay.Publisher) relay.Publisher { return relayMetrics.Publisher(name, p) }
+	wrap := func(name, _ string, p sink.Publisher) sink.Publisher { return relayMetrics.Publisher(name, p) }
 	headerBytes := 0
 	if getenv := a.getenv(); tracing.Enabled(getenv) {
 		tr, err := tracing.FromEnv(ctx, getenv, ver)
@@ -89,7 +89,7 @@ func (a *app) run(ctx context.Context) error {
 				a.log.Warn("flushing traces failed", slog.Any("error", err))
 			}
 		}()
-		wrap = func(name, system string, p relay.Publisher) relay.Publisher {
+		wrap = func(name, system string, p sink.Publisher) sink.Publisher {
 			return relayMetrics.Publisher(name, tr.Publisher(name, system, p))
 		}
 		// Each record may gain a traceparent header on the way.
@@ -483,8 +483,8 @@ const traceHeaderBytes = 96
 // wrapped by wrap (with the sink's messaging system); closeAll releases
 // them. headerBytes is what the wrappers add to each record. publishers
 // are the sinks' own, unwrapped, by destination name.
-func buildDestinations(cfg *config.Config, wrap func(name, system string, p relay.Publisher) relay.Publisher, headerBytes int) (
-	_ []relay.Destination, _ []relay.Route, publishers map[string]relay.Publisher, closeAll func(), err error) {
+func buildDestinations(cfg *config.Config, wrap func(name, system string, p sink.Publisher) sink.Publisher, headerBytes int) (
+	_ []relay.Destination, _ []relay.Route, publishers map[string]sink.Publisher, closeAll func(), err error) {
 	settings, routes := cfg.DestinationList()
 	var closers []io.Closer
 	closeAll = func() {
@@ -498,7 +498,7 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p rela
 		}
 	}()
 	out := make([]relay.Destination, 0, len(settings))
-	publishers = make(map[string]relay.Publisher, len(settings))
+	publishers = make(map[string]sink.Publisher, len(settings))
 	for _, s := range settings {
 		p, err := s.Settings.Open(sink.Options{Name: s.Name, MaxBatchBytes: cfg.Relay.MaxBatchBytes,
 			HeaderBytes: headerBytes + s.Format.Overhead(cfg.Relay.MaxBatchBytes)})

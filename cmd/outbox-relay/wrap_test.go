@@ -9,23 +9,22 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outbox-relay/outbox-relay/metrics"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/cloudevents"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
 // plainSink acknowledges every record.
 type plainSink struct{}
 
-func (plainSink) Publish(_ context.Context, recs []store.Record) []error {
+func (plainSink) Publish(_ context.Context, recs []sink.Record) []error {
 	return make([]error, len(recs))
 }
 
 // partitionedSink puts every record in partition 7.
 type partitionedSink struct{ plainSink }
 
-func (partitionedSink) Partition(store.Record) (int, bool) { return 7, true }
+func (partitionedSink) Partition(sink.Record) (int, bool) { return 7, true }
 
 // The wrappers a destination's publisher goes through (its format,
 // metrics, traces) keep what the relay asks of the sink: a Kafka topic's
@@ -38,23 +37,23 @@ func TestWrappersKeepThePartitioner(t *testing.T) {
 	}
 	tr := &tracing.Tracing{Provider: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}}
 	ce := cloudevents.Settings{Format: cloudevents.FormatCloudEvents, CloudEvents: cloudevents.Options{Source: "/test"}}
-	for name, wrap := range map[string]func(relay.Publisher) relay.Publisher{
-		"cloudevents": func(p relay.Publisher) relay.Publisher { return cloudevents.Wrap(p, ce, "ce_") },
-		"metrics":     func(p relay.Publisher) relay.Publisher { return m.Publisher("d", p) },
-		"tracing":     func(p relay.Publisher) relay.Publisher { return tr.Publisher("d", "kafka", p) },
-		"all": func(p relay.Publisher) relay.Publisher {
+	for name, wrap := range map[string]func(sink.Publisher) sink.Publisher{
+		"cloudevents": func(p sink.Publisher) sink.Publisher { return cloudevents.Wrap(p, ce, "ce_") },
+		"metrics":     func(p sink.Publisher) sink.Publisher { return m.Publisher("d", p) },
+		"tracing":     func(p sink.Publisher) sink.Publisher { return tr.Publisher("d", "kafka", p) },
+		"all": func(p sink.Publisher) sink.Publisher {
 			return tr.Publisher("d", "kafka", m.Publisher("d", cloudevents.Wrap(p, ce, "ce_")))
 		},
 	} {
-		pt, ok := wrap(partitionedSink{}).(relay.Partitioner)
+		pt, ok := wrap(partitionedSink{}).(sink.Partitioner)
 		if !ok {
 			t.Errorf("%s: the wrapped publisher is no Partitioner", name)
 			continue
 		}
-		if n, known := pt.Partition(store.Record{}); n != 7 || !known {
+		if n, known := pt.Partition(sink.Record{}); n != 7 || !known {
 			t.Errorf("%s: Partition = %d, %v; want the sink's 7, true", name, n, known)
 		}
-		if _, ok := wrap(plainSink{}).(relay.Partitioner); ok {
+		if _, ok := wrap(plainSink{}).(sink.Partitioner); ok {
 			t.Errorf("%s: a publisher without partitions came out a Partitioner", name)
 		}
 	}

@@ -20,10 +20,7 @@ import (
 	"time"
 
 	ce "github.com/cloudevents/sdk-go/v2/event"
-
-	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // Formats of a destination's messages.
@@ -113,18 +110,18 @@ func (s Settings) Overhead(maxPayload int) int {
 
 // Wrap returns a Publisher that formats records as s says and publishes
 // them through p. prefix is the sink's binary-mode header prefix.
-func Wrap(p relay.Publisher, s Settings, prefix string) relay.Publisher {
+func Wrap(p sink.Publisher, s Settings, prefix string) sink.Publisher {
 	if !s.Enabled() {
 		return p
 	}
 	if s.CloudEvents.Mode == "" {
 		s.CloudEvents.Mode = ModeBinary
 	}
-	return relay.Decorate(p, &publisher{next: p, opts: s.CloudEvents, prefix: prefix})
+	return sink.Decorate(p, &publisher{next: p, opts: s.CloudEvents, prefix: prefix})
 }
 
 type publisher struct {
-	next   relay.Publisher
+	next   sink.Publisher
 	opts   Options
 	prefix string
 }
@@ -132,20 +129,20 @@ type publisher struct {
 // Publish formats each record, without changing the caller's, and
 // publishes those it could format; a record that cannot be an event fails
 // alone, permanently (invalid_message).
-func (p *publisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	errs := make([]error, len(records))
-	out := make([]store.Record, 0, len(records))
+	out := make([]sink.Record, 0, len(records))
 	at := make([]int, 0, len(records))
 	failedKeys := map[string]bool{}
 	for i := range records {
 		r := &records[i]
 		if r.HasKey && failedKeys[r.Key] {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 			continue
 		}
 		f, err := p.format(r)
 		if err != nil {
-			errs[i] = retry.Permanent(fmt.Errorf("cloudevents: row %d: %w", r.ID, err), retry.ReasonInvalidMessage)
+			errs[i] = sink.Permanent(fmt.Errorf("cloudevents: row %d: %w", r.ID, err), sink.ReasonInvalidMessage)
 			if r.HasKey {
 				failedKeys[r.Key] = true
 			}
@@ -156,7 +153,7 @@ func (p *publisher) Publish(ctx context.Context, records []store.Record) []error
 	}
 	results := p.next.Publish(ctx, out)
 	if len(results) != len(out) {
-		err := retry.Transient(fmt.Errorf("cloudevents: the sink returned %d results for %d records", len(results), len(out)), 0)
+		err := sink.Transient(fmt.Errorf("cloudevents: the sink returned %d results for %d records", len(results), len(out)), 0)
 		for _, i := range at {
 			errs[i] = err
 		}
@@ -169,7 +166,7 @@ func (p *publisher) Publish(ctx context.Context, records []store.Record) []error
 }
 
 // format returns r as an event.
-func (p *publisher) format(r *store.Record) (store.Record, error) {
+func (p *publisher) format(r *sink.Record) (sink.Record, error) {
 	e := ce.New(ce.CloudEventsVersionV1)
 	e.SetID(r.EventID.String())
 	e.SetSource(p.opts.Source)
@@ -184,13 +181,13 @@ func (p *publisher) format(r *store.Record) (store.Record, error) {
 		e.SetDataContentType(contentType)
 	}
 	if err := e.Validate(); err != nil {
-		return store.Record{}, err
+		return sink.Record{}, err
 	}
 	f := *r
 	if p.opts.Mode == ModeStructured {
 		if isJSON(contentType) {
 			if !json.Valid(r.Payload) {
-				return store.Record{}, fmt.Errorf("the content type is %s, but the payload is not JSON", contentType)
+				return sink.Record{}, fmt.Errorf("the content type is %s, but the payload is not JSON", contentType)
 			}
 			e.DataEncoded = r.Payload
 		} else {
@@ -199,7 +196,7 @@ func (p *publisher) format(r *store.Record) (store.Record, error) {
 		}
 		body, err := e.MarshalJSON()
 		if err != nil {
-			return store.Record{}, err
+			return sink.Record{}, err
 		}
 		f.Payload, f.PayloadSize = body, len(body)
 		f.Headers = make(map[string]string, len(r.Headers)+1)

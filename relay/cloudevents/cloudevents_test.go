@@ -11,24 +11,23 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/cetest"
 	"github.com/outbox-relay/outbox-relay/relay/cloudevents"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // capture keeps what it is given to publish.
-type capture struct{ got []store.Record }
+type capture struct{ got []sink.Record }
 
-func (c *capture) Publish(_ context.Context, recs []store.Record) []error {
+func (c *capture) Publish(_ context.Context, recs []sink.Record) []error {
 	c.got = append(c.got, recs...)
 	return make([]error, len(recs))
 }
 
-func record(id int64, key, contentType, payload string) store.Record {
+func record(id int64, key, contentType, payload string) sink.Record {
 	h := map[string]string{"type": "order.placed"}
 	if contentType != "" {
 		h["content-type"] = contentType
 	}
-	return store.Record{ID: id, EventID: uuid.New(), Topic: "orders", Key: key, HasKey: key != "", Payload: []byte(payload),
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: "orders", Key: key, HasKey: key != "", Payload: []byte(payload),
 		PayloadSize: len(payload), Headers: h, CreatedAt: time.Date(2026, 11, 27, 10, 0, 0, 123456000, time.UTC)}
 }
 
@@ -52,7 +51,7 @@ func TestEventsReadBackWithTheSDK(t *testing.T) {
 				CloudEvents: cloudevents.Options{Mode: c.mode, Source: "//orders.example.com", TypeHeader: c.typeHeader}}, c.prefix)
 			in := record(1, "k", c.contentType, c.payload)
 			before := len(in.Headers)
-			if errs := p.Publish(context.Background(), []store.Record{in}); errs[0] != nil {
+			if errs := p.Publish(context.Background(), []sink.Record{in}); errs[0] != nil {
 				t.Fatal(errs[0])
 			}
 			if len(in.Headers) != before {
@@ -84,14 +83,14 @@ func TestRowThatCannotBeAnEvent(t *testing.T) {
 	next := &capture{}
 	p := cloudevents.Wrap(next, cloudevents.Settings{Format: cloudevents.FormatCloudEvents,
 		CloudEvents: cloudevents.Options{Mode: cloudevents.ModeStructured, Source: "urn:example:orders"}}, "ce-")
-	errs := p.Publish(context.Background(), []store.Record{
+	errs := p.Publish(context.Background(), []sink.Record{
 		record(1, "a", "application/json", "{not json"), record(2, "a", "application/json", "{}"), record(3, "b", "application/json", "{}"),
 	})
-	ce := retry.Classify(errs[0])
-	if errs[0] == nil || ce.Class != retry.ClassPermanent || ce.Reason != retry.ReasonInvalidMessage || !strings.Contains(errs[0].Error(), "not JSON") {
+	ce := sink.Classify(errs[0])
+	if errs[0] == nil || ce.Class != sink.ClassPermanent || ce.Reason != sink.ReasonInvalidMessage || !strings.Contains(errs[0].Error(), "not JSON") {
 		t.Errorf("a JSON row that is not JSON: %v", errs[0])
 	}
-	if !errors.Is(errs[1], retry.ErrNotSent) || errs[2] != nil || len(next.got) != 1 || next.got[0].ID != 3 {
+	if !errors.Is(errs[1], sink.ErrNotSent) || errs[2] != nil || len(next.got) != 1 || next.got[0].ID != 3 {
 		t.Errorf("beside it: %v, %v; published %d", errs[1], errs[2], len(next.got))
 	}
 }

@@ -11,9 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/segmentio/kafka-go/compress"
-
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // castagnoli is the checksum of a record batch (CRC-32C).
@@ -51,7 +50,7 @@ const (
 // encode appends records[idx], in that order, to dst as one record batch,
 // framed as a produce request's records field: the batch's size, then the
 // batch.
-func (e *batchEncoder) encode(dst []byte, records []store.Record, idx []int, now time.Time) []byte {
+func (e *batchEncoder) encode(dst []byte, records []sink.Record, idx []int, now time.Time) []byte {
 	first, last := now.UnixMilli(), now.UnixMilli()
 	if e.createdAt {
 		first, last = math.MaxInt64, math.MinInt64
@@ -106,7 +105,7 @@ func (e *batchEncoder) encode(dst []byte, records []store.Record, idx []int, now
 
 // appendRecord appends r as the record at offsetDelta in a batch whose
 // first timestamp is first.
-func (e *batchEncoder) appendRecord(dst []byte, r *store.Record, offsetDelta int, first int64) []byte {
+func (e *batchEncoder) appendRecord(dst []byte, r *sink.Record, offsetDelta int, first int64) []byte {
 	var tsDelta int64
 	if e.createdAt {
 		tsDelta = r.CreatedAt.UnixMilli() - first

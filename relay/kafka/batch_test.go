@@ -9,16 +9,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // The encoded batch reads back, with franz-go's decoder, as the records
 // in the delivery format, and its framing, size and checksum hold.
 func TestBatchEncoderWritesFormatV2(t *testing.T) {
 	t.Parallel()
-	recs := []store.Record{
+	recs := []sink.Record{
 		{ID: 7, EventID: uuid.New(), Key: "order-1", HasKey: true, Payload: []byte(`{"n":1}`),
 			Headers: map[string]string{"traceparent": "00-abc-01", "b": "", "a": "é"}},
 		{ID: 8, EventID: uuid.New(), Payload: []byte("no key")},

@@ -16,7 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // BenchmarkPublish publishes batches shaped like the end-to-end
@@ -45,7 +45,7 @@ func benchmarkPublish(b *testing.B, codec compress.Compression) {
 		return nil, nil, false
 	})
 	p := newPublisherWith(b, c, kafka.Config{Compression: codec})
-	recs := make([]store.Record, 1000)
+	recs := make([]sink.Record, 1000)
 	for i := range recs {
 		key := fmt.Sprintf("order-%d", i*7919%10000)
 		payload := fmt.Sprintf(`{"order_id":%q,"customer_id":"c-%d","status":"paid","amount_cents":%d,"currency":"EUR","items":[{"sku":"sku-%d","qty":%d}],"paid_at":"2026-11-24T10:%02d:%02d.%03dZ"}`,

@@ -8,10 +8,9 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // The sink under the conformance suite takes messages up to this size.
@@ -36,9 +35,9 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		// A topic name no broker takes: refused before it is sent.
-		Reject:   func(rec *store.Record) { rec.Topic = "not a topic" },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Topic = "not a topic" },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)

@@ -16,20 +16,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/compress"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/sasl"
-
-	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Headers added to every message, beside the row's own.
 const (
-	HeaderEventID = outbox.HeaderEventID
-	HeaderID      = outbox.HeaderID
+	HeaderEventID = sink.HeaderEventID
+	HeaderID      = sink.HeaderID
 )
 
 // HeaderTombstone is the row header that asks for a tombstone: a message
@@ -225,12 +222,12 @@ type batch struct {
 // Publish writes records and returns one classified error per record. Each
 // topic partition's records go in one request, and the requests go out at
 // once, so an unusable topic or partition fails only its own records.
-func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	errs := make([]error, len(records))
 	p.closing.RLock()
 	defer p.closing.RUnlock()
 	if p.closed {
-		err := retry.Systemic(errors.New("kafka: the publisher is closed"))
+		err := sink.Systemic(errors.New("kafka: the publisher is closed"))
 		for i := range errs {
 			errs[i] = err
 		}
@@ -252,7 +249,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 // partition. A record of an unknown or unreachable topic gets its topic's
 // error, one above MaxMessageBytes a permanent error, and the later records
 // of its key, in any topic, are not sent.
-func (p *Publisher) route(ctx context.Context, records []store.Record, errs []error) []*batch {
+func (p *Publisher) route(ctx context.Context, records []sink.Record, errs []error) []*batch {
 	type topicRoute struct {
 		ids     []int
 		err     error
@@ -272,22 +269,22 @@ func (p *Publisher) route(ctx context.Context, records []store.Record, errs []er
 			t = &topicRoute{batches: map[int]*batch{}, keyless: -1}
 			if err := ValidateTopic(r.Topic); err != nil {
 				// Never sent: a broker would refuse it, or worse, create it.
-				t.err = retry.Permanent(err, retry.ReasonInvalidMessage)
+				t.err = sink.Permanent(err, sink.ReasonInvalidMessage)
 			} else if t.ids, err = p.topicPartitions(ctx, r.Topic); err != nil {
 				t.err = topicError(p.classifyCall(err))
 			}
 			topics[r.Topic] = t
 		}
 		if r.HasKey && stopped[r.Key] {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 			continue
 		}
 		if t.err != nil {
 			errs[i] = t.err
 		} else if err := tombstoneProblem(r); err != nil {
-			errs[i] = retry.Permanent(err, retry.ReasonInvalidMessage)
+			errs[i] = sink.Permanent(err, sink.ReasonInvalidMessage)
 		} else if size := messageBytes(r); size > p.maxBytes {
-			errs[i] = retry.Permanent(fmt.Errorf("kafka: message of %d bytes is above the %d-byte limit", size, p.maxBytes), retry.ReasonTooLarge)
+			errs[i] = sink.Permanent(fmt.Errorf("kafka: message of %d bytes is above the %d-byte limit", size, p.maxBytes), sink.ReasonTooLarge)
 		}
 		if errs[i] != nil {
 			if r.HasKey {
@@ -360,8 +357,8 @@ func (p *Publisher) topicPartitions(ctx context.Context, topic string) ([]int, e
 // failure of the topic: a topic whose partitions have no leader yet is
 // being created, or is down as a whole.
 func topicError(err error) error {
-	if ce := retry.Classify(err); ce.Scope == retry.ScopePartition {
-		return retry.TopicFailure(ce.Class, ce.Err)
+	if ce := sink.Classify(err); ce.Scope == sink.ScopePartition {
+		return sink.TopicFailure(ce.Class, ce.Err)
 	}
 	return err
 }
@@ -419,7 +416,7 @@ func (p *Publisher) markPartition(topic string, partition int, failed bool) {
 // read of its topic's metadata, without asking the cluster; false when
 // rec has no key (its partition is picked per publish) or the topic's
 // partitions are not known.
-func (p *Publisher) Partition(rec store.Record) (int, bool) {
+func (p *Publisher) Partition(rec sink.Record) (int, bool) {
 	if !rec.HasKey {
 		return 0, false
 	}
@@ -435,32 +432,32 @@ func (p *Publisher) Partition(rec store.Record) (int, bool) {
 // send produces b's records in one request and sets their errors. When the
 // broker refuses the request for good, one bad record may have failed its
 // neighbours: they are sent again one at a time to tell them apart.
-func (p *Publisher) send(ctx context.Context, records []store.Record, b *batch, errs []error) {
+func (p *Publisher) send(ctx context.Context, records []sink.Record, b *batch, errs []error) {
 	err := p.produce(ctx, records, b.topic, b.partition, b.idx)
 	if err == nil {
 		p.markPartition(b.topic, b.partition, false)
 		return
 	}
 	err = partitionError(p.classifyCall(err), b.partition)
-	if ce := retry.Classify(err); ce.Scope == retry.ScopePartition {
+	if ce := sink.Classify(err); ce.Scope == sink.ScopePartition {
 		p.markPartition(b.topic, b.partition, true)
 	}
 	for _, i := range b.idx {
 		errs[i] = err
 	}
-	if len(b.idx) > 1 && retry.Classify(err).Class == retry.ClassPermanent {
+	if len(b.idx) > 1 && sink.Classify(err).Class == sink.ClassPermanent {
 		p.isolate(ctx, records, b, errs)
 	}
 }
 
 // isolate sends each of b's records alone, in order. After a key's record
 // fails, its later ones are not sent.
-func (p *Publisher) isolate(ctx context.Context, records []store.Record, b *batch, errs []error) {
+func (p *Publisher) isolate(ctx context.Context, records []sink.Record, b *batch, errs []error) {
 	stopped := map[string]bool{}
 	for _, i := range b.idx {
 		r := &records[i]
 		if r.HasKey && stopped[r.Key] {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 			continue
 		}
 		errs[i] = partitionError(p.classifyCall(p.produce(ctx, records, b.topic, b.partition, []int{i})), b.partition)
@@ -471,7 +468,7 @@ func (p *Publisher) isolate(ctx context.Context, records []store.Record, b *batc
 }
 
 // produce sends records[idx] to one topic partition in one request.
-func (p *Publisher) produce(ctx context.Context, records []store.Record, topic string, partition int, idx []int) error {
+func (p *Publisher) produce(ctx context.Context, records []sink.Record, topic string, partition int, idx []int) error {
 	buf := p.buffers.Get().(*encodeBuffer)
 	buf.data = buf.enc.encode(buf.data[:0], records, idx, time.Now())
 	buf.reader.Reset(buf.data)
@@ -501,7 +498,7 @@ type encodeBuffer struct {
 
 // messageBytes is what a record weighs against MaxMessageBytes: what its
 // message carries, and the per-record framing.
-func messageBytes(r *store.Record) int {
+func messageBytes(r *sink.Record) int {
 	const framing = 64 // lengths, offsets and timestamp deltas, generously
 	n := framing + len(r.Key) + len(r.Payload) +
 		len(HeaderEventID) + 36 + len(HeaderID) + 20
@@ -513,7 +510,7 @@ func messageBytes(r *store.Record) int {
 
 // tombstoneProblem says why r cannot be the tombstone its headers ask for;
 // nil when they do not ask for one or it can.
-func tombstoneProblem(r *store.Record) error {
+func tombstoneProblem(r *sink.Record) error {
 	v, ok := r.Headers[HeaderTombstone]
 	switch {
 	case !ok:
@@ -541,14 +538,14 @@ func (p *Publisher) classifyCall(err error) error {
 		if p.createdAt {
 			// The row's created_at is further from the broker's clock
 			// than the topic allows: this row can never be sent so.
-			return retry.Permanent(fmt.Errorf("kafka: the broker refused the message's timestamp, the row's created_at (see the topic's message.timestamp.before.max.ms and after.max.ms): %w", err), retry.ReasonInvalidMessage)
+			return sink.Permanent(fmt.Errorf("kafka: the broker refused the message's timestamp, the row's created_at (see the topic's message.timestamp.before.max.ms and after.max.ms): %w", err), sink.ReasonInvalidMessage)
 		}
 		// The time of the publish is refused: the relay's clock is off,
 		// whatever the message.
-		return retry.Systemic(fmt.Errorf("kafka: the broker refused the time of the publish as the message's timestamp; check this machine's clock against the brokers': %w", err))
+		return sink.Systemic(fmt.Errorf("kafka: the broker refused the time of the publish as the message's timestamp; check this machine's clock against the brokers': %w", err))
 	}
 	if p.sasl && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
-		return retry.Systemic(fmt.Errorf("kafka: the broker closed the connection; with SASL this usually means authentication failed (check kafka.sasl): %w", err))
+		return sink.Systemic(fmt.Errorf("kafka: the broker closed the connection; with SASL this usually means authentication failed (check kafka.sasl): %w", err))
 	}
 	return Classify(err)
 }
@@ -575,7 +572,7 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	var ce *retry.Error
+	var ce *sink.Error
 	if errors.As(err, &ce) {
 		return err
 	}
@@ -584,42 +581,42 @@ func Classify(err error) error {
 		wrapped := fmt.Errorf("kafka: %w", err)
 		switch kerr {
 		case kafkago.MessageSizeTooLarge, kafkago.RecordListTooLarge:
-			return retry.Permanent(wrapped, retry.ReasonTooLarge)
+			return sink.Permanent(wrapped, sink.ReasonTooLarge)
 		case kafkago.InvalidRecord, kafkago.UnsupportedForMessageFormat:
-			return retry.Permanent(wrapped, retry.ReasonPermanent)
+			return sink.Permanent(wrapped, sink.ReasonPermanent)
 		case kafkago.InvalidTopic:
-			return retry.Permanent(wrapped, retry.ReasonInvalidMessage)
+			return sink.Permanent(wrapped, sink.ReasonInvalidMessage)
 		case kafkago.UnknownTopicOrPartition:
-			return retry.TopicFailure(retry.ClassTransient, wrapped)
+			return sink.TopicFailure(sink.ClassTransient, wrapped)
 		case kafkago.TopicAuthorizationFailed:
-			return retry.TopicFailure(retry.ClassSystemic, wrapped)
+			return sink.TopicFailure(sink.ClassSystemic, wrapped)
 		case kafkago.NotLeaderForPartition, kafkago.LeaderNotAvailable, kafkago.ReplicaNotAvailable,
 			kafkago.NotEnoughReplicas, kafkago.NotEnoughReplicasAfterAppend, kafkago.KafkaStorageError,
 			kafkago.FencedLeaderEpoch, kafkago.UnknownLeaderEpoch:
-			return retry.PartitionFailure(retry.ClassSystemic, -1, wrapped)
+			return sink.PartitionFailure(sink.ClassSystemic, -1, wrapped)
 		case kafkago.RequestTimedOut:
 			// The leader did not hear from enough replicas in time.
-			return retry.PartitionFailure(retry.ClassTransient, -1, wrapped)
+			return sink.PartitionFailure(sink.ClassTransient, -1, wrapped)
 		case kafkago.ClusterAuthorizationFailed, kafkago.SASLAuthenticationFailed,
 			kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
 			kafkago.BrokerNotAvailable, kafkago.TransactionalIDAuthorizationFailed:
-			return retry.Systemic(wrapped)
+			return sink.Systemic(wrapped)
 		case kafkago.UnsupportedCompressionType:
 			// The cluster cannot take kafka.compression (zstd needs Kafka
 			// 2.1): every row would fail alike.
-			return retry.Systemic(fmt.Errorf("kafka: the brokers do not support this compression; choose another kafka.compression: %w", err))
+			return sink.Systemic(fmt.Errorf("kafka: the brokers do not support this compression; choose another kafka.compression: %w", err))
 		}
-		return retry.Transient(wrapped, 0)
+		return sink.Transient(wrapped, 0)
 	}
 	// No answer: the network's classification, shared with every sink.
-	return retry.NetworkFailure(fmt.Errorf("kafka: %w", err))
+	return sink.NetworkFailure(fmt.Errorf("kafka: %w", err))
 }
 
 // partitionError sets the partition of a partition-scoped failure of a
 // request to that partition.
 func partitionError(err error, partition int) error {
-	var ce *retry.Error
-	if errors.As(err, &ce) && ce.Scope == retry.ScopePartition {
+	var ce *sink.Error
+	if errors.As(err, &ce) && ce.Scope == sink.ScopePartition {
 		c := *ce
 		c.Partition = partition
 		return &c

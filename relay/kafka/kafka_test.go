@@ -28,12 +28,11 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
-func record(id int64, topic, key, payload string) store.Record {
-	return store.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
+func record(id int64, topic, key, payload string) sink.Record {
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload)}
 }
 
@@ -42,7 +41,7 @@ func newPublisher(t testing.TB, c *kfake.Cluster) *kafka.Publisher {
 	return newPublisherWith(t, c, kafka.Config{})
 }
 
-func publish(t *testing.T, p *kafka.Publisher, recs []store.Record) []error {
+func publish(t *testing.T, p *kafka.Publisher, recs []sink.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -53,7 +52,7 @@ func TestPublishDeliveryFormat(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"orders", "audit"})
 	p := newPublisher(t, c)
-	recs := []store.Record{
+	recs := []sink.Record{
 		record(1, "orders", "order-1", `{"n":1}`),
 		record(2, "audit", "", "no key"),
 		record(3, "orders", "order-1", `{"n":2}`),
@@ -130,7 +129,7 @@ func TestPublishRequiresAllReplicasToAcknowledge(t *testing.T) {
 	p := newPublisher(t, c)
 	// Several partitions at once, and a refused batch sent again one record
 	// at a time.
-	errs := publish(t, p, []store.Record{
+	errs := publish(t, p, []sink.Record{
 		record(1, "orders", "a", "1"), record(2, "orders", "b", "2"), record(3, "orders", "c", "3"),
 		record(4, "small", "k", "x"), record(5, "small", "j", strings.Repeat("x", 3000)),
 	})
@@ -161,7 +160,7 @@ func TestPublishGivesTheBrokerTimeToAcknowledge(t *testing.T) {
 		min, max int32
 	}{{20 * time.Second, 4000, 5000}, {3 * time.Second, 1000, 1500}} {
 		ctx, cancel := context.WithTimeout(context.Background(), tc.within)
-		errs := p.Publish(ctx, []store.Record{record(1, "orders", "k", "x")})
+		errs := p.Publish(ctx, []sink.Record{record(1, "orders", "k", "x")})
 		cancel()
 		if errs[0] != nil {
 			t.Fatal(errs[0])
@@ -177,8 +176,8 @@ func TestPublishAfterCloseFails(t *testing.T) {
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisher(t, c)
 	p.Close()
-	errs := publish(t, p, []store.Record{record(1, "orders", "k", "x")})
-	if e := retry.Classify(errs[0]); errs[0] == nil || e.Class != retry.ClassSystemic {
+	errs := publish(t, p, []sink.Record{record(1, "orders", "k", "x")})
+	if e := sink.Classify(errs[0]); errs[0] == nil || e.Class != sink.ClassSystemic {
 		t.Fatalf("publish after Close: %v, want a systemic error", errs[0])
 	}
 }
@@ -202,7 +201,7 @@ func TestPublishSendsEachPartitionInOneRequest(t *testing.T) {
 	})
 	p := newPublisher(t, c)
 	for round := range 5 {
-		var recs []store.Record
+		var recs []sink.Record
 		for i := range 1500 {
 			recs = append(recs, record(int64(round*1500+i+1), []string{"a", "b"}[i%2], fmt.Sprintf("key-%d", i%100), "x"))
 		}
@@ -232,7 +231,7 @@ func TestMurmur2Partitioning(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisher(t, c)
-	var recs []store.Record
+	var recs []sink.Record
 	for i := range 30 {
 		recs = append(recs, record(int64(i+1), "orders", fmt.Sprintf("key-%d", i), "x"))
 	}
@@ -261,7 +260,7 @@ func TestKeylessRecordsStickToAPartitionPerPublish(t *testing.T) {
 	p := newPublisher(t, c)
 	const publishes, each = 20, 10
 	for n := range publishes {
-		var recs []store.Record
+		var recs []sink.Record
 		for i := range each {
 			recs = append(recs, record(int64(n*each+i+1), "events", "", "x"))
 		}
@@ -313,12 +312,12 @@ func TestPublishIsolatesTopics(t *testing.T) {
 	c := kafkatest.NewCluster(t, []string{"good", "bad"})
 	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "bad", Err: kerr.NotLeaderForPartition, Count: -1})
 	p := newPublisher(t, c)
-	errs := publish(t, p, []store.Record{record(1, "good", "a", "1"), record(2, "bad", "b", "2"), record(3, "good", "", "3")})
+	errs := publish(t, p, []sink.Record{record(1, "good", "a", "1"), record(2, "bad", "b", "2"), record(3, "good", "", "3")})
 	if errs[0] != nil || errs[2] != nil {
 		t.Fatalf("good topic failed: %v", errs)
 	}
 	part, known := p.Partition(record(2, "bad", "b", "2"))
-	if e := retry.Classify(errs[1]); errs[1] == nil || !known || e.Class != retry.ClassSystemic || e.Scope != retry.ScopePartition || e.Partition != part {
+	if e := sink.Classify(errs[1]); errs[1] == nil || !known || e.Class != sink.ClassSystemic || e.Scope != sink.ScopePartition || e.Partition != part {
 		t.Fatalf("bad topic: %v, want a systemic failure of partition %d (known: %v)", errs[1], part, known)
 	}
 }
@@ -333,17 +332,17 @@ func TestPublishIsolatesOversizedMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newPublisher(t, c)
-	recs := []store.Record{
+	recs := []sink.Record{
 		record(1, "small", "k", "a"),
 		record(2, "small", "k", strings.Repeat("x", 3000)),
 		record(3, "small", "k", "c"),
 		record(4, "small", "other", "d"),
 	}
 	errs := publish(t, p, recs)
-	if e := retry.Classify(errs[1]); errs[1] == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonTooLarge {
+	if e := sink.Classify(errs[1]); errs[1] == nil || e.Class != sink.ClassPermanent || e.Reason != sink.ReasonTooLarge {
 		t.Fatalf("oversized record: %v, want permanent too_large", errs[1])
 	}
-	if !errors.Is(errs[2], retry.ErrNotSent) {
+	if !errors.Is(errs[2], sink.ErrNotSent) {
 		t.Fatalf("the oversized record's later key-mate: %v, want ErrNotSent", errs[2])
 	}
 	if errs[0] != nil || errs[3] != nil {
@@ -371,17 +370,17 @@ func TestPublishRefusesMessageAboveLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	errs := publish(t, p, []store.Record{
+	errs := publish(t, p, []sink.Record{
 		record(1, "orders", "k", "a"),
 		record(2, "orders", "k", strings.Repeat("x", 1000)),
 		record(3, "orders", "k", "c"),
 		record(4, "orders", "other", "d"),
 		record(5, "orders", "", "e"),
 	})
-	if e := retry.Classify(errs[1]); errs[1] == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonTooLarge {
+	if e := sink.Classify(errs[1]); errs[1] == nil || e.Class != sink.ClassPermanent || e.Reason != sink.ReasonTooLarge {
 		t.Fatalf("oversized record: %v, want permanent too_large", errs[1])
 	}
-	if !errors.Is(errs[2], retry.ErrNotSent) {
+	if !errors.Is(errs[2], sink.ErrNotSent) {
 		t.Fatalf("the oversized record's later key-mate: %v, want ErrNotSent", errs[2])
 	}
 	if errs[0] != nil || errs[3] != nil || errs[4] != nil {
@@ -406,7 +405,7 @@ func TestPublishUnknownTopic(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisher(t, c)
-	errs := publish(t, p, []store.Record{
+	errs := publish(t, p, []sink.Record{
 		record(1, "missing", "k", "a"),
 		record(2, "orders", "k", "b"),
 		record(3, "missing", "", "c"),
@@ -414,11 +413,11 @@ func TestPublishUnknownTopic(t *testing.T) {
 		record(5, "orders", "", "e"),
 	})
 	for _, i := range []int{0, 2} {
-		if e := retry.Classify(errs[i]); errs[i] == nil || e.Class != retry.ClassTransient || !errors.Is(errs[i], kafkago.UnknownTopicOrPartition) {
+		if e := sink.Classify(errs[i]); errs[i] == nil || e.Class != sink.ClassTransient || !errors.Is(errs[i], kafkago.UnknownTopicOrPartition) {
 			t.Errorf("record %d of the missing topic: %v, want transient UnknownTopicOrPartition", i+1, errs[i])
 		}
 	}
-	if !errors.Is(errs[1], retry.ErrNotSent) {
+	if !errors.Is(errs[1], sink.ErrNotSent) {
 		t.Errorf("later record of a failed key: %v, want ErrNotSent", errs[1])
 	}
 	if errs[3] != nil || errs[4] != nil {
@@ -439,9 +438,9 @@ func TestPublishBrokerDownIsSystemic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	errs := publish(t, p, []store.Record{record(1, "orders", "k", "x"), record(2, "orders", "", "y")})
+	errs := publish(t, p, []sink.Record{record(1, "orders", "k", "x"), record(2, "orders", "", "y")})
 	for i, err := range errs {
-		if e := retry.Classify(err); err == nil || e.Class != retry.ClassSystemic {
+		if e := sink.Classify(err); err == nil || e.Class != sink.ClassSystemic {
 			t.Errorf("record %d: %v, want systemic", i, err)
 		}
 	}
@@ -452,52 +451,52 @@ func TestPublishBrokerDownIsSystemic(t *testing.T) {
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	const (
-		record      = retry.ScopeRecord
-		topic       = retry.ScopeTopic
-		partition   = retry.ScopePartition
-		destination = retry.ScopeDestination
+		record      = sink.ScopeRecord
+		topic       = sink.ScopeTopic
+		partition   = sink.ScopePartition
+		destination = sink.ScopeDestination
 	)
 	for _, tc := range []struct {
 		err    error
-		class  retry.Class
-		scope  retry.Scope
+		class  sink.Class
+		scope  sink.Scope
 		reason string
 	}{
-		{kafkago.MessageSizeTooLarge, retry.ClassPermanent, record, retry.ReasonTooLarge},
-		{fmt.Errorf("write: %w", kafkago.MessageSizeTooLarge), retry.ClassPermanent, record, retry.ReasonTooLarge},
-		{kafkago.RecordListTooLarge, retry.ClassPermanent, record, retry.ReasonTooLarge},
-		{kafkago.InvalidRecord, retry.ClassPermanent, record, retry.ReasonPermanent},
-		{kafkago.UnsupportedForMessageFormat, retry.ClassPermanent, record, retry.ReasonPermanent},
-		{kafkago.InvalidTopic, retry.ClassPermanent, record, retry.ReasonInvalidMessage},
-		{kafkago.UnsupportedCompressionType, retry.ClassSystemic, destination, ""},
-		{kafkago.InvalidMessage, retry.ClassTransient, record, ""}, // a corrupt message: Kafka retries it
-		{kafkago.UnknownTopicOrPartition, retry.ClassTransient, topic, ""},
-		{kafkago.TopicAuthorizationFailed, retry.ClassSystemic, topic, ""},
-		{kafkago.NotLeaderForPartition, retry.ClassSystemic, partition, ""},
-		{kafkago.LeaderNotAvailable, retry.ClassSystemic, partition, ""},
-		{kafkago.ReplicaNotAvailable, retry.ClassSystemic, partition, ""},
-		{kafkago.NotEnoughReplicas, retry.ClassSystemic, partition, ""},
-		{kafkago.NotEnoughReplicasAfterAppend, retry.ClassSystemic, partition, ""},
-		{kafkago.KafkaStorageError, retry.ClassSystemic, partition, ""},
-		{kafkago.FencedLeaderEpoch, retry.ClassSystemic, partition, ""},
-		{kafkago.UnknownLeaderEpoch, retry.ClassSystemic, partition, ""},
-		{kafkago.RequestTimedOut, retry.ClassTransient, partition, ""},
-		{kafkago.ClusterAuthorizationFailed, retry.ClassSystemic, destination, ""},
-		{kafkago.SASLAuthenticationFailed, retry.ClassSystemic, destination, ""},
-		{kafkago.UnsupportedSASLMechanism, retry.ClassSystemic, destination, ""},
-		{kafkago.IllegalSASLState, retry.ClassSystemic, destination, ""},
-		{kafkago.BrokerNotAvailable, retry.ClassSystemic, destination, ""},
-		{kafkago.TransactionalIDAuthorizationFailed, retry.ClassSystemic, destination, ""},
-		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, retry.ClassSystemic, destination, ""},
-		{&net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, retry.ClassSystemic, destination, ""},
-		{&net.DNSError{Err: "no such host", Name: "kafka"}, retry.ClassSystemic, destination, ""},
-		{&tls.CertificateVerificationError{Err: errors.New("unknown authority")}, retry.ClassSystemic, destination, ""},
-		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, retry.ClassTransient, destination, ""},
-		{context.DeadlineExceeded, retry.ClassTransient, destination, ""},
-		{io.ErrUnexpectedEOF, retry.ClassTransient, destination, ""},
-		{retry.Permanent(errors.New("already classified"), "no_route"), retry.ClassPermanent, record, "no_route"},
+		{kafkago.MessageSizeTooLarge, sink.ClassPermanent, record, sink.ReasonTooLarge},
+		{fmt.Errorf("write: %w", kafkago.MessageSizeTooLarge), sink.ClassPermanent, record, sink.ReasonTooLarge},
+		{kafkago.RecordListTooLarge, sink.ClassPermanent, record, sink.ReasonTooLarge},
+		{kafkago.InvalidRecord, sink.ClassPermanent, record, sink.ReasonPermanent},
+		{kafkago.UnsupportedForMessageFormat, sink.ClassPermanent, record, sink.ReasonPermanent},
+		{kafkago.InvalidTopic, sink.ClassPermanent, record, sink.ReasonInvalidMessage},
+		{kafkago.UnsupportedCompressionType, sink.ClassSystemic, destination, ""},
+		{kafkago.InvalidMessage, sink.ClassTransient, record, ""}, // a corrupt message: Kafka retries it
+		{kafkago.UnknownTopicOrPartition, sink.ClassTransient, topic, ""},
+		{kafkago.TopicAuthorizationFailed, sink.ClassSystemic, topic, ""},
+		{kafkago.NotLeaderForPartition, sink.ClassSystemic, partition, ""},
+		{kafkago.LeaderNotAvailable, sink.ClassSystemic, partition, ""},
+		{kafkago.ReplicaNotAvailable, sink.ClassSystemic, partition, ""},
+		{kafkago.NotEnoughReplicas, sink.ClassSystemic, partition, ""},
+		{kafkago.NotEnoughReplicasAfterAppend, sink.ClassSystemic, partition, ""},
+		{kafkago.KafkaStorageError, sink.ClassSystemic, partition, ""},
+		{kafkago.FencedLeaderEpoch, sink.ClassSystemic, partition, ""},
+		{kafkago.UnknownLeaderEpoch, sink.ClassSystemic, partition, ""},
+		{kafkago.RequestTimedOut, sink.ClassTransient, partition, ""},
+		{kafkago.ClusterAuthorizationFailed, sink.ClassSystemic, destination, ""},
+		{kafkago.SASLAuthenticationFailed, sink.ClassSystemic, destination, ""},
+		{kafkago.UnsupportedSASLMechanism, sink.ClassSystemic, destination, ""},
+		{kafkago.IllegalSASLState, sink.ClassSystemic, destination, ""},
+		{kafkago.BrokerNotAvailable, sink.ClassSystemic, destination, ""},
+		{kafkago.TransactionalIDAuthorizationFailed, sink.ClassSystemic, destination, ""},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, sink.ClassSystemic, destination, ""},
+		{&net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, sink.ClassSystemic, destination, ""},
+		{&net.DNSError{Err: "no such host", Name: "kafka"}, sink.ClassSystemic, destination, ""},
+		{&tls.CertificateVerificationError{Err: errors.New("unknown authority")}, sink.ClassSystemic, destination, ""},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, sink.ClassTransient, destination, ""},
+		{context.DeadlineExceeded, sink.ClassTransient, destination, ""},
+		{io.ErrUnexpectedEOF, sink.ClassTransient, destination, ""},
+		{sink.Permanent(errors.New("already classified"), "no_route"), sink.ClassPermanent, record, "no_route"},
 	} {
-		got := retry.Classify(kafka.Classify(tc.err))
+		got := sink.Classify(kafka.Classify(tc.err))
 		if got.Class != tc.class || got.Scope != tc.scope || got.Reason != tc.reason {
 			t.Errorf("Classify(%v) = %v/%v/%q, want %v/%v/%q", tc.err, got.Class, got.Scope, got.Reason, tc.class, tc.scope, tc.reason)
 		}
@@ -545,17 +544,17 @@ func TestPublishRefusesIllegalTopicLocally(t *testing.T) {
 		return nil, nil, false
 	})
 	p := newPublisher(t, c)
-	errs := publish(t, p, []store.Record{
+	errs := publish(t, p, []sink.Record{
 		record(1, "orders placed", "k", "a"),
 		record(2, "orders", "k", "b"),
 		record(3, "orders", "j", "c"),
 	})
-	e := retry.Classify(errs[0])
-	if errs[0] == nil || e.Class != retry.ClassPermanent || e.Reason != retry.ReasonInvalidMessage ||
+	e := sink.Classify(errs[0])
+	if errs[0] == nil || e.Class != sink.ClassPermanent || e.Reason != sink.ReasonInvalidMessage ||
 		!strings.Contains(errs[0].Error(), `topic name "orders placed" has an illegal character`) {
 		t.Fatalf("illegal topic: %v, want permanent invalid_message naming the topic", errs[0])
 	}
-	if !errors.Is(errs[1], retry.ErrNotSent) || errs[2] != nil {
+	if !errors.Is(errs[1], sink.ErrNotSent) || errs[2] != nil {
 		t.Fatalf("the key's later record and another key's: %v, want ErrNotSent and delivered", errs[1:])
 	}
 	if n := asked.Load(); n != 0 {
@@ -574,10 +573,10 @@ func TestKeylessRecordsAvoidAFailingPartition(t *testing.T) {
 	// other partitions work.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		errs := publish(t, p, []store.Record{record(1, "events", "", "x")})
+		errs := publish(t, p, []sink.Record{record(1, "events", "", "x")})
 		if errs[0] != nil {
-			e := retry.Classify(errs[0])
-			if e.Scope != retry.ScopePartition || e.Partition != 1 {
+			e := sink.Classify(errs[0])
+			if e.Scope != sink.ScopePartition || e.Partition != 1 {
 				t.Fatalf("failure %v: scope %v partition %d, want partition 1", errs[0], e.Scope, e.Partition)
 			}
 			break
@@ -587,7 +586,7 @@ func TestKeylessRecordsAvoidAFailingPartition(t *testing.T) {
 		}
 	}
 	for i := range 20 {
-		if errs := publish(t, p, []store.Record{record(int64(i+2), "events", "", "x")}); errs[0] != nil {
+		if errs := publish(t, p, []sink.Record{record(int64(i+2), "events", "", "x")}); errs[0] != nil {
 			t.Fatalf("publish %d after partition 1 failed: %v; records without a key should go to partition 0", i+1, errs[0])
 		}
 	}
@@ -621,13 +620,13 @@ func TestPublishWithSASL(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				errs := publish(t, p, []store.Record{record(1, "orders", "k", "x")})
+				errs := publish(t, p, []sink.Record{record(1, "orders", "k", "x")})
 				p.Close()
 				if pass == "s3cret" && errs[0] != nil {
 					t.Fatalf("with the right password: %v", errs[0])
 				}
 				if pass == "wrong" {
-					if e := retry.Classify(errs[0]); errs[0] == nil || e.Class != retry.ClassSystemic {
+					if e := sink.Classify(errs[0]); errs[0] == nil || e.Class != sink.ClassSystemic {
 						t.Fatalf("with a wrong password: %v, want a systemic failure", errs[0])
 					}
 				}

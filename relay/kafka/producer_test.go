@@ -15,8 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 func newPublisherWith(t testing.TB, c *kfake.Cluster, cfg kafka.Config) *kafka.Publisher {
@@ -58,7 +57,7 @@ func TestPublishCompressed(t *testing.T) {
 				return nil, nil, false
 			})
 			p := newPublisherWith(t, c, kafka.Config{Compression: codec})
-			var recs []store.Record
+			var recs []sink.Record
 			payload := strings.Repeat(`{"order":"o-1","status":"paid","amount":1250},`, 20)
 			for i := range 50 {
 				r := record(int64(i+1), "orders", "order-1", payload+string(rune('a'+i%26)))
@@ -98,12 +97,12 @@ func TestPublishTombstones(t *testing.T) {
 	t.Parallel()
 	c := kafkatest.NewCluster(t, []string{"customers"})
 	p := newPublisher(t, c)
-	tomb := func(id int64, key, payload, value string) store.Record {
+	tomb := func(id int64, key, payload, value string) sink.Record {
 		r := record(id, "customers", key, payload)
 		r.Headers = map[string]string{kafka.HeaderTombstone: value, "traceparent": "00-abc-def-01"}
 		return r
 	}
-	recs := []store.Record{
+	recs := []sink.Record{
 		record(1, "customers", "c-1", `{"name":"Ada"}`),
 		tomb(2, "c-1", "", "true"),
 		tomb(3, "c-2", "", "yes"),
@@ -116,7 +115,7 @@ func TestPublishTombstones(t *testing.T) {
 	for i, want := range []string{"", "", `is "yes"`, "", "needs a key", "payload is 2 bytes", ""} {
 		switch {
 		case want == "" && i == 3:
-			if !errors.Is(errs[i], retry.ErrNotSent) {
+			if !errors.Is(errs[i], sink.ErrNotSent) {
 				t.Errorf("record %d: %v, want not sent after its key's refused tombstone", recs[i].ID, errs[i])
 			}
 		case want == "":
@@ -124,8 +123,8 @@ func TestPublishTombstones(t *testing.T) {
 				t.Errorf("record %d: %v", recs[i].ID, errs[i])
 			}
 		default:
-			ce := retry.Classify(errs[i])
-			if ce.Class != retry.ClassPermanent || ce.Reason != retry.ReasonInvalidMessage || !strings.Contains(errs[i].Error(), want) {
+			ce := sink.Classify(errs[i])
+			if ce.Class != sink.ClassPermanent || ce.Reason != sink.ReasonInvalidMessage || !strings.Contains(errs[i].Error(), want) {
 				t.Errorf("record %d: %v (%+v), want a permanent invalid_message saying %q", recs[i].ID, errs[i], ce, want)
 			}
 		}
@@ -156,7 +155,7 @@ func TestPublishCreatedAtTimestamps(t *testing.T) {
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	p := newPublisherWith(t, c, kafka.Config{Timestamp: kafka.TimestampCreatedAt, Compression: compress.Lz4})
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	recs := []store.Record{
+	recs := []sink.Record{
 		record(1, "orders", "k", "1"), record(2, "orders", "k", "2"), record(3, "orders", "k", "3"),
 	}
 	recs[0].CreatedAt = base.Add(1500 * time.Millisecond)
@@ -183,11 +182,11 @@ func TestInvalidTimestampIsClassifiedByItsSource(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		ts    kafka.Timestamp
-		class retry.Class
+		class sink.Class
 		says  string
 	}{
-		{kafka.TimestampCreatedAt, retry.ClassPermanent, "created_at"},
-		{kafka.TimestampPublish, retry.ClassSystemic, "clock"},
+		{kafka.TimestampCreatedAt, sink.ClassPermanent, "created_at"},
+		{kafka.TimestampPublish, sink.ClassSystemic, "clock"},
 	} {
 		t.Run(string(tc.ts), func(t *testing.T) {
 			t.Parallel()
@@ -212,8 +211,8 @@ func TestInvalidTimestampIsClassifiedByItsSource(t *testing.T) {
 			p := newPublisherWith(t, c, kafka.Config{Timestamp: tc.ts})
 			rec := record(1, "orders", "k", "x")
 			rec.CreatedAt = time.Now().Add(-90 * 24 * time.Hour)
-			err := publish(t, p, []store.Record{rec})[0]
-			ce := retry.Classify(err)
+			err := publish(t, p, []sink.Record{rec})[0]
+			ce := sink.Classify(err)
 			if ce.Class != tc.class || !strings.Contains(err.Error(), tc.says) {
 				t.Fatalf("%v classified %+v, want class %v saying %q", err, ce, tc.class, tc.says)
 			}

@@ -12,7 +12,6 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -168,7 +167,7 @@ func (s *Settings) Validate() error {
 }
 
 // Open returns a Publisher for the destination s describes.
-func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 	c := Config{
 		Brokers:         s.Brokers,
 		ClientID:        s.ClientID,
@@ -211,7 +210,7 @@ func (s *Settings) Files() []string {
 
 // Reload gives p the TLS configuration and SASL mechanism of s, which
 // Resolve has read anew.
-func (s *Settings) Reload(p relay.Publisher) error {
+func (s *Settings) Reload(p sink.Publisher) error {
 	kp, ok := p.(*Publisher)
 	if !ok {
 		return fmt.Errorf("kafka: cannot reload a %T", p)

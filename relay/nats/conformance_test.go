@@ -6,10 +6,9 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/nats"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // The conformance server takes messages up to this size.
@@ -34,9 +33,9 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		// The stream refuses a message that expects another stream.
-		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"Nats-Expected-Stream": "ELSEWHERE"} },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxPayload)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Headers = map[string]string{"Nats-Expected-Stream": "ELSEWHERE"} },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxPayload)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)

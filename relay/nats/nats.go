@@ -27,16 +27,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Headers the sink adds to every message.
 const (
-	HeaderEventID = outbox.HeaderEventID
-	HeaderID      = outbox.HeaderID
+	HeaderEventID = sink.HeaderEventID
+	HeaderID      = sink.HeaderID
 	HeaderKey     = sink.HeaderKey
 )
 
@@ -227,11 +224,11 @@ func (p *Publisher) acquire() *connection {
 
 // Publish publishes records, each key's in order and the keys at once,
 // and returns one error per record.
-func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	errs := make([]error, len(records))
 	conn := p.acquire()
 	if conn == nil {
-		fill(errs, retry.DestinationFailure(retry.ClassTransient, errors.New("nats: publisher closed")))
+		fill(errs, sink.DestinationFailure(sink.ClassTransient, errors.New("nats: publisher closed")))
 		return errs
 	}
 	defer conn.inflight.Done()
@@ -252,7 +249,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 			failed := false
 			for _, i := range run {
 				if failed {
-					errs[i] = retry.ErrNotSent
+					errs[i] = sink.ErrNotSent
 					continue
 				}
 				errs[i] = p.publish(ctx, conn, &records[i], maxPayload)
@@ -271,19 +268,19 @@ func fill(errs []error, err error) {
 }
 
 // publish publishes one record and waits for its acknowledgement.
-func (p *Publisher) publish(ctx context.Context, conn *connection, r *store.Record, maxPayload int64) error {
+func (p *Publisher) publish(ctx context.Context, conn *connection, r *sink.Record, maxPayload int64) error {
 	if err := ctx.Err(); err != nil {
-		return retry.Transient(fmt.Errorf("nats: %w", err), 0)
+		return sink.Transient(fmt.Errorf("nats: %w", err), 0)
 	}
 	if err := ValidateSubject(r.Topic); err != nil {
-		return retry.Permanent(err, retry.ReasonInvalidMessage)
+		return sink.Permanent(err, sink.ReasonInvalidMessage)
 	}
 	msg := natsgo.NewMsg(r.Topic)
 	msg.Data = r.Payload
 	size := len(r.Payload) + len("NATS/1.0\r\n\r\n")
 	for k, v := range r.Headers {
 		if !validHeader(k, v) {
-			return retry.Permanent(fmt.Errorf("nats: header %q cannot be sent in a NATS message", k), retry.ReasonInvalidMessage)
+			return sink.Permanent(fmt.Errorf("nats: header %q cannot be sent in a NATS message", k), sink.ReasonInvalidMessage)
 		}
 		msg.Header[k] = []string{v}
 		size += len(k) + len(v) + 4
@@ -294,14 +291,14 @@ func (p *Publisher) publish(ctx context.Context, conn *connection, r *store.Reco
 	size += len(HeaderEventID) + len(id) + len(HeaderID) + 20 + 8
 	if r.HasKey {
 		if !validHeader(HeaderKey, r.Key) {
-			return retry.Permanent(fmt.Errorf("nats: key %q cannot be sent in a NATS header", r.Key), retry.ReasonInvalidMessage)
+			return sink.Permanent(fmt.Errorf("nats: key %q cannot be sent in a NATS header", r.Key), sink.ReasonInvalidMessage)
 		}
 		msg.Header[HeaderKey] = []string{r.Key}
 		size += len(HeaderKey) + len(r.Key) + 4
 	}
 	size += len(jetstream.MsgIDHeader) + len(id) + 4
 	if maxPayload > 0 && int64(size) > maxPayload {
-		return retry.Permanent(fmt.Errorf("nats: message of %d bytes; the server takes at most %d (max_payload)", size, maxPayload), retry.ReasonTooLarge)
+		return sink.Permanent(fmt.Errorf("nats: message of %d bytes; the server takes at most %d (max_payload)", size, maxPayload), sink.ReasonTooLarge)
 	}
 	actx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
 	defer cancel()
@@ -310,7 +307,7 @@ func (p *Publisher) publish(ctx context.Context, conn *connection, r *store.Reco
 		return nil
 	}
 	if ctx.Err() != nil {
-		return retry.Transient(fmt.Errorf("nats: %w", ctx.Err()), 0)
+		return sink.Transient(fmt.Errorf("nats: %w", ctx.Err()), 0)
 	}
 	return p.classify(conn, r.Topic, err)
 }
@@ -330,27 +327,27 @@ func (p *Publisher) classify(conn *connection, subject string, err error) error 
 	case errors.As(err, &apiErr):
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
-			return retry.Permanent(wrapped, retry.ReasonTooLarge)
+			return sink.Permanent(wrapped, sink.ReasonTooLarge)
 		case errStreamNotMatch, errWrongLastMsgID, jetstream.JSErrCodeStreamWrongLastSequence,
 			jetstream.JSErrCodeStreamWrongLastSequenceConstant:
 			// The row's own Nats-Expected-* headers ask for what the
 			// stream is not: it would be refused every time.
-			return retry.Permanent(wrapped, retry.ReasonPermanent)
+			return sink.Permanent(wrapped, sink.ReasonPermanent)
 		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
-			return retry.Systemic(wrapped)
+			return sink.Systemic(wrapped)
 		}
 		// The stream refused: full (limits with discard new), no leader,
 		// out of storage. Its subjects wait together.
-		return retry.TopicFailure(retry.ClassSystemic, wrapped)
+		return sink.TopicFailure(sink.ClassSystemic, wrapped)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, natsgo.ErrNoResponders):
-		return retry.TopicFailure(retry.ClassSystemic,
+		return sink.TopicFailure(sink.ClassSystemic,
 			fmt.Errorf("nats: no stream takes subject %s: add it to a stream's subjects, or route the topic elsewhere: %w", subject, err))
 	case errors.Is(err, natsgo.ErrMaxPayload):
-		return retry.Permanent(wrapped, retry.ReasonTooLarge)
+		return sink.Permanent(wrapped, sink.ReasonTooLarge)
 	case errors.Is(err, natsgo.ErrBadSubject), errors.Is(err, natsgo.ErrBadHeaderMsg):
-		return retry.Permanent(wrapped, retry.ReasonInvalidMessage)
+		return sink.Permanent(wrapped, sink.ReasonInvalidMessage)
 	case errors.Is(err, context.DeadlineExceeded) && p.deniedRecently(subject):
-		return retry.TopicFailure(retry.ClassSystemic,
+		return sink.TopicFailure(sink.ClassSystemic,
 			fmt.Errorf("nats: the servers refuse to let the relay's user publish to %s (permissions violation): %w", subject, err))
 	case errors.Is(err, natsgo.ErrConnectionClosed), errors.Is(err, natsgo.ErrConnectionReconnecting),
 		errors.Is(err, natsgo.ErrDisconnected), errors.Is(err, natsgo.ErrNoServers),
@@ -359,7 +356,7 @@ func (p *Publisher) classify(conn *connection, subject string, err error) error 
 		errors.Is(err, natsgo.ErrAccountAuthExpired):
 		return p.unreachable(conn)
 	}
-	return retry.NetworkFailure(wrapped)
+	return sink.NetworkFailure(wrapped)
 }
 
 // unreachable is the failure of a publish while the connection is down,
@@ -371,7 +368,7 @@ func (p *Publisher) unreachable(conn *connection) error {
 	} else if refused := p.refused.Load(); refused != nil {
 		err = fmt.Errorf("%w: %w", err, *refused)
 	}
-	return retry.DestinationFailure(retry.ClassSystemic, err)
+	return sink.DestinationFailure(sink.ClassSystemic, err)
 }
 
 // noteRefused keeps why the servers refused the connection last, for the

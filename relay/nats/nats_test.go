@@ -19,16 +19,15 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
 	"github.com/outbox-relay/outbox-relay/relay/nats"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
-func rec(id int64, subject, key, payload string) store.Record {
-	return store.Record{ID: id, EventID: uuid.New(), Topic: subject, Key: key, HasKey: key != "",
+func rec(id int64, subject, key, payload string) sink.Record {
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: subject, Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload), Headers: map[string]string{"content-type": "text/plain"}}
 }
 
-func publish(t *testing.T, p *nats.Publisher, recs ...store.Record) []error {
+func publish(t *testing.T, p *nats.Publisher, recs ...sink.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -85,14 +84,14 @@ func TestSubjectWithoutStreamIsItsTopicsFailure(t *testing.T) {
 	natstest.AddStream(t, js, "ORDERS", "orders.>")
 	p := newPublisher(t, nats.Config{Servers: []string{srv.URL}})
 	errs := publish(t, p, rec(1, "payments.done", "k", "1"), rec(2, "orders.created", "j", "2"), rec(3, "payments.done", "k", "3"))
-	ce := retry.Classify(errs[0])
-	if errs[0] == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeTopic || !strings.Contains(errs[0].Error(), "no stream takes subject payments.done") {
+	ce := sink.Classify(errs[0])
+	if errs[0] == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeTopic || !strings.Contains(errs[0].Error(), "no stream takes subject payments.done") {
 		t.Errorf("a subject without a stream: %v (%s, %s), want a systemic failure of its topic that says so", errs[0], ce.Class, ce.Scope)
 	}
-	if errs[1] != nil || !errors.Is(errs[2], retry.ErrNotSent) {
+	if errs[1] != nil || !errors.Is(errs[2], sink.ErrNotSent) {
 		t.Errorf("beside it: %v, %v; want the other topic sent and the key's later row not sent", errs[1], errs[2])
 	}
-	if got := retry.Classify(publish(t, p, rec(4, "orders.*", "", "4"))[0]); got.Class != retry.ClassPermanent || got.Reason != retry.ReasonInvalidMessage {
+	if got := sink.Classify(publish(t, p, rec(4, "orders.*", "", "4"))[0]); got.Class != sink.ClassPermanent || got.Reason != sink.ReasonInvalidMessage {
 		t.Errorf("a wildcard subject: %s %q, want permanent invalid_message", got.Class, got.Reason)
 	}
 }
@@ -117,8 +116,8 @@ func TestServerStopsAndComesBack(t *testing.T) {
 	start := time.Now()
 	errs := publish(t, p, rec(3, "orders.a", "k", "3"), rec(4, "orders.b", "", "4"))
 	for _, err := range errs {
-		ce := retry.Classify(err)
-		if err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+		ce := sink.Classify(err)
+		if err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 			t.Errorf("while the server is down: %v (%s, %s), want a systemic failure of the destination", err, ce.Class, ce.Scope)
 		}
 	}
@@ -150,8 +149,8 @@ func TestAuthentication(t *testing.T) {
 
 	bad := newPublisher(t, nats.Config{Servers: []string{srv.URL}, Username: "relay", Password: "wrong"})
 	err := publish(t, bad, rec(2, "orders.a", "k", "2"))[0]
-	ce := retry.Classify(err)
-	if err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+	ce := sink.Classify(err)
+	if err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 		t.Errorf("wrong password: %v (%s, %s), want a systemic failure of the destination", err, ce.Class, ce.Scope)
 	}
 	testwait.For(t, "the failure to name the authorization violation", func() bool {
@@ -163,8 +162,8 @@ func TestAuthentication(t *testing.T) {
 	testwait.For(t, "the narrow publisher to connect", func() bool { return publish(t, narrow, rec(4, "orders.a", "k", "4"))[0] == nil })
 	testwait.For(t, "a denied subject to be told from a timeout", func() bool {
 		err := publish(t, narrow, rec(5, "payments.a", "k", "5"))[0]
-		ce := retry.Classify(err)
-		return err != nil && ce.Class == retry.ClassSystemic && ce.Scope == retry.ScopeTopic && strings.Contains(err.Error(), "permissions violation")
+		ce := sink.Classify(err)
+		return err != nil && ce.Class == sink.ClassSystemic && ce.Scope == sink.ScopeTopic && strings.Contains(err.Error(), "permissions violation")
 	})
 }
 
@@ -199,7 +198,7 @@ func TestTLS(t *testing.T) {
 
 	untrusted := newPublisher(t, nats.Config{Servers: []string{srv.URL}})
 	err = publish(t, untrusted, rec(2, "orders.a", "k", "2"))[0]
-	if ce := retry.Classify(err); err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+	if ce := sink.Classify(err); err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 		t.Errorf("an untrusted server certificate: %v (%s, %s), want a systemic failure of the destination", err, ce.Class, ce.Scope)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -133,7 +132,7 @@ func (s *Settings) Files() []string {
 // Reload gives p the credentials and TLS material of s, which Resolve has
 // read anew: p connects again with them, and keeps its connection if it
 // cannot.
-func (s *Settings) Reload(p relay.Publisher) error {
+func (s *Settings) Reload(p sink.Publisher) error {
 	np, ok := p.(*Publisher)
 	if !ok {
 		return fmt.Errorf("nats: cannot reload a %T", p)
@@ -146,7 +145,7 @@ func (s *Settings) Reload(p relay.Publisher) error {
 }
 
 // Open returns a Publisher for the destination s describes.
-func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 	c, err := s.Config(o.Name)
 	if err != nil {
 		return nil, err

@@ -11,8 +11,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // Crashes is how many times the crash test kills the destination's server.
@@ -35,7 +34,7 @@ const (
 // relay for what is the server's crash, not the record's: the test fails.
 func serverKilled(t *testing.T, s Sink) {
 	d, crash := s.Crashable(t)
-	recs := make([]store.Record, crashRecords)
+	recs := make([]sink.Record, crashRecords)
 	for i := range recs {
 		// A key keeps to one topic: the destination's order is each
 		// topic's.
@@ -93,7 +92,7 @@ func serverKilled(t *testing.T, s Sink) {
 // burst publishes its records as the relay would, until each is sent.
 type burst struct {
 	mu     sync.Mutex
-	recs   []store.Record
+	recs   []sink.Record
 	done   []bool
 	left   int
 	sent   atomic.Int64
@@ -136,9 +135,9 @@ func (b *burst) run(ctx context.Context, d Destination) error {
 				b.mu.Unlock()
 				b.sent.Add(1)
 				progress = true
-			case errors.Is(err, retry.ErrNotSent):
-			case retry.Classify(err).Class == retry.ClassPermanent:
-				ce := retry.Classify(err)
+			case errors.Is(err, sink.ErrNotSent):
+			case sink.Classify(err).Class == sink.ClassPermanent:
+				ce := sink.Classify(err)
 				return fmt.Errorf("record %d failed for good through a crash of the server (%s, reason %q): %v", batch[i].ID, ce.Class, ce.Reason, err)
 			default:
 				b.failed.Add(1)
@@ -160,10 +159,10 @@ func (b *burst) run(ctx context.Context, d Destination) error {
 
 // next returns the first pending records in id order, and their indexes:
 // a key's records come in order, each behind the ones before it.
-func (b *burst) next() ([]store.Record, []int) {
+func (b *burst) next() ([]sink.Record, []int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var batch []store.Record
+	var batch []sink.Record
 	var idx []int
 	for i := range b.recs {
 		if !b.done[i] {

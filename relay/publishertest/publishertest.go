@@ -1,11 +1,11 @@
-// Package publishertest is the conformance suite of relay.Publisher: what
+// Package publishertest is the conformance suite of sink.Publisher: what
 // the relay relies on from a sink, checked against a real destination of
 // that sink. Every sink runs it from its tests; a new sink passes it before
 // it is used.
 //
 // The suite checks: each key's records are delivered in order; Publish
 // returns one error per record; after a key's record fails, its later
-// records are not sent and are reported with retry.ErrNotSent; a record
+// records are not sent and are reported with sink.ErrNotSent; a record
 // the destination refuses, or one too large for it, fails permanently
 // (too_large for the latter) while the others go; a cancelled context
 // fails every record without a permanent error; and a destination that
@@ -27,9 +27,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
-	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // Topics the suite publishes to; a sink's destination must accept both.
@@ -41,7 +39,7 @@ const (
 // Destination is a fresh, empty destination of the sink under test, with
 // a Publisher to it.
 type Destination struct {
-	Publisher relay.Publisher
+	Publisher sink.Publisher
 	// Accepted returns the payloads the destination has accepted so far,
 	// in the order it accepted them (each topic's, or each partition's,
 	// at least).
@@ -54,13 +52,13 @@ type Sink struct {
 	New func(t *testing.T) Destination
 	// Reject changes rec so that the destination refuses it for good, as
 	// it refuses a malformed message.
-	Reject func(rec *store.Record)
+	Reject func(rec *sink.Record)
 	// TooLarge changes rec so that it is larger than the destination, or
 	// the sink, takes.
-	TooLarge func(rec *store.Record)
+	TooLarge func(rec *sink.Record)
 	// Unreachable returns a Publisher to a destination that refuses
 	// connections.
-	Unreachable func(t *testing.T) relay.Publisher
+	Unreachable func(t *testing.T) sink.Publisher
 	// Crashable, when set, starts a destination on a server of its own
 	// that keeps what it acknowledged on disk, and returns it with a
 	// function that kills the server (SIGKILL: no goodbye to its clients)
@@ -89,13 +87,13 @@ const publishTimeout = 20 * time.Second
 // record is the id'th record; its payload is its id. Its event id is its
 // own, as every row's is: a destination that deduplicates by event id
 // keeps each record.
-func record(id int64, topic, key string) store.Record {
+func record(id int64, topic, key string) sink.Record {
 	payload := []byte(strconv.FormatInt(id, 10))
-	return store.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "", Payload: payload, PayloadSize: len(payload),
 		Headers: map[string]string{"content-type": "text/plain"}, CreatedAt: time.Now()}
 }
 
-func publish(t *testing.T, p relay.Publisher, recs []store.Record) []error {
+func publish(t *testing.T, p sink.Publisher, recs []sink.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
@@ -108,9 +106,9 @@ func publish(t *testing.T, p relay.Publisher, recs []store.Record) []error {
 
 // accepted returns how many times each id was accepted, and fails t when
 // a key's records were accepted out of order.
-func accepted(t *testing.T, d Destination, recs []store.Record) map[int64]int {
+func accepted(t *testing.T, d Destination, recs []sink.Record) map[int64]int {
 	t.Helper()
-	byID := map[int64]store.Record{}
+	byID := map[int64]sink.Record{}
 	for _, r := range recs {
 		byID[r.ID] = r
 	}
@@ -135,7 +133,7 @@ func accepted(t *testing.T, d Destination, recs []store.Record) map[int64]int {
 
 func orderPerKey(t *testing.T, s Sink) {
 	d := s.New(t)
-	var recs []store.Record
+	var recs []sink.Record
 	for i := range 60 {
 		id := int64(i + 1)
 		switch i % 4 {
@@ -163,13 +161,13 @@ func orderPerKey(t *testing.T, s Sink) {
 func oneErrorPerRecord(t *testing.T, s Sink) {
 	d := s.New(t)
 	publish(t, d.Publisher, nil)
-	publish(t, d.Publisher, []store.Record{record(1, TopicA, "k")})
-	publish(t, d.Publisher, []store.Record{record(2, TopicA, ""), record(3, TopicB, "k"), record(4, TopicB, "")})
+	publish(t, d.Publisher, []sink.Record{record(1, TopicA, "k")})
+	publish(t, d.Publisher, []sink.Record{record(2, TopicA, ""), record(3, TopicB, "k"), record(4, TopicB, "")})
 }
 
 func failureStopsItsKey(t *testing.T, s Sink) {
 	d := s.New(t)
-	recs := []store.Record{
+	recs := []sink.Record{
 		record(1, TopicA, "bad"), record(2, TopicA, "bad"), record(3, TopicA, "good"),
 		record(4, TopicA, "bad"), record(5, TopicB, "bad"), record(6, TopicA, "good"),
 		record(7, TopicA, ""), record(8, TopicA, ""),
@@ -192,7 +190,7 @@ func failureStopsItsKey(t *testing.T, s Sink) {
 }
 
 // change applies how to a record, keeping its payload size right.
-func change(rec *store.Record, how func(*store.Record)) {
+func change(rec *sink.Record, how func(*sink.Record)) {
 	how(rec)
 	rec.PayloadSize = len(rec.Payload)
 }
@@ -202,19 +200,19 @@ func outcome(err error) string {
 	switch {
 	case err == nil:
 		return "sent"
-	case errors.Is(err, retry.ErrNotSent):
+	case errors.Is(err, sink.ErrNotSent):
 		return "not sent"
 	}
-	return retry.Classify(err).Class.String()
+	return sink.Classify(err).Class.String()
 }
 
 func tooLarge(t *testing.T, s Sink) {
 	d := s.New(t)
-	recs := []store.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicA, ""), record(4, TopicA, "j")}
+	recs := []sink.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicA, ""), record(4, TopicA, "j")}
 	change(&recs[1], s.TooLarge)
 	errs := publish(t, d.Publisher, recs)
-	ce := retry.Classify(errs[1])
-	if errs[1] == nil || ce.Class != retry.ClassPermanent || ce.Reason != retry.ReasonTooLarge {
+	ce := sink.Classify(errs[1])
+	if errs[1] == nil || ce.Class != sink.ClassPermanent || ce.Reason != sink.ReasonTooLarge {
 		t.Errorf("the record too large: %v (%s, reason %q), want permanent too_large", errs[1], ce.Class, ce.Reason)
 	}
 	for _, i := range []int{0, 2, 3} {
@@ -228,7 +226,7 @@ func cancelledContext(t *testing.T, s Sink) {
 	d := s.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	recs := []store.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
+	recs := []sink.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
 	start := time.Now()
 	errs := d.Publisher.Publish(ctx, recs)
 	if took := time.Since(start); took > 5*time.Second {
@@ -238,7 +236,7 @@ func cancelledContext(t *testing.T, s Sink) {
 		t.Fatalf("Publish returned %d errors for %d records", len(errs), len(recs))
 	}
 	for i, err := range errs {
-		if err == nil || retry.Classify(err).Class == retry.ClassPermanent {
+		if err == nil || sink.Classify(err).Class == sink.ClassPermanent {
 			t.Errorf("record %d under a cancelled context: %v, want a failure that is not permanent", recs[i].ID, err)
 		}
 	}
@@ -249,16 +247,16 @@ func cancelledContext(t *testing.T, s Sink) {
 
 func connectionRefused(t *testing.T, s Sink) {
 	p := s.Unreachable(t)
-	recs := []store.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
+	recs := []sink.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
 	for i, err := range publish(t, p, recs) {
 		if err == nil {
 			t.Fatalf("record %d acknowledged by a destination that refuses connections", recs[i].ID)
 		}
-		if errors.Is(err, retry.ErrNotSent) {
+		if errors.Is(err, sink.ErrNotSent) {
 			continue
 		}
-		ce := retry.Classify(err)
-		if ce.Class == retry.ClassPermanent || ce.Scope != retry.ScopeDestination {
+		ce := sink.Classify(err)
+		if ce.Class == sink.ClassPermanent || ce.Scope != sink.ScopeDestination {
 			t.Errorf("record %d: %v classified %s with scope %s; a refused connection is the destination's failure",
 				recs[i].ID, err, ce.Class, ce.Scope)
 		}

@@ -24,21 +24,18 @@ import (
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	vkit "cloud.google.com/go/pubsub/v2/apiv1"
 	"github.com/googleapis/gax-go/v2"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-
-	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Attributes the sink adds to every message.
 const (
-	AttributeEventID = outbox.HeaderEventID
-	AttributeID      = outbox.HeaderID
+	AttributeEventID = sink.HeaderEventID
+	AttributeID      = sink.HeaderID
 )
 
 // Pub/Sub's limits on a message.
@@ -169,7 +166,7 @@ func (p *Publisher) topic(id string) *gpubsub.Publisher {
 // per record. A key whose records go to one topic is ordered by the
 // topic's ordering key; a key whose records go to several topics is
 // published one record at a time, each once the one before is stored.
-func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	errs := make([]error, len(records))
 	topicOf := map[string]string{}
 	spread := map[string]bool{} // keys whose records go to several topics
@@ -192,7 +189,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 			continue
 		}
 		if r.HasKey && failedKeys[r.Key] {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 			continue
 		}
 		msg, err := p.message(r)
@@ -217,7 +214,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 				if err != nil {
 					errs[i] = err
 					for _, later := range seq[j+1:] {
-						errs[later] = retry.ErrNotSent
+						errs[later] = sink.ErrNotSent
 					}
 					return
 				}
@@ -239,7 +236,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 			continue
 		}
 		if failed[r.Key] && errs[i] != nil {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 		}
 		if errs[i] != nil {
 			failed[r.Key] = true
@@ -250,32 +247,32 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 }
 
 // wait returns the outcome of r's publish.
-func (p *Publisher) wait(ctx context.Context, r *store.Record, res *gpubsub.PublishResult) (string, error) {
+func (p *Publisher) wait(ctx context.Context, r *sink.Record, res *gpubsub.PublishResult) (string, error) {
 	id, err := res.Get(ctx)
 	if err == nil {
 		return id, nil
 	}
 	var paused gpubsub.ErrPublishingPaused
 	if errors.As(err, &paused) {
-		return "", retry.ErrNotSent
+		return "", sink.ErrNotSent
 	}
 	return "", p.classify(ctx, r.Topic, err)
 }
 
 // message is the Pub/Sub message of r, or a permanent error for a row
 // that cannot be one.
-func (p *Publisher) message(r *store.Record) (*gpubsub.Message, error) {
+func (p *Publisher) message(r *sink.Record) (*gpubsub.Message, error) {
 	if err := ValidateTopic(r.Topic); err != nil {
-		return nil, retry.Permanent(err, retry.ReasonInvalidMessage)
+		return nil, sink.Permanent(err, sink.ReasonInvalidMessage)
 	}
 	if len(r.Headers)+2 > maxAttributes {
-		return nil, retry.Permanent(fmt.Errorf("pubsub: %d headers; a message takes %d attributes with the relay's two", len(r.Headers), maxAttributes), retry.ReasonInvalidMessage)
+		return nil, sink.Permanent(fmt.Errorf("pubsub: %d headers; a message takes %d attributes with the relay's two", len(r.Headers), maxAttributes), sink.ReasonInvalidMessage)
 	}
 	attrs := make(map[string]string, len(r.Headers)+2)
 	size := len(r.Payload) + len(r.Key)
 	for k, v := range r.Headers {
 		if k == "" || len(k) > maxAttrKey || strings.HasPrefix(strings.ToLower(k), "goog") || len(v) > maxAttrValue {
-			return nil, retry.Permanent(fmt.Errorf("pubsub: header %.40q cannot be an attribute (a name of 1 to %d bytes not starting with goog, a value of at most %d)", k, maxAttrKey, maxAttrValue), retry.ReasonInvalidMessage)
+			return nil, sink.Permanent(fmt.Errorf("pubsub: header %.40q cannot be an attribute (a name of 1 to %d bytes not starting with goog, a value of at most %d)", k, maxAttrKey, maxAttrValue), sink.ReasonInvalidMessage)
 		}
 		attrs[k] = v
 		size += len(k) + len(v)
@@ -284,10 +281,10 @@ func (p *Publisher) message(r *store.Record) (*gpubsub.Message, error) {
 	attrs[AttributeID] = strconv.FormatInt(r.ID, 10)
 	size += 80
 	if len(r.Key) > maxOrderingKey {
-		return nil, retry.Permanent(fmt.Errorf("pubsub: key of %d bytes; an ordering key takes at most %d", len(r.Key), maxOrderingKey), retry.ReasonInvalidMessage)
+		return nil, sink.Permanent(fmt.Errorf("pubsub: key of %d bytes; an ordering key takes at most %d", len(r.Key), maxOrderingKey), sink.ReasonInvalidMessage)
 	}
 	if size > p.cfg.MaxMessageBytes {
-		return nil, retry.Permanent(fmt.Errorf("pubsub: message of %d bytes; the most is %d", size, p.cfg.MaxMessageBytes), retry.ReasonTooLarge)
+		return nil, sink.Permanent(fmt.Errorf("pubsub: message of %d bytes; the most is %d", size, p.cfg.MaxMessageBytes), sink.ReasonTooLarge)
 	}
 	return &gpubsub.Message{Data: r.Payload, Attributes: attrs, OrderingKey: r.Key}, nil
 }
@@ -295,28 +292,28 @@ func (p *Publisher) message(r *store.Record) (*gpubsub.Message, error) {
 // classify gives a failed publish its class and scope.
 func (p *Publisher) classify(ctx context.Context, topic string, err error) error {
 	if ctx.Err() != nil {
-		return retry.Transient(fmt.Errorf("pubsub: %w", ctx.Err()), 0)
+		return sink.Transient(fmt.Errorf("pubsub: %w", ctx.Err()), 0)
 	}
 	wrapped := fmt.Errorf("pubsub: topic %s: %w", topic, err)
 	if errors.Is(err, gpubsub.ErrOversizedMessage) {
-		return retry.Permanent(wrapped, retry.ReasonTooLarge)
+		return sink.Permanent(wrapped, sink.ReasonTooLarge)
 	}
 	switch status.Code(err) {
 	case codes.NotFound:
-		return retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("pubsub: topic %s does not exist in project %s: create it, or route the topic elsewhere: %w", topic, p.cfg.Project, err))
+		return sink.TopicFailure(sink.ClassSystemic, fmt.Errorf("pubsub: topic %s does not exist in project %s: create it, or route the topic elsewhere: %w", topic, p.cfg.Project, err))
 	case codes.PermissionDenied:
-		return retry.TopicFailure(retry.ClassSystemic, wrapped)
+		return sink.TopicFailure(sink.ClassSystemic, wrapped)
 	case codes.Unauthenticated, codes.Unavailable, codes.FailedPrecondition:
-		return retry.Systemic(wrapped)
+		return sink.Systemic(wrapped)
 	case codes.InvalidArgument:
 		// The answer of a whole bundle, which may hold other rows than the
 		// one at fault: retried, and dead-lettered only when it keeps
 		// failing. Rows known to be invalid never get this far.
-		return retry.Transient(wrapped, 0)
+		return sink.Transient(wrapped, 0)
 	case codes.ResourceExhausted, codes.Aborted, codes.Internal, codes.DeadlineExceeded:
-		return retry.DestinationFailure(retry.ClassTransient, wrapped)
+		return sink.DestinationFailure(sink.ClassTransient, wrapped)
 	}
-	return retry.NetworkFailure(wrapped)
+	return sink.NetworkFailure(wrapped)
 }
 
 var topicID = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}$`)

@@ -12,11 +12,9 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/google/uuid"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/pubsub"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 const (
@@ -67,9 +65,9 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
-		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"goog-reserved": "x"} },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxMessage)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Headers = map[string]string{"goog-reserved": "x"} },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxMessage)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
@@ -81,12 +79,12 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func rec(id int64, topic, key, payload string) store.Record {
-	return store.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
+func rec(id int64, topic, key, payload string) sink.Record {
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload), Headers: map[string]string{"content-type": "text/plain"}}
 }
 
-func publish(t *testing.T, p *pubsub.Publisher, recs ...store.Record) []error {
+func publish(t *testing.T, p *pubsub.Publisher, recs ...sink.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -110,11 +108,11 @@ func TestMessagesAndMissingTopic(t *testing.T) {
 		t.Errorf("message %+v", m)
 	}
 	errs := publish(t, p, rec(1, "payments", "k", "1"), rec(2, "orders", "k", "2"), rec(3, "orders", "j", "3"))
-	ce := retry.Classify(errs[0])
-	if errs[0] == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeTopic || !strings.Contains(errs[0].Error(), "does not exist") {
+	ce := sink.Classify(errs[0])
+	if errs[0] == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeTopic || !strings.Contains(errs[0].Error(), "does not exist") {
 		t.Errorf("a missing topic: %v (%s, %s)", errs[0], ce.Class, ce.Scope)
 	}
-	if !errors.Is(errs[1], retry.ErrNotSent) || errs[2] != nil {
+	if !errors.Is(errs[1], sink.ErrNotSent) || errs[2] != nil {
 		t.Errorf("beside it: %v, %v; want the key's later row not sent and the other key sent", errs[1], errs[2])
 	}
 	if n := len(srv.Messages()); n != 2 {

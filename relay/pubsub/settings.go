@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -77,7 +76,7 @@ func (s *Settings) Validate() error {
 func (s *Settings) Files() []string { return []string{s.CredentialsFile} }
 
 // Reload gives p a client with the credentials file as it is now.
-func (s *Settings) Reload(p relay.Publisher) error {
+func (s *Settings) Reload(p sink.Publisher) error {
 	pp, ok := p.(*Publisher)
 	if !ok {
 		return fmt.Errorf("pubsub: cannot reload a %T", p)
@@ -86,7 +85,7 @@ func (s *Settings) Reload(p relay.Publisher) error {
 }
 
 // Open returns a Publisher for the destination s describes.
-func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 	return New(s.Config(o.Name))
 }
 

@@ -27,16 +27,13 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Headers the sink adds to every message.
 const (
-	HeaderEventID = outbox.HeaderEventID
-	HeaderID      = outbox.HeaderID
+	HeaderEventID = sink.HeaderEventID
+	HeaderID      = sink.HeaderID
 	HeaderKey     = sink.HeaderKey
 )
 
@@ -253,7 +250,7 @@ func (p *Publisher) Close() error {
 
 // Publish publishes records in rounds, each key's in order, and returns
 // one error per record.
-func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	errs := make([]error, len(records))
 	fill := func(err error) {
 		for i := range errs {
@@ -265,7 +262,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		fill(retry.DestinationFailure(retry.ClassTransient, errors.New("rabbitmq: publisher closed")))
+		fill(sink.DestinationFailure(sink.ClassTransient, errors.New("rabbitmq: publisher closed")))
 		return errs
 	}
 	ch, err := p.ready()
@@ -277,7 +274,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 	blocked := p.blocked
 	p.blockedMu.Unlock()
 	if blocked != "" {
-		fill(retry.Systemic(fmt.Errorf("rabbitmq: the broker blocks publishing (%s): a memory or disk alarm", blocked)))
+		fill(sink.Systemic(fmt.Errorf("rabbitmq: the broker blocks publishing (%s): a memory or disk alarm", blocked)))
 		return errs
 	}
 	runs := sink.KeyRuns(records)
@@ -294,7 +291,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 			left = true
 			i := run[round]
 			if failed[ri] {
-				errs[i] = retry.ErrNotSent
+				errs[i] = sink.ErrNotSent
 				continue
 			}
 			msg, err := p.message(&records[i])
@@ -335,7 +332,7 @@ type pending struct {
 // confirm waits for the confirms of a round and sets each record's
 // outcome: confirmed, returned as unroutable, refused, or lost with the
 // channel.
-func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Record, errs []error, failed, settled []bool, sent []pending) {
+func (p *Publisher) confirm(ctx context.Context, ch *channel, records []sink.Record, errs []error, failed, settled []bool, sent []pending) {
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
 	type outcome struct {
@@ -388,7 +385,7 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 		var err error
 		switch {
 		case returned:
-			err = retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: unroutable, returned by exchange %q (%d %s): bind a queue for it, or route the topic elsewhere",
+			err = sink.TopicFailure(sink.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: unroutable, returned by exchange %q (%d %s): bind a queue for it, or route the topic elsewhere",
 				topic, p.cfg.Exchange, ret.ReplyCode, ret.ReplyText))
 		case o.err != nil:
 			err = p.classify(ctx, topic, o.err)
@@ -396,13 +393,13 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 			// The others went down with it.
 			err = p.classify(ctx, topic, closeErr)
 		case !o.ack && culprit >= 0 && records[o.rec].HasKey && records[culprit].HasKey && records[o.rec].Key == records[culprit].Key:
-			err = retry.ErrNotSent
+			err = sink.ErrNotSent
 		case !o.ack && culprit >= 0:
-			err = retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the channel closed under the message, over another one's failure: %w", closeErr))
+			err = sink.DestinationFailure(sink.ClassTransient, fmt.Errorf("rabbitmq: the channel closed under the message, over another one's failure: %w", closeErr))
 		case !o.ack && closeErr != nil:
 			err = p.classify(ctx, topic, closeErr)
 		case !o.ack:
-			err = retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: the broker refused the message (nack): a queue full with overflow reject-publish, or an internal error", topic))
+			err = sink.TopicFailure(sink.ClassSystemic, fmt.Errorf("rabbitmq: routing key %s: the broker refused the message (nack): a queue full with overflow reject-publish, or an internal error", topic))
 		}
 		if err != nil {
 			errs[o.rec], failed[o.run] = err, true
@@ -413,9 +410,9 @@ func (p *Publisher) confirm(ctx context.Context, ch *channel, records []store.Re
 
 // message is the AMQP message of r, or a permanent error for a row that
 // cannot be one.
-func (p *Publisher) message(r *store.Record) (amqp.Publishing, error) {
+func (p *Publisher) message(r *sink.Record) (amqp.Publishing, error) {
 	if err := ValidateRoutingKey(r.Topic); err != nil {
-		return amqp.Publishing{}, retry.Permanent(err, retry.ReasonInvalidMessage)
+		return amqp.Publishing{}, sink.Permanent(err, sink.ReasonInvalidMessage)
 	}
 	h := make(amqp.Table, len(r.Headers)+3)
 	size := len(r.Payload)
@@ -426,7 +423,7 @@ func (p *Publisher) message(r *store.Record) (amqp.Publishing, error) {
 			continue
 		}
 		if len(k) > maxShortString {
-			return amqp.Publishing{}, retry.Permanent(fmt.Errorf("rabbitmq: header name %.40q... is longer than %d bytes", k, maxShortString), retry.ReasonInvalidMessage)
+			return amqp.Publishing{}, sink.Permanent(fmt.Errorf("rabbitmq: header name %.40q... is longer than %d bytes", k, maxShortString), sink.ReasonInvalidMessage)
 		}
 		h[k] = v
 		size += len(k) + len(v) + 6
@@ -440,7 +437,7 @@ func (p *Publisher) message(r *store.Record) (amqp.Publishing, error) {
 	}
 	size += 128 // the ids and the properties
 	if p.cfg.MaxMessageBytes > 0 && size > p.cfg.MaxMessageBytes {
-		return amqp.Publishing{}, retry.Permanent(fmt.Errorf("rabbitmq: message of %d bytes; max_message_bytes is %d", size, p.cfg.MaxMessageBytes), retry.ReasonTooLarge)
+		return amqp.Publishing{}, sink.Permanent(fmt.Errorf("rabbitmq: message of %d bytes; max_message_bytes is %d", size, p.cfg.MaxMessageBytes), sink.ReasonTooLarge)
 	}
 	return amqp.Publishing{Headers: h, ContentType: contentType, DeliveryMode: amqp.Persistent, MessageId: id,
 		Timestamp: r.CreatedAt, Body: r.Payload}, nil
@@ -449,7 +446,7 @@ func (p *Publisher) message(r *store.Record) (amqp.Publishing, error) {
 // classify gives a failure its class and scope.
 func (p *Publisher) classify(ctx context.Context, topic string, err error) error {
 	if ctx.Err() != nil {
-		return retry.Transient(fmt.Errorf("rabbitmq: %w", ctx.Err()), 0)
+		return sink.Transient(fmt.Errorf("rabbitmq: %w", ctx.Err()), 0)
 	}
 	var aerr *amqp.Error
 	if errors.As(err, &aerr) {
@@ -463,33 +460,33 @@ func (p *Publisher) classify(ctx context.Context, topic string, err error) error
 			// connection, never of a message: the message may or may not
 			// have reached the broker, so it is sent again, a duplicate
 			// at worst.
-			return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the connection failed under the publish: %w", err))
+			return sink.DestinationFailure(sink.ClassTransient, fmt.Errorf("rabbitmq: the connection failed under the publish: %w", err))
 		case amqp.AccessRefused:
 			// Authentication, or no permission on the vhost or the exchange.
-			return retry.Systemic(wrapped)
+			return sink.Systemic(wrapped)
 		case amqp.NotFound:
-			return retry.Systemic(fmt.Errorf("rabbitmq: exchange %q does not exist: declare it, or fix the destination's exchange: %w", p.cfg.Exchange, err))
+			return sink.Systemic(fmt.Errorf("rabbitmq: exchange %q does not exist: declare it, or fix the destination's exchange: %w", p.cfg.Exchange, err))
 		case amqp.ContentTooLarge, amqp.PreconditionFailed:
 			switch {
 			case !aerr.Server:
 				// Not the broker's answer to a message: the client's.
-				return retry.DestinationFailure(retry.ClassTransient, wrapped)
+				return sink.DestinationFailure(sink.ClassTransient, wrapped)
 			case aerr.Code == amqp.ContentTooLarge, strings.Contains(aerr.Reason, "message size"):
-				return retry.Permanent(wrapped, retry.ReasonTooLarge)
+				return sink.Permanent(wrapped, sink.ReasonTooLarge)
 			}
-			return retry.Permanent(wrapped, retry.ReasonPermanent)
+			return sink.Permanent(wrapped, sink.ReasonPermanent)
 		case amqp.ConnectionForced, amqp.ResourceError, amqp.InternalError, amqp.ChannelError:
-			return retry.DestinationFailure(retry.ClassTransient, wrapped)
+			return sink.DestinationFailure(sink.ClassTransient, wrapped)
 		}
-		return retry.DestinationFailure(retry.ClassTransient, wrapped)
+		return sink.DestinationFailure(sink.ClassTransient, wrapped)
 	}
 	if errors.Is(err, amqp.ErrClosed) {
-		return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: the connection closed: %w", err))
+		return sink.DestinationFailure(sink.ClassTransient, fmt.Errorf("rabbitmq: the connection closed: %w", err))
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("rabbitmq: no confirm within %s: %w", p.cfg.ConfirmTimeout, err))
+		return sink.DestinationFailure(sink.ClassTransient, fmt.Errorf("rabbitmq: no confirm within %s: %w", p.cfg.ConfirmTimeout, err))
 	}
-	return retry.NetworkFailure(fmt.Errorf("rabbitmq: %w", err))
+	return sink.NetworkFailure(fmt.Errorf("rabbitmq: %w", err))
 }
 
 // tooLarge finds the size in the reason of a channel closed over a

@@ -19,11 +19,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/rabbitmqtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/rabbitmq"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 const maxMessage = 64 << 10
@@ -80,9 +78,9 @@ func TestConformance(t *testing.T) {
 				Accepted:  accepted,
 			}
 		},
-		Reject:   func(rec *store.Record) { rec.Topic = strings.Repeat("x", 300) },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxMessage)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Topic = strings.Repeat("x", 300) },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxMessage)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
@@ -144,12 +142,12 @@ func newPublisher(t *testing.T, c rabbitmq.Config) *rabbitmq.Publisher {
 	return p
 }
 
-func rec(id int64, topic, key, payload string) store.Record {
-	return store.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
+func rec(id int64, topic, key, payload string) sink.Record {
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: topic, Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload), Headers: map[string]string{"content-type": "text/plain", "x-trace": "t1"}}
 }
 
-func publish(t *testing.T, p *rabbitmq.Publisher, recs ...store.Record) []error {
+func publish(t *testing.T, p *rabbitmq.Publisher, recs ...sink.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -188,11 +186,11 @@ func TestMessagesReturnsAndOutages(t *testing.T) {
 		exchange, accepted := declare(t, node, "orders")
 		p := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: exchange})
 		errs := publish(t, p, rec(1, "payments", "k", "1"), rec(2, "orders", "j", "2"), rec(3, "orders", "k", "3"))
-		ce := retry.Classify(errs[0])
-		if errs[0] == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeTopic || !strings.Contains(errs[0].Error(), "unroutable") {
+		ce := sink.Classify(errs[0])
+		if errs[0] == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeTopic || !strings.Contains(errs[0].Error(), "unroutable") {
 			t.Errorf("an unroutable message: %v (%s, %s), want a systemic failure of its topic", errs[0], ce.Class, ce.Scope)
 		}
-		if errs[1] != nil || !errors.Is(errs[2], retry.ErrNotSent) {
+		if errs[1] != nil || !errors.Is(errs[2], sink.ErrNotSent) {
 			t.Errorf("beside it: %v, %v", errs[1], errs[2])
 		}
 		if got := accepted(t); len(got) != 1 || got[0] != "2" {
@@ -203,7 +201,7 @@ func TestMessagesReturnsAndOutages(t *testing.T) {
 	t.Run("missing exchange is the destination's failure", func(t *testing.T) {
 		p := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: "no-such-exchange"})
 		err := publish(t, p, rec(1, "orders", "k", "1"))[0]
-		if ce := retry.Classify(err); err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination || !strings.Contains(err.Error(), "does not exist") {
+		if ce := sink.Classify(err); err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination || !strings.Contains(err.Error(), "does not exist") {
 			t.Errorf("a missing exchange: %v (%s, %s)", err, ce.Class, ce.Scope)
 		}
 	})
@@ -212,7 +210,7 @@ func TestMessagesReturnsAndOutages(t *testing.T) {
 		u := strings.Replace(node.URL, "guest@", "relay@", 1)
 		bad := newPublisher(t, rabbitmq.Config{URL: u, Password: "wrong"})
 		err := publish(t, bad, rec(1, "orders", "k", "1"))[0]
-		if ce := retry.Classify(err); err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+		if ce := sink.Classify(err); err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 			t.Errorf("wrong password: %v (%s, %s)", err, ce.Class, ce.Scope)
 		}
 		exchange, _ := declare(t, node, "orders")
@@ -240,8 +238,8 @@ func TestNodeStopsAndComesBack(t *testing.T) {
 	node.Stop()
 	testwait.For(t, "a publish to fail as the destination's systemic failure", func() bool {
 		err := publish(t, p, rec(2, "orders", "k", "2"))[0]
-		ce := retry.Classify(err)
-		return err != nil && ce.Class == retry.ClassSystemic && ce.Scope == retry.ScopeDestination
+		ce := sink.Classify(err)
+		return err != nil && ce.Class == sink.ClassSystemic && ce.Scope == sink.ScopeDestination
 	})
 	node.Restart()
 	testwait.For(t, "a publish after the restart", func() bool { return publish(t, p, rec(3, "orders", "k", "3"))[0] == nil })
@@ -313,7 +311,7 @@ func TestTLS(t *testing.T) {
 	}
 	untrusted := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest"})
 	err = publish(t, untrusted, rec(2, "orders", "k", "2"))[0]
-	if ce := retry.Classify(err); err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+	if ce := sink.Classify(err); err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 		t.Errorf("an untrusted certificate: %v (%s, %s)", err, ce.Class, ce.Scope)
 	}
 }
@@ -353,8 +351,8 @@ func TestMemoryAlarmBlocksPublishing(t *testing.T) {
 	node.Ctl("set_vm_memory_high_watermark", "0.000001")
 	testwait.For(t, "a publish to fail as blocked by the alarm", func() bool {
 		err := publish(t, p, rec(2, "orders", "k", "2"))[0]
-		ce := retry.Classify(err)
-		return err != nil && ce.Class == retry.ClassSystemic && ce.Scope == retry.ScopeDestination && strings.Contains(err.Error(), "blocks publishing")
+		ce := sink.Classify(err)
+		return err != nil && ce.Class == sink.ClassSystemic && ce.Scope == sink.ScopeDestination && strings.Contains(err.Error(), "blocks publishing")
 	})
 	node.Ctl("set_vm_memory_high_watermark", "0.8")
 	testwait.For(t, "a publish once the alarm cleared", func() bool { return publish(t, p, rec(3, "orders", "k", "3"))[0] == nil })
@@ -374,16 +372,16 @@ func TestChannelClosedOverOneMessage(t *testing.T) {
 	p := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: exchange})
 	errs := publish(t, p, rec(1, "orders", "a", "1"), rec(2, "orders", "big", strings.Repeat("x", 10000)),
 		rec(3, "orders", "b", "3"), rec(4, "orders", "big", "4"))
-	if ce := retry.Classify(errs[0]); errs[0] != nil && ce.Class == retry.ClassPermanent {
+	if ce := sink.Classify(errs[0]); errs[0] != nil && ce.Class == sink.ClassPermanent {
 		t.Errorf("the message before the culprit: %v, want it delivered or not permanent", errs[0])
 	}
-	if ce := retry.Classify(errs[1]); errs[1] == nil || ce.Class != retry.ClassPermanent || ce.Reason != retry.ReasonTooLarge {
+	if ce := sink.Classify(errs[1]); errs[1] == nil || ce.Class != sink.ClassPermanent || ce.Reason != sink.ReasonTooLarge {
 		t.Errorf("the message above max_message_size: %v (%s %q), want permanent too_large", errs[1], ce.Class, ce.Reason)
 	}
-	if ce := retry.Classify(errs[2]); errs[2] != nil && ce.Class == retry.ClassPermanent {
+	if ce := sink.Classify(errs[2]); errs[2] != nil && ce.Class == sink.ClassPermanent {
 		t.Errorf("another key's message the closing channel took down: %v, want it not permanent", errs[2])
 	}
-	if !errors.Is(errs[3], retry.ErrNotSent) {
+	if !errors.Is(errs[3], sink.ErrNotSent) {
 		t.Errorf("the key's later message: %v, want not sent", errs[3])
 	}
 	if errs := publish(t, p, rec(5, "orders", "b", "5")); errs[0] != nil {

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -93,7 +92,7 @@ func (s *Settings) Files() []string { return append([]string{s.PasswordFile}, s.
 
 // Reload gives p the password and TLS material of s, which Resolve has
 // read anew: p connects with them, and keeps its connection if it cannot.
-func (s *Settings) Reload(p relay.Publisher) error {
+func (s *Settings) Reload(p sink.Publisher) error {
 	rp, ok := p.(*Publisher)
 	if !ok {
 		return fmt.Errorf("rabbitmq: cannot reload a %T", p)
@@ -106,7 +105,7 @@ func (s *Settings) Reload(p relay.Publisher) error {
 }
 
 // Open returns a Publisher for the destination s describes.
-func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 	maxMessage := s.MaxMessageBytes
 	if maxMessage == 0 {
 		maxMessage = o.MessageBytes(MessageSlack)

@@ -24,9 +24,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func init() {
@@ -173,12 +171,12 @@ func (p *Publisher) acquire() *client {
 
 // Publish appends records in rounds, each key's in order, and returns one
 // error per record.
-func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	errs := make([]error, len(records))
 	c := p.acquire()
 	if c == nil {
 		for i := range errs {
-			errs[i] = retry.DestinationFailure(retry.ClassTransient, errors.New("redis: publisher closed"))
+			errs[i] = sink.DestinationFailure(sink.ClassTransient, errors.New("redis: publisher closed"))
 		}
 		return errs
 	}
@@ -198,7 +196,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 			}
 			i := run[round]
 			if failed[ri] {
-				errs[i] = retry.ErrNotSent
+				errs[i] = sink.ErrNotSent
 				continue
 			}
 			args, err := p.entry(&records[i])
@@ -241,13 +239,13 @@ func (p *Publisher) anyLeft(runs [][]int, round int) bool {
 
 // entry is the XADD of r, or a permanent error for a row that cannot be
 // one.
-func (p *Publisher) entry(r *store.Record) (*goredis.XAddArgs, error) {
+func (p *Publisher) entry(r *sink.Record) (*goredis.XAddArgs, error) {
 	if err := ValidateStream(r.Topic); err != nil {
-		return nil, retry.Permanent(err, retry.ReasonInvalidMessage)
+		return nil, sink.Permanent(err, sink.ReasonInvalidMessage)
 	}
 	headers, err := json.Marshal(r.Headers)
 	if err != nil {
-		return nil, retry.Permanent(fmt.Errorf("redis: headers of row %d: %w", r.ID, err), retry.ReasonInvalidMessage)
+		return nil, sink.Permanent(fmt.Errorf("redis: headers of row %d: %w", r.ID, err), sink.ReasonInvalidMessage)
 	}
 	id := r.EventID.String()
 	values := []any{FieldEventID, id, FieldID, strconv.FormatInt(r.ID, 10)}
@@ -257,7 +255,7 @@ func (p *Publisher) entry(r *store.Record) (*goredis.XAddArgs, error) {
 	values = append(values, FieldHeaders, headers, FieldPayload, r.Payload)
 	size := len(id) + 20 + len(r.Key) + len(headers) + len(r.Payload) + 64
 	if p.cfg.MaxEntryBytes > 0 && size > p.cfg.MaxEntryBytes {
-		return nil, retry.Permanent(fmt.Errorf("redis: entry of %d bytes; max_entry_bytes is %d", size, p.cfg.MaxEntryBytes), retry.ReasonTooLarge)
+		return nil, sink.Permanent(fmt.Errorf("redis: entry of %d bytes; max_entry_bytes is %d", size, p.cfg.MaxEntryBytes), sink.ReasonTooLarge)
 	}
 	args := &goredis.XAddArgs{Stream: r.Topic, Values: values}
 	if p.cfg.MaxLen > 0 {
@@ -269,28 +267,28 @@ func (p *Publisher) entry(r *store.Record) (*goredis.XAddArgs, error) {
 // classify gives a failed XADD its class and scope.
 func (p *Publisher) classify(ctx context.Context, stream string, err error) error {
 	if ctx.Err() != nil {
-		return retry.Transient(fmt.Errorf("redis: %w", ctx.Err()), 0)
+		return sink.Transient(fmt.Errorf("redis: %w", ctx.Err()), 0)
 	}
 	wrapped := fmt.Errorf("redis: stream %s: %w", stream, err)
 	var rerr goredis.Error
 	if !errors.As(err, &rerr) {
 		// No answer: the network's classification.
-		return retry.NetworkFailure(wrapped)
+		return sink.NetworkFailure(wrapped)
 	}
 	code, _, _ := strings.Cut(strings.TrimPrefix(rerr.Error(), "ERR "), " ")
 	switch code {
 	case "WRONGTYPE":
-		return retry.TopicFailure(retry.ClassSystemic, fmt.Errorf("redis: the key %s holds another type than a stream: %w", stream, err))
+		return sink.TopicFailure(sink.ClassSystemic, fmt.Errorf("redis: the key %s holds another type than a stream: %w", stream, err))
 	case "NOPERM":
-		return retry.TopicFailure(retry.ClassSystemic, wrapped)
+		return sink.TopicFailure(sink.ClassSystemic, wrapped)
 	case "NOAUTH", "WRONGPASS", "OOM", "READONLY", "MISCONF":
 		// Credentials; memory full; a replica; persistence failing:
 		// nothing is written until an operator acts.
-		return retry.Systemic(wrapped)
+		return sink.Systemic(wrapped)
 	case "LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN":
-		return retry.DestinationFailure(retry.ClassTransient, wrapped)
+		return sink.DestinationFailure(sink.ClassTransient, wrapped)
 	}
-	return retry.Transient(wrapped, 0)
+	return sink.Transient(wrapped, 0)
 }
 
 // ValidateStream reports whether name can name a stream: not empty.

@@ -19,11 +19,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/dev/redistest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/redis"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // The conformance entries take up to this many bytes.
@@ -57,9 +55,9 @@ func TestConformance(t *testing.T) {
 			d, srv := destination(t)
 			return d, func(*testing.T) { srv.Crash() }
 		},
-		Reject:   func(rec *store.Record) { rec.Topic = "" },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxEntry)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Topic = "" },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxEntry)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
@@ -84,12 +82,12 @@ func newPublisher(t *testing.T, c redis.Config) *redis.Publisher {
 	return p
 }
 
-func rec(id int64, stream, key, payload string) store.Record {
-	return store.Record{ID: id, EventID: uuid.New(), Topic: stream, Key: key, HasKey: key != "",
+func rec(id int64, stream, key, payload string) sink.Record {
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: stream, Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload), Headers: map[string]string{"content-type": "text/plain"}}
 }
 
-func publish(t *testing.T, p *redis.Publisher, recs ...store.Record) []error {
+func publish(t *testing.T, p *redis.Publisher, recs ...sink.Record) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -123,7 +121,7 @@ func TestEntriesAndTrimming(t *testing.T) {
 	}
 
 	trimmed := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, MaxLen: 100})
-	var many []store.Record
+	var many []sink.Record
 	for i := range 1000 {
 		many = append(many, rec(int64(100+i), "clicks", "", "c"))
 	}
@@ -148,11 +146,11 @@ func TestKeyOfAnotherType(t *testing.T) {
 	}
 	p := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}})
 	errs := publish(t, p, rec(1, "payments", "k", "1"), rec(2, "orders", "j", "2"), rec(3, "orders", "k", "3"))
-	ce := retry.Classify(errs[0])
-	if errs[0] == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeTopic || !strings.Contains(errs[0].Error(), "holds another type") {
+	ce := sink.Classify(errs[0])
+	if errs[0] == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeTopic || !strings.Contains(errs[0].Error(), "holds another type") {
 		t.Errorf("a key of another type: %v (%s, %s)", errs[0], ce.Class, ce.Scope)
 	}
-	if errs[1] != nil || !errors.Is(errs[2], retry.ErrNotSent) {
+	if errs[1] != nil || !errors.Is(errs[2], sink.ErrNotSent) {
 		t.Errorf("beside it: %v, %v; want the other key sent and this key's later row not sent", errs[1], errs[2])
 	}
 }
@@ -168,8 +166,8 @@ func TestServerStopsAndComesBack(t *testing.T) {
 	}
 	srv.Stop()
 	for _, err := range publish(t, p, rec(2, "orders", "k", "2"), rec(3, "orders", "", "3")) {
-		ce := retry.Classify(err)
-		if err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+		ce := sink.Classify(err)
+		if err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 			t.Errorf("while the server is down: %v (%s, %s), want a systemic failure of the destination", err, ce.Class, ce.Scope)
 		}
 	}
@@ -196,12 +194,12 @@ func TestAuthentication(t *testing.T) {
 	}
 	bad := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, Username: "relay", Password: "wrong"})
 	err := publish(t, bad, rec(2, "orders", "k", "2"))[0]
-	if ce := retry.Classify(err); err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+	if ce := sink.Classify(err); err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 		t.Errorf("wrong password: %v (%s, %s), want a systemic failure of the destination", err, ce.Class, ce.Scope)
 	}
 	narrow := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, Username: "narrow", Password: "pw"})
 	errs := publish(t, narrow, rec(3, "payments", "k", "3"), rec(4, "orders", "j", "4"))
-	if ce := retry.Classify(errs[0]); errs[0] == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeTopic {
+	if ce := sink.Classify(errs[0]); errs[0] == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeTopic {
 		t.Errorf("a denied key: %v (%s, %s), want a systemic failure of its topic", errs[0], ce.Class, ce.Scope)
 	}
 	if errs[1] != nil {
@@ -240,7 +238,7 @@ func TestTLS(t *testing.T) {
 	}
 	untrusted := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, TLS: &tls.Config{ServerName: "localhost", RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}})
 	err = publish(t, untrusted, rec(2, "orders", "k", "2"))[0]
-	if ce := retry.Classify(err); err == nil || ce.Class != retry.ClassSystemic || ce.Scope != retry.ScopeDestination {
+	if ce := sink.Classify(err); err == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeDestination {
 		t.Errorf("an untrusted certificate: %v (%s, %s), want a systemic failure of the destination", err, ce.Class, ce.Scope)
 	}
 }

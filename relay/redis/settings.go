@@ -6,7 +6,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -103,7 +102,7 @@ func (s *Settings) Files() []string { return append([]string{s.PasswordFile}, s.
 
 // Reload gives p the password and TLS material of s, which Resolve has
 // read anew: p connects with them, and keeps its client if it cannot.
-func (s *Settings) Reload(p relay.Publisher) error {
+func (s *Settings) Reload(p sink.Publisher) error {
 	rp, ok := p.(*Publisher)
 	if !ok {
 		return fmt.Errorf("redis: cannot reload a %T", p)
@@ -116,7 +115,7 @@ func (s *Settings) Reload(p relay.Publisher) error {
 }
 
 // Open returns a Publisher for the destination s describes.
-func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 	maxEntry := s.MaxEntryBytes
 	if maxEntry == 0 {
 		maxEntry = o.MessageBytes(EntrySlack)

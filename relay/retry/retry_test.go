@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // fixedRand returns a fixed fraction of its range: 0 for the bottom,
@@ -110,16 +111,16 @@ func TestDecide(t *testing.T) {
 		want retry.Decision
 	}{
 		{"unclassified is transient", retry.Failure{Err: boom, Attempt: 0}, retry.Decision{Action: retry.Retry, Delay: time.Second}},
-		{"transient backs off", retry.Failure{Err: retry.Transient(boom, 0), Attempt: 2}, retry.Decision{Action: retry.Retry, Delay: 4 * time.Second}},
-		{"retry-after above backoff wins", retry.Failure{Err: retry.Transient(boom, 7*time.Second), Attempt: 0}, retry.Decision{Action: retry.Retry, Delay: 7 * time.Second}},
-		{"retry-after below backoff loses", retry.Failure{Err: retry.Transient(boom, time.Second), Attempt: 3}, retry.Decision{Action: retry.Retry, Delay: 8 * time.Second}},
-		{"retry-after capped", retry.Failure{Err: retry.Transient(boom, 24*time.Hour), Attempt: 0}, retry.Decision{Action: retry.Retry, Delay: 30 * time.Second}},
-		{"last attempt exhausts", retry.Failure{Err: boom, Attempt: 4}, retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonRetriesExhausted}},
-		{"too old", retry.Failure{Err: boom, Attempt: 1, Age: time.Hour}, retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonMaxAgeExceeded}},
+		{"transient backs off", retry.Failure{Err: sink.Transient(boom, 0), Attempt: 2}, retry.Decision{Action: retry.Retry, Delay: 4 * time.Second}},
+		{"retry-after above backoff wins", retry.Failure{Err: sink.Transient(boom, 7*time.Second), Attempt: 0}, retry.Decision{Action: retry.Retry, Delay: 7 * time.Second}},
+		{"retry-after below backoff loses", retry.Failure{Err: sink.Transient(boom, time.Second), Attempt: 3}, retry.Decision{Action: retry.Retry, Delay: 8 * time.Second}},
+		{"retry-after capped", retry.Failure{Err: sink.Transient(boom, 24*time.Hour), Attempt: 0}, retry.Decision{Action: retry.Retry, Delay: 30 * time.Second}},
+		{"last attempt exhausts", retry.Failure{Err: boom, Attempt: 4}, retry.Decision{Action: retry.DeadLetter, Reason: sink.ReasonRetriesExhausted}},
+		{"too old", retry.Failure{Err: boom, Attempt: 1, Age: time.Hour}, retry.Decision{Action: retry.DeadLetter, Reason: sink.ReasonMaxAgeExceeded}},
 		{"just young enough", retry.Failure{Err: boom, Attempt: 1, Age: time.Hour - time.Nanosecond}, retry.Decision{Action: retry.Retry, Delay: 2 * time.Second}},
-		{"permanent", retry.Failure{Err: retry.Permanent(boom, "")}, retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonPermanent}},
-		{"permanent with reason", retry.Failure{Err: retry.Permanent(boom, retry.ReasonTooLarge)}, retry.Decision{Action: retry.DeadLetter, Reason: retry.ReasonTooLarge}},
-		{"systemic defers, even when out of attempts", retry.Failure{Err: retry.Systemic(boom), Attempt: 99, Age: 99 * time.Hour}, retry.Decision{Action: retry.Defer}},
+		{"permanent", retry.Failure{Err: sink.Permanent(boom, "")}, retry.Decision{Action: retry.DeadLetter, Reason: sink.ReasonPermanent}},
+		{"permanent with reason", retry.Failure{Err: sink.Permanent(boom, sink.ReasonTooLarge)}, retry.Decision{Action: retry.DeadLetter, Reason: sink.ReasonTooLarge}},
+		{"systemic defers, even when out of attempts", retry.Failure{Err: sink.Systemic(boom), Attempt: 99, Age: 99 * time.Hour}, retry.Decision{Action: retry.Defer}},
 	} {
 		if got := p.Decide(tc.f); got != tc.want {
 			t.Errorf("%s: Decide = %+v, want %+v", tc.name, got, tc.want)
@@ -129,9 +130,9 @@ func TestDecide(t *testing.T) {
 
 func TestClassifyWrapped(t *testing.T) {
 	t.Parallel()
-	inner := retry.Systemic(errors.New("connection refused"))
+	inner := sink.Systemic(errors.New("connection refused"))
 	wrapped := errors.Join(errors.New("context"), inner)
-	if c := retry.Classify(wrapped).Class; c != retry.ClassSystemic {
+	if c := sink.Classify(wrapped).Class; c != sink.ClassSystemic {
 		t.Fatalf("class of wrapped systemic error = %v", c)
 	}
 	if !errors.Is(inner, errors.Unwrap(inner)) {

@@ -1,12 +1,10 @@
 package sink
 
-import "github.com/outbox-relay/outbox-relay/relay/store"
-
 // KeyRuns groups the indexes of records by key, each key's in the order
 // given (id order), keys in the order of their first record; a record
 // without a key is a run of its own. A sink that sends a key's records one
 // after another, each once the one before it is stored, walks these runs.
-func KeyRuns(records []store.Record) [][]int {
+func KeyRuns(records []Record) [][]int {
 	var runs [][]int
 	byKey := map[string]int{}
 	for i, r := range records {

@@ -5,12 +5,11 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/relay/sink"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func TestKeyRuns(t *testing.T) {
 	t.Parallel()
-	recs := []store.Record{{Key: "a", HasKey: true}, {}, {Key: "b", HasKey: true}, {Key: "a", HasKey: true}, {}, {Key: "", HasKey: true}}
+	recs := []sink.Record{{Key: "a", HasKey: true}, {}, {Key: "b", HasKey: true}, {Key: "a", HasKey: true}, {}, {Key: "", HasKey: true}}
 	want := [][]int{{0, 3}, {1}, {2}, {4}, {5}}
 	if got := sink.KeyRuns(recs); !reflect.DeepEqual(got, want) {
 		t.Errorf("KeyRuns = %v, want %v", got, want)

@@ -1,9 +1,16 @@
-// Package sink is how a kind of destination plugs into the relay. A sink
-// owns its settings: a type decoded from destinations.<name>.<kind> of the
-// configuration (koanf tags), which reads the secrets it names, validates
-// itself and opens the destination's relay.Publisher. The configuration
-// maps YAML and the environment onto that type and calls it; nothing else
-// knows a sink's settings.
+// Package sink is the contract between the relay and a kind of
+// destination, and everything a sink needs of the relay: the record it is
+// given (Record), the publisher it returns (Publisher, and its optional
+// io.Closer and Partitioner, kept through wrappers by Decorate), the failure
+// classes its errors carry (failure.go, network.go), the header names,
+// the options it opens with, and registration. It imports nothing of the
+// engine: a sink imports this package and its client library.
+//
+// A sink owns its settings: a type decoded from destinations.<name>.<kind>
+// of the configuration (koanf tags), which reads the secrets it names,
+// validates itself and opens the destination's Publisher. The
+// configuration maps YAML and the environment onto that type and calls
+// it; nothing else knows a sink's settings.
 //
 // Sinks register once, from their package's init, as database/sql drivers
 // do: importing github.com/outbox-relay/outbox-relay/relay/kafka and
@@ -17,8 +24,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-
-	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // Config is one destination's settings for a sink.
@@ -31,9 +36,9 @@ type Config interface {
 	// path below the sink (url is required, tls.ca_file: ...).
 	Validate() error
 	// Open returns the destination's Publisher. When it is an io.Closer,
-	// Close releases it; when it is a relay.Partitioner, the relay pauses
+	// Close releases it; when it is a Partitioner, the relay pauses
 	// a failing partition alone.
-	Open(Options) (relay.Publisher, error)
+	Open(Options) (Publisher, error)
 }
 
 // Reloader is implemented by settings whose secrets and TLS material a
@@ -47,13 +52,26 @@ type Reloader interface {
 	// the secrets and TLS material of these settings, resolved and
 	// validated anew. Other settings need the destination opened again
 	// (a restart). On error p keeps what it had.
-	Reload(p relay.Publisher) error
+	Reload(p Publisher) error
 }
 
-// HeaderKey carries a row's key in the messages of sinks whose messages
-// have no key of their own (NATS, RabbitMQ); a row without a key has
-// none.
-const HeaderKey = "outbox-key"
+// Header names the relay sets on every delivery; producers may not set
+// them.
+const (
+	// HeaderEventID carries the row's event id, the consumers'
+	// deduplication key.
+	HeaderEventID = "outbox-event-id"
+	// HeaderID carries the row's id.
+	HeaderID = "outbox-id"
+	// HeaderKey carries a row's key in the messages of sinks whose
+	// messages have no key of their own (NATS, RabbitMQ); a row without a
+	// key has none.
+	HeaderKey = "outbox-key"
+)
+
+// DefaultMaxBatchBytes keeps a full batch, with the per-record overhead
+// counted, well under a broker's default max.message.bytes (1 MiB).
+const DefaultMaxBatchBytes = 900 << 10
 
 // Options are what a sink is told when it opens a destination.
 type Options struct {
@@ -69,12 +87,12 @@ type Options struct {
 }
 
 // MessageBytes is the largest message a sink with a size limit must
-// accept: MaxBatchBytes (relay.DefaultMaxBatchBytes when unset), the
+// accept: MaxBatchBytes (DefaultMaxBatchBytes when unset), the
 // sink's own framing (slack) and the wrappers' headers.
 func (o Options) MessageBytes(slack int) int {
 	batch := o.MaxBatchBytes
 	if batch <= 0 {
-		batch = relay.DefaultMaxBatchBytes
+		batch = DefaultMaxBatchBytes
 	}
 	return batch + slack + o.HeaderBytes
 }

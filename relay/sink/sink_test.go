@@ -7,15 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 type nothing struct{}
 
-func (nothing) Resolve(func(string) (string, bool)) error  { return nil }
-func (nothing) Validate() error                            { return nil }
-func (nothing) Open(sink.Options) (relay.Publisher, error) { return nil, nil }
+func (nothing) Resolve(func(string) (string, bool)) error { return nil }
+func (nothing) Validate() error                           { return nil }
+func (nothing) Open(sink.Options) (sink.Publisher, error) { return nil, nil }
 
 func TestRegister(t *testing.T) {
 	sink.Register(sink.Sink{Kind: "test-nothing", New: func() sink.Config { return nothing{} }, MaxInFlight: 3})

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // ClaimParams bounds a claim.
@@ -78,7 +78,7 @@ type Claim struct {
 	// Records are the claimed rows in id order. For each key and order
 	// scope they are the oldest rows that still hold it, consecutive: no
 	// other row of the key in the scope comes before or between them.
-	Records []Record
+	Records []sink.Record
 	// Now is the database clock at the claim.
 	Now time.Time
 	// Claimed counts the rows locked, before rows were held back for their
@@ -166,7 +166,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		return nil
 	}
 	c.partLo, c.partHi = lo, hi
-	recs := make([]Record, 0, p.Limit)
+	recs := make([]sink.Record, 0, p.Limit)
 	seen := make(map[int64]bool, p.Limit)
 	var lastFresh int64
 	// Rows that waited take at most three quarters of the claim: the rows
@@ -201,7 +201,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	}
 	c.Full = c.Claimed >= p.Limit || waited >= waitedLimit
 	// Rows that waited came first: the records go in id order.
-	slices.SortFunc(recs, func(a, b Record) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(recs, func(a, b sink.Record) int { return cmp.Compare(a.ID, b.ID) })
 	c.Now, c.Records = res.Now, recs
 	c.keyFloor = c.start.floor
 	if !trusted && hasKey(recs) {
@@ -248,23 +248,23 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 	return nil
 }
 
-// record makes a claimed row a Record, saying why it cannot be delivered
+// record makes a claimed row a sink.Record, saying why it cannot be delivered
 // as it is, if it cannot.
-func record(row *outboxdb.ClaimedRow, payloadCap int) Record {
-	r := Record{ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, HasKey: row.HasKey,
+func record(row *outboxdb.ClaimedRow, payloadCap int) sink.Record {
+	r := sink.Record{ID: row.ID, EventID: row.EventID, Topic: row.Topic, Key: row.Key, HasKey: row.HasKey,
 		Payload: row.Payload, PayloadSize: row.PayloadSize, Headers: row.Headers, CreatedAt: row.CreatedAt,
 		RetryCount: row.RetryCount, LastDelay: row.LastDelay}
 	switch {
 	case row.HeadersProblem != "":
-		r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, retry.ReasonInvalidMessage
+		r.Undeliverable, r.UndeliverableReason = row.HeadersProblem, sink.ReasonInvalidMessage
 	case r.Payload == nil:
 		r.Undeliverable = fmt.Sprintf("payload is %d bytes, above the %d-byte cap", r.PayloadSize, payloadCap)
-		r.UndeliverableReason = retry.ReasonTooLarge
+		r.UndeliverableReason = sink.ReasonTooLarge
 	}
 	return r
 }
 
-func hasKey(recs []Record) bool {
+func hasKey(recs []sink.Record) bool {
 	for i := range recs {
 		if recs[i].HasKey {
 			return true

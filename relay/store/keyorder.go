@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // keepKeyOrder drops the claimed rows that an earlier row of their key
@@ -82,7 +83,7 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	}
 	// blockerOf is the lowest blocker of a claimed row: of its scope, or
 	// of every scope.
-	blockerOf := func(r *Record) (blocker, bool) {
+	blockerOf := func(r *sink.Record) (blocker, bool) {
 		b, ok := blocked[scopedKey{r.Key, scope.of(r.Topic)}]
 		if all, held := blocked[scopedKey{r.Key, EveryScope}]; held && (!ok || all.id < b.id) {
 			return all, true

@@ -17,7 +17,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -30,7 +30,7 @@ func newStore(t *testing.T, s *pgtest.Schema, keepSent bool) *store.Store {
 	return st
 }
 
-func ids(recs []store.Record) []int64 {
+func ids(recs []sink.Record) []int64 {
 	out := make([]int64, len(recs))
 	for i, r := range recs {
 		out[i] = r.ID
@@ -86,11 +86,11 @@ func TestClaimReadsRows(t *testing.T) {
 	if a.Topic != "a" || !a.HasKey || a.Key != "k1" || string(a.Payload) != "hello" || a.Headers["h"] != "v" || a.Undeliverable != "" {
 		t.Errorf("row a = %+v", a)
 	}
-	if big.Payload != nil || big.PayloadSize != 101 || big.UndeliverableReason != retry.ReasonTooLarge ||
+	if big.Payload != nil || big.PayloadSize != 101 || big.UndeliverableReason != sink.ReasonTooLarge ||
 		!strings.Contains(big.Undeliverable, "101 bytes") {
 		t.Errorf("oversized row = %+v: want no payload loaded and too_large", big)
 	}
-	if bad.UndeliverableReason != retry.ReasonInvalidMessage ||
+	if bad.UndeliverableReason != sink.ReasonInvalidMessage ||
 		!strings.Contains(bad.Undeliverable, `header "n" is a number, not a string`) ||
 		!strings.Contains(bad.Undeliverable, `header "o" is an object`) {
 		t.Errorf("bad headers row = %+v", bad)

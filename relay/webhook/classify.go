@@ -11,31 +11,31 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // StatusClass is the default class of a response status that is not a
 // success. A systemic status speaks for the whole endpoint; the others
 // for the row they answer.
-func StatusClass(code int) retry.Class {
+func StatusClass(code int) sink.Class {
 	switch code {
 	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusConflict,
 		http.StatusGone, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
-		return retry.ClassPermanent
+		return sink.ClassPermanent
 	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
-		return retry.ClassTransient
+		return sink.ClassTransient
 	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired:
-		return retry.ClassSystemic
+		return sink.ClassSystemic
 	}
 	switch {
 	case code >= 500:
-		return retry.ClassTransient
+		return sink.ClassTransient
 	case code >= 400:
-		return retry.ClassPermanent
+		return sink.ClassPermanent
 	default:
 		// 1xx leftovers and 3xx: a redirect means the configured URL is
 		// wrong for every row, not that this row is bad.
-		return retry.ClassSystemic
+		return sink.ClassSystemic
 	}
 }
 
@@ -46,19 +46,19 @@ func (p *Publisher) classifyStatus(resp *http.Response, err error) error {
 		class = StatusClass(resp.StatusCode)
 	}
 	switch class {
-	case retry.ClassPermanent:
+	case sink.ClassPermanent:
 		if resp.StatusCode == http.StatusRequestEntityTooLarge {
-			return retry.Permanent(err, retry.ReasonTooLarge)
+			return sink.Permanent(err, sink.ReasonTooLarge)
 		}
-		return retry.Permanent(err, "")
-	case retry.ClassSystemic:
-		return retry.Systemic(err)
+		return sink.Permanent(err, "")
+	case sink.ClassSystemic:
+		return sink.Systemic(err)
 	}
 	var hint time.Duration
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		hint = ParseRetryAfter(resp.Header.Get("Retry-After"), p.cfg.Now())
 	}
-	return retry.Transient(err, hint)
+	return sink.Transient(err, hint)
 }
 
 // maxRetryAfter bounds a parsed hint before the policy caps it, so that
@@ -105,7 +105,7 @@ func isDigits(s string) bool {
 func (p *Publisher) classifyTransport(ctx, parent context.Context, err error) error {
 	err = fmt.Errorf("POST %s: %w", p.url, unwrapURLError(err))
 	if errors.Is(err, errGuard) {
-		return retry.Systemic(err)
+		return sink.Systemic(err)
 	}
 	var netErr net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout() {
@@ -117,7 +117,7 @@ func (p *Publisher) classifyTransport(ctx, parent context.Context, err error) er
 		}
 	}
 	// The network's classification, shared with every sink.
-	return retry.NetworkFailure(err)
+	return sink.NetworkFailure(err)
 }
 
 // unwrapURLError drops net/http's *url.Error wrapper, whose text repeats

@@ -9,9 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
@@ -48,9 +47,9 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
-		Reject:   func(rec *store.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", 2*receiverLimit)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Headers = map[string]string{"X-Conformance": "reject"} },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*receiverLimit)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -117,7 +115,7 @@ func (s *Settings) Files() []string {
 
 // Reload gives p the secrets and TLS configuration of s, which Resolve has
 // read anew.
-func (s *Settings) Reload(p relay.Publisher) error {
+func (s *Settings) Reload(p sink.Publisher) error {
 	wp, ok := p.(*Publisher)
 	if !ok {
 		return fmt.Errorf("webhook: cannot reload a %T", p)
@@ -130,7 +128,7 @@ func (s *Settings) Reload(p relay.Publisher) error {
 }
 
 // Open returns a Publisher for the destination s describes.
-func (s *Settings) Open(o sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 	c, err := s.Config(o.Name)
 	if err != nil {
 		return nil, err
@@ -164,13 +162,13 @@ func (s *Settings) Config(name string) (Config, error) {
 			errs = append(errs, fmt.Errorf("status_classes: %q is not a status code", code))
 			continue
 		}
-		cl, ok := map[string]retry.Class{"permanent": retry.ClassPermanent, "transient": retry.ClassTransient, "systemic": retry.ClassSystemic}[class]
+		cl, ok := map[string]sink.Class{"permanent": sink.ClassPermanent, "transient": sink.ClassTransient, "systemic": sink.ClassSystemic}[class]
 		if !ok {
 			errs = append(errs, fmt.Errorf("status_classes: %s is %q; use permanent, transient or systemic", code, class))
 			continue
 		}
 		if c.StatusClasses == nil {
-			c.StatusClasses = map[int]retry.Class{}
+			c.StatusClasses = map[int]sink.Class{}
 		}
 		c.StatusClasses[n] = cl
 	}

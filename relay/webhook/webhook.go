@@ -26,10 +26,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"golang.org/x/net/http/httpguts"
-
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // Defaults of Config.
@@ -80,7 +78,7 @@ type Config struct {
 	// endpoints inside the network, such as a sidecar.
 	AllowPrivateNetworks bool
 	// StatusClasses overrides the class of response status codes.
-	StatusClasses map[int]retry.Class
+	StatusClasses map[int]sink.Class
 	// Now is the clock for signature timestamps. Default time.Now.
 	Now func() time.Time
 }
@@ -243,8 +241,8 @@ func (p *Publisher) Close() error {
 
 // Publish POSTs each record. Rows of one key go one after the other, in
 // order; after one fails, the key's later rows are not sent
-// (retry.ErrNotSent). Other rows go in parallel, up to Concurrency.
-func (p *Publisher) Publish(ctx context.Context, recs []store.Record) []error {
+// (sink.ErrNotSent). Other rows go in parallel, up to Concurrency.
+func (p *Publisher) Publish(ctx context.Context, recs []sink.Record) []error {
 	errs := make([]error, len(recs))
 	// Lanes: one per key, in id order, and one per unkeyed row.
 	var lanes [][]int
@@ -265,7 +263,7 @@ func (p *Publisher) Publish(ctx context.Context, recs []store.Record) []error {
 	// Rows not yet sent when ctx ends were never attempted: ErrNotSent.
 	notSent := func(lane []int) {
 		for _, j := range lane {
-			errs[j] = retry.ErrNotSent
+			errs[j] = sink.ErrNotSent
 		}
 	}
 	sem := make(chan struct{}, p.cfg.Concurrency)
@@ -300,7 +298,7 @@ func (p *Publisher) Publish(ctx context.Context, recs []store.Record) []error {
 }
 
 // send delivers one record.
-func (p *Publisher) send(parent context.Context, rec store.Record) error {
+func (p *Publisher) send(parent context.Context, rec sink.Record) error {
 	ctx, cancel := context.WithTimeout(parent, p.cfg.Timeout)
 	defer cancel()
 	creds := p.creds.Load()
@@ -332,7 +330,7 @@ func (p *Publisher) send(parent context.Context, rec store.Record) error {
 }
 
 // request builds the POST for rec.
-func (p *Publisher) request(ctx context.Context, rec store.Record, creds *credentials) (*http.Request, error) {
+func (p *Publisher) request(ctx context.Context, rec sink.Record, creds *credentials) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(rec.Payload))
 	if err != nil {
 		return nil, fmt.Errorf("build request to %s: %w", p.url, err)
@@ -354,7 +352,7 @@ func (p *Publisher) request(ctx context.Context, rec store.Record, creds *creden
 		req.Header.Set(k, v)
 	}
 	if len(bad) > 0 {
-		return nil, retry.Permanent(fmt.Errorf("headers %q cannot be sent over HTTP", bad), retry.ReasonInvalidMessage)
+		return nil, sink.Permanent(fmt.Errorf("headers %q cannot be sent over HTTP", bad), sink.ReasonInvalidMessage)
 	}
 	req.Header.Set("Content-Type", contentType)
 	for k, v := range p.cfg.Headers {

@@ -25,13 +25,12 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/store"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/webhook"
 )
 
-func record(id int64, key string, payload string, headers map[string]string) store.Record {
-	return store.Record{ID: id, EventID: uuid.New(), Topic: "t", Key: key, HasKey: key != "",
+func record(id int64, key string, payload string, headers map[string]string) sink.Record {
+	return sink.Record{ID: id, EventID: uuid.New(), Topic: "t", Key: key, HasKey: key != "",
 		Payload: []byte(payload), PayloadSize: len(payload), Headers: headers}
 }
 
@@ -48,13 +47,13 @@ func newPublisher(t *testing.T, cfg webhook.Config) *webhook.Publisher {
 }
 
 func TestStatusClass(t *testing.T) {
-	for code, want := range map[int]retry.Class{
-		400: retry.ClassPermanent, 404: retry.ClassPermanent, 405: retry.ClassPermanent, 409: retry.ClassPermanent,
-		410: retry.ClassPermanent, 413: retry.ClassPermanent, 422: retry.ClassPermanent, 418: retry.ClassPermanent,
-		408: retry.ClassTransient, 425: retry.ClassTransient, 429: retry.ClassTransient, 500: retry.ClassTransient,
-		502: retry.ClassTransient, 503: retry.ClassTransient, 504: retry.ClassTransient, 599: retry.ClassTransient,
-		401: retry.ClassSystemic, 403: retry.ClassSystemic, 407: retry.ClassSystemic,
-		301: retry.ClassSystemic, 302: retry.ClassSystemic, 307: retry.ClassSystemic, 308: retry.ClassSystemic,
+	for code, want := range map[int]sink.Class{
+		400: sink.ClassPermanent, 404: sink.ClassPermanent, 405: sink.ClassPermanent, 409: sink.ClassPermanent,
+		410: sink.ClassPermanent, 413: sink.ClassPermanent, 422: sink.ClassPermanent, 418: sink.ClassPermanent,
+		408: sink.ClassTransient, 425: sink.ClassTransient, 429: sink.ClassTransient, 500: sink.ClassTransient,
+		502: sink.ClassTransient, 503: sink.ClassTransient, 504: sink.ClassTransient, 599: sink.ClassTransient,
+		401: sink.ClassSystemic, 403: sink.ClassSystemic, 407: sink.ClassSystemic,
+		301: sink.ClassSystemic, 302: sink.ClassSystemic, 307: sink.ClassSystemic, 308: sink.ClassSystemic,
 	} {
 		if got := webhook.StatusClass(code); got != want {
 			t.Errorf("StatusClass(%d) = %s, want %s", code, got, want)
@@ -114,7 +113,7 @@ func TestValidate(t *testing.T) {
 		Username:       "u",
 		Headers:        map[string]string{"Bad Header": "x", "Idempotency-Key": "y"},
 		SigningSecrets: []string{"nope", "whsec_!!"},
-		StatusClasses:  map[int]retry.Class{99: retry.ClassTransient, 204: retry.ClassPermanent},
+		StatusClasses:  map[int]sink.Class{99: sink.ClassTransient, 204: sink.ClassPermanent},
 		Timeout:        -time.Second,
 	})
 	if err == nil {
@@ -165,8 +164,8 @@ func TestRequest(t *testing.T) {
 		"X-Tenant": "row", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 		"Authorization": "Bearer stolen", "Idempotency-Key": "forged"})
 	plain := record(2, "", "hello", nil)
-	for _, rec := range []store.Record{withType, plain} {
-		if errs := p.Publish(context.Background(), []store.Record{rec}); errs[0] != nil {
+	for _, rec := range []sink.Record{withType, plain} {
+		if errs := p.Publish(context.Background(), []sink.Record{rec}); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 		r := <-reqs
@@ -224,7 +223,7 @@ func TestSameIdempotencyKeyOnEveryAttempt(t *testing.T) {
 	p := newPublisher(t, webhook.Config{URL: srv.URL, SigningSecrets: []string{newSecret(t)}})
 	rec := record(1, "k", "x", nil)
 	for i := 0; i < 3; i++ {
-		err := p.Publish(context.Background(), []store.Record{rec})[0]
+		err := p.Publish(context.Background(), []sink.Record{rec})[0]
 		if (err == nil) != (i == 2) {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
@@ -263,27 +262,27 @@ func TestStatuses(t *testing.T) {
 	defer srv.Close()
 	for _, tc := range []struct {
 		path      string
-		class     retry.Class
-		scope     retry.Scope
+		class     sink.Class
+		scope     sink.Scope
 		hint      time.Duration
 		inError   string
-		overrides map[int]retry.Class
+		overrides map[int]sink.Class
 	}{
-		{"/503", retry.ClassTransient, retry.ScopeRecord, 7 * time.Second, `503 Service Unavailable: "maintenance"`, nil},
-		{"/429", retry.ClassTransient, retry.ScopeRecord, 0, "429 Too Many Requests", nil},
-		{"/500", retry.ClassTransient, retry.ScopeRecord, 0, "(truncated)", nil},
-		{"/422", retry.ClassPermanent, retry.ScopeRecord, 0, `422 Unprocessable Entity: "{\"error\":\"amount missing\"}"`, nil},
-		{"/401", retry.ClassSystemic, retry.ScopeDestination, 0, "401 Unauthorized", nil},
-		{"/409", retry.ClassPermanent, retry.ScopeRecord, 0, "409 Conflict", nil},
-		{"/409", retry.ClassTransient, retry.ScopeRecord, 0, "409 Conflict", map[int]retry.Class{409: retry.ClassTransient}},
-		{"/409", retry.ClassSystemic, retry.ScopeDestination, 0, "409 Conflict", map[int]retry.Class{409: retry.ClassSystemic}},
+		{"/503", sink.ClassTransient, sink.ScopeRecord, 7 * time.Second, `503 Service Unavailable: "maintenance"`, nil},
+		{"/429", sink.ClassTransient, sink.ScopeRecord, 0, "429 Too Many Requests", nil},
+		{"/500", sink.ClassTransient, sink.ScopeRecord, 0, "(truncated)", nil},
+		{"/422", sink.ClassPermanent, sink.ScopeRecord, 0, `422 Unprocessable Entity: "{\"error\":\"amount missing\"}"`, nil},
+		{"/401", sink.ClassSystemic, sink.ScopeDestination, 0, "401 Unauthorized", nil},
+		{"/409", sink.ClassPermanent, sink.ScopeRecord, 0, "409 Conflict", nil},
+		{"/409", sink.ClassTransient, sink.ScopeRecord, 0, "409 Conflict", map[int]sink.Class{409: sink.ClassTransient}},
+		{"/409", sink.ClassSystemic, sink.ScopeDestination, 0, "409 Conflict", map[int]sink.Class{409: sink.ClassSystemic}},
 	} {
 		p := newPublisher(t, webhook.Config{URL: srv.URL + tc.path + "?token=secret", StatusClasses: tc.overrides})
-		err := p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
+		err := p.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]
 		if err == nil {
 			t.Fatalf("%s: no error", tc.path)
 		}
-		e := retry.Classify(err)
+		e := sink.Classify(err)
 		if e.Class != tc.class || e.Scope != tc.scope || e.RetryAfter != tc.hint {
 			t.Errorf("%s: class %s, scope %s, hint %s; want %s, %s, %s", tc.path, e.Class, e.Scope, e.RetryAfter, tc.class, tc.scope, tc.hint)
 		}
@@ -308,8 +307,8 @@ func TestRedirectNotFollowed(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := newPublisher(t, webhook.Config{URL: srv.URL})
-	err := p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
-	if err == nil || retry.Classify(err).Class != retry.ClassSystemic || !strings.Contains(err.Error(), "307") {
+	err := p.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]
+	if err == nil || sink.Classify(err).Class != sink.ClassSystemic || !strings.Contains(err.Error(), "307") {
 		t.Fatalf("redirect: %v (want a systemic 307 error)", err)
 	}
 	if followed.Load() {
@@ -338,12 +337,12 @@ func TestNoResponseHeadersTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := []store.Record{record(1, "", "a", nil), record(2, "", "b", nil), record(3, "k", "c", nil)}
+	recs := []sink.Record{record(1, "", "a", nil), record(2, "", "b", nil), record(3, "k", "c", nil)}
 	errs := p.Publish(context.Background(), recs)
 	for i, err := range errs {
 		var ne net.Error
-		e := retry.Classify(err)
-		if err == nil || e.Class != retry.ClassTransient || e.Scope != retry.ScopeDestination || !errors.As(err, &ne) || !ne.Timeout() {
+		e := sink.Classify(err)
+		if err == nil || e.Class != sink.ClassTransient || e.Scope != sink.ScopeDestination || !errors.As(err, &ne) || !ne.Timeout() {
 			t.Errorf("record %d: %v (want a transient timeout of the endpoint)", i, err)
 		}
 	}
@@ -363,8 +362,8 @@ func TestSSRFGuard(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
-		if err == nil || retry.Classify(err).Class != retry.ClassSystemic || !strings.Contains(err.Error(), "SSRF guard") {
+		err = p.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]
+		if err == nil || sink.Classify(err).Class != sink.ClassSystemic || !strings.Contains(err.Error(), "SSRF guard") {
 			t.Errorf("%s: %v (want a systemic SSRF refusal)", u, err)
 		}
 		_ = p.Close()
@@ -382,8 +381,8 @@ func TestConnectionRefusedIsSystemic(t *testing.T) {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	p := newPublisher(t, webhook.Config{URL: "http://" + addr})
-	err = p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
-	if err == nil || retry.Classify(err).Class != retry.ClassSystemic {
+	err = p.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]
+	if err == nil || sink.Classify(err).Class != sink.ClassSystemic {
 		t.Fatalf("refused connection: %v (want systemic)", err)
 	}
 }
@@ -421,13 +420,13 @@ func TestKeyOrderAndConcurrency(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := newPublisher(t, webhook.Config{URL: srv.URL, Concurrency: 3})
-	recs := []store.Record{record(1, "k", "k1", nil), record(2, "", "u1", nil), record(3, "k", "k2", nil),
+	recs := []sink.Record{record(1, "k", "k1", nil), record(2, "", "u1", nil), record(3, "k", "k2", nil),
 		record(4, "", "u2", nil), record(5, "k", "k3", nil), record(6, "j", "j1", nil)}
 	errs := p.Publish(context.Background(), recs)
 	if errs[0] != nil || errs[1] != nil || errs[3] != nil || errs[5] != nil {
 		t.Errorf("errors %v", errs)
 	}
-	if errs[2] == nil || !errors.Is(errs[4], retry.ErrNotSent) {
+	if errs[2] == nil || !errors.Is(errs[4], sink.ErrNotSent) {
 		t.Errorf("k2: %v, k3: %v; want a failure and then not sent", errs[2], errs[4])
 	}
 	mu.Lock()
@@ -468,16 +467,16 @@ func TestMutualTLS(t *testing.T) {
 	roots.AddCert(srv.Certificate())
 
 	p := newPublisher(t, webhook.Config{URL: srv.URL, TLS: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{clientCert}}})
-	if err := p.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]; err != nil {
+	if err := p.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]; err != nil {
 		t.Fatalf("with a client certificate: %v", err)
 	}
 	without := newPublisher(t, webhook.Config{URL: srv.URL, TLS: &tls.Config{RootCAs: roots}})
-	if err := without.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]; err == nil {
+	if err := without.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]; err == nil {
 		t.Fatal("without a client certificate: delivered")
 	}
 	untrusted := newPublisher(t, webhook.Config{URL: srv.URL})
-	err := untrusted.Publish(context.Background(), []store.Record{record(1, "", "{}", nil)})[0]
-	if err == nil || retry.Classify(err).Class != retry.ClassSystemic {
+	err := untrusted.Publish(context.Background(), []sink.Record{record(1, "", "{}", nil)})[0]
+	if err == nil || sink.Classify(err).Class != sink.ClassSystemic {
 		t.Fatalf("server certificate from an unknown authority: %v (want systemic)", err)
 	}
 }
@@ -493,7 +492,7 @@ func TestRowsNotStartedByTheDeadlineAreNotSent(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := newPublisher(t, webhook.Config{URL: srv.URL, Concurrency: 1})
-	var recs []store.Record
+	var recs []sink.Record
 	for i := range 6 {
 		recs = append(recs, record(int64(i+1), "", "x", nil))
 	}
@@ -502,7 +501,7 @@ func TestRowsNotStartedByTheDeadlineAreNotSent(t *testing.T) {
 	errs := p.Publish(ctx, recs)
 	notSent := 0
 	for _, err := range errs {
-		if errors.Is(err, retry.ErrNotSent) {
+		if errors.Is(err, sink.ErrNotSent) {
 			notSent++
 		}
 	}

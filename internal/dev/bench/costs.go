@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -121,7 +122,7 @@ func (r *runner) naive(ctx context.Context) error {
 	for n < r.cfg.NaiveRows && time.Now().Before(deadline) {
 		err := pgx.BeginFunc(ctx, e.relayPool, func(tx pgx.Tx) error {
 			var key *string
-			rec := store.Record{Topic: "bench"}
+			rec := sink.Record{Topic: "bench"}
 			err := tx.QueryRow(ctx, `SELECT id, event_id, key, payload FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
 				ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&rec.ID, &rec.EventID, &key, &rec.Payload)
 			if err != nil {
@@ -130,7 +131,7 @@ func (r *runner) naive(ctx context.Context) error {
 			if key != nil {
 				rec.Key, rec.HasKey = *key, true
 			}
-			if err := pub.Publish(ctx, []store.Record{rec})[0]; err != nil {
+			if err := pub.Publish(ctx, []sink.Record{rec})[0]; err != nil {
 				return err
 			}
 			_, err = tx.Exec(ctx, "DELETE FROM outbox WHERE id = $1", rec.ID)

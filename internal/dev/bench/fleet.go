@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/fleet"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -201,7 +202,7 @@ type slowEndpoint struct {
 	changed  time.Time
 }
 
-func (p *slowEndpoint) Publish(ctx context.Context, recs []store.Record) []error {
+func (p *slowEndpoint) Publish(ctx context.Context, recs []sink.Record) []error {
 	p.move(len(recs))
 	select {
 	case <-time.After(p.answer):

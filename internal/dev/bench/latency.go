@@ -13,17 +13,18 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 // ackTimes wraps a publisher and records when each event was acknowledged.
 type ackTimes struct {
-	inner relay.Publisher
+	inner sink.Publisher
 	mu    sync.Mutex
 	at    map[uuid.UUID]time.Time
 }
 
-func (a *ackTimes) Publish(ctx context.Context, recs []store.Record) []error {
+func (a *ackTimes) Publish(ctx context.Context, recs []sink.Record) []error {
 	errs := a.inner.Publish(ctx, recs)
 	now := time.Now()
 	a.mu.Lock()

@@ -16,10 +16,7 @@ import (
 	"regexp"
 	"sync"
 
-	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
-	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
 func init() {
@@ -57,7 +54,7 @@ func (s *Settings) Validate() error {
 }
 
 // Open returns a Publisher writing to s.Dir.
-func (s *Settings) Open(sink.Options) (relay.Publisher, error) {
+func (s *Settings) Open(sink.Options) (sink.Publisher, error) {
 	return New(s.Dir, s.MaxRecordBytes), nil
 }
 
@@ -91,8 +88,8 @@ var topicName = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*$`)
 // A record whose topic cannot name a file, or one too large, fails alone
 // and permanently; a file that cannot be opened or written fails its
 // records as the destination's failure. After a key's record fails, the
-// key's later records are not written (retry.ErrNotSent).
-func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error {
+// key's later records are not written (sink.ErrNotSent).
+func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	errs := make([]error, len(records))
@@ -105,7 +102,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 	failedKeys := map[string]bool{}
 	for i, r := range records {
 		if r.HasKey && failedKeys[r.Key] {
-			errs[i] = retry.ErrNotSent
+			errs[i] = sink.ErrNotSent
 			continue
 		}
 		errs[i] = p.write(ctx, files, r)
@@ -116,7 +113,7 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 	var syncErr error
 	for _, f := range files {
 		if err := f.Sync(); err != nil {
-			syncErr = retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("file: sync %s: %w", f.Name(), err))
+			syncErr = sink.DestinationFailure(sink.ClassTransient, fmt.Errorf("file: sync %s: %w", f.Name(), err))
 		}
 	}
 	if syncErr != nil {
@@ -130,30 +127,30 @@ func (p *Publisher) Publish(ctx context.Context, records []store.Record) []error
 }
 
 // write appends r to its topic's file, opened once per publish.
-func (p *Publisher) write(ctx context.Context, files map[string]*os.File, r store.Record) error {
+func (p *Publisher) write(ctx context.Context, files map[string]*os.File, r sink.Record) error {
 	if err := ctx.Err(); err != nil {
-		return retry.Transient(fmt.Errorf("file: %w", err), 0)
+		return sink.Transient(fmt.Errorf("file: %w", err), 0)
 	}
 	if !topicName.MatchString(r.Topic) || r.Topic == "." || r.Topic == ".." {
-		return retry.Permanent(fmt.Errorf("file: topic %q cannot name a file", r.Topic), retry.ReasonPermanent)
+		return sink.Permanent(fmt.Errorf("file: topic %q cannot name a file", r.Topic), sink.ReasonPermanent)
 	}
 	line, err := json.Marshal(Line{ID: r.ID, Key: r.Key, Headers: r.Headers, Payload: r.Payload})
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("file: encode record %d: %w", r.ID, err), retry.ReasonInvalidMessage)
+		return sink.Permanent(fmt.Errorf("file: encode record %d: %w", r.ID, err), sink.ReasonInvalidMessage)
 	}
 	if len(line) > p.maxBytes {
-		return retry.Permanent(fmt.Errorf("file: record %d is %d bytes; the most is %d", r.ID, len(line), p.maxBytes), retry.ReasonTooLarge)
+		return sink.Permanent(fmt.Errorf("file: record %d is %d bytes; the most is %d", r.ID, len(line), p.maxBytes), sink.ReasonTooLarge)
 	}
 	f, ok := files[r.Topic]
 	if !ok {
 		f, err = os.OpenFile(filepath.Join(p.dir, r.Topic+".jsonl"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 		if err != nil {
-			return retry.DestinationFailure(retry.ClassSystemic, fmt.Errorf("file: %w", err))
+			return sink.DestinationFailure(sink.ClassSystemic, fmt.Errorf("file: %w", err))
 		}
 		files[r.Topic] = f
 	}
 	if _, err := f.Write(append(line, '\n')); err != nil {
-		return retry.DestinationFailure(retry.ClassTransient, fmt.Errorf("file: %w", err))
+		return sink.DestinationFailure(sink.ClassTransient, fmt.Errorf("file: %w", err))
 	}
 	return nil
 }

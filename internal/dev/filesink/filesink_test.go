@@ -48,9 +48,9 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
-		Reject:   func(rec *store.Record) { rec.Topic = "../" + rec.Topic },
-		TooLarge: func(rec *store.Record) { rec.Payload = []byte(strings.Repeat("x", conformanceLimit)) },
-		Unreachable: func(t *testing.T) relay.Publisher {
+		Reject:   func(rec *sink.Record) { rec.Topic = "../" + rec.Topic },
+		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", conformanceLimit)) },
+		Unreachable: func(t *testing.T) sink.Publisher {
 			return filesink.New(filepath.Join(t.TempDir(), "missing"), 0)
 		},
 	})
@@ -130,7 +130,7 @@ FROM generate_series(1, 400) g`)
 		`SELECT dead_letter_reason, last_error FROM outbox WHERE status = 'dead_lettered'`).Scan(&reason, &lastError); err != nil {
 		t.Fatalf("the poison row: %v", err)
 	}
-	if reason != retry.ReasonPermanent || !strings.Contains(lastError, `topic "audit bad" cannot name a file`) {
+	if reason != sink.ReasonPermanent || !strings.Contains(lastError, `topic "audit bad" cannot name a file`) {
 		t.Fatalf("the poison row was dead-lettered %s: %s", reason, lastError)
 	}
 	total := 0

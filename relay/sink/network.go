@@ -1,4 +1,4 @@
-package retry
+package sink
 
 import (
 	"crypto/tls"

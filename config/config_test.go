@@ -444,10 +444,14 @@ func TestRelaySectionIsTheRelaysConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := cfg.RelayConfig()
-	want := relay.Config{Workers: 3, MaxBatchBytes: 4096, PayloadCap: 4096, QueryTimeout: 7 * time.Second,
+	want := relay.Config{Workers: 3, MaxBatchBytes: 4096, QueryTimeout: 7 * time.Second,
 		Pause: relay.PauseConfig{Base: 2 * time.Second, Max: relay.DefaultPauseMax}}.WithDefaults()
+	want.PayloadCap = 0 // follows max_batch_bytes: relay.New sets it
 	if !reflect.DeepEqual(rc, want) {
 		t.Errorf("RelayConfig = %+v\nwant         %+v", rc, want)
+	}
+	if got := rc.EffectivePayloadCap(); got != 4096 {
+		t.Errorf("EffectivePayloadCap = %d, want max_batch_bytes 4096", got)
 	}
 	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_RELAY_BATCH_SIZE=0",
 		"OUTBOX_RELAY_PAYLOAD_CAP=9999999", "OUTBOX_RETRY_PAUSE_MAX=0s"}, config.NeedDatabase)

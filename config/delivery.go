@@ -51,13 +51,14 @@ func defaultRelay() Relay {
 
 // RelayConfig is the relay's configuration from the relay section and
 // the settings of other sections it takes (the database's query_timeout,
-// the retry section's pauses), its defaults applied. The caller adds what
-// a program gives: outboxes, destinations, routes, policy, logger.
+// the retry section's pauses). The caller adds what a program gives:
+// outboxes, destinations, routes, policy, logger; relay.New applies the
+// defaults of what is left unset (payload_cap).
 func (c *Config) RelayConfig() relay.Config {
 	rc := c.Relay.Config
 	rc.QueryTimeout = c.Database.QueryTimeout
 	rc.Pause = c.Retry.Pause
-	return rc.WithDefaults()
+	return rc
 }
 
 // connsNeeded says why a pool needs two connections more than its

@@ -166,7 +166,7 @@ func (c Config) WithDefaults() Config {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes)
-	c.PayloadCap = cmp.Or(c.PayloadCap, c.MaxBatchBytes)
+	c.PayloadCap = c.EffectivePayloadCap()
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
@@ -179,6 +179,12 @@ func (c Config) WithDefaults() Config {
 	c.OrderScope = cmp.Or(c.OrderScope, OrderScopeDestination)
 	c.Pause = c.Pause.WithDefaults()
 	return c
+}
+
+// EffectivePayloadCap is the largest payload delivered: PayloadCap, or
+// else MaxBatchBytes (or its default).
+func (c Config) EffectivePayloadCap() int {
+	return cmp.Or(c.PayloadCap, c.MaxBatchBytes, DefaultMaxBatchBytes)
 }
 
 // ValidateSettings reports every problem of c's settings (those with a

@@ -33,7 +33,7 @@ const adminShutdown = 5 * time.Second
 // line and the API alike: the relay's payload cap, and a route for its
 // topic.
 func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) error) {
-	maxPayload = cfg.RelayConfig().PayloadCap
+	maxPayload = cfg.RelayConfig().EffectivePayloadCap()
 	_, routes := cfg.DestinationList()
 	return maxPayload, func(t string) error {
 		if _, ok := relay.MatchRoute(routes, t); !ok {

@@ -176,7 +176,7 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
-	codec := cfg.Compression.Codec()
+	codec := codecOf(cfg.Compression)
 	if cfg.Compression != compress.None && codec == nil {
 		return nil, fmt.Errorf("kafka: unknown compression %d", cfg.Compression)
 	}

@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,9 @@ func newPublisherWith(t testing.TB, c *kfake.Cluster, cfg kafka.Config) *kafka.P
 
 // Each codec's batches are marked with it in the batch attributes and read
 // back whole by another client (franz-go), headers and keys included, in
-// order, and come out smaller than the uncompressed batch.
+// order, and come out smaller than the uncompressed batch. lz4 frames are
+// written in 64 KiB blocks, as Kafka's producer writes them: readers
+// allocate a block per batch (the batch here takes two).
 func TestPublishCompressed(t *testing.T) {
 	t.Parallel()
 	for _, codec := range []compress.Compression{compress.Gzip, compress.Snappy, compress.Lz4, compress.Zstd} {
@@ -41,6 +44,7 @@ func TestPublishCompressed(t *testing.T) {
 			var mu sync.Mutex
 			var attrs []int16
 			var sizes []int
+			var lz4Blocks []byte // each lz4 frame's block maximum size (BD byte bits 4-6; 4 is 64 KiB)
 			c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 				c.KeepControl()
 				for _, tp := range req.(*kmsg.ProduceRequest).Topics {
@@ -50,6 +54,9 @@ func TestPublishCompressed(t *testing.T) {
 							mu.Lock()
 							attrs = append(attrs, b.Attributes)
 							sizes = append(sizes, len(pp.Records))
+							if b.Attributes&7 == int16(compress.Lz4) && len(b.Records) > 5 {
+								lz4Blocks = append(lz4Blocks, b.Records[5]>>4&7)
+							}
 							mu.Unlock()
 						}
 					}
@@ -59,7 +66,7 @@ func TestPublishCompressed(t *testing.T) {
 			p := newPublisherWith(t, c, kafka.Config{Compression: codec})
 			var recs []sink.Record
 			payload := strings.Repeat(`{"order":"o-1","status":"paid","amount":1250},`, 20)
-			for i := range 50 {
+			for i := range 100 {
 				r := record(int64(i+1), "orders", "order-1", payload+string(rune('a'+i%26)))
 				r.Headers = map[string]string{"traceparent": "00-abc-def-01"}
 				recs = append(recs, r)
@@ -85,6 +92,9 @@ func TestPublishCompressed(t *testing.T) {
 			}
 			if raw := len(recs) * len(payload); sizes[0] > raw/4 {
 				t.Fatalf("%s batch is %d bytes for %d bytes of payloads", codec, sizes[0], raw)
+			}
+			if codec == compress.Lz4 && !slices.Equal(lz4Blocks, []byte{4}) {
+				t.Fatalf("lz4 frames' block sizes %v, want one frame of 64 KiB blocks (4)", lz4Blocks)
 			}
 		})
 	}

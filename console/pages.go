@@ -212,24 +212,12 @@ func (c *console) filtered(w http.ResponseWriter, r *http.Request) (*deadletter.
 	if !ok {
 		return nil, deadletter.Filter{}, false
 	}
-	f, err := filterForm(r)
+	f, err := deadletter.ParseFilter(r.FormValue)
 	if err != nil {
 		c.failErr(w, r, err)
 		return nil, deadletter.Filter{}, false
 	}
 	return st, f, true
-}
-
-// filterForm reads a dead-letter filter from the query, or a posted form.
-func filterForm(r *http.Request) (deadletter.Filter, error) {
-	q := r.FormValue
-	f := deadletter.Filter{Topic: q("topic"), Destination: q("destination"), Reason: q("reason"),
-		Key: q("key"), ErrorContains: q("error"), Group: q("group")}
-	var err error
-	if f.Since, f.Until, err = deadletter.ParseWindow(q("since"), q("until")); err != nil {
-		return f, err
-	}
-	return f, f.Validate()
 }
 
 func (c *console) groups(w http.ResponseWriter, r *http.Request) {
@@ -318,11 +306,12 @@ func (c *console) actOnGroup(w http.ResponseWriter, r *http.Request) {
 	c.done(w, r, res, err, a.Past, "groups")
 }
 
-// filterFields are the filter's fields the request gives, to carry on.
+// filterFields are the filter's fields the request gives, to carry on
+// to a group's pages, whose path names the group.
 func filterFields(r *http.Request) url.Values {
 	out := url.Values{}
-	for _, name := range []string{"topic", "destination", "reason", "key", "since", "until", "error"} {
-		if v := r.FormValue(name); v != "" {
+	for _, name := range deadletter.FilterFieldNames() {
+		if v := r.FormValue(name); v != "" && name != "group" {
 			out.Set(name, v)
 		}
 	}

@@ -1,6 +1,7 @@
 package deadletter
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
@@ -46,6 +47,71 @@ type Filter struct {
 	// Group is a failure group's id (see Group): the dead letters of its
 	// destination and reason whose errors have its fingerprint.
 	Group string `json:"group,omitempty"`
+}
+
+// FilterField is a field of Filter as operators give it, as text: the
+// same name in query strings and forms, a flag on the command line.
+// Every front end reads a Filter through FilterFields and ParseFilter, so
+// a new field is one entry here, its Filter field and its SQL.
+type FilterField struct {
+	// Input is its name (the query parameter and the form field) and
+	// usage, described as the actions' inputs are.
+	Input
+	// Flag is the command line's flag, when it is not Name.
+	Flag string
+	// set gives f the field's text; since and until are read together
+	// (see ParseFilter).
+	set func(f *Filter, v string)
+}
+
+// FlagName is the field's command-line flag.
+func (ff FilterField) FlagName() string { return cmp.Or(ff.Flag, ff.Name) }
+
+// FilterFields are Filter's fields, in the order help texts list them.
+var FilterFields = []FilterField{
+	{Input: Input{Name: "topic", Usage: "topic, or a glob such as 'orders.*'"}, set: func(f *Filter, v string) { f.Topic = v }},
+	{Input: Input{Name: "destination", Usage: "destination the rows failed at"}, set: func(f *Filter, v string) { f.Destination = v }},
+	{Input: Input{Name: "reason", Usage: "dead-letter reason: " + strings.Join(Reasons, ", ")}, Flag: "reason-code",
+		set: func(f *Filter, v string) { f.Reason = v }},
+	{Input: Input{Name: "key", Usage: "ordering key"}, set: func(f *Filter, v string) { f.Key = v }},
+	{Input: Input{Name: "since", Usage: "dead-lettered at or after: RFC 3339 time, date, or duration ago (90m, 6h, 7d)"}},
+	{Input: Input{Name: "until", Usage: "dead-lettered before: RFC 3339 time, date, or duration ago"}},
+	{Input: Input{Name: "error", Usage: "text in the last error, any case"}, set: func(f *Filter, v string) { f.ErrorContains = v }},
+	{Input: Input{Name: "group", Usage: "failure group id, as 'dlq groups' lists them"}, set: func(f *Filter, v string) { f.Group = v }},
+}
+
+// FilterFieldNames are the names of FilterFields.
+func FilterFieldNames() []string {
+	names := make([]string, len(FilterFields))
+	for i, ff := range FilterFields {
+		names[i] = ff.Name
+	}
+	return names
+}
+
+// ParseFilter reads a Filter from text, value returning each field's text
+// by name ("" when not given), and validates it: every problem is listed.
+func ParseFilter(value func(name string) string) (Filter, error) {
+	var f Filter
+	for _, ff := range FilterFields {
+		if ff.set != nil {
+			ff.set(&f, value(ff.Name))
+		}
+	}
+	var problems []string
+	var err error
+	f.Since, f.Until, err = ParseWindow(value("since"), value("until"))
+	var ie *InputError
+	if errors.As(err, &ie) {
+		problems = append(problems, ie.Problems...)
+	}
+	if errors.As(f.Validate(), &ie) {
+		problems = append(problems, ie.Problems...)
+	}
+	if len(problems) > 0 {
+		return f, &InputError{Problems: problems}
+	}
+	return f, nil
 }
 
 // IsZero reports whether f matches every dead letter.

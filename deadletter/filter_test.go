@@ -3,6 +3,8 @@ package deadletter_test
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,5 +246,39 @@ func TestInputErrorListsEveryProblem(t *testing.T) {
 	}
 	if !deadletter.IsInput(errors.Join(errors.New("x"), two)) || deadletter.IsInput(errors.New("x")) {
 		t.Error("IsInput does not find input errors in chains")
+	}
+}
+
+// Every front end reads a filter from text through ParseFilter: each
+// field of Filter has its entry, read by name, and every problem of the
+// text is reported at once.
+func TestParseFilter(t *testing.T) {
+	t.Parallel()
+	text := map[string]string{"topic": "orders.*", "destination": "hooks", "reason": "too_large", "key": "k1",
+		"since": "2026-11-20", "until": "2026-11-21T08:00:00Z", "error": "refused", "group": "0123456789ab"}
+	if got, want := len(deadletter.FilterFields), reflect.TypeFor[deadletter.Filter]().NumField(); got != want {
+		t.Fatalf("%d filter fields described, Filter has %d", got, want)
+	}
+	for _, ff := range deadletter.FilterFields {
+		if _, ok := text[ff.Name]; !ok || ff.Usage == "" {
+			t.Errorf("filter field %q: not in this test, or without a usage", ff.Name)
+		}
+	}
+	f, err := deadletter.ParseFilter(func(name string) string { return text[name] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := deadletter.Filter{Topic: "orders.*", Destination: "hooks", Reason: "too_large", Key: "k1",
+		Since: deadletter.TimeBound{At: time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)},
+		Until: deadletter.TimeBound{At: time.Date(2026, 11, 21, 8, 0, 0, 0, time.UTC)}, ErrorContains: "refused", Group: "0123456789ab"}
+	if f != want {
+		t.Errorf("ParseFilter = %+v\nwant          %+v", f, want)
+	}
+	bad := map[string]string{"reason": "late", "since": "yesterday", "group": "g1"}
+	_, err = deadletter.ParseFilter(func(name string) string { return bad[name] })
+	for _, problem := range []string{`since: time "yesterday"`, `reason "late"`, `group "g1"`} {
+		if err == nil || !strings.Contains(err.Error(), problem) {
+			t.Errorf("err = %v; want it to say %s", err, problem)
+		}
 	}
 }

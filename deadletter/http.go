@@ -172,11 +172,11 @@ func (h *api) groups(w http.ResponseWriter, r *http.Request) {
 // filteredQuery reads a query of a Filter's parameters, limit, and the
 // other parameters named: the query, the filter and the limit.
 func filteredQuery(r *http.Request, other ...string) (url.Values, Filter, int, error) {
-	q, err := query(r, append([]string{"topic", "destination", "reason", "key", "since", "until", "error", "group", "limit"}, other...)...)
+	q, err := query(r, append(append(FilterFieldNames(), "limit"), other...)...)
 	if err != nil {
 		return nil, Filter{}, 0, err
 	}
-	f, err := filterFromQuery(q)
+	f, err := ParseFilter(q.Get)
 	if err != nil {
 		return nil, Filter{}, 0, err
 	}
@@ -482,14 +482,6 @@ func query(r *http.Request, allowed ...string) (url.Values, error) {
 		return nil, &InputError{Problems: p}
 	}
 	return q, nil
-}
-
-func filterFromQuery(q url.Values) (Filter, error) {
-	f := Filter{Topic: q.Get("topic"), Destination: q.Get("destination"), Reason: q.Get("reason"),
-		Key: q.Get("key"), ErrorContains: q.Get("error"), Group: q.Get("group")}
-	var err error
-	f.Since, f.Until, err = ParseWindow(q.Get("since"), q.Get("until"))
-	return f, err
 }
 
 func intParam(q url.Values, name string) (int, error) {

@@ -128,29 +128,19 @@ func lookupEnv(env []string, key string) string {
 	return ""
 }
 
-// filterFlags are the flags that select dead letters.
-type filterFlags struct {
-	topic, destination, reason, key, since, until, errText, group string
-}
+// filterFlags are the flags that select dead letters, one per filter
+// field, by field name.
+type filterFlags map[string]*string
 
 func (f *filterFlags) bind(fs *pflag.FlagSet) {
-	fs.StringVar(&f.topic, "topic", "", "topic, or a glob such as 'orders.*'")
-	fs.StringVar(&f.destination, "destination", "", "destination the rows failed at")
-	fs.StringVar(&f.reason, "reason-code", "", "dead-letter reason: "+strings.Join(deadletter.Reasons, ", "))
-	fs.StringVar(&f.key, "key", "", "ordering key")
-	fs.StringVar(&f.since, "since", "", "dead-lettered at or after: RFC 3339 time, date, or duration ago (90m, 6h, 7d)")
-	fs.StringVar(&f.until, "until", "", "dead-lettered before: RFC 3339 time, date, or duration ago")
-	fs.StringVar(&f.errText, "error", "", "text in the last error, any case")
-	fs.StringVar(&f.group, "group", "", "failure group id, as 'dlq groups' lists them")
+	*f = filterFlags{}
+	for _, ff := range deadletter.FilterFields {
+		(*f)[ff.Name] = fs.String(ff.FlagName(), "", ff.Usage)
+	}
 }
 
-func (f *filterFlags) filter() (deadletter.Filter, error) {
-	out := deadletter.Filter{Topic: f.topic, Destination: f.destination, Reason: f.reason, Key: f.key, ErrorContains: f.errText, Group: f.group}
-	var err error
-	if out.Since, out.Until, err = deadletter.ParseWindow(f.since, f.until); err != nil {
-		return out, err
-	}
-	return out, out.Validate()
+func (f filterFlags) filter() (deadletter.Filter, error) {
+	return deadletter.ParseFilter(func(name string) string { return *f[name] })
 }
 
 func (d *dlq) listCmd() *cobra.Command {

@@ -74,9 +74,6 @@ type Config struct {
 	// Shares reads the fleet's shares of a destination's in-flight limit;
 	// nil outside a fleet.
 	Shares func(ctx context.Context, destination string) ([]FleetShare, error)
-	// MaxPayload and CheckTopic vet an edit, as the API's.
-	MaxPayload int
-	CheckTopic func(topic string) error
 	// Secure marks the session cookie for HTTPS only: set it when the
 	// listener serves TLS.
 	Secure bool

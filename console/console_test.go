@@ -65,7 +65,6 @@ func newEnv(t *testing.T) *env {
 			}
 			return "hooks", topic, true
 		},
-		MaxPayload:      1024,
 		HistoryInterval: time.Second,
 	})
 	if err != nil {

@@ -319,8 +319,7 @@ func filterFields(r *http.Request) url.Values {
 }
 
 func (c *console) bulk(r *http.Request, st *deadletter.Store, a deadletter.ActionInfo, f deadletter.Filter, dry bool, reason string) (*deadletter.Result, error) {
-	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: f}, DryRun: dry, Actor: actor(r), Reason: reason,
-		CheckTopic: c.cfg.CheckTopic}
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Filter: f}, DryRun: dry, Actor: actor(r), Reason: reason}
 	if dry {
 		// Nothing is locked or changed: the largest batches, the fewest
 		// round trips. The inputs are checked when the action is taken.
@@ -453,7 +452,7 @@ func readEdit(r *http.Request) editForm {
 
 // params are the edit's, keeping only what changed from v.
 func (e editForm) params(v rowView, r *http.Request, c *console) deadletter.EditParams {
-	p := deadletter.EditParams{AllowNonJSON: e.AllowNonJSON, MaxPayload: c.cfg.MaxPayload, CheckTopic: c.cfg.CheckTopic,
+	p := deadletter.EditParams{AllowNonJSON: e.AllowNonJSON,
 		Actor: actor(r), Reason: e.Reason, Version: e.Version}
 	if e.Topic != "" && e.Topic != v.Row.Topic {
 		p.Topic = e.Topic
@@ -560,8 +559,7 @@ func (c *console) actOnRow(w http.ResponseWriter, r *http.Request) {
 		c.failErr(w, r, err)
 		return
 	}
-	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("why"),
-		CheckTopic: c.cfg.CheckTopic}
+	p := deadletter.BulkParams{Selection: deadletter.Selection{Refs: []deadletter.Ref{ref}}, Actor: actor(r), Reason: r.PostForm.Get("why")}
 	res, err := a.Run(r.Context(), st, p, inputs(r, a))
 	c.done(w, r, res, err, a.Past, "dead-letters")
 }

@@ -85,9 +85,6 @@ type BulkParams struct {
 	Actor   Actor
 	// Reason says why, for the audit trail.
 	Reason string
-	// CheckTopic, if set, vets a topic the action gives the rows (that a
-	// route takes it, say).
-	CheckTopic func(topic string) error
 }
 
 // ReplayParams select dead letters to deliver again.
@@ -192,7 +189,7 @@ func (s *Store) Reroute(ctx context.Context, p RerouteParams) (*Result, error) {
 	if topic == "" {
 		return nil, &InputError{Problems: []string{"reroute needs the topic the rows get"}}
 	}
-	if problem := topicProblem(topic, p.CheckTopic); problem != "" {
+	if problem := topicProblem(topic, s.checkTopic); problem != "" {
 		return nil, &InputError{Problems: []string{problem}}
 	}
 	var at *time.Time

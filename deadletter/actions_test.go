@@ -664,6 +664,9 @@ func TestEditInputErrors(t *testing.T) {
 	id, _ := addDead(t, s, dead{Payload: []byte(`{"v":1}`)})
 	before := snapshot(t, s)
 	errNoRoute := errors.New("no route matches")
+	// strict is the store with the checks of a relay whose payload cap
+	// is 7 bytes and whose routes take no topic.
+	strict := newStoreWith(t, s, deadletter.Config{MaxPayload: 7, CheckTopic: func(string) error { return errNoRoute }})
 
 	ref := deadletter.Ref{ID: id}
 	t.Run("cases", func(t *testing.T) {
@@ -672,28 +675,33 @@ func TestEditInputErrors(t *testing.T) {
 			p        deadletter.EditParams
 			problems int
 			mention  string
+			checked  bool // edited through the store with checks
 		}{
-			{"nothing to change", deadletter.EditParams{}, 1, "nothing to change"},
-			{"headers an array", deadletter.EditParams{Headers: json.RawMessage(`["a"]`)}, 1, "headers"},
-			{"headers a string", deadletter.EditParams{Headers: json.RawMessage(`"a"`)}, 1, "headers"},
-			{"headers null", deadletter.EditParams{Headers: json.RawMessage(`null`)}, 1, "headers"},
-			{"headers a number value", deadletter.EditParams{Headers: json.RawMessage(`{"a": 1}`)}, 1, "headers"},
-			{"headers an object value", deadletter.EditParams{Headers: json.RawMessage(`{"a": {"b": "c"}}`)}, 1, "headers"},
-			{"headers two objects", deadletter.EditParams{Headers: json.RawMessage(`{"a": "b"} {"c": "d"}`)}, 1, "headers"},
-			{"headers malformed", deadletter.EditParams{Headers: json.RawMessage(`{"a": `)}, 1, "headers"},
-			{"headers empty", deadletter.EditParams{Headers: json.RawMessage(``)}, 1, "headers"},
-			{"topic padded", deadletter.EditParams{Topic: " orders"}, 1, "white space"},
-			{"topic control character", deadletter.EditParams{Topic: "ord\ners"}, 1, "control"},
-			{"topic refused", deadletter.EditParams{Topic: "nowhere", CheckTopic: func(string) error { return errNoRoute }}, 1, "no route matches"},
-			{"payload above the cap", deadletter.EditParams{Payload: []byte(`{"v":12}`), MaxPayload: 7}, 1, "above the payload cap of 7"},
-			{"text in place of JSON", deadletter.EditParams{Payload: []byte(`not json`)}, 1, "not JSON"},
-			{"every problem", deadletter.EditParams{Topic: "nowhere", CheckTopic: func(string) error { return errNoRoute },
-				Headers: json.RawMessage(`[]`), Payload: []byte(`{"v":12}`), MaxPayload: 7}, 3, "headers"},
+			{"nothing to change", deadletter.EditParams{}, 1, "nothing to change", false},
+			{"headers an array", deadletter.EditParams{Headers: json.RawMessage(`["a"]`)}, 1, "headers", false},
+			{"headers a string", deadletter.EditParams{Headers: json.RawMessage(`"a"`)}, 1, "headers", false},
+			{"headers null", deadletter.EditParams{Headers: json.RawMessage(`null`)}, 1, "headers", false},
+			{"headers a number value", deadletter.EditParams{Headers: json.RawMessage(`{"a": 1}`)}, 1, "headers", false},
+			{"headers an object value", deadletter.EditParams{Headers: json.RawMessage(`{"a": {"b": "c"}}`)}, 1, "headers", false},
+			{"headers two objects", deadletter.EditParams{Headers: json.RawMessage(`{"a": "b"} {"c": "d"}`)}, 1, "headers", false},
+			{"headers malformed", deadletter.EditParams{Headers: json.RawMessage(`{"a": `)}, 1, "headers", false},
+			{"headers empty", deadletter.EditParams{Headers: json.RawMessage(``)}, 1, "headers", false},
+			{"topic padded", deadletter.EditParams{Topic: " orders"}, 1, "white space", false},
+			{"topic control character", deadletter.EditParams{Topic: "ord\ners"}, 1, "control", false},
+			{"topic refused", deadletter.EditParams{Topic: "nowhere"}, 1, "no route matches", true},
+			{"payload above the cap", deadletter.EditParams{Payload: []byte(`{"v":12}`)}, 1, "above the payload cap of 7", true},
+			{"text in place of JSON", deadletter.EditParams{Payload: []byte(`not json`)}, 1, "not JSON", false},
+			{"every problem", deadletter.EditParams{Topic: "nowhere", Headers: json.RawMessage(`[]`), Payload: []byte(`{"v":12}`)},
+				3, "headers", true},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
 				p := c.p
 				p.Ref, p.Actor = ref, actor
+				st := st
+				if c.checked {
+					st = strict
+				}
 				res, err := st.Edit(ctx, p)
 				var ie *deadletter.InputError
 				if !errors.As(err, &ie) || res != nil {
@@ -714,8 +722,8 @@ func TestEditInputErrors(t *testing.T) {
 
 	// A topic the check accepts passes.
 	var checked string
-	res, err := st.Edit(ctx, deadletter.EditParams{Ref: ref, Topic: "orders.v2", Actor: actor,
-		CheckTopic: func(topic string) error { checked = topic; return nil }})
+	accepting := newStoreWith(t, s, deadletter.Config{CheckTopic: func(topic string) error { checked = topic; return nil }})
+	res, err := accepting.Edit(ctx, deadletter.EditParams{Ref: ref, Topic: "orders.v2", Actor: actor})
 	if err != nil || checked != "orders.v2" || rowState(t, s, id).Topic != "orders.v2" {
 		t.Errorf("Edit with an accepted topic = %+v, %v; checked %q", res, err, checked)
 	}

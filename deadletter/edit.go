@@ -32,11 +32,6 @@ type EditParams struct {
 	// AllowNonJSON accepts a payload that is not JSON in place of one
 	// that was: without it, such an edit is refused as a likely mistake.
 	AllowNonJSON bool
-	// MaxPayload, if positive, is the largest payload accepted (the
-	// relay's payload cap).
-	MaxPayload int
-	// CheckTopic, if set, vets a new topic (that a route matches it).
-	CheckTopic func(topic string) error
 	// Version, if set, is the Detail.Version the edit was made from: a
 	// row whose topic, headers or payload have changed since is left as
 	// it is, with ErrChanged.
@@ -60,7 +55,7 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 		problems = append(problems, "nothing to change: give a new payload, headers or topic")
 	}
 	if p.Topic != "" {
-		if problem := topicProblem(p.Topic, p.CheckTopic); problem != "" {
+		if problem := topicProblem(p.Topic, s.checkTopic); problem != "" {
 			problems = append(problems, problem)
 		}
 	}
@@ -73,8 +68,8 @@ func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
 	if p.Version != "" && !isVersion(p.Version) {
 		problems = append(problems, fmt.Sprintf("version %q is not a row's version: give the one dlq show or the row's page printed (24 hex digits)", p.Version))
 	}
-	if p.MaxPayload > 0 && len(p.Payload) > p.MaxPayload {
-		problems = append(problems, fmt.Sprintf("payload is %d bytes, above the payload cap of %d", len(p.Payload), p.MaxPayload))
+	if s.maxPayload > 0 && len(p.Payload) > s.maxPayload {
+		problems = append(problems, fmt.Sprintf("payload is %d bytes, above the payload cap of %d", len(p.Payload), s.maxPayload))
 	}
 	if len(problems) > 0 {
 		return nil, &InputError{Problems: problems}

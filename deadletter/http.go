@@ -37,11 +37,7 @@ type HandlerConfig struct {
 	// Tokens are the bearer tokens a request may carry, by name. Required:
 	// the API is off without one.
 	Tokens *Tokens
-	// MaxPayload, if positive, is the largest payload an edit may set.
-	MaxPayload int
-	// CheckTopic, if set, vets the topic an edit sets.
-	CheckTopic func(topic string) error
-	Logger     *slog.Logger
+	Logger *slog.Logger
 }
 
 // NewHandler returns the dead-letter API: the same operations as the
@@ -250,7 +246,6 @@ func (h *api) selection(a ActionInfo) http.HandlerFunc {
 		p := BulkParams{
 			Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
 			DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(r, req.Actor), Reason: req.Reason,
-			CheckTopic: h.cfg.CheckTopic,
 		}
 		res, err := a.Run(r.Context(), store(r), p, in)
 		h.reply(w, r, res, err)
@@ -321,8 +316,8 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, MaxPayload: h.cfg.MaxPayload,
-		CheckTopic: h.cfg.CheckTopic, At: req.At, Actor: apiActor(r, req.Actor), Reason: req.Reason}
+	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, At: req.At, Actor: apiActor(r, req.Actor),
+		Reason: req.Reason}
 	// If-Match with the ETag of the row's GET: the edit applies only to
 	// the content it was made from. * matches any row (a missing one is a
 	// 404 anyway); a list of tags is refused: an edit is made from one

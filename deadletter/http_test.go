@@ -27,15 +27,16 @@ func newAPI(t *testing.T, s *pgtest.Schema) http.Handler {
 func newAPIWith(t *testing.T, s *pgtest.Schema, tokens *deadletter.Tokens) http.Handler {
 	t.Helper()
 	h, err := deadletter.NewHandler(deadletter.HandlerConfig{
-		Store:      newStore(t, s),
-		Tokens:     tokens,
-		MaxPayload: 1024,
-		CheckTopic: func(topic string) error {
-			if !strings.HasPrefix(topic, "orders") {
-				return fmt.Errorf("no route matches it")
-			}
-			return nil
-		},
+		Store: newStoreWith(t, s, deadletter.Config{
+			MaxPayload: 1024,
+			CheckTopic: func(topic string) error {
+				if !strings.HasPrefix(topic, "orders") {
+					return fmt.Errorf("no route matches it")
+				}
+				return nil
+			},
+		}),
+		Tokens: tokens,
 	})
 	if err != nil {
 		t.Fatal(err)

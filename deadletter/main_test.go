@@ -26,7 +26,14 @@ var actor = deadletter.Actor{Name: "alice", Source: "cli"}
 
 func newStore(t *testing.T, s *pgtest.Schema) *deadletter.Store {
 	t.Helper()
-	st, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name})
+	return newStoreWith(t, s, deadletter.Config{})
+}
+
+// newStoreWith is a store on s configured as cfg (its schema s's).
+func newStoreWith(t *testing.T, s *pgtest.Schema, cfg deadletter.Config) *deadletter.Store {
+	t.Helper()
+	cfg.Schema = s.Name
+	st, err := deadletter.NewStore(s.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,14 +35,15 @@ func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
 		}
 		return nil
 	}
+	routed := newStoreWith(t, s, deadletter.Config{CheckTopic: checkTopic})
 	for name, p := range map[string]deadletter.RerouteParams{
 		"no topic":          {BulkParams: noRoute},
 		"spaces":            {BulkParams: noRoute, Topic: " orders"},
 		"control":           {BulkParams: noRoute, Topic: "ord\ners"},
-		"no route takes it": {BulkParams: withCheck(noRoute, checkTopic), Topic: "orders.v2"},
+		"no route takes it": {BulkParams: noRoute, Topic: "orders.v2"},
 		"no actor":          {BulkParams: deadletter.BulkParams{Selection: noRoute.Selection}, Topic: "orders"},
 	} {
-		if res, err := st.Reroute(ctx, p); !deadletter.IsInput(err) || res != nil {
+		if res, err := routed.Reroute(ctx, p); !deadletter.IsInput(err) || res != nil {
 			t.Errorf("%s: Reroute = %+v, %v; want an input error", name, res, err)
 		}
 	}
@@ -55,9 +56,9 @@ func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
 
 	// In batches of one: each batch's audit record keeps the topic its
 	// rows had.
-	p := deadletter.RerouteParams{BulkParams: withCheck(noRoute, checkTopic), Topic: "orders"}
+	p := deadletter.RerouteParams{BulkParams: noRoute, Topic: "orders"}
 	p.Reason = "typo in the producer"
-	res, err := st.Reroute(ctx, p)
+	res, err := routed.Reroute(ctx, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +105,6 @@ func TestRerouteGivesRowsAnotherTopicAndReplaysThem(t *testing.T) {
 	if r := rowState(t, s, k.Park); r.Status != "pending" || r.Ready || !r.NextAttemptAt.Equal(at) {
 		t.Errorf("the parking row after a reroute at %s = %+v", at, r)
 	}
-}
-
-func withCheck(p deadletter.BulkParams, check func(string) error) deadletter.BulkParams {
-	p.CheckTopic = check
-	return p
 }
 
 // The table's Run checks an action's inputs, every problem at once.

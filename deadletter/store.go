@@ -72,6 +72,12 @@ type Config struct {
 	// topic without a route), for Find to tell which earlier row of a key
 	// holds a row back; nil keeps a key's order across every topic.
 	OrderScope func(topic string) string
+	// MaxPayload, if positive, is the largest payload an edit may give a
+	// row (the relay's payload cap).
+	MaxPayload int
+	// CheckTopic, if set, vets a topic an edit or a reroute gives rows
+	// (that a route takes it), for every front end alike.
+	CheckTopic func(topic string) error
 }
 
 // What the audit trail keeps of edited payloads.
@@ -100,6 +106,8 @@ type Store struct {
 	digest        bool
 	sentRetention time.Duration
 	orderScope    func(topic string) string
+	maxPayload    int
+	checkTopic    func(topic string) error
 }
 
 // NewStore returns a Store on pool.
@@ -115,7 +123,7 @@ func NewStore(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("dead-letter store: %w", err)
 	}
 	return &Store{pool: pool, q: q, digest: cfg.AuditPayloads == AuditPayloadsDigest, sentRetention: cfg.SentRetention,
-		orderScope: cfg.OrderScope}, nil
+		orderScope: cfg.OrderScope, maxPayload: cfg.MaxPayload, checkTopic: cfg.CheckTopic}, nil
 }
 
 // Letter is a dead letter, or any outbox row when looked up by Get.

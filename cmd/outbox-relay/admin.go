@@ -29,18 +29,20 @@ import (
 // progress when the relay stops.
 const adminShutdown = 5 * time.Second
 
-// editChecks are what an edited dead letter must fit, for the command
-// line and the API alike: the relay's payload cap, and a route for its
-// topic.
-func editChecks(cfg *config.Config) (maxPayload int, checkTopic func(string) error) {
-	maxPayload = cfg.RelayConfig().EffectivePayloadCap()
+// deadLetters is the configuration of an outbox's dead-letter store, for
+// the relay's API and console and the command line alike: what an edit or
+// a reroute must fit (the relay's payload cap, a route for a topic), and
+// how Find tells a key's order.
+func deadLetters(cfg *config.Config, schema, orderScope string) deadletter.Config {
 	_, routes := cfg.DestinationList()
-	return maxPayload, func(t string) error {
-		if _, ok := relay.MatchRoute(routes, t); !ok {
-			return errors.New("no route matches it")
-		}
-		return nil
-	}
+	return deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads, SentRetention: cfg.Relay.SentRetention,
+		OrderScope: relay.OrderScopeOf(routes, orderScope), MaxPayload: cfg.RelayConfig().EffectivePayloadCap(),
+		CheckTopic: func(t string) error {
+			if _, ok := relay.MatchRoute(routes, t); !ok {
+				return errors.New("no route matches it")
+			}
+			return nil
+		}}
 }
 
 // routeOf names the destination of a topic's rows and the topic they are
@@ -51,13 +53,6 @@ func routeOf(cfg *config.Config) func(string) (string, string, bool) {
 		r, ok := relay.MatchRoute(routes, topic)
 		return r.Destination, cmp.Or(r.Topic, topic), ok
 	}
-}
-
-// orderScopeOf names a topic's order scope in an outbox whose order scope
-// is scope, for the operators' tools.
-func orderScopeOf(cfg *config.Config, scope string) func(string) string {
-	_, routes := cfg.DestinationList()
-	return relay.OrderScopeOf(routes, scope)
 }
 
 // admin is what the admin listener serves.
@@ -113,7 +108,6 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	apiState := "off (no admin token)"
 	var api, ui http.Handler
 	if ad.tokens != nil {
-		maxPayload, checkTopic := editChecks(a.cfg)
 		stores := make(map[string]*deadletter.Store, len(ad.outboxes))
 		for _, o := range ad.outboxes {
 			stores[o.name] = o.dead
@@ -123,12 +117,10 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			only = ad.outboxes[0].dead
 		}
 		api, err = deadletter.NewHandler(deadletter.HandlerConfig{
-			Store:      only,
-			Outboxes:   stores,
-			Tokens:     ad.tokens,
-			MaxPayload: maxPayload,
-			CheckTopic: checkTopic,
-			Logger:     a.log,
+			Store:    only,
+			Outboxes: stores,
+			Tokens:   ad.tokens,
+			Logger:   a.log,
 		})
 		if err != nil {
 			return nil, err
@@ -146,8 +138,6 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			Shares:          ad.consoleShares(),
 			HistoryInterval: a.cfg.Admin.HistoryInterval,
 			Redact:          ad.redact,
-			MaxPayload:      maxPayload,
-			CheckTopic:      checkTopic,
 			Secure:          ad.certs != nil,
 			Logger:          a.log,
 		})

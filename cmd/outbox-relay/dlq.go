@@ -91,8 +91,7 @@ func (d *dlq) open(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
-	st, err := deadletter.NewStore(pool, deadletter.Config{Schema: o.Database.Schema, AuditPayloads: d.cfg.Relay.AuditPayloads,
-		SentRetention: d.cfg.Relay.SentRetention, OrderScope: orderScopeOf(d.cfg, o.OrderScope)})
+	st, err := deadletter.NewStore(pool, deadLetters(d.cfg, o.Database.Schema, o.OrderScope))
 	if err != nil {
 		pool.Close()
 		return err
@@ -326,7 +325,6 @@ dead-lettered is left as it is and reported. An unknown id changes nothing.`,
 			if err != nil {
 				return err
 			}
-			_, p.CheckTopic = editChecks(d.cfg)
 			in := deadletter.Inputs{}
 			for n, i := range a.Inputs {
 				in[i.Name] = inputs[n]
@@ -429,7 +427,6 @@ dlq show prints), a row that another edit changed since is left as it is.`,
 				return err
 			}
 			p := deadletter.EditParams{Ref: ref, Topic: topic, AllowNonJSON: allowNonJSON, Actor: d.who(), Reason: reason, Version: ifVersion}
-			p.MaxPayload, p.CheckTopic = editChecks(d.cfg)
 			var problems []string
 			if payloadFile != "" {
 				if p.Payload, err = d.readInput(payloadFile); err != nil {

@@ -306,8 +306,7 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 			return nil, err
 		}
 	}
-	o.dead, err = deadletter.NewStore(pool, deadletter.Config{Schema: schema, AuditPayloads: cfg.Relay.AuditPayloads,
-		SentRetention: cfg.Relay.SentRetention, OrderScope: orderScopeOf(cfg, s.OrderScope)})
+	o.dead, err = deadletter.NewStore(pool, deadLetters(cfg, schema, s.OrderScope))
 	if err != nil {
 		return nil, err
 	}

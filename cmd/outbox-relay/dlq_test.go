@@ -261,6 +261,10 @@ func TestDLQBadInputChangesNothing(t *testing.T) {
 	if err := os.WriteFile(notJSON, []byte(`order=1`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	tooLarge := filepath.Join(dir, "large.json") // above the default payload cap, max_batch_bytes
+	if err := os.WriteFile(tooLarge, []byte(`{"order":"`+strings.Repeat("x", 1<<20)+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		args []string
@@ -278,6 +282,7 @@ func TestDLQBadInputChangesNothing(t *testing.T) {
 		{[]string{"dlq", "edit", sid, "--payload", notJSON}, 1, "payload is JSON and the new one is not"},
 		{[]string{"dlq", "edit", sid, "--payload", filepath.Join(dir, "missing")}, 1, "--payload: open"},
 		{[]string{"dlq", "edit", sid}, 1, "nothing to change"},
+		{[]string{"dlq", "edit", sid, "--payload", tooLarge}, 1, "above the payload cap of 921600"},
 		{[]string{"dlq", "replay", sid, "--at", "tomorrow"}, 1, `at "tomorrow": use an RFC 3339 time`},
 		{[]string{"dlq", "release", "not-parked"}, 1, "key is not parked"},
 		{[]string{"dlq", "audit", "--action", "delete"}, 1, `action "delete"`},

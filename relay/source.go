@@ -108,6 +108,7 @@ type source struct {
 	prepare   func(context.Context) error
 	name      string
 	store     *store.Store
+	rows      RowSource // where its workers take rows: the store's claims
 	listener  *store.Listener
 	log       *slog.Logger
 	batchSize int
@@ -131,7 +132,7 @@ type source struct {
 
 func newSource(r *Relay, index int, o Outbox) *source {
 	cfg := &r.cfg
-	s := &source{r: r, index: index, prepare: o.Prepare, name: o.Name, store: o.Store, listener: o.Listener, log: r.log,
+	s := &source{r: r, index: index, prepare: o.Prepare, name: o.Name, store: o.Store, rows: tableRows{o.Store}, listener: o.Listener, log: r.log,
 		batchSize: o.BatchSize, tally: tally{obs: o.Observer}, resync: make(chan struct{}, 1)}
 	if len(cfg.Outboxes) > 1 {
 		s.log = r.log.With(slog.String("outbox", o.Name))

@@ -84,7 +84,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 			t, ahead = <-ahead, nil
 			s.inflight.remove(followed)
 			if t.err == nil {
-				if 2*len(t.claim.Records) < t.limit {
+				if 2*len(t.rows.Records) < t.limit {
 					// Not worth it: the backlog is ending, or its rows
 					// are held behind another worker's batch (a hot key).
 					w.aheadPaused = time.Now().Add(avoidFor)
@@ -98,11 +98,11 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		if err == nil {
 			if w.claimAhead(t) {
 				next := make(chan taken, 1)
-				follows := keyedRows(t.claim.Records)
+				follows := keyedRows(t.rows.Records)
 				go func() { next <- w.claim(ctx, t.owner^1, follows) }()
 				ahead = next
 			}
-			if len(t.claim.Records) > 0 {
+			if len(t.rows.Records) > 0 {
 				w.crowded.Store(false)
 			}
 			more, unsent, err = w.deliver(ctx, inflight, t)
@@ -134,19 +134,19 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		if more || ahead != nil || t.ahead {
 			continue
 		}
-		if len(t.claim.Records) == 0 && (t.claim.Skipped > 0 || t.claim.Windowed) {
+		if len(t.rows.Records) == 0 && (t.rows.Skipped > 0 || t.rows.Windowed) {
 			// All it found, or all it looked at, is in flight elsewhere,
 			// a hot key's rows most likely: claiming again at every call
 			// for help would only cost the database, and lock rows the
 			// worker delivering them claims next. The keys it left out
 			// are still busy, and hold all it could look at: it keeps out
 			// of their way longer. Notifications still wake it.
-			if t.claim.Windowed {
+			if t.rows.Windowed {
 				w.avoid.add(t.excluded, time.Now())
 			}
 			w.heldOff.Store(w.avoid.until().UnixNano())
-			if t.claim.Windowed || t.claim.Full && t.limit == s.batchSize && len(t.claim.SkippedKeys) <= crowdedKeys &&
-				t.claim.Skipped >= crowdedRows*len(t.claim.SkippedKeys) {
+			if t.rows.Windowed || t.rows.Full && t.limit == s.batchSize && len(t.rows.SkippedKeys) <= crowdedKeys &&
+				t.rows.Skipped >= crowdedRows*len(t.rows.SkippedKeys) {
 				w.crowded.Store(true)
 			}
 		}
@@ -155,7 +155,7 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		if until := r.nextReopen(); !until.IsZero() {
 			wait = max(min(wait, time.Until(until)), time.Millisecond)
 		}
-		if since := t.claim.HeldSince; !since.IsZero() {
+		if since := t.rows.HeldSince; !since.IsZero() {
 			// Rows wait for older transactions to end (strict order),
 			// which no notification announces: look again soon, less
 			// often the longer they wait.
@@ -236,9 +236,10 @@ func unsentKeys(recs []sink.Record, outcomes []store.Outcome, scope func(topic s
 
 // taken is a claimed batch not yet delivered.
 type taken struct {
-	claim    *store.Claim
-	owner    int        // its keys' owner in the in-flight registry
-	inflight inflightID // its entry there
+	claim    Claimed
+	rows     *store.Batch // claim's rows
+	owner    int          // its keys' owner in the in-flight registry
+	inflight inflightID   // its entry there
 	limit    int
 	start    time.Time  // when the claim began
 	ahead    bool       // claimed while the batch before it was delivered
@@ -258,14 +259,14 @@ func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 		return false
 	}
 	// A new slice: the in-flight registry holds the claimed one.
-	kept := make([]sink.Record, 0, len(t.claim.Records))
-	for _, r := range t.claim.Records {
+	kept := make([]sink.Record, 0, len(t.rows.Records))
+	for _, r := range t.rows.Records {
 		if !r.HasKey || !unsent[scopedKey(scope, &r)] {
 			kept = append(kept, r)
 		}
 	}
-	held := len(kept) < len(t.claim.Records)
-	t.claim.Records = kept
+	held := len(kept) < len(t.rows.Records)
+	t.rows.Records = kept
 	return held
 }
 
@@ -283,8 +284,8 @@ func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 // Each worker then holds two batches at most: one publishing, the next
 // claimed.
 func (w *worker) claimAhead(t taken) bool {
-	return t.claim.Full && len(t.claim.Records) > 0 &&
-		w.s.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.s.store.SpareConns() >= 2
+	return t.rows.Full && len(t.rows.Records) > 0 &&
+		w.s.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.s.rows.SpareConns() >= 2
 }
 
 // claim claims a batch, its keys in flight under owner until the batch is
@@ -307,7 +308,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	if w.crowded.Load() {
 		span = crowdedBatches * int64(s.batchSize)
 	}
-	claim, err := s.store.Claim(claimCtx, store.ClaimParams{
+	claim, err := s.rows.Claim(claimCtx, store.ClaimParams{
 		Limit: limit, PayloadCap: r.cfg.PayloadCap, ExcludeKeys: excluded, ExcludedFrom: excludedFrom, ExcludedSpan: span,
 		ExcludeTopics: closed, ExcludeFor: closedFor, Follows: follows, OrderScope: s.scope,
 	})
@@ -317,11 +318,12 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 		waits.release()
 		return taken{err: err}
 	}
-	s.tally.claimed(time.Since(start), len(claim.Records))
+	rows := claim.Rows()
+	s.tally.claimed(time.Since(start), len(rows.Records))
 	// Size the next claim by the rows that will be published: oversized
 	// rows are never loaded and must not shrink it.
 	total, n := 0, 0
-	for _, rec := range claim.Records {
+	for _, rec := range rows.Records {
 		if rec.Undeliverable == "" {
 			total += recordSize(rec)
 			n++
@@ -330,12 +332,12 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	if n > 0 {
 		w.avgRowBytes = total / n
 	}
-	w.avoid.add(claim.SkippedKeys, start)
-	id := s.inflight.add(owner, claim.Records, follows)
-	if len(claim.Records) > 0 {
+	w.avoid.add(rows.SkippedKeys, start)
+	id := s.inflight.add(owner, rows.Records, follows)
+	if len(rows.Records) > 0 {
 		s.r.stirFleet()
 	}
-	return taken{claim: claim, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil,
+	return taken{claim: claim, rows: rows, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil,
 		excluded: excluded, waits: waits}
 }
 
@@ -380,17 +382,17 @@ func (w *worker) drop(ctx context.Context, t taken) {
 // sent, which a batch claimed ahead of it must hold back.
 func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, unsent keySet, err error) {
 	r, s := w.r, w.s
-	claim, start := t.claim, t.start
+	claim, rows, start := t.claim, t.rows, t.start
 	defer w.releaseWaits(t)
-	if len(claim.Records) == 0 {
+	if len(rows.Records) == 0 {
 		writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
 		defer cancel()
-		if claim.Deferred > 0 {
+		if rows.Deferred > 0 {
 			// The claim's rows were rescheduled: look again at once.
 			if err := claim.Complete(writeCtx, nil); err != nil {
 				return false, nil, err
 			}
-			s.tally.settled(nil, nil, nil, claim.Deferred)
+			s.tally.settled(nil, nil, nil, rows.Deferred)
 			return true, nil, nil
 		}
 		return false, nil, claim.Release(writeCtx)
@@ -399,7 +401,7 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	// A batch whose rows all wait for a full bulkhead's slot waits here,
 	// its claim open, as it would in a publish: the slot goes to it the
 	// moment a delivery frees one.
-	t.waits.await(ctx, r.planner, claim.Records, r.cfg.PublishTimeout)
+	t.waits.await(ctx, r.planner, rows.Records, r.cfg.PublishTimeout)
 
 	// Planning and publishing take one of the turns the outboxes share;
 	// the write-back, on this outbox's own database, does not. The claim's
@@ -414,8 +416,8 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 		if ctx.Err() != nil {
 			return false, nil, ctx.Err()
 		}
-		s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(claim.Records)))
-		return true, unsentKeys(claim.Records, nil, s.scope), nil
+		s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(rows.Records)))
+		return true, unsentKeys(rows.Records, nil, s.scope), nil
 	}
 	turn := true
 	giveBack := func() {
@@ -425,11 +427,11 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 		}
 	}
 	defer giveBack()
-	all, outcomes := r.planner.plan(claim.Records, time.Now(), s.scope)
+	all, outcomes := r.planner.plan(rows.Records, time.Now(), s.scope)
 	w.releaseWaits(t) // its slots are taken: the next batch may wait
 	var groups, leased []*group
 	for _, g := range all {
-		g.claimed, g.start = claim.Now, start
+		g.claimed, g.start = rows.Now, start
 		if g.d.VisibilityTimeout > 0 {
 			leased = append(leased, g)
 			g.token = uuid.New()
@@ -480,12 +482,12 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 		return false, nil, err
 	}
 	for _, g := range leased {
-		s.leases.start(inflight, g, claim.LeaseExpiry)
+		s.leases.start(inflight, g, rows.LeaseExpiry)
 	}
 	handedOff = true
 	s.tally.batches.Add(1)
-	s.tally.settled(outcomes, groups, claim.Records, claim.Deferred)
-	if claim.Full && published > 0 {
+	s.tally.settled(outcomes, groups, rows.Records, rows.Deferred)
+	if rows.Full && published > 0 {
 		// A full batch: more rows are probably ready than this worker
 		// takes; idle workers may help.
 		s.askHelp()
@@ -493,10 +495,10 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	// Claim again at once after any outcome or rescheduling: rows
 	// committed meanwhile may not have notified (one notifier at a time),
 	// and a claim that finds nothing is cheap.
-	more = len(outcomes) > 0 || claim.Deferred > 0
-	s.log.Debug("batch done", slog.Int("claimed", claim.Claimed), slog.Int("published", published),
+	more = len(outcomes) > 0 || rows.Deferred > 0
+	s.log.Debug("batch done", slog.Int("claimed", rows.Claimed), slog.Int("published", published),
 		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
-	return more, unsentKeys(claim.Records, outcomes, s.scope), nil
+	return more, unsentKeys(rows.Records, outcomes, s.scope), nil
 }
 
 // publish hands each group to its destination, the destinations in

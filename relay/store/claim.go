@@ -73,8 +73,24 @@ type KeyedRow struct {
 // Claim is a batch of rows locked by one open transaction. Finish it with
 // Complete or Release.
 type Claim struct {
+	Batch
 	store *Store
 	tx    pgx.Tx
+
+	start        claimStart
+	partLo       int
+	partHi       int
+	keyFloor     int64          // the key check reads pending rows from it
+	held         []int64        // the ids of Records as claimed, in order
+	waited       map[int64]bool // the ids of Records claimed because they waited and are due
+	behindLeases []behindLease  // rows deferred behind leased rows
+	firstSkipped int64          // the lowest of the Skipped rows
+	probedLow    int64          // the lowest row the key check locked for a moment
+}
+
+// Batch is what a claim took: its rows, and what it saw of the rest of
+// the table.
+type Batch struct {
 	// Records are the claimed rows in id order. For each key and order
 	// scope they are the oldest rows that still hold it, consecutive: no
 	// other row of the key in the scope comes before or between them.
@@ -91,13 +107,6 @@ type Claim struct {
 	// above where it began: a claim that kept no row saw only rows of
 	// the keys it left out there.
 	Windowed bool
-
-	start    claimStart
-	partLo   int
-	partHi   int
-	keyFloor int64          // the key check reads pending rows from it
-	held     []int64        // the ids of Records as claimed, in order
-	waited   map[int64]bool // the ids of Records claimed because they waited and are due
 	// Deferred counts rows held back because an earlier row of their key
 	// is waiting (backoff, a delay, or a parked key); they were rescheduled
 	// for when it is due, without counting an attempt.
@@ -113,11 +122,10 @@ type Claim struct {
 	// their rows become ready, without a wake-up, when those end. Zero
 	// when none waits, and outside strict order.
 	HeldSince time.Time
-
-	behindLeases []behindLease // rows deferred behind leased rows
-	firstSkipped int64         // the lowest of the Skipped rows
-	probedLow    int64         // the lowest row the key check locked for a moment
 }
+
+// Rows returns what c took.
+func (c *Claim) Rows() *Batch { return &c.Batch }
 
 // SpareConns is how many more connections the store's pool could hand out
 // now without waiting.

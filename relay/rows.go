@@ -1,0 +1,45 @@
+package relay
+
+import (
+	"context"
+
+	"github.com/outbox-relay/outbox-relay/relay/store"
+)
+
+// RowSource is where an outbox's workers take their rows and where they
+// hand them back settled: the outbox table's claims (tableRows), and any
+// other source of rows, such as the write-ahead log, without a change to
+// flow control, routing or the sinks. ARCHITECTURE.md states its
+// contract: the order of the rows, how long a batch holds them, and what
+// settled means.
+type RowSource interface {
+	// Claim takes a batch of ready rows as p asks, held for the worker
+	// until it settles them (Complete) or gives them back (Release).
+	Claim(ctx context.Context, p store.ClaimParams) (Claimed, error)
+	// SpareConns is how many more claims or write-backs could start now
+	// without waiting: a worker claims its next batch ahead only with two
+	// to spare.
+	SpareConns() int
+}
+
+// Claimed is a batch of rows a RowSource handed out.
+type Claimed interface {
+	// Rows are its rows and what the source saw beyond them.
+	Rows() *store.Batch
+	// Complete settles the batch: every outcome durably at once, or none.
+	// A row without an outcome stays as it was, ready again.
+	Complete(ctx context.Context, outcomes []store.Outcome) error
+	// Release gives the batch back unsettled: its rows stay as they were.
+	Release(ctx context.Context) error
+}
+
+// tableRows is the outbox table's RowSource: the store's claims.
+type tableRows struct{ *store.Store }
+
+func (t tableRows) Claim(ctx context.Context, p store.ClaimParams) (Claimed, error) {
+	c, err := t.Store.Claim(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}

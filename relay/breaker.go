@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/retry"
-	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // BreakerConfig configures a destination's circuit breaker. It opens only
@@ -229,19 +228,6 @@ func (b *breaker) blocked(now time.Time) (bool, time.Time) {
 	return false, time.Time{}
 }
 
-// evidence is what one publish says about a breaker's subject.
-type evidence struct {
-	sent      int     // rows delivered
-	systemic  int     // systemic failures of the subject as a whole
-	transient int     // transient failures of the subject as a whole
-	rowFailed []int64 // rows that failed on their own
-	// rowTransient counts rowFailed's failures that were not permanent:
-	// a 5xx, say, rather than a refused payload; rowFirsts, those of them
-	// that were the row's first attempt.
-	rowTransient, rowFirsts int
-	lastErr                 string
-}
-
 // result feeds one publish's evidence to the breaker, and returns how long
 // the breaker stays open from now (0 when it is not open): how long rows
 // deferred by this publish should wait. Evidence of a publish admitted
@@ -425,47 +411,4 @@ func (b *breaker) lastError() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lastErr
-}
-
-// Probes of a destination's breaker: a few rows of different keys and
-// topics, first attempts rather than retries where the batch has them, so
-// that rows failing on their own cannot fail the probe of a destination
-// that is healthy for the rest.
-const (
-	probeRows        = 8
-	probeRowsByTopic = probeRows / 2
-	probeRetries     = 2
-)
-
-// probeMix is what a destination's probe holds so far.
-type probeMix struct {
-	keys    map[string]bool
-	topics  map[string]int
-	retries int
-}
-
-// fits reports whether rec, bound for topic, may join the probe.
-func (m *probeMix) fits(rec sink.Record, topic string, rows int) bool {
-	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) &&
-		m.topics[topic] < probeRowsByTopic && (rec.RetryCount == 0 || m.retries < probeRetries)
-}
-
-// fitsPause reports whether rec may join the probe of a paused topic or
-// partition, whose rows are all of one topic.
-func (m *probeMix) fitsPause(rec sink.Record) bool {
-	rows := 0
-	for _, n := range m.topics {
-		rows += n
-	}
-	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) && (rec.RetryCount == 0 || m.retries < probeRetries)
-}
-
-func (m *probeMix) add(rec sink.Record, topic string) {
-	if rec.HasKey {
-		m.keys[rec.Key] = true
-	}
-	m.topics[topic]++
-	if rec.RetryCount > 0 {
-		m.retries++
-	}
 }

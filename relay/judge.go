@@ -112,22 +112,3 @@ func judge(rec sink.Record, err error, age time.Duration, s scopeState) ruling {
 	v.outcome = o
 	return v
 }
-
-// add counts v, the ruling on rec, as evidence about its subject.
-func (ev *evidence) add(v ruling, rec sink.Record) {
-	switch v.kind {
-	case rowFailure:
-		ev.rowFailed = append(ev.rowFailed, rec.ID)
-		if !v.permanent {
-			ev.rowTransient++
-			if rec.RetryCount == 0 {
-				ev.rowFirsts++
-			}
-		}
-	case systemicFailure:
-		ev.systemic++
-	default:
-		ev.transient++
-	}
-	ev.lastErr = v.outcome.Error
-}

@@ -13,146 +13,190 @@ import (
 // topics and partitions, and its retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's. The rows of a probe that failed count no
-// attempt (see failedProbes).
+// attempt (see failedProbes). abandoned says the publish was cut short by
+// shutdown: it counts nothing.
 func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
-	elapsed := g.done.Sub(g.start)
-	outcomes := make([]store.Outcome, 0, len(g.recs))
-	failedKeys := map[string]bool{}
-	firsts, retriesSent, refunds := 0, 0, 0
-	var dev evidence              // about the destination
-	var sev map[subject]*evidence // about its topics and partitions
-	var pausedBy map[int]subject  // deferred outcomes, by index, waiting on a pause
-	var probed map[int]bool       // deferred outcomes, by index, of a failed probe's rows
-	state := scopeState{destination: d.Name, policy: d.policy, block: d.block}
-	state.destProbeFailed, state.pauseProbeFailed = failedProbes(g, d.breaker.openedSince(g.adm.gen))
-	about := func(s subject) *evidence {
-		if sev == nil {
-			sev = map[subject]*evidence{}
-		}
-		e := sev[s]
-		if e == nil {
-			e = &evidence{}
-			sev[s] = e
-		}
-		return e
-	}
+	st := settlement{d: d, g: g, elapsed: g.done.Sub(g.start), abandoned: abandoned,
+		outcomes: make([]store.Outcome, 0, len(g.recs)), failedKeys: map[string]bool{},
+		state: scopeState{destination: d.Name, policy: d.policy, block: d.block}}
+	st.state.destProbeFailed, st.state.pauseProbeFailed = failedProbes(g, d.breaker.openedSince(g.adm.gen))
 	for i, rec := range g.recs {
-		if rec.HasKey && failedKeys[rec.Key] {
-			continue
-		}
-		err := g.errs[i]
-		if err == nil {
-			outcomes = append(outcomes, store.Outcome{ID: rec.ID, Kind: store.Sent, Destination: d.Name})
-			dev.sent++
-			if len(g.pauses) > 0 {
-				if _, ok := g.pauses[subject{rec.Topic, wholeTopic}]; ok {
-					about(subject{rec.Topic, wholeTopic}).sent++
-				}
-				if part, ok := g.parts[i]; ok {
-					about(subject{rec.Topic, part}).sent++
-				}
-			}
-			if rec.RetryCount > 0 {
-				retriesSent++
-			} else {
-				firsts++
-			}
-			continue
-		}
-		if rec.HasKey {
-			failedKeys[rec.Key] = true
-		}
-		if abandoned || errors.Is(err, sink.ErrNotSent) {
-			// Shutting down: an interrupted publish counts nothing. Not
-			// sent: the row waits for its key's failed row. Either way a
-			// retry's budget is given back.
-			if rec.RetryCount > 0 {
-				refunds++
-			}
-			continue
-		}
-		if rec.RetryCount == 0 {
-			firsts++
-		}
-		v := judge(rec, err, g.claimed.Sub(rec.CreatedAt)+elapsed, state)
-		ev := &dev
-		if v.scoped {
-			ev = about(v.about)
-		}
-		ev.add(v, rec)
-		switch v.outcome.Kind {
-		case store.Deferred:
-			if v.scoped {
-				if pausedBy == nil {
-					pausedBy = map[int]subject{}
-				}
-				pausedBy[len(outcomes)] = v.about
-			}
-			if v.probed {
-				if probed == nil {
-					probed = map[int]bool{}
-				}
-				probed[len(outcomes)] = true
-			}
-		case store.DeadLettered:
-			if rec.HasKey && !v.outcome.ParkKey {
-				delete(failedKeys, rec.Key) // released: the key's next row may go
-			}
-		}
-		outcomes = append(outcomes, v.outcome)
+		st.row(i, rec)
 	}
 	now := time.Now()
 	if abandoned {
-		d.budget.earn(now, 0, refunds)
+		d.budget.earn(now, 0, st.refunds)
 		d.abandon(g)
-		return outcomes
+		return st.outcomes
 	}
-	d.budget.earn(now, firsts, retriesSent+refunds)
-	if dev.sent == 0 && dev.systemic+dev.transient == 0 && failedPartitions(sev) >= 2 {
+	d.budget.earn(now, st.firsts, st.retriesSent+st.refunds)
+	cooldown, pausedFor := st.learn(now)
+	st.delay(cooldown, pausedFor)
+	return st.outcomes
+}
+
+// settlement is one group's settling under way: the outcomes so far, the
+// evidence about the destination and about each paused topic and
+// partition, and the attempts the retry budget counts.
+type settlement struct {
+	d         *dest
+	g         *group
+	elapsed   time.Duration // the publish's
+	abandoned bool
+	state     scopeState
+	outcomes  []store.Outcome
+	// failedKeys are the keys whose later rows get no outcome.
+	failedKeys                   map[string]bool
+	firsts, retriesSent, refunds int
+	dev                          evidence              // about the destination
+	sev                          map[subject]*evidence // about its topics and partitions
+	pausedBy                     map[int]subject       // deferred outcomes, by index, waiting on a pause
+	probed                       map[int]bool          // deferred outcomes, by index, of a failed probe's rows
+}
+
+// row settles the group's i-th row.
+func (st *settlement) row(i int, rec sink.Record) {
+	if rec.HasKey && st.failedKeys[rec.Key] {
+		return
+	}
+	err := st.g.errs[i]
+	if err == nil {
+		st.sent(i, rec)
+		return
+	}
+	if rec.HasKey {
+		st.failedKeys[rec.Key] = true
+	}
+	if st.abandoned || errors.Is(err, sink.ErrNotSent) {
+		// Shutting down: an interrupted publish counts nothing. Not
+		// sent: the row waits for its key's failed row. Either way a
+		// retry's budget is given back.
+		if rec.RetryCount > 0 {
+			st.refunds++
+		}
+		return
+	}
+	if rec.RetryCount == 0 {
+		st.firsts++
+	}
+	st.failed(rec, err)
+}
+
+// sent settles the group's i-th row, delivered.
+func (st *settlement) sent(i int, rec sink.Record) {
+	st.outcomes = append(st.outcomes, store.Outcome{ID: rec.ID, Kind: store.Sent, Destination: st.d.Name})
+	st.dev.sent++
+	if g := st.g; len(g.pauses) > 0 {
+		if _, ok := g.pauses[subject{rec.Topic, wholeTopic}]; ok {
+			st.about(subject{rec.Topic, wholeTopic}).sent++
+		}
+		if part, ok := g.parts[i]; ok {
+			st.about(subject{rec.Topic, part}).sent++
+		}
+	}
+	if rec.RetryCount > 0 {
+		st.retriesSent++
+	} else {
+		st.firsts++
+	}
+}
+
+// failed settles rec, which failed with err, as judge rules.
+func (st *settlement) failed(rec sink.Record, err error) {
+	v := judge(rec, err, st.g.claimed.Sub(rec.CreatedAt)+st.elapsed, st.state)
+	ev := &st.dev
+	if v.scoped {
+		ev = st.about(v.about)
+	}
+	ev.add(v, rec)
+	switch v.outcome.Kind {
+	case store.Deferred:
+		if v.scoped {
+			if st.pausedBy == nil {
+				st.pausedBy = map[int]subject{}
+			}
+			st.pausedBy[len(st.outcomes)] = v.about
+		}
+		if v.probed {
+			if st.probed == nil {
+				st.probed = map[int]bool{}
+			}
+			st.probed[len(st.outcomes)] = true
+		}
+	case store.DeadLettered:
+		if rec.HasKey && !v.outcome.ParkKey {
+			delete(st.failedKeys, rec.Key) // released: the key's next row may go
+		}
+	}
+	st.outcomes = append(st.outcomes, v.outcome)
+}
+
+// about is the evidence about topic or partition s.
+func (st *settlement) about(s subject) *evidence {
+	if st.sev == nil {
+		st.sev = map[subject]*evidence{}
+	}
+	e := st.sev[s]
+	if e == nil {
+		e = &evidence{}
+		st.sev[s] = e
+	}
+	return e
+}
+
+// learn feeds the evidence to the destination's breaker and to the pauses
+// of its topics and partitions. It returns how long the breaker stays
+// open, and how long each of those pauses lasts.
+func (st *settlement) learn(now time.Time) (cooldown time.Duration, pausedFor map[subject]time.Duration) {
+	d, g, dev := st.d, st.g, st.dev
+	if dev.sent == 0 && dev.systemic+dev.transient == 0 && failedPartitions(st.sev) >= 2 {
 		// Every partition the publish reached failed, and nothing was
 		// delivered: a broker answering every produce with a timeout is
 		// the destination failing, not its partitions.
 		dev.transient++
-		dev.lastErr = lastErr(sev)
+		dev.lastErr = lastErr(st.sev)
 	}
-	cooldown := d.breaker.result(now, g.adm.gen, dev, g.adm.probe)
+	cooldown = d.breaker.result(now, g.adm.gen, dev, g.adm.probe)
 	// A pause's probe whose rows were all held behind their keys says
 	// nothing: another goes.
 	for s, a := range g.pauses {
-		if _, seen := sev[s]; !seen && a.probe {
+		if _, seen := st.sev[s]; !seen && a.probe {
 			d.pauses.abandoned(s, a.gen)
 		}
 	}
-	var pausedFor map[subject]time.Duration
-	for s, ev := range sev {
+	for s, ev := range st.sev {
 		a, tracked := g.pauses[s]
-		left := d.pauses.result(now, s, tracked, a.gen, a.probe, *ev)
 		if pausedFor == nil {
 			pausedFor = map[subject]time.Duration{}
 		}
-		pausedFor[s] = left
+		pausedFor[s] = d.pauses.result(now, s, tracked, a.gen, a.probe, *ev)
 	}
-	for i := range outcomes {
-		if outcomes[i].Kind != store.Deferred {
+	return cooldown, pausedFor
+}
+
+// delay sets how long each deferred row waits: as long as the breaker
+// stays open, or as its pause lasts.
+func (st *settlement) delay(cooldown time.Duration, pausedFor map[subject]time.Duration) {
+	for i := range st.outcomes {
+		if st.outcomes[i].Kind != store.Deferred {
 			continue
 		}
 		wait := cooldown
-		if s, ok := pausedBy[i]; ok {
+		if s, ok := st.pausedBy[i]; ok {
 			wait = pausedFor[s]
 		}
 		if wait == 0 {
-			wait = d.pauseBase // a stale systemic failure: look again soon
+			wait = st.d.pauseBase // a stale systemic failure: look again soon
 		}
-		if probed[i] {
+		if st.probed[i] {
 			// Past the next cool-down, whatever it turns out to be (a
 			// fleet's may differ): the next probe takes other rows, of
 			// other keys, so that rows failing on their own cannot fail
 			// every probe of a destination that is back.
-			wait += d.pauseMax
+			wait += st.d.pauseMax
 		}
-		outcomes[i].Delay = wait
+		st.outcomes[i].Delay = wait
 	}
-	return outcomes
 }
 
 // failedProbes reports which probes g carried that failed: they delivered
@@ -189,25 +233,4 @@ func failedProbes(g *group, openedSince bool) (dest bool, pauses map[subject]boo
 		}
 	}
 	return dest, pauses
-}
-
-// failedPartitions counts the partitions whose rows failed as partitions.
-func failedPartitions(sev map[subject]*evidence) int {
-	n := 0
-	for s, ev := range sev {
-		if s.partition != wholeTopic && ev.systemic+ev.transient > 0 {
-			n++
-		}
-	}
-	return n
-}
-
-// lastErr is one of the failures of the topics and partitions.
-func lastErr(sev map[subject]*evidence) string {
-	for _, ev := range sev {
-		if ev.lastErr != "" {
-			return ev.lastErr
-		}
-	}
-	return ""
 }

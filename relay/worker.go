@@ -46,129 +46,166 @@ func newWorker(s *source, id int) *worker {
 	return &worker{s: s, r: s.r, id: id, wake: make(chan struct{}, 1), owner: 2 * id, avoid: avoidKeys{}}
 }
 
-// run is the worker's loop: claim, plan, publish, decide, complete; sleep
-// (until a wake-up or the poll interval) only when a batch delivered
-// nothing. While a backlog lasts, it claims its next batch while it
-// delivers the current one (see claimAhead), so the database does not wait
-// on the destination.
+// run is the worker's loop: take a batch (claimed, or claimed ahead),
+// deliver it, and sleep (until a wake-up or the poll interval) only when a
+// batch delivered nothing. While a backlog lasts, it claims its next batch
+// while it delivers the current one (see claimAhead), so the database does
+// not wait on the destination.
 func (w *worker) run(ctx, inflight context.Context) error {
-	r, s := w.r, w.s
+	var p pipeline
 	poll := time.NewTimer(0)
 	defer poll.Stop()
-	var ahead chan taken // the next batch, being claimed
-	var unsent keySet    // keys of the last batch delivered not all sent
+	defer func() {
+		if p.ahead != nil {
+			w.dropAhead(ctx, &p)
+		}
+	}()
+	defer w.busySince.Store(0)
+	for ctx.Err() == nil {
+		w.busySince.Store(int64(time.Since(w.r.epoch)) + 1)
+		t, held := w.next(ctx, &p)
+		more, err := false, t.err
+		if err == nil {
+			more, err = w.work(ctx, inflight, t, &p)
+			more = more || held
+		}
+		if err != nil {
+			if !w.backOff(ctx, &p, err) {
+				return nil
+			}
+			continue
+		}
+		p.errDelay = 0
+		// A batch claimed ahead says nothing about the backlog: the one
+		// before it was full.
+		if more || p.ahead != nil || t.ahead {
+			continue
+		}
+		w.noteIdle(t)
+		if !w.idle(ctx, t, poll) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// pipeline is what the worker's loop carries from one batch to the next.
+type pipeline struct {
+	ahead chan taken // the next batch, being claimed
 	// followed is the batch that the one claimed ahead follows: it stays
 	// in flight until that claim is in, so that its keys never seem free
 	// to the other workers between the two batches.
-	var followed inflightID
-	dropAhead := func() {
-		w.drop(ctx, <-ahead)
-		ahead = nil
-		s.inflight.remove(followed)
+	followed inflightID
+	unsent   keySet // keys of the last batch delivered not all sent
+	errDelay time.Duration
+}
+
+// next is the batch to deliver: the one claimed ahead, less the rows of
+// keys the last batch did not all send (held says it left some out), or
+// else a fresh claim.
+func (w *worker) next(ctx context.Context, p *pipeline) (t taken, held bool) {
+	if p.ahead == nil {
+		return w.claim(ctx, w.owner, nil), false
 	}
-	defer func() {
-		if ahead != nil {
-			dropAhead()
-		}
-	}()
-	errDelay := time.Duration(0)
-	defer w.busySince.Store(0)
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		w.busySince.Store(int64(time.Since(r.epoch)) + 1)
-		var t taken
-		held := false // rows of the batch claimed ahead held back
-		if ahead != nil {
-			t, ahead = <-ahead, nil
-			s.inflight.remove(followed)
-			if t.err == nil {
-				if 2*len(t.rows.Records) < t.limit {
-					// Not worth it: the backlog is ending, or its rows
-					// are held behind another worker's batch (a hot key).
-					w.aheadPaused = time.Now().Add(avoidFor)
-				}
-				held = t.holdBack(unsent, s.scope)
-			}
-		} else {
-			t = w.claim(ctx, w.owner, nil)
-		}
-		more, err := false, t.err
-		if err == nil {
-			if w.claimAhead(t) {
-				next := make(chan taken, 1)
-				follows := keyedRows(t.rows.Records)
-				go func() { next <- w.claim(ctx, t.owner^1, follows) }()
-				ahead = next
-			}
-			if len(t.rows.Records) > 0 {
-				w.crowded.Store(false)
-			}
-			more, unsent, err = w.deliver(ctx, inflight, t)
-			more = more || held
-			if ahead != nil {
-				followed = t.inflight
-			} else {
-				s.inflight.remove(t.inflight)
-			}
-		}
-		if err != nil {
-			if ahead != nil {
-				dropAhead()
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			errDelay = min(max(errDelay*2, 100*time.Millisecond), 30*time.Second)
-			s.batchFailed(w.id, err, errDelay)
-			w.busySince.Store(0)
-			if !sleep(ctx, errDelay) {
-				return nil
-			}
-			continue
-		}
-		errDelay = 0
-		// A batch claimed ahead says nothing about the backlog: the one
-		// before it was full.
-		if more || ahead != nil || t.ahead {
-			continue
-		}
-		if len(t.rows.Records) == 0 && (t.rows.Skipped > 0 || t.rows.Windowed) {
-			// All it found, or all it looked at, is in flight elsewhere,
-			// a hot key's rows most likely: claiming again at every call
-			// for help would only cost the database, and lock rows the
-			// worker delivering them claims next. The keys it left out
-			// are still busy, and hold all it could look at: it keeps out
-			// of their way longer. Notifications still wake it.
-			if t.rows.Windowed {
-				w.avoid.add(t.excluded, time.Now())
-			}
-			w.heldOff.Store(w.avoid.until().UnixNano())
-			if t.rows.Windowed || t.rows.Full && t.limit == s.batchSize && len(t.rows.SkippedKeys) <= crowdedKeys &&
-				t.rows.Skipped >= crowdedRows*len(t.rows.SkippedKeys) {
-				w.crowded.Store(true)
-			}
-		}
-		// Wake up when a breaker may let a probe through, too.
-		wait := r.cfg.PollInterval
-		if until := r.nextReopen(); !until.IsZero() {
-			wait = max(min(wait, time.Until(until)), time.Millisecond)
-		}
-		if since := t.rows.HeldSince; !since.IsZero() {
-			// Rows wait for older transactions to end (strict order),
-			// which no notification announces: look again soon, less
-			// often the longer they wait.
-			wait = min(wait, max(time.Since(since)/4, heldRecheck))
-		}
-		poll.Reset(wait)
-		w.busySince.Store(0)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.wake:
-		case <-poll.C:
-		}
+	t, p.ahead = <-p.ahead, nil
+	w.s.inflight.remove(p.followed)
+	if t.err != nil {
+		return t, false
+	}
+	if 2*len(t.rows.Records) < t.limit {
+		// Not worth it: the backlog is ending, or its rows are held
+		// behind another worker's batch (a hot key).
+		w.aheadPaused = time.Now().Add(avoidFor)
+	}
+	return t, t.holdBack(p.unsent, w.s.scope)
+}
+
+// work delivers t, claiming the next batch meanwhile while a backlog
+// lasts, and ends t's flight unless a batch claimed ahead follows it.
+func (w *worker) work(ctx, inflight context.Context, t taken, p *pipeline) (more bool, err error) {
+	if w.claimAhead(t) {
+		next := make(chan taken, 1)
+		follows := keyedRows(t.rows.Records)
+		go func() { next <- w.claim(ctx, t.owner^1, follows) }()
+		p.ahead = next
+	}
+	if len(t.rows.Records) > 0 {
+		w.crowded.Store(false)
+	}
+	more, p.unsent, err = w.deliver(ctx, inflight, t)
+	if p.ahead != nil {
+		p.followed = t.inflight
+	} else {
+		w.s.inflight.remove(t.inflight)
+	}
+	return more, err
+}
+
+// dropAhead gives back the batch claimed ahead, undelivered.
+func (w *worker) dropAhead(ctx context.Context, p *pipeline) {
+	w.drop(ctx, <-p.ahead)
+	p.ahead = nil
+	w.s.inflight.remove(p.followed)
+}
+
+// backOff follows a failed claim or batch: it drops the batch claimed
+// ahead, reports the failure, and waits, twice as long after each failure
+// in a row up to 30s. It reports whether the worker goes on.
+func (w *worker) backOff(ctx context.Context, p *pipeline, err error) bool {
+	if p.ahead != nil {
+		w.dropAhead(ctx, p)
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	p.errDelay = min(max(p.errDelay*2, 100*time.Millisecond), 30*time.Second)
+	w.s.batchFailed(w.id, err, p.errDelay)
+	w.busySince.Store(0)
+	return sleep(ctx, p.errDelay)
+}
+
+// noteIdle learns from a claim that delivered nothing. When all it found,
+// or all it looked at, is in flight elsewhere (a hot key's rows most
+// likely), claiming again at every call for help would only cost the
+// database, and lock rows the worker delivering them claims next. The keys
+// it left out are still busy, and hold all it could look at: it keeps out
+// of their way longer. Notifications still wake it.
+func (w *worker) noteIdle(t taken) {
+	rows := t.rows
+	if len(rows.Records) > 0 || rows.Skipped == 0 && !rows.Windowed {
+		return
+	}
+	if rows.Windowed {
+		w.avoid.add(t.excluded, time.Now())
+	}
+	w.heldOff.Store(w.avoid.until().UnixNano())
+	if rows.Windowed || rows.Full && t.limit == w.s.batchSize && len(rows.SkippedKeys) <= crowdedKeys &&
+		rows.Skipped >= crowdedRows*len(rows.SkippedKeys) {
+		w.crowded.Store(true)
+	}
+}
+
+// idle waits for a wake-up or the poll interval, or less: until a
+// breaker may let a probe through, or, while rows wait for older
+// transactions to end (strict order), which no notification announces,
+// soon, less often the longer they wait. It reports whether ctx is live.
+func (w *worker) idle(ctx context.Context, t taken, poll *time.Timer) bool {
+	wait := w.r.cfg.PollInterval
+	if until := w.r.nextReopen(); !until.IsZero() {
+		wait = max(min(wait, time.Until(until)), time.Millisecond)
+	}
+	if since := t.rows.HeldSince; !since.IsZero() {
+		wait = min(wait, max(time.Since(since)/4, heldRecheck))
+	}
+	poll.Reset(wait)
+	w.busySince.Store(0)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.wake:
+		return true
+	case <-poll.C:
+		return true
 	}
 }
 
@@ -374,131 +411,187 @@ func (w *worker) drop(ctx context.Context, t taken) {
 	}
 }
 
-// deliver plans a claimed batch, publishes it, decides each row's outcome
-// and completes the claim with them; its caller ends the batch's flight.
-// Groups of destinations with a visibility timeout are leased instead, and
-// delivered after the claim commits. more reports that it delivered
-// something, so the worker should look again before sleeping. unsent are the keys of its rows not all
-// sent, which a batch claimed ahead of it must hold back.
+// deliver takes a claimed batch through its steps: plan (route the rows
+// and admit them at their destinations), publish, settle (judge each
+// result into an outcome, and learn from them), write back, and hand the
+// leased groups to their leases. Its caller ends the batch's flight. more
+// reports that it delivered something, so the worker should look again
+// before sleeping. unsent are the keys of its rows not all sent, which a
+// batch claimed ahead of it must hold back.
 func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, unsent keySet, err error) {
-	r, s := w.r, w.s
-	claim, rows, start := t.claim, t.rows, t.start
 	defer w.releaseWaits(t)
-	if len(rows.Records) == 0 {
-		writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
-		defer cancel()
-		if rows.Deferred > 0 {
-			// The claim's rows were rescheduled: look again at once.
-			if err := claim.Complete(writeCtx, nil); err != nil {
-				return false, nil, err
-			}
-			s.tally.settled(nil, nil, nil, rows.Deferred)
-			return true, nil, nil
-		}
-		return false, nil, claim.Release(writeCtx)
+	if len(t.rows.Records) == 0 {
+		return w.deliverNothing(ctx, t)
 	}
-
-	// A batch whose rows all wait for a full bulkhead's slot waits here,
-	// its claim open, as it would in a publish: the slot goes to it the
-	// moment a delivery frees one.
-	t.waits.await(ctx, r.planner, rows.Records, r.cfg.PublishTimeout)
-
-	// Planning and publishing take one of the turns the outboxes share;
-	// the write-back, on this outbox's own database, does not. The claim's
-	// transaction waits meanwhile, so the wait is bounded like a publish:
-	// a batch that gets no turn within it is given back untouched, and
-	// claimed again.
-	turnCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	err = r.turns.acquire(turnCtx, s.index)
-	cancel()
-	if err != nil {
-		w.drop(ctx, t)
+	if !w.takeTurn(ctx, t) {
 		if ctx.Err() != nil {
 			return false, nil, ctx.Err()
 		}
-		s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(rows.Records)))
-		return true, unsentKeys(rows.Records, nil, s.scope), nil
+		return true, unsentKeys(t.rows.Records, nil, w.s.scope), nil
 	}
-	turn := true
-	giveBack := func() {
-		if turn {
-			r.turns.release(s.index)
-			turn = false
-		}
-	}
-	defer giveBack()
-	all, outcomes := r.planner.plan(rows.Records, time.Now(), s.scope)
-	w.releaseWaits(t) // its slots are taken: the next batch may wait
-	var groups, leased []*group
-	for _, g := range all {
-		g.claimed, g.start = rows.Now, start
-		if g.d.VisibilityTimeout > 0 {
-			leased = append(leased, g)
-			g.token = uuid.New()
-			for _, rec := range g.recs {
-				outcomes = append(outcomes, store.Outcome{ID: rec.ID, Kind: store.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
-			}
-		} else {
-			groups = append(groups, g)
-		}
-	}
-	handedOff, released := false, false
-	release := func() {
-		if !released {
-			released = true
-			for _, g := range groups {
-				g.d.release(g)
-			}
-		}
-	}
-	defer func() {
-		release()
-		if !handedOff {
-			for _, g := range leased {
-				g.d.release(g)
-				g.d.abandon(g)
-			}
-		}
-	}()
-	publish(inflight, groups, r.cfg.PublishTimeout)
-	abandoned := inflight.Err() != nil
-	published := 0
-	for _, g := range all {
-		published += len(g.recs)
-	}
-	for _, g := range groups {
-		outcomes = append(outcomes, g.d.settle(g, abandoned)...)
-	}
+	b := w.plan(t)
+	defer b.end()
+	publish(inflight, b.groups, w.r.cfg.PublishTimeout)
+	b.settle(inflight.Err() != nil)
 	// The rows are no longer in flight at their destinations: their
-	// slots go to the next rows while this batch writes back.
-	release()
-	giveBack()
-	writeCtx, cancel := writeBackContext(ctx, r.cfg.QueryTimeout)
-	defer cancel()
-	s.sqlBusy.Add(1)
-	err = claim.Complete(writeCtx, outcomes)
-	s.sqlBusy.Add(-1)
-	if err != nil {
+	// slots, and the turn, go to the next rows while this batch writes
+	// back.
+	b.endPublish()
+	if err := w.writeBack(ctx, t.claim, b.outcomes); err != nil {
 		return false, nil, err
 	}
-	for _, g := range leased {
-		s.leases.start(inflight, g, rows.LeaseExpiry)
+	b.handOff(inflight, t.rows.LeaseExpiry)
+	return w.done(t, b), unsentKeys(t.rows.Records, b.outcomes, w.s.scope), nil
+}
+
+// deliverNothing ends a claim that holds no row to publish: it completes
+// one whose rows were all rescheduled (look again at once), and releases
+// one that found nothing.
+func (w *worker) deliverNothing(ctx context.Context, t taken) (more bool, unsent keySet, err error) {
+	writeCtx, cancel := writeBackContext(ctx, w.r.cfg.QueryTimeout)
+	defer cancel()
+	if t.rows.Deferred == 0 {
+		return false, nil, t.claim.Release(writeCtx)
 	}
-	handedOff = true
+	if err := t.claim.Complete(writeCtx, nil); err != nil {
+		return false, nil, err
+	}
+	w.s.tally.settled(nil, nil, nil, t.rows.Deferred)
+	return true, nil, nil
+}
+
+// takeTurn waits, for a batch whose rows all wait for a full bulkhead's
+// slot, until a delivery frees one, as it would in a publish; then takes
+// one of the turns the outboxes share to plan and publish (the
+// write-back, on this outbox's own database, takes none). The claim's
+// transaction waits meanwhile, so the wait is bounded like a publish: a
+// batch that gets no turn within it is given back untouched, and claimed
+// again; takeTurn then reports false.
+func (w *worker) takeTurn(ctx context.Context, t taken) bool {
+	r := w.r
+	t.waits.await(ctx, r.planner, t.rows.Records, r.cfg.PublishTimeout)
+	turnCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	err := r.turns.acquire(turnCtx, w.s.index)
+	cancel()
+	if err != nil {
+		w.drop(ctx, t)
+		if ctx.Err() == nil {
+			w.s.log.Debug("no turn to publish within publish_timeout: the batch is given back", slog.Int("rows", len(t.rows.Records)))
+		}
+		return false
+	}
+	return true
+}
+
+// batch is a claimed batch on its way, from its plan to its write-back:
+// the groups published now and those leased, the outcomes so far, and
+// what it holds (a turn, bulkhead slots, probes) until it gives them back.
+type batch struct {
+	w         *worker
+	groups    []*group // published inside the claim
+	leased    []*group // delivered on a lease after the write-back
+	outcomes  []store.Outcome
+	published int
+	turn      bool // holds one of the shared turns
+	released  bool // the groups' bulkhead slots are given back
+	handedOff bool // the leased groups are their leases'
+}
+
+// plan routes t's rows and admits them at their destinations (see
+// planner.plan); groups of destinations with a visibility timeout are
+// leased: their rows' outcomes hide them under a fresh token, and they
+// are delivered after the claim commits. The batch holds the turn
+// takeTurn took.
+func (w *worker) plan(t taken) *batch {
+	all, outcomes := w.r.planner.plan(t.rows.Records, time.Now(), w.s.scope)
+	w.releaseWaits(t) // its slots are taken: the next batch may wait
+	b := &batch{w: w, outcomes: outcomes, turn: true}
+	for _, g := range all {
+		g.claimed, g.start = t.rows.Now, t.start
+		b.published += len(g.recs)
+		if g.d.VisibilityTimeout == 0 {
+			b.groups = append(b.groups, g)
+			continue
+		}
+		b.leased = append(b.leased, g)
+		g.token = uuid.New()
+		for _, rec := range g.recs {
+			b.outcomes = append(b.outcomes, store.Outcome{ID: rec.ID, Kind: store.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
+		}
+	}
+	return b
+}
+
+// settle adds the outcomes each published group's results call for (see
+// dest.settle); abandoned says the publishes were cut short by shutdown.
+func (b *batch) settle(abandoned bool) {
+	for _, g := range b.groups {
+		b.outcomes = append(b.outcomes, g.d.settle(g, abandoned)...)
+	}
+}
+
+// endPublish gives back the published groups' bulkhead slots and the
+// turn, once.
+func (b *batch) endPublish() {
+	if !b.released {
+		b.released = true
+		for _, g := range b.groups {
+			g.d.release(g)
+		}
+	}
+	if b.turn {
+		b.turn = false
+		b.w.r.turns.release(b.w.s.index)
+	}
+}
+
+// handOff starts the leased groups' deliveries, now that their leases
+// are written (expiry, by row, as the write-back set them).
+func (b *batch) handOff(inflight context.Context, expiry map[int64]time.Time) {
+	for _, g := range b.leased {
+		b.w.s.leases.start(inflight, g, expiry)
+	}
+	b.handedOff = true
+}
+
+// end gives back what the batch still holds: the turn and slots if it
+// never got to its write-back, and the leased groups' slots and probes if
+// they were never handed off.
+func (b *batch) end() {
+	b.endPublish()
+	if !b.handedOff {
+		for _, g := range b.leased {
+			g.d.release(g)
+			g.d.abandon(g)
+		}
+	}
+}
+
+// writeBack completes the claim with the batch's outcomes.
+func (w *worker) writeBack(ctx context.Context, claim Claimed, outcomes []store.Outcome) error {
+	writeCtx, cancel := writeBackContext(ctx, w.r.cfg.QueryTimeout)
+	defer cancel()
+	w.s.sqlBusy.Add(1)
+	defer w.s.sqlBusy.Add(-1)
+	return claim.Complete(writeCtx, outcomes)
+}
+
+// done counts a written-back batch and asks idle workers for help after a
+// full one. It reports whether the worker should claim again at once:
+// after any outcome or rescheduling, as rows committed meanwhile may not
+// have notified (one notifier at a time), and a claim that finds nothing
+// is cheap.
+func (w *worker) done(t taken, b *batch) bool {
+	s, rows := w.s, t.rows
 	s.tally.batches.Add(1)
-	s.tally.settled(outcomes, groups, rows.Records, rows.Deferred)
-	if rows.Full && published > 0 {
-		// A full batch: more rows are probably ready than this worker
-		// takes; idle workers may help.
+	s.tally.settled(b.outcomes, b.groups, rows.Records, rows.Deferred)
+	if rows.Full && b.published > 0 {
+		// More rows are probably ready than this worker takes.
 		s.askHelp()
 	}
-	// Claim again at once after any outcome or rescheduling: rows
-	// committed meanwhile may not have notified (one notifier at a time),
-	// and a claim that finds nothing is cheap.
-	more = len(outcomes) > 0 || rows.Deferred > 0
-	s.log.Debug("batch done", slog.Int("claimed", rows.Claimed), slog.Int("published", published),
-		slog.Int("outcomes", len(outcomes)), slog.Duration("duration", time.Since(start)))
-	return more, unsentKeys(rows.Records, outcomes, s.scope), nil
+	s.log.Debug("batch done", slog.Int("claimed", rows.Claimed), slog.Int("published", b.published),
+		slog.Int("outcomes", len(b.outcomes)), slog.Duration("duration", time.Since(t.start)))
+	return len(b.outcomes) > 0 || rows.Deferred > 0
 }
 
 // publish hands each group to its destination, the destinations in

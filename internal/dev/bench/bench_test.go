@@ -30,8 +30,9 @@ func TestSmoke(t *testing.T) {
 		FairnessRows: 30000, FairnessRate: 500, ConsoleLetters: 500,
 		UserRows: []int{2000}, LargeRows: 3000,
 		SoakFor: 3 * time.Second, SoakMinute: time.Second, SoakIdle: time.Second, SoakRate: 500,
-		Only: "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak",
-		Logf: t.Logf,
+		Only:   "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak",
+		Binary: os.Getenv("OUTBOX_TEST_RELAY_BINARY"), // built by make test; else built here
+		Logf:   t.Logf,
 	})
 	if err != nil {
 		t.Fatal(err)

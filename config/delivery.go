@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/problems"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 )
@@ -91,16 +92,7 @@ func (r Retry) problems() []string {
 
 // lines splits a Validate error, one problem per line, putting at (the
 // section's path) in front of each.
-func lines(at string, err error) []string {
-	if err == nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(err.Error(), "\n") {
-		out = append(out, at+line)
-	}
-	return out
-}
+func lines(at string, err error) []string { return problems.Under(at, err) }
 
 // Forever is the value of a duration setting that has no end.
 const Forever = "forever"

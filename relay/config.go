@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/problems"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -295,12 +296,9 @@ func batchSizeProblem(n int) error {
 
 // prefixed splits err's lines, putting at in front of each.
 func prefixed(at string, err error) []error {
-	if err == nil {
-		return nil
-	}
 	var out []error
-	for _, line := range strings.Split(err.Error(), "\n") {
-		out = append(out, errors.New(at+line))
+	for _, line := range problems.Under(at, err) {
+		out = append(out, errors.New(line))
 	}
 	return out
 }

@@ -111,11 +111,7 @@ func (d *Destination) settingProblems() []error {
 		at  string
 		err error
 	}{{"breaker.", d.Breaker.Validate()}, {"retry_budget.", d.RetryBudget.Validate()}, {"rate_limit.", d.RateLimit.Validate()}} {
-		if part.err != nil {
-			for _, line := range strings.Split(part.err.Error(), "\n") {
-				errs = append(errs, errors.New(part.at+line))
-			}
-		}
+		errs = append(errs, prefixed(part.at, part.err)...)
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errs

@@ -14,7 +14,8 @@ const module = "github.com/outbox-relay/outbox-relay/"
 // conformance suite) are above them all, and none of them imports one.
 var layers = [][]string{
 	// The sink contract and the leaves.
-	{"relay/sink", "internal/db/schema", "internal/testsignal", "internal/gctune", "internal/methods"},
+	{"relay/sink", "internal/db/schema", "internal/testsignal", "internal/gctune", "internal/methods",
+		"internal/problems"},
 	// The sinks, the statements, the retry policy.
 	{"relay/retry", "internal/db/outboxdb", "relay/kafka", "relay/nats", "relay/pubsub", "relay/rabbitmq", "relay/redis",
 		"relay/webhook", "relay/cloudevents", "tracing"},

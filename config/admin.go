@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -136,7 +136,7 @@ func (a Admin) ReadTokens() (map[string]string, []string) {
 		}
 	}
 	if len(p) == 0 && len(out) > 0 {
-		if _, err := deadletter.NewTokens(out); err != nil {
+		if _, err := access.NewTokens(out); err != nil {
 			p = append(p, "admin tokens: "+err.Error())
 		}
 	}

@@ -38,6 +38,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/methods"
@@ -61,7 +62,7 @@ type Config struct {
 	Outboxes []Outbox
 	// Tokens are the admin tokens a login may give. Required: the
 	// console is off without one.
-	Tokens *deadletter.Tokens
+	Tokens *access.Tokens
 	// Status reports the relay's live state for the overview; nil shows
 	// none.
 	Status func(context.Context) Status

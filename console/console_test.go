@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/history"
@@ -28,7 +29,7 @@ type env struct {
 	t      *testing.T
 	s      *pgtest.Schema
 	srv    *httptest.Server
-	tokens *deadletter.Tokens
+	tokens *access.Tokens
 	hist   *history.Store
 }
 
@@ -39,7 +40,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, err := deadletter.NewTokens(map[string]string{"ops": token})
+	tokens, err := access.NewTokens(map[string]string{"ops": token})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ type ActionInfo struct {
 	// Verb names it on a button; Past says what was done, as results
 	// report it.
 	Verb, Past string
-	// Route is the API endpoint, under APIPrefix.
+	// Route is the API endpoint, under the api package's Prefix.
 	Route string
 
 	// Short is a line of help; Long says what happens to the rows;

@@ -129,24 +129,24 @@ func parseFind(p FindParams) (kind string, ref Ref, key string, err error) {
 	case FindEvent:
 		u, err := uuid.Parse(q)
 		if err != nil {
-			return "", Ref{}, "", &InputError{Problems: []string{fmt.Sprintf("%q is not an event id (a UUID)", clipText(q))}}
+			return "", Ref{}, "", &InputError{Problems: []string{fmt.Sprintf("%q is not an event id (a UUID)", ClipText(q))}}
 		}
 		return FindEvent, Ref{EventID: u}, "", nil
 	case FindRow:
 		id, err := strconv.ParseInt(q, 10, 64)
 		if err != nil || id < 1 {
-			return "", Ref{}, "", &InputError{Problems: []string{fmt.Sprintf("%q is not a row id (a positive integer)", clipText(q))}}
+			return "", Ref{}, "", &InputError{Problems: []string{fmt.Sprintf("%q is not a row id (a positive integer)", ClipText(q))}}
 		}
 		return FindRow, Ref{ID: id}, "", nil
 	case FindKey:
 		// A key is found as it is written, spaces included.
 		return FindKey, Ref{}, p.Query, nil
 	}
-	return "", Ref{}, "", &InputError{Problems: []string{fmt.Sprintf("kind %q is not one of event, row or key", clipText(p.Kind))}}
+	return "", Ref{}, "", &InputError{Problems: []string{fmt.Sprintf("kind %q is not one of event, row or key", ClipText(p.Kind))}}
 }
 
-// clipText shortens text quoted in an error.
-func clipText(s string) string {
+// ClipText shortens text quoted in an error.
+func ClipText(s string) string {
 	if len(s) <= 80 {
 		return s
 	}
@@ -232,7 +232,7 @@ func (s *Store) findKey(ctx context.Context, key string, limit int) (*Found, err
 	}
 	rows, err := s.q.KeyRows(ctx, s.pool, key, limit+1)
 	if err != nil {
-		return nil, fmt.Errorf("find key %q: %w", clipText(key), err)
+		return nil, fmt.Errorf("find key %q: %w", ClipText(key), err)
 	}
 	f := &Found{Kind: FindKey}
 	if len(rows) > limit {
@@ -272,7 +272,7 @@ func (s *Store) findKey(ctx context.Context, key string, limit int) (*Found, err
 		}
 	}
 	if len(f.Rows) == 0 {
-		f.Absent = fmt.Sprintf("No pending, dead-lettered or discarded row has key %q. Rows kept as sent are found by their event or row id.", clipText(key))
+		f.Absent = fmt.Sprintf("No pending, dead-lettered or discarded row has key %q. Rows kept as sent are found by their event or row id.", ClipText(key))
 	}
 	return f, nil
 }

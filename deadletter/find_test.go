@@ -3,8 +3,6 @@ package deadletter_test
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -183,33 +181,6 @@ func TestFindRefusesBadInput(t *testing.T) {
 	}
 }
 
-// The API finds a message, and answers a bad search with a 400 that says
-// what is wrong, never a 500.
-func TestAPIFind(t *testing.T) {
-	t.Parallel()
-	s := pgtest.NewSchema(t)
-	h := newAPI(t, s)
-	id, ev := addDead(t, s, dead{Key: "k-1", LastError: "HTTP 422 from hooks"})
-	code, body := call(h, "GET", "/api/v1/find?q="+ev.String(), "")
-	if code != http.StatusOK || !strings.Contains(body, `"kind": "event"`) || !strings.Contains(body, `"state": "dead_lettered"`) ||
-		!strings.Contains(body, `"id": `+strconv.FormatInt(id, 10)) {
-		t.Fatalf("find by event id: %d\n%s", code, body)
-	}
-	if code, body := call(h, "GET", "/api/v1/find?q=k-1&kind=key", ""); code != http.StatusOK || !strings.Contains(body, `"kind": "key"`) {
-		t.Errorf("find by key: %d\n%s", code, body)
-	}
-	for _, q := range []string{"", "?q=", "?q=" + url.QueryEscape(strings.Repeat("é", 2100)), "?q=%00", "?q=%FF", "?q=1&kind=table",
-		"?q=1&limit=-1", "?q=1&limit=x", "?q=1&q=2", "?q=1&order=id"} {
-		code, body := call(h, "GET", "/api/v1/find"+q, "")
-		if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
-			t.Errorf("find%s: %d, want 400 with the problem\n%s", q, code, body)
-		}
-	}
-}
-
-// A row is held only by the earlier rows of its order scope: with order
-// kept per destination, a key's row bound elsewhere does not hold it; a
-// row without a route holds the key everywhere.
 func TestFindHoldsFollowTheOrderScope(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)

@@ -2,10 +2,8 @@ package deadletter_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -147,32 +145,5 @@ func TestActionRunChecksInputs(t *testing.T) {
 		return edit.Run(ctx, st, p, nil)
 	}(); err == nil {
 		t.Error("edit ran as an action on a selection")
-	}
-}
-
-func TestAPIReroute(t *testing.T) {
-	t.Parallel()
-	s := pgtest.NewSchema(t)
-	h := newAPI(t, s)
-	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: sink.ReasonNoRoute})
-	path := strings.TrimSuffix(deadletter.APIPrefix, "/") + "/dead-letters/reroute"
-	for body, want := range map[string]string{
-		`{"filter":{"reason":"no_route"}}`:                           "reroute needs to",
-		`{"filter":{"reason":"no_route"},"to":7}`:                    "to: give a string",
-		`{"filter":{"reason":"no_route"},"to":"o","x":1}`:            `unknown field`,
-		`{"filter":{"reason":"no_route"},"to":"orders","at":"soon"}`: `use an RFC 3339 time`,
-	} {
-		if code, got := call(h, "POST", path, body); code != http.StatusBadRequest || !strings.Contains(got, want) {
-			t.Errorf("POST %s = %d %s; want 400 saying %q", body, code, got, want)
-		}
-	}
-	code, got := call(h, "POST", path, `{"filter":{"reason":"no_route"},"to":"orders","at":null,"reason":"typo","actor":"ops"}`)
-	var res deadletter.Result
-	if err := json.Unmarshal([]byte(got), &res); code != http.StatusOK || err != nil ||
-		res.Action != deadletter.ActionReroute || !slices.Equal(res.Changed, []int64{a}) {
-		t.Fatalf("reroute = %d %s", code, got)
-	}
-	if r := rowState(t, s, a); r.Status != "pending" || r.Topic != "orders" {
-		t.Errorf("row after the API's reroute = %+v", r)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outbox-relay/outbox-relay/access"
+	"github.com/outbox-relay/outbox-relay/api"
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/deadletter"
@@ -65,7 +67,7 @@ type admin struct {
 	// draining is closed when the relay begins to stop.
 	draining <-chan struct{}
 	// tokens are the dead-letter API's; nil turns it off.
-	tokens *deadletter.Tokens
+	tokens *access.Tokens
 	// certs is the listeners' certificate; nil serves plain HTTP.
 	certs *certificate
 	// fleet is the coordination tables' store; nil outside a fleet.
@@ -106,7 +108,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		EnableOpenMetrics: true,
 	}))
 	apiState := "off (no admin token)"
-	var api, ui http.Handler
+	var apiH, ui http.Handler
 	if ad.tokens != nil {
 		stores := make(map[string]*deadletter.Store, len(ad.outboxes))
 		for _, o := range ad.outboxes {
@@ -116,7 +118,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		if len(ad.outboxes) == 1 {
 			only = ad.outboxes[0].dead
 		}
-		api, err = deadletter.NewHandler(deadletter.HandlerConfig{
+		apiH, err = api.NewHandler(api.HandlerConfig{
 			Store:    only,
 			Outboxes: stores,
 			Tokens:   ad.tokens,
@@ -125,7 +127,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		if err != nil {
 			return nil, err
 		}
-		apiState = deadletter.APIPrefix
+		apiState = api.Prefix
 		var outboxes []console.Outbox
 		for _, o := range ad.outboxes {
 			outboxes = append(outboxes, console.Outbox{Name: o.name, Dead: o.dead, History: o.history})
@@ -164,9 +166,9 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		stops = append(stops, s)
 		return bound, nil
 	}
-	if api != nil && cfg.Admin.APIListen != "" {
+	if apiH != nil && cfg.Admin.APIListen != "" {
 		only := http.NewServeMux()
-		only.Handle(deadletter.APIPrefix, api)
+		only.Handle(api.Prefix, apiH)
 		only.Handle(console.Prefix, ui)
 		bound, err := serve("dead-letter API listener", cfg.Admin.APIListen, only, slog.Any("tokens", ad.tokens.Names()),
 			slog.String("console", console.Prefix))
@@ -174,8 +176,8 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			return nil, err
 		}
 		apiState = "on " + bound
-	} else if api != nil {
-		ops.Handle(deadletter.APIPrefix, api)
+	} else if apiH != nil {
+		ops.Handle(api.Prefix, apiH)
 		ops.Handle(console.Prefix, ui)
 	}
 	if cfg.Admin.Listen != "" {
@@ -188,7 +190,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 
 // adminTokens reads the dead-letter API's tokens; nil when none is
 // configured.
-func adminTokens(cfg config.Admin) (*deadletter.Tokens, error) {
+func adminTokens(cfg config.Admin) (*access.Tokens, error) {
 	if !cfg.APIEnabled() {
 		return nil, nil
 	}
@@ -196,7 +198,7 @@ func adminTokens(cfg config.Admin) (*deadletter.Tokens, error) {
 	if len(problems) > 0 {
 		return nil, &config.Error{Problems: problems}
 	}
-	return deadletter.NewTokens(byName)
+	return access.NewTokens(byName)
 }
 
 // serveAdmin serves h on addr until the returned function is called, and

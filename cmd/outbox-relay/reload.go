@@ -14,8 +14,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/config"
-	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
@@ -30,8 +30,8 @@ import (
 type reloader struct {
 	a      *app
 	need   config.Need
-	tokens *deadletter.Tokens // nil when the API is off
-	certs  *certificate       // nil without admin TLS
+	tokens *access.Tokens // nil when the API is off
+	certs  *certificate   // nil without admin TLS
 	// publishers are the destinations' own publishers, by name.
 	publishers map[string]sink.Publisher
 
@@ -44,7 +44,7 @@ type reloader struct {
 // Secret's files in a few renames.
 const reloadDebounce = 200 * time.Millisecond
 
-func newReloader(a *app, need config.Need, tokens *deadletter.Tokens, certs *certificate, publishers map[string]sink.Publisher) *reloader {
+func newReloader(a *app, need config.Need, tokens *access.Tokens, certs *certificate, publishers map[string]sink.Publisher) *reloader {
 	r := &reloader{a: a, need: need, tokens: tokens, certs: certs, publishers: publishers, cfg: a.cfg, log: a.log}
 	byName, _ := r.readTokens(a.cfg)
 	r.sums = r.digests(a.cfg, byName)

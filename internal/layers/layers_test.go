@@ -25,9 +25,9 @@ var layers = [][]string{
 	// The delivery engine.
 	{"relay"},
 	// What runs beside it: coordination, dead letters, metrics, history.
-	{"fleet", "deadletter", "metrics", "history"},
+	{"fleet", "deadletter", "access", "metrics", "history"},
 	// The operators' and the configuration's surfaces.
-	{"console", "config"},
+	{"api", "console", "config"},
 	// The programs.
 	{"cmd/outbox-relay", "relaycontainer"},
 }

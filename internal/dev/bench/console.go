@@ -13,6 +13,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/history"
@@ -71,7 +72,7 @@ SELECT m, '', '', $1, 1500 FROM generate_series(date_trunc('minute', now()) - in
 		return err
 	}
 	const token = "bench-console-token-0123456789"
-	tokens, err := deadletter.NewTokens(map[string]string{"bench": token})
+	tokens, err := access.NewTokens(map[string]string{"bench": token})
 	if err != nil {
 		return err
 	}

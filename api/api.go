@@ -1,4 +1,7 @@
-package deadletter
+// Package api serves the dead-letter operations over HTTP: the same
+// operations as the command line, as JSON, each request authenticated with
+// a named bearer token (see package access).
+package api
 
 import (
 	"bytes"
@@ -17,32 +20,34 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/access"
+	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/methods"
 )
 
 // MaxRequestBytes bounds an API request body.
 const MaxRequestBytes = 16 << 20
 
-// APIPrefix starts every path of the API.
-const APIPrefix = "/api/v1/"
+// Prefix starts every path of the API.
+const Prefix = "/api/v1/"
 
 // HandlerConfig configures the dead-letter HTTP API.
 type HandlerConfig struct {
-	// Store is the outbox served at APIPrefix: the relay's only one.
+	// Store is the outbox served at Prefix: the relay's only one.
 	// Without it, only the paths of Outboxes are served.
-	Store *Store
+	Store *deadletter.Store
 	// Outboxes are the relay's outboxes by name, each served under
-	// APIPrefix + "outboxes/{outbox}/".
-	Outboxes map[string]*Store
+	// Prefix + "outboxes/{outbox}/".
+	Outboxes map[string]*deadletter.Store
 	// Tokens are the bearer tokens a request may carry, by name. Required:
 	// the API is off without one.
-	Tokens *Tokens
+	Tokens *access.Tokens
 	Logger *slog.Logger
 }
 
 // NewHandler returns the dead-letter API: the same operations as the
 // command line, as JSON over HTTP, each request authenticated with the
-// bearer token. Mount it at APIPrefix.
+// bearer token. Mount it at Prefix.
 func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	if cfg.Store == nil && len(cfg.Outboxes) == 0 {
 		return nil, errors.New("dead-letter API: no store")
@@ -55,7 +60,7 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	}
 	h := &api{cfg: cfg}
 	mux := http.NewServeMux()
-	p := strings.TrimSuffix(APIPrefix, "/")
+	p := strings.TrimSuffix(Prefix, "/")
 	handle := func(route string, handler http.HandlerFunc) {
 		method, path, _ := strings.Cut(route, " ")
 		mux.HandleFunc(method+" "+p+path, h.in(handler))
@@ -67,8 +72,8 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 	handle("GET /parked-keys", h.keys)
 	// Actions on a selection share one handler; edit and release have
 	// their own.
-	actions := map[string]http.HandlerFunc{ActionEdit: h.edit, ActionRelease: h.release}
-	for _, a := range Actions {
+	actions := map[string]http.HandlerFunc{deadletter.ActionEdit: h.edit, deadletter.ActionRelease: h.release}
+	for _, a := range deadletter.Actions {
 		method, path, _ := strings.Cut(a.Route, " ")
 		handler, ok := actions[a.Name]
 		if a.Apply != nil {
@@ -114,7 +119,7 @@ func (h *api) in(next http.HandlerFunc) http.HandlerFunc {
 			}
 		} else if st == nil {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("this relay serves several outboxes (%s): name one, as in %soutboxes/{outbox}%s",
-				strings.Join(h.outboxNames(), ", "), APIPrefix, strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(APIPrefix, "/"))))
+				strings.Join(h.outboxNames(), ", "), Prefix, strings.TrimPrefix(r.URL.Path, strings.TrimSuffix(Prefix, "/"))))
 			return
 		}
 		next(w, r.WithContext(context.WithValue(r.Context(), storeKey{}, st)))
@@ -128,14 +133,16 @@ func (h *api) outboxNames() []string {
 }
 
 // store is the store of the request's outbox.
-func store(r *http.Request) *Store { return r.Context().Value(storeKey{}).(*Store) }
+func store(r *http.Request) *deadletter.Store {
+	return r.Context().Value(storeKey{}).(*deadletter.Store)
+}
 
 // authenticate answers 401 to any request without an accepted token,
 // before anything else is looked at, and passes on the token's name.
 func (h *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		name, matched := h.cfg.Tokens.match(given)
+		name, matched := h.cfg.Tokens.Match(given)
 		if !ok || !matched {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-relay"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
@@ -151,7 +158,7 @@ func (h *api) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	page, err := store(r).List(r.Context(), ListParams{Filter: f, Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor")})
+	page, err := store(r).List(r.Context(), deadletter.ListParams{Filter: f, Status: q.Get("status"), Limit: limit, Cursor: q.Get("cursor")})
 	h.reply(w, r, page, err)
 }
 
@@ -161,20 +168,20 @@ func (h *api) groups(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	page, err := store(r).Groups(r.Context(), GroupParams{Filter: f, Limit: limit})
+	page, err := store(r).Groups(r.Context(), deadletter.GroupParams{Filter: f, Limit: limit})
 	h.reply(w, r, page, err)
 }
 
 // filteredQuery reads a query of a Filter's parameters, limit, and the
 // other parameters named: the query, the filter and the limit.
-func filteredQuery(r *http.Request, other ...string) (url.Values, Filter, int, error) {
-	q, err := query(r, append(append(FilterFieldNames(), "limit"), other...)...)
+func filteredQuery(r *http.Request, other ...string) (url.Values, deadletter.Filter, int, error) {
+	q, err := query(r, append(append(deadletter.FilterFieldNames(), "limit"), other...)...)
 	if err != nil {
-		return nil, Filter{}, 0, err
+		return nil, deadletter.Filter{}, 0, err
 	}
-	f, err := ParseFilter(q.Get)
+	f, err := deadletter.ParseFilter(q.Get)
 	if err != nil {
-		return nil, Filter{}, 0, err
+		return nil, deadletter.Filter{}, 0, err
 	}
 	limit, err := intParam(q, "limit")
 	return q, f, limit, err
@@ -185,7 +192,7 @@ func (h *api) show(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	ref, err := ParseRef(r.PathValue("ref"))
+	ref, err := deadletter.ParseRef(r.PathValue("ref"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -199,11 +206,11 @@ func (h *api) show(w http.ResponseWriter, r *http.Request) {
 
 // bulkRequest is the body of replay and discard.
 type bulkRequest struct {
-	IDs       refList `json:"ids"`
-	Filter    Filter  `json:"filter"`
-	All       bool    `json:"all"`
-	DryRun    bool    `json:"dry_run"`
-	BatchSize int     `json:"batch_size"`
+	IDs       refList           `json:"ids"`
+	Filter    deadletter.Filter `json:"filter"`
+	All       bool              `json:"all"`
+	DryRun    bool              `json:"dry_run"`
+	BatchSize int               `json:"batch_size"`
 	// Rate is at most this many rows per second; 0 for no limit.
 	Rate   float64 `json:"rate"`
 	Reason string  `json:"reason"`
@@ -212,14 +219,14 @@ type bulkRequest struct {
 
 // selection handles an action on a selection: the fields of bulkRequest,
 // and the action's inputs as JSON strings.
-func (h *api) selection(a ActionInfo) http.HandlerFunc {
+func (h *api) selection(a deadletter.ActionInfo) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var fields map[string]json.RawMessage
 		if err := decode(r, &fields); err != nil {
 			h.fail(w, r, err)
 			return
 		}
-		in := Inputs{}
+		in := deadletter.Inputs{}
 		for _, i := range a.Inputs {
 			raw, ok := fields[i.Name]
 			delete(fields, i.Name)
@@ -228,7 +235,7 @@ func (h *api) selection(a ActionInfo) http.HandlerFunc {
 			}
 			var v string
 			if err := json.Unmarshal(raw, &v); err != nil {
-				h.fail(w, r, &InputError{Problems: []string{fmt.Sprintf("%s: give a string: %s", i.Name, i.Usage)}})
+				h.fail(w, r, &deadletter.InputError{Problems: []string{fmt.Sprintf("%s: give a string: %s", i.Name, i.Usage)}})
 				return
 			}
 			in[i.Name] = v
@@ -238,13 +245,13 @@ func (h *api) selection(a ActionInfo) http.HandlerFunc {
 			h.fail(w, r, err)
 			return
 		}
-		refs, err := ParseRefs(req.IDs)
+		refs, err := deadletter.ParseRefs(req.IDs)
 		if err != nil {
 			h.fail(w, r, err)
 			return
 		}
-		p := BulkParams{
-			Selection: Selection{Refs: refs, Filter: req.Filter, All: req.All},
+		p := deadletter.BulkParams{
+			Selection: deadletter.Selection{Refs: refs, Filter: req.Filter, All: req.All},
 			DryRun:    req.DryRun, BatchSize: req.BatchSize, Rate: req.Rate, Actor: apiActor(r, req.Actor), Reason: req.Reason,
 		}
 		res, err := a.Run(r.Context(), store(r), p, in)
@@ -256,12 +263,12 @@ func (h *api) selection(a ActionInfo) http.HandlerFunc {
 func strictJSON(fields map[string]json.RawMessage, v any) error {
 	b, err := json.Marshal(fields)
 	if err != nil {
-		return &InputError{Problems: []string{"request body: " + err.Error()}}
+		return &deadletter.InputError{Problems: []string{"request body: " + err.Error()}}
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return &InputError{Problems: []string{"request body: " + err.Error()}}
+		return &deadletter.InputError{Problems: []string{"request body: " + err.Error()}}
 	}
 	return nil
 }
@@ -306,7 +313,7 @@ type editRequest struct {
 }
 
 func (h *api) edit(w http.ResponseWriter, r *http.Request) {
-	ref, err := ParseRef(r.PathValue("ref"))
+	ref, err := deadletter.ParseRef(r.PathValue("ref"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -316,7 +323,7 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	p := EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, At: req.At, Actor: apiActor(r, req.Actor),
+	p := deadletter.EditParams{Ref: ref, Topic: req.Topic, AllowNonJSON: req.AllowNonJSON, At: req.At, Actor: apiActor(r, req.Actor),
 		Reason: req.Reason}
 	// If-Match with the ETag of the row's GET: the edit applies only to
 	// the content it was made from. * matches any row (a missing one is a
@@ -328,7 +335,7 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 			v, ok := strings.CutPrefix(m, `"`)
 			v, closed := strings.CutSuffix(v, `"`)
 			if !ok || !closed || v == "" || strings.ContainsAny(v, `",`) {
-				h.fail(w, r, &InputError{Problems: []string{"If-Match: give the one ETag the row's GET answered, in quotes"}})
+				h.fail(w, r, &deadletter.InputError{Problems: []string{"If-Match: give the one ETag the row's GET answered, in quotes"}})
 				return
 			}
 			p.Version = v
@@ -349,14 +356,14 @@ func (h *api) edit(w http.ResponseWriter, r *http.Request) {
 	if req.PayloadBase64 != nil {
 		b, err := base64.StdEncoding.DecodeString(*req.PayloadBase64)
 		if err != nil {
-			h.fail(w, r, &InputError{Problems: []string{"payload_base64: " + err.Error()}})
+			h.fail(w, r, &deadletter.InputError{Problems: []string{"payload_base64: " + err.Error()}})
 			return
 		}
 		p.Payload = b
 		forms++
 	}
 	if forms > 1 {
-		h.fail(w, r, &InputError{Problems: []string{"give the payload once: payload, payload_text or payload_base64"}})
+		h.fail(w, r, &deadletter.InputError{Problems: []string{"give the payload once: payload, payload_text or payload_base64"}})
 		return
 	}
 	res, err := store(r).Edit(r.Context(), p)
@@ -371,7 +378,7 @@ func (h *api) keys(w http.ResponseWriter, r *http.Request) {
 	keys, err := store(r).Keys(r.Context(), 0)
 	// At most MaxListLimit keys are listed; limited says the list may
 	// have been cut there.
-	h.reply(w, r, map[string]any{"parked_keys": keys, "limited": len(keys) == MaxListLimit}, err)
+	h.reply(w, r, map[string]any{"parked_keys": keys, "limited": len(keys) == deadletter.MaxListLimit}, err)
 }
 
 func (h *api) release(w http.ResponseWriter, r *http.Request) {
@@ -385,7 +392,7 @@ func (h *api) release(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	res, err := store(r).Release(r.Context(), ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(r, req.Actor)})
+	res, err := store(r).Release(r.Context(), deadletter.ReleaseParams{Key: req.Key, Discard: req.Discard, Reason: req.Reason, Actor: apiActor(r, req.Actor)})
 	h.reply(w, r, res, err)
 }
 
@@ -395,7 +402,7 @@ func (h *api) audit(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	p := AuditParams{Action: q.Get("action"), Actor: q.Get("actor"), Cursor: q.Get("cursor")}
+	p := deadletter.AuditParams{Action: q.Get("action"), Actor: q.Get("actor"), Cursor: q.Get("cursor")}
 	var problems []string
 	if p.Limit, err = intParam(q, "limit"); err != nil {
 		problems = append(problems, err.Error())
@@ -405,12 +412,12 @@ func (h *api) audit(w http.ResponseWriter, r *http.Request) {
 		problems = append(problems, err.Error())
 	}
 	p.Row = int64(row)
-	var window *InputError
-	if p.Since, p.Until, err = ParseWindow(q.Get("since"), q.Get("until")); errors.As(err, &window) {
+	var window *deadletter.InputError
+	if p.Since, p.Until, err = deadletter.ParseWindow(q.Get("since"), q.Get("until")); errors.As(err, &window) {
 		problems = append(problems, window.Problems...)
 	}
 	if len(problems) > 0 {
-		h.fail(w, r, &InputError{Problems: problems})
+		h.fail(w, r, &deadletter.InputError{Problems: problems})
 		return
 	}
 	page, err := store(r).Audit(r.Context(), p)
@@ -434,10 +441,10 @@ func (h *api) find(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	p := FindParams{Query: q.Get("q"), Kind: q.Get("kind")}
+	p := deadletter.FindParams{Query: q.Get("q"), Kind: q.Get("kind")}
 	if l := q.Get("limit"); l != "" {
 		if p.Limit, err = strconv.Atoi(l); err != nil || p.Limit < 1 {
-			h.fail(w, r, &InputError{Problems: []string{fmt.Sprintf("limit %q is not a positive integer", clipText(l))}})
+			h.fail(w, r, &deadletter.InputError{Problems: []string{fmt.Sprintf("limit %q is not a positive integer", deadletter.ClipText(l))}})
 			return
 		}
 	}
@@ -448,12 +455,12 @@ func (h *api) find(w http.ResponseWriter, r *http.Request) {
 // apiActor records who acted through the API: the name the caller gives
 // (the token's name when it gives none), marked as coming from the API
 // with the token it authenticated with.
-func apiActor(r *http.Request, name string) Actor {
+func apiActor(r *http.Request, name string) deadletter.Actor {
 	token, _ := r.Context().Value(tokenNameKey{}).(string)
 	if strings.TrimSpace(name) == "" {
 		name = token
 	}
-	return Actor{Name: name, Source: "api", Credential: token}
+	return deadletter.Actor{Name: name, Source: "api", Credential: token}
 }
 
 // query returns the request's query parameters, refusing unknown and
@@ -461,7 +468,7 @@ func apiActor(r *http.Request, name string) Actor {
 func query(r *http.Request, allowed ...string) (url.Values, error) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		return nil, &InputError{Problems: []string{"query: " + err.Error()}}
+		return nil, &deadletter.InputError{Problems: []string{"query: " + err.Error()}}
 	}
 	var p []string
 	for k, v := range q {
@@ -474,7 +481,7 @@ func query(r *http.Request, allowed ...string) (url.Values, error) {
 	}
 	if len(p) > 0 {
 		slices.Sort(p)
-		return nil, &InputError{Problems: p}
+		return nil, &deadletter.InputError{Problems: p}
 	}
 	return q, nil
 }
@@ -486,7 +493,7 @@ func intParam(q url.Values, name string) (int, error) {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 {
-		return 0, &InputError{Problems: []string{fmt.Sprintf("%s %q is not a non-negative integer", name, s)}}
+		return 0, &deadletter.InputError{Problems: []string{fmt.Sprintf("%s %q is not a non-negative integer", name, s)}}
 	}
 	return n, nil
 }
@@ -501,12 +508,12 @@ func decode(r *http.Request, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if errors.Is(err, io.EOF) {
-			return &InputError{Problems: []string{"the request body is empty: send a JSON object"}}
+			return &deadletter.InputError{Problems: []string{"the request body is empty: send a JSON object"}}
 		}
-		return &InputError{Problems: []string{"request body: " + err.Error()}}
+		return &deadletter.InputError{Problems: []string{"request body: " + err.Error()}}
 	}
 	if dec.More() {
-		return &InputError{Problems: []string{"request body: more than one JSON value"}}
+		return &deadletter.InputError{Problems: []string{"request body: more than one JSON value"}}
 	}
 	return nil
 }
@@ -520,15 +527,15 @@ func (h *api) reply(w http.ResponseWriter, r *http.Request, v any, err error) {
 }
 
 func (h *api) fail(w http.ResponseWriter, r *http.Request, err error) {
-	var ie *InputError
+	var ie *deadletter.InputError
 	switch {
 	case errors.As(err, &ie):
 		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "invalid input", "problems": ie.Problems})
-	case errors.Is(err, ErrNotFound), errors.Is(err, ErrNotParked):
+	case errors.Is(err, deadletter.ErrNotFound), errors.Is(err, deadletter.ErrNotParked):
 		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, ErrNotDeadLettered):
+	case errors.Is(err, deadletter.ErrNotDeadLettered):
 		writeError(w, http.StatusConflict, err.Error())
-	case errors.Is(err, ErrChanged):
+	case errors.Is(err, deadletter.ErrChanged):
 		writeError(w, http.StatusPreconditionFailed, err.Error())
 	case r.Context().Err() != nil:
 		// The caller went away; nothing to answer.

@@ -1,4 +1,6 @@
-package deadletter
+// Package access holds who may use the operators' surfaces: the named
+// bearer tokens of the HTTP API and the console.
+package access
 
 import (
 	"crypto/sha256"
@@ -71,10 +73,10 @@ func (t *Tokens) Names() []string {
 	return out
 }
 
-// match returns the name of the token given, comparing it with every
-// accepted token in constant time: how long it takes says nothing about
-// which token, or how much of one, matched.
-func (t *Tokens) match(given string) (name string, ok bool) {
+// Match returns the name of the accepted token given, comparing it with
+// every accepted token in constant time: how long it takes says nothing
+// about which token, or how much of one, matched.
+func (t *Tokens) Match(given string) (name string, ok bool) {
 	sum := sha256.Sum256([]byte(given))
 	for _, nt := range *t.set.Load() {
 		if subtle.ConstantTimeCompare(sum[:], nt.sum[:]) == 1 {
@@ -83,10 +85,6 @@ func (t *Tokens) match(given string) (name string, ok bool) {
 	}
 	return name, ok
 }
-
-// Match returns the name of the accepted token given, comparing it with
-// every accepted token in constant time.
-func (t *Tokens) Match(given string) (name string, ok bool) { return t.match(given) }
 
 // Secret returns a key derived from the accepted token named name, for
 // signing what its holder was handed (the console's sessions): it changes

@@ -1,32 +1,59 @@
-package deadletter_test
+package api_test
 
 import (
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/access"
+	"github.com/outbox-relay/outbox-relay/api"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	dlt "github.com/outbox-relay/outbox-relay/internal/dev/deadlettertest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
+
+// The dead-letter tests' fixtures.
+type dead = dlt.Dead
+
+var (
+	base           = dlt.Base
+	newStore       = dlt.NewStore
+	newStoreWith   = dlt.NewStoreWith
+	count          = dlt.Count
+	addDead        = dlt.AddDead
+	failAgain      = dlt.FailAgain
+	addParked      = dlt.AddParked
+	checkReleased  = dlt.CheckReleased
+	snapshot       = dlt.Snapshot
+	checkUnchanged = dlt.CheckUnchanged
+	rowState       = dlt.RowState
+	statuses       = dlt.Statuses
+	sorted         = dlt.Sorted
 )
 
 const apiToken = "s3cret-admin-token-0123"
 
 func newAPI(t *testing.T, s *pgtest.Schema) http.Handler {
 	t.Helper()
-	tokens, err := deadletter.NewTokens(map[string]string{"ops": apiToken})
+	tokens, err := access.NewTokens(map[string]string{"ops": apiToken})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return newAPIWith(t, s, tokens)
 }
 
-func newAPIWith(t *testing.T, s *pgtest.Schema, tokens *deadletter.Tokens) http.Handler {
+func newAPIWith(t *testing.T, s *pgtest.Schema, tokens *access.Tokens) http.Handler {
 	t.Helper()
-	h, err := deadletter.NewHandler(deadletter.HandlerConfig{
+	h, err := api.NewHandler(api.HandlerConfig{
 		Store: newStoreWith(t, s, deadletter.Config{
 			MaxPayload: 1024,
 			CheckTopic: func(topic string) error {
@@ -65,7 +92,7 @@ func call(h http.Handler, method, path, body string, tok ...string) (int, string
 
 func TestAPIRequiresToken(t *testing.T) {
 	t.Parallel()
-	if _, err := deadletter.NewHandler(deadletter.HandlerConfig{Store: &deadletter.Store{}}); err == nil {
+	if _, err := api.NewHandler(api.HandlerConfig{Store: &deadletter.Store{}}); err == nil {
 		t.Fatal("an API without a token was built")
 	}
 	s := pgtest.NewSchema(t)
@@ -109,7 +136,7 @@ func TestAPIRequiresToken(t *testing.T) {
 func TestAPITokensAreNamedInTheAudit(t *testing.T) {
 	t.Parallel()
 	const alice, bob = "alice-token-0123456789", "bob-token-0123456789"
-	tokens, err := deadletter.NewTokens(map[string]string{"alice": alice, "bob-ci": bob})
+	tokens, err := access.NewTokens(map[string]string{"alice": alice, "bob-ci": bob})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,11 +354,11 @@ func TestAPIServesEachOutbox(t *testing.T) {
 	a, b := pgtest.NewSchema(t), pgtest.NewSchema(t)
 	idA, _ := addDead(t, a, dead{Topic: "orders.a"})
 	addDead(t, b, dead{Topic: "orders.b"})
-	tokens, err := deadletter.NewTokens(map[string]string{"ops": apiToken})
+	tokens, err := access.NewTokens(map[string]string{"ops": apiToken})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := deadletter.NewHandler(deadletter.HandlerConfig{
+	h, err := api.NewHandler(api.HandlerConfig{
 		Outboxes: map[string]*deadletter.Store{"tenant-a": newStore(t, a), "tenant-b": newStore(t, b)},
 		Tokens:   tokens,
 	})
@@ -474,3 +501,72 @@ func TestAPIEditIfMatch(t *testing.T) {
 		t.Fatalf("edit with If-Match *: %d %s", rec.Code, rec.Body)
 	}
 }
+
+func TestAPIReroute(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	h := newAPI(t, s)
+	a, _ := addDead(t, s, dead{Topic: "ordres", At: base, Reason: sink.ReasonNoRoute})
+	path := strings.TrimSuffix(api.Prefix, "/") + "/dead-letters/reroute"
+	for body, want := range map[string]string{
+		`{"filter":{"reason":"no_route"}}`:                           "reroute needs to",
+		`{"filter":{"reason":"no_route"},"to":7}`:                    "to: give a string",
+		`{"filter":{"reason":"no_route"},"to":"o","x":1}`:            `unknown field`,
+		`{"filter":{"reason":"no_route"},"to":"orders","at":"soon"}`: `use an RFC 3339 time`,
+	} {
+		if code, got := call(h, "POST", path, body); code != http.StatusBadRequest || !strings.Contains(got, want) {
+			t.Errorf("POST %s = %d %s; want 400 saying %q", body, code, got, want)
+		}
+	}
+	code, got := call(h, "POST", path, `{"filter":{"reason":"no_route"},"to":"orders","at":null,"reason":"typo","actor":"ops"}`)
+	var res deadletter.Result
+	if err := json.Unmarshal([]byte(got), &res); code != http.StatusOK || err != nil ||
+		res.Action != deadletter.ActionReroute || !slices.Equal(res.Changed, []int64{a}) {
+		t.Fatalf("reroute = %d %s", code, got)
+	}
+	if r := rowState(t, s, a); r.Status != "pending" || r.Topic != "orders" {
+		t.Errorf("row after the API's reroute = %+v", r)
+	}
+}
+
+// Every action has its API endpoint, answered by the action's handler.
+func TestEveryActionHasItsEndpoint(t *testing.T) {
+	t.Parallel()
+	h := newAPI(t, pgtest.NewSchema(t))
+	for _, a := range deadletter.Actions {
+		method, path, _ := strings.Cut(a.Route, " ")
+		path = strings.TrimSuffix(api.Prefix, "/") + strings.ReplaceAll(path, "{ref}", "1")
+		code, body := call(h, method, path, "not json")
+		if code != http.StatusBadRequest {
+			t.Errorf("%s %s with a bad body = %d %s, want 400 from the action's handler", method, path, code, body)
+		}
+	}
+}
+
+// The API finds a message, and answers a bad search with a 400 that says
+// what is wrong, never a 500.
+func TestAPIFind(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	h := newAPI(t, s)
+	id, ev := addDead(t, s, dead{Key: "k-1", LastError: "HTTP 422 from hooks"})
+	code, body := call(h, "GET", "/api/v1/find?q="+ev.String(), "")
+	if code != http.StatusOK || !strings.Contains(body, `"kind": "event"`) || !strings.Contains(body, `"state": "dead_lettered"`) ||
+		!strings.Contains(body, `"id": `+strconv.FormatInt(id, 10)) {
+		t.Fatalf("find by event id: %d\n%s", code, body)
+	}
+	if code, body := call(h, "GET", "/api/v1/find?q=k-1&kind=key", ""); code != http.StatusOK || !strings.Contains(body, `"kind": "key"`) {
+		t.Errorf("find by key: %d\n%s", code, body)
+	}
+	for _, q := range []string{"", "?q=", "?q=" + url.QueryEscape(strings.Repeat("é", 2100)), "?q=%00", "?q=%FF", "?q=1&kind=table",
+		"?q=1&limit=-1", "?q=1&limit=x", "?q=1&q=2", "?q=1&order=id"} {
+		code, body := call(h, "GET", "/api/v1/find"+q, "")
+		if code != http.StatusBadRequest || !strings.Contains(body, `"error"`) {
+			t.Errorf("find%s: %d, want 400 with the problem\n%s", q, code, body)
+		}
+	}
+}
+
+// A row is held only by the earlier rows of its order scope: with order
+// kept per destination, a key's row bound elsewhere does not hold it; a
+// row without a route holds the key everywhere.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/problems"
+	"github.com/outbox-relay/outbox-relay/internal/testsignal"
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -275,13 +277,13 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("relay: %w", err))
 		}
 	}
-	errs = append(errs, prefixed("relay: ", c.ValidateSettings())...)
+	errs = append(errs, problems.Errors("relay: ", c.ValidateSettings())...)
 	if c.QueryTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("relay: query_timeout is %s; it must be positive", c.QueryTimeout))
 	}
-	errs = append(errs, prefixed("relay: ", c.Pause.Validate())...)
+	errs = append(errs, problems.Errors("relay: ", c.Pause.Validate())...)
 	if c.Fleet != nil {
-		errs = append(errs, c.Fleet.problems()...)
+		errs = append(errs, c.Fleet.Problems()...)
 	}
 	return errors.Join(errs...)
 }
@@ -292,15 +294,6 @@ func batchSizeProblem(n int) error {
 		return fmt.Errorf("batch_size is %d; at most %d rows fit one claim", n, MaxBatchSize)
 	}
 	return nil
-}
-
-// prefixed splits err's lines, putting at in front of each.
-func prefixed(at string, err error) []error {
-	var out []error
-	for _, line := range problems.Under(at, err) {
-		out = append(out, errors.New(line))
-	}
-	return out
 }
 
 // assemble fills in what a program may leave out: the default policy and
@@ -357,4 +350,13 @@ func (p PauseConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("pause_max %s is below pause_base %s", p.Max, p.Base))
 	}
 	return errors.Join(errs...)
+}
+
+// destSettings is what each destination at work takes of c; changed hears
+// of their breakers' changes.
+func (c *Config) destSettings(changed *testsignal.Signal[BreakerChange]) flow.Settings {
+	return flow.Settings{
+		OnDeadLetter: c.OnDeadLetter, InFleet: c.Fleet != nil, LeasedBound: c.Workers * c.largestBatch(),
+		PauseBase: c.Pause.Base, PauseMax: c.Pause.Max, Policy: c.Policy, Logger: c.Logger, Changed: changed,
+	}
 }

@@ -29,4 +29,4 @@ func (r *Relay) InitTestSignals() TestSignals {
 }
 
 // FleetResting reports whether the relay's fleet syncs at its quiet pace.
-func (r *Relay) FleetResting() bool { return r.fleet != nil && r.fleet.resting.Load() }
+func (r *Relay) FleetResting() bool { return r.fleet != nil && r.fleet.Resting() }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -32,22 +33,24 @@ type leaser struct {
 
 // start delivers g in the background; its keys stay in flight until its
 // write-back. The group's bulkhead slots are its until then too.
-func (l *leaser) start(inflight context.Context, g *group, expiry map[int64]time.Time) {
-	g.inflight = l.inflight.add(leasedOwner, g.recs, nil) // taken over from the worker
+func (l *leaser) start(inflight context.Context, g *flow.Group, expiry map[int64]time.Time) {
+	id := l.inflight.add(leasedOwner, g.Recs, nil) // taken over from the worker
 	l.wg.Add(1)
-	go l.deliver(inflight, g, expiry)
+	go l.deliver(inflight, g, id, expiry)
 }
 
 // stop waits for every leased delivery to end: each is written back or,
 // abandoned at the drain timeout, left to its lease.
 func (l *leaser) stop() { l.wg.Wait() }
 
-func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]time.Time) {
+// deliver publishes g and writes its outcomes back; id is its keys' entry
+// in the in-flight registry.
+func (l *leaser) deliver(inflight context.Context, g *flow.Group, id inflightID, expiry map[int64]time.Time) {
 	defer l.wg.Done()
-	defer g.d.release(g)
-	publish(inflight, []*group{g}, l.publishTimeout)
+	defer g.Dest.Release(g)
+	publish(inflight, []*flow.Group{g}, l.publishTimeout)
 	abandoned := inflight.Err() != nil
-	outcomes := g.d.settle(g, abandoned)
+	outcomes := g.Dest.Settle(g, abandoned)
 	decided := make(map[int64]bool, len(outcomes))
 	for _, o := range outcomes {
 		decided[o.ID] = true
@@ -55,7 +58,7 @@ func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]ti
 	var unsent []store.Outcome
 	var keys []store.LeasedWork
 	seenKey := map[string]bool{}
-	for _, rec := range g.recs {
+	for _, rec := range g.Recs {
 		if !decided[rec.ID] {
 			unsent = append(unsent, store.Outcome{ID: rec.ID})
 		}
@@ -65,14 +68,14 @@ func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]ti
 		}
 	}
 	for i := range outcomes {
-		outcomes[i].Token = g.token
+		outcomes[i].Token = g.Token
 	}
 	for i := range unsent {
-		unsent[i].Token = g.token
+		unsent[i].Token = g.Token
 	}
 	// Other workers may claim these keys again: their rows stay behind the
 	// leased ones until the write-back below, which then makes them ready.
-	l.inflight.remove(g.inflight)
+	l.inflight.remove(id)
 	ctx, cancel := writeBackContext(inflight, l.queryTimeout)
 	defer cancel()
 	// Only outcomes written back count: a row whose lease ran out and was
@@ -81,14 +84,14 @@ func (l *leaser) deliver(inflight context.Context, g *group, expiry map[int64]ti
 	if err != nil {
 		// The leases run out and the rows are delivered again.
 		l.log.Error("leased write-back failed; the rows are delivered again when their lease ends",
-			slog.String("destination", g.d.Name), slog.Int("rows", len(g.recs)), slog.Any("error", err))
+			slog.String("destination", g.Dest.Name), slog.Int("rows", len(g.Recs)), slog.Any("error", err))
 		return
 	}
 	if lost := len(outcomes) - len(done); lost > 0 {
 		l.log.Warn("leases ran out before their write-back and another delivery took the rows; keep visibility_timeout well above the destination's timeout",
-			slog.String("destination", g.d.Name), slog.Int("rows", lost))
+			slog.String("destination", g.Dest.Name), slog.Int("rows", lost))
 	}
-	l.tally.settled(done, []*group{g}, g.recs, 0)
+	l.tally.settled(done, []*flow.Group{g}, g.Recs, 0)
 	l.written.Send(len(done))
 	l.wake()
 }

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
@@ -23,24 +24,14 @@ type Observer interface {
 	Settled(destination string, kind store.OutcomeKind, reason string, lag time.Duration)
 }
 
-// Why rows are deferred (Observer.Settled's reason for Deferred rows).
+// The deferral reasons: why a row waits without counting an attempt.
 const (
-	// DeferKeyWaiting: an earlier row of the key waits for a retry, a
-	// delay, or a parked key's release.
-	DeferKeyWaiting = "key_waiting"
-	// DeferCircuitOpen: the destination's circuit breaker is open.
-	DeferCircuitOpen = "circuit_open"
-	// DeferRetryBudget: the destination's retries are over budget.
-	DeferRetryBudget = "retry_budget"
-	// DeferDestinationFailing: the attempt failed in a way that says the
-	// destination as a whole cannot be used (a systemic failure).
-	DeferDestinationFailing = "destination_failing"
-	// DeferTopicPaused: the row's topic is paused, or its attempt failed
-	// in a way that says the topic cannot be used now (a systemic failure
-	// of the topic, such as its authorization).
-	DeferTopicPaused = "topic_paused"
-	// DeferPartitionPaused: likewise for the row's partition (no leader).
-	DeferPartitionPaused = "partition_paused"
+	DeferKeyWaiting         = flow.DeferKeyWaiting
+	DeferCircuitOpen        = flow.DeferCircuitOpen
+	DeferRetryBudget        = flow.DeferRetryBudget
+	DeferDestinationFailing = flow.DeferDestinationFailing
+	DeferTopicPaused        = flow.DeferTopicPaused
+	DeferPartitionPaused    = flow.DeferPartitionPaused
 )
 
 // Stats counts what the relay did. Read it with Relay.Stats.
@@ -69,7 +60,7 @@ func (t *tally) claimed(elapsed time.Duration, rows int) {
 // settled counts written-back outcomes of groups, and rows the claim
 // deferred behind a waiting row of their key; recs are the rows the
 // outcomes are about.
-func (t *tally) settled(outcomes []store.Outcome, groups []*group, recs []sink.Record, deferredByClaim int) {
+func (t *tally) settled(outcomes []store.Outcome, groups []*flow.Group, recs []sink.Record, deferredByClaim int) {
 	t.count(outcomes, deferredByClaim)
 	t.observe(outcomes, groups, deferredByClaim)
 	t.logDeadLetters(outcomes, recs)
@@ -127,7 +118,7 @@ func (t *tally) stats() Stats {
 
 // observe tells the observer of written-back outcomes, and of rows the
 // claim deferred behind a waiting row of their key.
-func (t *tally) observe(outcomes []store.Outcome, groups []*group, deferredByClaim int) {
+func (t *tally) observe(outcomes []store.Outcome, groups []*flow.Group, deferredByClaim int) {
 	if t.obs == nil {
 		return
 	}
@@ -136,8 +127,8 @@ func (t *tally) observe(outcomes []store.Outcome, groups []*group, deferredByCla
 	}
 	var lag map[int64]time.Duration
 	for _, g := range groups {
-		acked := g.acked()
-		for _, rec := range g.recs {
+		acked := g.Acked()
+		for _, rec := range g.Recs {
 			if lag == nil {
 				lag = make(map[int64]time.Duration, len(outcomes))
 			}

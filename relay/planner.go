@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
@@ -12,7 +13,7 @@ import (
 // and where. It holds no database: routing, key runs, the byte budget and
 // the destinations' admission are all it needs.
 type planner struct {
-	dests  []*dest
+	dests  []*flow.Dest
 	router *router
 	// maxBytes bounds the bytes of a batch (see Config.MaxBatchBytes).
 	maxBytes int
@@ -21,7 +22,7 @@ type planner struct {
 	maxAttempts int
 }
 
-func newPlanner(cfg *Config, dests []*dest) *planner {
+func newPlanner(cfg *Config, dests []*flow.Dest) *planner {
 	index := map[string]int{}
 	for i, d := range dests {
 		index[d.Name] = i
@@ -44,7 +45,7 @@ func newPlanner(cfg *Config, dests []*dest) *planner {
 // that a failure in one place can never let a later row of the key through
 // in another; and once the batch's byte budget or a destination's
 // bulkhead is spent, the remaining rows wait for the next batch, untouched.
-func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic string) string) ([]*group, []store.Outcome) {
+func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic string) string) ([]*flow.Group, []store.Outcome) {
 	type keyRun struct {
 		dest    int
 		topic   string
@@ -54,8 +55,8 @@ func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic strin
 	runs := make(map[string]*keyRun, len(recs))
 	runBuf := make([]keyRun, 0, len(recs)) // never grows: pointers stay valid
 	var parkedEverywhere map[string]bool   // keys parked in every scope by a row without a route
-	groups := map[int]*group{}
-	var order []*group
+	groups := map[int]*flow.Group{}
+	var order []*flow.Group
 	var outcomes []store.Outcome
 	bytes := 0
 	full := false
@@ -87,7 +88,7 @@ func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic strin
 				run.stopped = true
 			}
 		}
-		var d *dest
+		var d *flow.Dest
 		if rt.dest >= 0 {
 			d = p.dests[rt.dest]
 		}
@@ -106,31 +107,31 @@ func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic strin
 		}
 		g := groups[rt.dest]
 		if g == nil {
-			g = d.begin(now, len(recs))
+			g = d.Begin(now, len(recs))
 			groups[rt.dest] = g
 			order = append(order, g)
 		}
-		v, o, paused := d.admit(g, rec, rt.topic, now)
-		if v == admitted {
+		v, o, paused := d.Admit(g, rec, rt.topic, now)
+		if v == flow.Admitted {
 			size := recordSize(rec)
 			if full || (bytes > 0 && bytes+size > p.maxBytes) {
-				full = full || !g.adm.probe
-				v = held
-			} else if v, o = d.take(rec, now); v == admitted {
+				full = full || !g.Probe()
+				v = flow.Held
+			} else if v, o = d.Take(rec, now); v == flow.Admitted {
 				bytes += size
-				g.add(rec, rt.topic, paused)
+				g.Add(rec, rt.topic, paused)
 				continue
 			}
 		}
-		if v == deferred {
+		if v == flow.Deferred {
 			outcomes = append(outcomes, o)
 		}
 		stop()
 	}
 	out := order[:0]
 	for _, g := range order {
-		g.d.planned(g)
-		if len(g.recs) > 0 {
+		g.Dest.Planned(g)
+		if len(g.Recs) > 0 {
 			out = append(out, g)
 		}
 	}
@@ -140,10 +141,10 @@ func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic strin
 // deadLetter returns the outcome of a row that cannot be delivered at all,
 // bound for d (nil without a route): one the claim found undeliverable, or
 // a leased row whose attempts all ran out.
-func (p *planner) deadLetter(d *dest, rec sink.Record) (store.Outcome, bool) {
+func (p *planner) deadLetter(d *flow.Dest, rec sink.Record) (store.Outcome, bool) {
 	if rec.Undeliverable != "" {
 		// Without a destination, the relay's own policy applies.
-		park := rec.HasKey && ((d != nil && d.block) || (d == nil && p.block))
+		park := rec.HasKey && ((d != nil && d.Blocks()) || (d == nil && p.block))
 		o := store.Outcome{ID: rec.ID, Kind: store.DeadLettered,
 			Reason: rec.UndeliverableReason, Error: rec.Undeliverable, Class: sink.ClassPermanent.String(), ParkKey: park}
 		if d != nil {
@@ -156,7 +157,7 @@ func (p *planner) deadLetter(d *dest, rec sink.Record) (store.Outcome, bool) {
 		// ended without an outcome, as when it crashes the relay.
 		msg := fmt.Sprintf("all %d attempts used; the last leases ended without an outcome (the relay stopped or crashed while delivering)", rec.RetryCount)
 		return store.Outcome{ID: rec.ID, Kind: store.DeadLettered, Reason: sink.ReasonRetriesExhausted,
-			Error: msg, Class: sink.ClassTransient.String(), ParkKey: d.block && rec.HasKey, Destination: d.Name}, true
+			Error: msg, Class: sink.ClassTransient.String(), ParkKey: d.Blocks() && rec.HasKey, Destination: d.Name}, true
 	}
 	return store.Outcome{}, false
 }
@@ -168,4 +169,14 @@ func recordSize(rec sink.Record) int {
 		size += len(k) + len(v)
 	}
 	return size
+}
+
+// destOf is the destination rec goes to, or false when it goes to the
+// dead letters (undeliverable, or without a route).
+func (p *planner) destOf(rec *sink.Record) (*flow.Dest, bool) {
+	rt := p.router.route(rec.Topic)
+	if rec.Undeliverable != "" || rt.dest < 0 {
+		return nil, false
+	}
+	return p.dests[rt.dest], true
 }

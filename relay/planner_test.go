@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
@@ -31,9 +32,9 @@ func testPlanner(t *testing.T, cfg Config, ds []Destination, routes []Route) *pl
 	if err := cfg.assemble(); err != nil {
 		t.Fatal(err)
 	}
-	var dests []*dest
+	var dests []*flow.Dest
 	for _, d := range cfg.Destinations {
-		dests = append(dests, newDest(d, &cfg, nil))
+		dests = append(dests, flow.NewDest(d, cfg.destSettings(nil)))
 	}
 	return newPlanner(&cfg, dests)
 }
@@ -44,11 +45,11 @@ func rec(id int64, topic, key string) sink.Record {
 
 // planned returns the ids of each group's rows, by destination, and the
 // outcomes by id.
-func planned(groups []*group, outcomes []store.Outcome) (map[string][]int64, map[int64]store.Outcome) {
+func planned(groups []*flow.Group, outcomes []store.Outcome) (map[string][]int64, map[int64]store.Outcome) {
 	ids := map[string][]int64{}
 	for _, g := range groups {
-		for _, r := range g.recs {
-			ids[g.d.Name] = append(ids[g.d.Name], r.ID)
+		for _, r := range g.Recs {
+			ids[g.Dest.Name] = append(ids[g.Dest.Name], r.ID)
 		}
 	}
 	byID := map[int64]store.Outcome{}
@@ -75,8 +76,8 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 		t.Errorf("destination b got %v, want [4 5 6]", got)
 	}
 	for _, g := range groups {
-		if g.d.Name == "b" && g.recs[0].Topic != "renamed" {
-			t.Errorf("b's rows go to topic %q, want the route's renamed", g.recs[0].Topic)
+		if g.Dest.Name == "b" && g.Recs[0].Topic != "renamed" {
+			t.Errorf("b's rows go to topic %q, want the route's renamed", g.Recs[0].Topic)
 		}
 	}
 	if o := out[7]; o.Kind != store.DeadLettered || o.Reason != sink.ReasonNoRoute || o.ParkKey {
@@ -137,10 +138,29 @@ func TestPlanStopsAtTheByteBudget(t *testing.T) {
 	}
 }
 
+// openBreaker opens the breaker of p's first destination as a publish
+// failing systemically at now does: a row of topic a.x planned, published
+// and settled.
+func openBreaker(t *testing.T, p *planner, now time.Time, msg string) {
+	t.Helper()
+	groups, _ := p.plan([]sink.Record{rec(1000, "a.x", "")}, now, nil)
+	if len(groups) != 1 {
+		t.Fatalf("%d groups planned for one row", len(groups))
+	}
+	g := groups[0]
+	g.Errs = []error{sink.Systemic(errors.New(msg))}
+	g.Start, g.Done = now, now
+	g.Dest.Settle(g, false)
+	g.Dest.Release(g)
+	if state, _ := g.Dest.BreakerState(); state != BreakerOpen {
+		t.Fatalf("breaker %s after a systemic failure, want open", state)
+	}
+}
+
 func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Minute, Max: time.Minute}}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	now := time.Now()
-	p.dests[0].breaker.feed(now, evidence{systemic: 1, lastErr: "refused"})
+	openBreaker(t, p, now, "refused")
 	groups, outcomes := p.plan([]sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
 	ids, out := planned(groups, outcomes)
 	if o := out[1]; o.Kind != store.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
@@ -157,25 +177,25 @@ func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Millisecond, Max: time.Millisecond}}, []Destination{{Name: "a"}}, twoDestinations)
 	now := time.Now()
-	p.dests[0].breaker.feed(now, evidence{systemic: 1})
+	openBreaker(t, p, now, "refused")
 	var recs []sink.Record
 	for i := range 20 {
 		recs = append(recs, rec(int64(i+1), []string{"a.x", "a.y"}[i%2], []string{"k", "j", "", ""}[i%4]))
 	}
 	groups, _ := p.plan(recs, now.Add(time.Second), nil)
-	if len(groups) != 1 || !groups[0].adm.probe {
+	if len(groups) != 1 || !groups[0].Probe() {
 		t.Fatalf("groups %+v, want one probe", groups)
 	}
 	g := groups[0]
 	byTopic, byKey := map[string]int{}, map[string]int{}
-	for _, r := range g.recs {
+	for _, r := range g.Recs {
 		byTopic[r.Topic]++
 		if r.HasKey {
 			byKey[r.Key]++
 		}
 	}
-	if len(g.recs) > probeRows || byTopic["a.x"] > probeRowsByTopic || byKey["k"] > 1 || byKey["j"] > 1 {
-		t.Errorf("probe of %d rows, by topic %v, by key %v", len(g.recs), byTopic, byKey)
+	if len(g.Recs) > flow.ProbeRows || byTopic["a.x"] > flow.ProbeRowsByTopic || byKey["k"] > 1 || byKey["j"] > 1 {
+		t.Errorf("probe of %d rows, by topic %v, by key %v", len(g.Recs), byTopic, byKey)
 	}
 	// A second batch meanwhile is held: one probe at a time.
 	if groups, outcomes := p.plan(recs[:1], now.Add(time.Second), nil); len(groups) != 0 || outcomes[0].Reason != DeferCircuitOpen {
@@ -198,11 +218,11 @@ func TestPlanHoldsRowsPastTheBulkheadAndDefersRetriesOverBudget(t *testing.T) {
 	if _, ok := out[5]; ok {
 		t.Error("the row past the bulkhead got an outcome; it waits untouched")
 	}
-	if !p.dests[0].bulk.full() {
+	if free, _, _ := p.dests[0].Room(); free != 0 {
 		t.Error("the bulkhead is not full while the plan's rows are in flight")
 	}
-	p.dests[0].release(groups[0])
-	if p.dests[0].bulk.full() {
+	p.dests[0].Release(groups[0])
+	if free, _, _ := p.dests[0].Room(); free == 0 {
 		t.Error("the bulkhead stays full after the group is released")
 	}
 }
@@ -218,9 +238,9 @@ func TestSettleReleasesOrHoldsAKeyAfterAFailure(t *testing.T) {
 		p := testPlanner(t, Config{OnDeadLetter: policy}, []Destination{{Name: "a"}}, twoDestinations)
 		groups, _ := p.plan([]sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
 		g := groups[0]
-		g.errs = []error{sink.Permanent(errBad, "rejected"), nil, sink.Transient(errBad, 0), sink.ErrNotSent}
+		g.Errs = []error{sink.Permanent(errBad, "rejected"), nil, sink.Transient(errBad, 0), sink.ErrNotSent}
 		out := map[int64]store.Outcome{}
-		for _, o := range g.d.settle(g, false) {
+		for _, o := range g.Dest.Settle(g, false) {
 			out[o.ID] = o
 		}
 		if o := out[1]; o.Kind != store.DeadLettered || o.ParkKey != block {

@@ -16,16 +16,15 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 )
 
 // Dead-letter policies of a destination.
 const (
 	// OnDeadLetterRelease lets a key's later rows go on after one of its
-	// rows is dead-lettered.
-	OnDeadLetterRelease = "release"
-	// OnDeadLetterBlock parks the key at a dead-lettered row until an
-	// operator releases it.
-	OnDeadLetterBlock = "block"
+	// rows is dead-lettered; OnDeadLetterBlock parks the key.
+	OnDeadLetterRelease = flow.OnDeadLetterRelease
+	OnDeadLetterBlock   = flow.OnDeadLetterBlock
 )
 
 // Order scopes: the rows of one key that keep their order among
@@ -60,14 +59,15 @@ func ValidateOrderScope(scope string) error {
 // settlement, then complete the claim; leased deliveries, the cleaner and
 // the wake-up listener run beside them.
 type Relay struct {
-	cfg     Config
-	log     *slog.Logger
-	dests   []*dest
-	planner *planner
-	sources []*source // one per outbox
-	turns   *turns
-	fleet   *fleet    // nil: flow control per process
-	epoch   time.Time // a monotonic origin for the workers' busySince
+	cfg       Config
+	log       *slog.Logger
+	dests     []*flow.Dest
+	planner   *planner
+	sources   []*source // one per outbox
+	turns     *turns
+	fleet     *flow.Replica // nil: flow control per process
+	fleetSync *service      // runs the fleet's syncs
+	epoch     time.Time     // a monotonic origin for the workers' busySince
 	// unleased is whether a live replica claims without leasing
 	// partitions, as the fleet last said.
 	unleased atomic.Bool
@@ -90,7 +90,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, epoch: time.Now()}
 	for _, d := range cfg.Destinations {
-		r.dests = append(r.dests, newDest(d, &r.cfg, &r.breakerChanged))
+		r.dests = append(r.dests, flow.NewDest(d, r.cfg.destSettings(&r.breakerChanged)))
 	}
 	r.planner = newPlanner(&r.cfg, r.dests)
 	for i, o := range r.cfg.Outboxes {
@@ -103,13 +103,14 @@ func New(cfg Config) (*Relay, error) {
 		}
 	}
 	for _, d := range r.dests {
-		d.freed = wakeWorkers
+		d.Freed = wakeWorkers
 	}
 	if cfg.Fleet != nil {
-		r.fleet = newFleet(*cfg.Fleet, r.dests, r.cfg.QueryTimeout, r.log)
-		r.fleet.wakeWorkers = wakeWorkers
-		r.fleet.quiet = r.quiet
-		r.fleet.unleased = func(present bool) {
+		r.fleet = flow.NewReplica(*cfg.Fleet, r.dests, r.cfg.QueryTimeout, r.log)
+		r.fleetSync = newService("fleet sync", r.fleet.Run)
+		r.fleet.WakeWorkers = wakeWorkers
+		r.fleet.Quiet = r.quiet
+		r.fleet.Unleased = func(present bool) {
 			if r.unleased.Swap(present) != present {
 				if present {
 					r.log.Warn("a replica of an older relay claims rows without leasing partitions: key checks read from the lowest pending row until it is gone")
@@ -161,8 +162,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.fleet != nil {
 		// The first sync comes before any claim: a replica that starts
 		// while a destination's breaker is open elsewhere sends it nothing.
-		r.fleet.sync(ctx)
-		r.fleet.service.start(ctx, fails)
+		r.fleet.Sync(ctx)
+		r.fleetSync.start(ctx, fails)
 	}
 	for _, s := range r.sources {
 		s.run(g, ctx, inflight, fails)
@@ -173,8 +174,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		s.stop(ctx)
 	}
 	if r.fleet != nil {
-		r.fleet.service.stop()
-		r.fleet.leave(ctx)
+		r.fleetSync.stop()
+		r.fleet.Leave(ctx)
 	}
 	r.log.Info("relay stopped", slog.Int64("delivered", r.Stats().Delivered))
 	return cmp.Or(err, fails.first())
@@ -196,22 +197,22 @@ func writeBackContext(ctx context.Context, timeout time.Duration) (context.Conte
 // open to the claim can take: their free slots, and the whole share of
 // those it waits on; -1 when one has no in-flight limit. A claim need not
 // take more: the rest would only be given back.
-func (r *Relay) closedTopics(now time.Time, waits *slotWaits) (topics []string, left time.Duration, room int) {
-	var wait func(*dest) bool
+func (r *Relay) closedTopics(now time.Time, waits *flow.SlotWaits) (topics []string, left time.Duration, room int) {
+	var wait func(*flow.Dest) bool
 	if waits != nil {
-		wait = waits.take
+		wait = waits.Take
 	}
 	open := 0
-	addRoom := func(d *dest) {
+	addRoom := func(d *flow.Dest) {
 		open++
 		if room < 0 {
 			return
 		}
-		free, limit, ok := d.bulk.room()
+		free, limit, ok := d.Room()
 		switch {
 		case !ok:
 			room = -1
-		case waits.holds(d):
+		case waits.Holds(d):
 			room += limit
 		default:
 			room += free
@@ -226,7 +227,7 @@ func (r *Relay) closedTopics(now time.Time, waits *slotWaits) (topics []string, 
 		}
 	}
 	for i, d := range r.dests {
-		blocked, until, topics, left := d.closed(now, wait)
+		blocked, until, topics, left := d.Closed(now, wait)
 		if blocked {
 			if closed == nil {
 				closed = map[int]bool{}
@@ -262,7 +263,7 @@ func (r *Relay) closedTopics(now time.Time, waits *slotWaits) (topics []string, 
 func (r *Relay) nextReopen() time.Time {
 	var soonest time.Time
 	for _, d := range r.dests {
-		if state, until := d.breaker.snapshot(); state == BreakerOpen && (soonest.IsZero() || until.Before(soonest)) {
+		if state, until := d.BreakerState(); state == BreakerOpen && (soonest.IsZero() || until.Before(soonest)) {
 			soonest = until
 		}
 	}
@@ -308,7 +309,7 @@ func (r *Relay) quiet() bool {
 		}
 	}
 	for _, d := range r.dests {
-		if state, _ := d.breaker.snapshot(); state != BreakerClosed {
+		if state, _ := d.BreakerState(); state != BreakerClosed {
 			return false
 		}
 	}
@@ -318,7 +319,7 @@ func (r *Relay) quiet() bool {
 // stirFleet ends a resting fleet's rest: rows were claimed.
 func (r *Relay) stirFleet() {
 	if r.fleet != nil {
-		r.fleet.stir()
+		r.fleet.Stir()
 	}
 }
 
@@ -328,14 +329,14 @@ func (r *Relay) Fleet() (FleetStatus, bool) {
 	if r.fleet == nil {
 		return FleetStatus{}, false
 	}
-	return r.fleet.snapshot(), true
+	return r.fleet.Snapshot(), true
 }
 
 // Destinations reports the state of every destination.
 func (r *Relay) Destinations() []DestinationStatus {
 	out := make([]DestinationStatus, 0, len(r.dests))
 	for _, d := range r.dests {
-		out = append(out, d.status())
+		out = append(out, d.Status())
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/internal/problems"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -92,7 +93,7 @@ func (o *Outbox) ValidateSettings() error {
 
 // validate reports every problem of o.
 func (o *Outbox) validate() []error {
-	errs := prefixed(fmt.Sprintf("relay: outbox %s: ", cmp.Or(o.Name, "(unnamed)")), o.ValidateSettings())
+	errs := problems.Errors(fmt.Sprintf("relay: outbox %s: ", cmp.Or(o.Name, "(unnamed)")), o.ValidateSettings())
 	if o.Store == nil {
 		errs = append(errs, fmt.Errorf("relay: outbox %s needs a store", o.Name))
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
@@ -278,10 +279,10 @@ type taken struct {
 	owner    int          // its keys' owner in the in-flight registry
 	inflight inflightID   // its entry there
 	limit    int
-	start    time.Time  // when the claim began
-	ahead    bool       // claimed while the batch before it was delivered
-	excluded []string   // the keys it left out, in flight elsewhere
-	waits    *slotWaits // full bulkheads it waits on
+	start    time.Time       // when the claim began
+	ahead    bool            // claimed while the batch before it was delivered
+	excluded []string        // the keys it left out, in flight elsewhere
+	waits    *flow.SlotWaits // full bulkheads it waits on
 	err      error
 }
 
@@ -332,7 +333,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	r, s := w.r, w.s
 	start := time.Now()
 	limit := w.claimLimit()
-	waits := &slotWaits{}
+	waits := &flow.SlotWaits{}
 	closed, closedFor, room := r.closedTopics(start, waits)
 	if room >= 0 {
 		// No more rows than the destinations open to it take now.
@@ -352,7 +353,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	cancel()
 	s.sqlBusy.Add(-1)
 	if err != nil {
-		waits.release()
+		waits.Release()
 		return taken{err: err}
 	}
 	rows := claim.Rows()
@@ -381,7 +382,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 // releaseWaits gives back t's places among the batches waiting for a
 // slot, and wakes the idle workers so that one may take them.
 func (w *worker) releaseWaits(t taken) {
-	if t.waits.release() {
+	if t.waits.Release() {
 		w.s.wakeAll()
 	}
 }
@@ -469,7 +470,7 @@ func (w *worker) deliverNothing(ctx context.Context, t taken) (more bool, unsent
 // again; takeTurn then reports false.
 func (w *worker) takeTurn(ctx context.Context, t taken) bool {
 	r := w.r
-	t.waits.await(ctx, r.planner, t.rows.Records, r.cfg.PublishTimeout)
+	t.waits.Await(ctx, r.planner.destOf, t.rows.Records, r.cfg.PublishTimeout)
 	turnCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	err := r.turns.acquire(turnCtx, w.s.index)
 	cancel()
@@ -488,8 +489,8 @@ func (w *worker) takeTurn(ctx context.Context, t taken) bool {
 // what it holds (a turn, bulkhead slots, probes) until it gives them back.
 type batch struct {
 	w         *worker
-	groups    []*group // published inside the claim
-	leased    []*group // delivered on a lease after the write-back
+	groups    []*flow.Group // published inside the claim
+	leased    []*flow.Group // delivered on a lease after the write-back
 	outcomes  []store.Outcome
 	published int
 	turn      bool // holds one of the shared turns
@@ -507,26 +508,26 @@ func (w *worker) plan(t taken) *batch {
 	w.releaseWaits(t) // its slots are taken: the next batch may wait
 	b := &batch{w: w, outcomes: outcomes, turn: true}
 	for _, g := range all {
-		g.claimed, g.start = t.rows.Now, t.start
-		b.published += len(g.recs)
-		if g.d.VisibilityTimeout == 0 {
+		g.Claimed, g.Start = t.rows.Now, t.start
+		b.published += len(g.Recs)
+		if g.Dest.VisibilityTimeout == 0 {
 			b.groups = append(b.groups, g)
 			continue
 		}
 		b.leased = append(b.leased, g)
-		g.token = uuid.New()
-		for _, rec := range g.recs {
-			b.outcomes = append(b.outcomes, store.Outcome{ID: rec.ID, Kind: store.Leased, Token: g.token, Delay: g.d.VisibilityTimeout})
+		g.Token = uuid.New()
+		for _, rec := range g.Recs {
+			b.outcomes = append(b.outcomes, store.Outcome{ID: rec.ID, Kind: store.Leased, Token: g.Token, Delay: g.Dest.VisibilityTimeout})
 		}
 	}
 	return b
 }
 
 // settle adds the outcomes each published group's results call for (see
-// dest.settle); abandoned says the publishes were cut short by shutdown.
+// flow.Dest.Settle); abandoned says the publishes were cut short by shutdown.
 func (b *batch) settle(abandoned bool) {
 	for _, g := range b.groups {
-		b.outcomes = append(b.outcomes, g.d.settle(g, abandoned)...)
+		b.outcomes = append(b.outcomes, g.Dest.Settle(g, abandoned)...)
 	}
 }
 
@@ -536,7 +537,7 @@ func (b *batch) endPublish() {
 	if !b.released {
 		b.released = true
 		for _, g := range b.groups {
-			g.d.release(g)
+			g.Dest.Release(g)
 		}
 	}
 	if b.turn {
@@ -561,8 +562,8 @@ func (b *batch) end() {
 	b.endPublish()
 	if !b.handedOff {
 		for _, g := range b.leased {
-			g.d.release(g)
-			g.d.abandon(g)
+			g.Dest.Release(g)
+			g.Dest.Abandon(g)
 		}
 	}
 }
@@ -597,23 +598,23 @@ func (w *worker) done(t taken, b *batch) bool {
 // publish hands each group to its destination, the destinations in
 // parallel, each bounded by timeout, or by nine tenths of a leased
 // destination's visibility timeout, so it is done before the lease ends.
-func publish(inflight context.Context, groups []*group, timeout time.Duration) {
-	one := func(g *group) {
+func publish(inflight context.Context, groups []*flow.Group, timeout time.Duration) {
+	one := func(g *flow.Group) {
 		timeout := timeout
-		if vt := g.d.VisibilityTimeout; vt > 0 {
+		if vt := g.Dest.VisibilityTimeout; vt > 0 {
 			timeout = vt * 9 / 10
 		}
 		ctx, cancel := context.WithTimeout(inflight, timeout)
 		defer cancel()
-		g.d.publishing.Add(int64(len(g.recs)))
-		g.errs = g.d.Publisher.Publish(ctx, g.recs)
-		g.d.publishing.Add(-int64(len(g.recs)))
-		g.done = time.Now()
-		if len(g.errs) != len(g.recs) {
-			err := fmt.Errorf("destination %s returned %d results for %d records", g.d.Name, len(g.errs), len(g.recs))
-			g.errs = make([]error, len(g.recs))
-			for i := range g.errs {
-				g.errs[i] = err
+		g.Dest.Publishing.Add(int64(len(g.Recs)))
+		g.Errs = g.Dest.Publisher.Publish(ctx, g.Recs)
+		g.Dest.Publishing.Add(-int64(len(g.Recs)))
+		g.Done = time.Now()
+		if len(g.Errs) != len(g.Recs) {
+			err := fmt.Errorf("destination %s returned %d results for %d records", g.Dest.Name, len(g.Errs), len(g.Recs))
+			g.Errs = make([]error, len(g.Recs))
+			for i := range g.Errs {
+				g.Errs[i] = err
 			}
 		}
 	}

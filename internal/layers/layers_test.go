@@ -22,6 +22,9 @@ var layers = [][]string{
 	// The table: the claim engine, the producer API, the schema; the
 	// binary's list of sinks.
 	{"relay/store", "outbox", "migrations", "relay/sink/builtin"},
+	// Flow control: each destination's breaker, pauses, bulkhead, gates
+	// and fleet share; judging and settling a publish's results.
+	{"relay/flow"},
 	// The delivery engine.
 	{"relay"},
 	// What runs beside it: coordination, dead letters, metrics, history.

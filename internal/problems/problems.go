@@ -3,7 +3,10 @@
 // section it is about.
 package problems
 
-import "strings"
+import (
+	"errors"
+	"strings"
+)
 
 // Under returns err's lines, each with at put in front ("breaker." and
 // "failures must be ≥ 1" make "breaker.failures must be ≥ 1"); nil for a
@@ -17,6 +20,15 @@ func Under(at string, err error) []string {
 		if line != "" {
 			out = append(out, at+line)
 		}
+	}
+	return out
+}
+
+// Errors is Under, each line an error.
+func Errors(at string, err error) []error {
+	var out []error
+	for _, line := range Under(at, err) {
+		out = append(out, errors.New(line))
 	}
 	return out
 }

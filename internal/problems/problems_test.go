@@ -19,3 +19,11 @@ func TestUnder(t *testing.T) {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	errs := problems.Errors("rate_limit.", errors.New("per_second must be > 0\nburst must be ≥ 1"))
+	if len(errs) != 2 || errs[0].Error() != "rate_limit.per_second must be > 0" || errs[1].Error() != "rate_limit.burst must be ≥ 1" {
+		t.Errorf("got %v", errs)
+	}
+}

@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import (
 	"context"
@@ -50,7 +50,8 @@ const (
 	DefaultFleetLease    = 5 * time.Second
 )
 
-func (c *FleetConfig) problems() []error {
+// Problems lists every problem of c.
+func (c *FleetConfig) Problems() []error {
 	var errs []error
 	if c.Fleet == nil {
 		errs = append(errs, errors.New("relay: fleet: a coordination store is required"))
@@ -171,24 +172,23 @@ type FleetStatus struct {
 	SyncTime time.Duration
 }
 
-// fleet runs a replica's syncs: it gathers what the destinations learnt,
+// Replica runs a replica's syncs: it gathers what the destinations learnt,
 // syncs, and hands each destination the fleet's view.
-type fleet struct {
-	service *service // the sync loop, run
-	cfg     FleetConfig
-	dests   []*dest
-	wakeC   chan struct{}
-	// wakeWorkers nudges the workers of every outbox, when a sync lets
+type Replica struct {
+	cfg   FleetConfig
+	dests []*Dest
+	wakeC chan struct{}
+	// WakeWorkers nudges the workers of every outbox, when a sync lets
 	// rows go that were held.
-	wakeWorkers func()
-	// unleased tells the outboxes whether a live replica claims without
+	WakeWorkers func()
+	// Unleased tells the outboxes whether a live replica claims without
 	// leasing partitions.
-	unleased func(present bool)
-	// quiet reports that the replica has nothing in flight and every
+	Unleased func(present bool)
+	// Quiet reports that the replica has nothing in flight and every
 	// breaker closed: it has nothing to tell the fleet, and nothing it
 	// would do with what the fleet tells, so it syncs less often
 	// (resting) until work arrives.
-	quiet   func() bool
+	Quiet   func() bool
 	resting atomic.Bool
 	log     *slog.Logger
 	timeout time.Duration
@@ -199,32 +199,33 @@ type fleet struct {
 	ends   time.Time // the local clock when the replica's entry ends without a sync
 }
 
-func newFleet(cfg FleetConfig, dests []*dest, queryTimeout time.Duration, log *slog.Logger) *fleet {
+// NewReplica readies the syncs of the replica cfg names for dests; Run
+// runs them.
+func NewReplica(cfg FleetConfig, dests []*Dest, queryTimeout time.Duration, log *slog.Logger) *Replica {
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultFleetInterval
 	}
 	if cfg.Lease == 0 {
 		cfg.Lease = max(DefaultFleetLease, MinFleetLease(cfg.Interval))
 	}
-	f := &fleet{cfg: cfg, dests: dests, wakeC: make(chan struct{}, 1), log: log.With(slog.String("replica", cfg.Replica)),
+	f := &Replica{cfg: cfg, dests: dests, wakeC: make(chan struct{}, 1), log: log.With(slog.String("replica", cfg.Replica)),
 		timeout: min(queryTimeout, cfg.Lease/2)}
 	for _, d := range dests {
 		d.breaker.wakeFleet = f.wake
 	}
-	f.service = newService("fleet sync", f.run)
 	return f
 }
 
 // wake asks for a sync now.
-func (f *fleet) wake() {
+func (f *Replica) wake() {
 	select {
 	case f.wakeC <- struct{}{}:
 	default:
 	}
 }
 
-// run syncs every interval, or at once when woken, until ctx ends.
-func (f *fleet) run(ctx context.Context) error {
+// Run syncs every interval, or at once when woken, until ctx ends.
+func (f *Replica) Run(ctx context.Context) error {
 	t := time.NewTimer(f.next())
 	defer t.Stop()
 	for {
@@ -234,7 +235,7 @@ func (f *fleet) run(ctx context.Context) error {
 		case <-t.C:
 		case <-f.wakeC:
 		}
-		f.sync(ctx)
+		f.Sync(ctx)
 		t.Reset(f.next())
 	}
 }
@@ -244,8 +245,8 @@ func (f *fleet) run(ctx context.Context) error {
 // the live replicas through a failed sync or two. Work ends the rest at
 // once (stir): the replica then learns of the others' breakers while it
 // publishes its first batch, as it would within an interval.
-func (f *fleet) next() time.Duration {
-	if f.quiet != nil && f.quiet() {
+func (f *Replica) next() time.Duration {
+	if f.Quiet != nil && f.Quiet() {
 		f.resting.Store(true)
 		return max(f.cfg.Interval, f.cfg.Lease/4)
 	}
@@ -253,16 +254,19 @@ func (f *fleet) next() time.Duration {
 	return f.cfg.Interval
 }
 
-// stir has a resting replica sync now: it claimed rows.
-func (f *fleet) stir() {
+// Resting reports whether the replica syncs at its quiet pace.
+func (f *Replica) Resting() bool { return f.resting.Load() }
+
+// Stir has a resting replica sync now: it claimed rows.
+func (f *Replica) Stir() {
 	if f.resting.Load() {
 		f.wake()
 	}
 }
 
-// sync runs one sync and applies its view; past the lease without a good
+// Sync runs one sync and applies its view; past the lease without a good
 // sync, it falls back to per-process flow control.
-func (f *fleet) sync(ctx context.Context) {
+func (f *Replica) Sync(ctx context.Context) {
 	start := time.Now()
 	req := FleetSync{Replica: f.cfg.Replica, Lease: f.cfg.Lease, RenewBelow: RenewBelow(f.cfg.Interval, f.cfg.Lease),
 		Destinations: make([]FleetDestination, len(f.dests))}
@@ -296,8 +300,8 @@ func (f *fleet) sync(ctx context.Context) {
 		if !wasUp {
 			f.log.Info("sharing flow control with the fleet", slog.Int("replicas", view.Replicas))
 		}
-		if f.unleased != nil {
-			f.unleased(view.Unleased > 0)
+		if f.Unleased != nil {
+			f.Unleased(view.Unleased > 0)
 		}
 		freed := false
 		for i, d := range f.dests {
@@ -305,8 +309,8 @@ func (f *fleet) sync(ctx context.Context) {
 				freed = true
 			}
 		}
-		if freed && f.wakeWorkers != nil {
-			f.wakeWorkers()
+		if freed && f.WakeWorkers != nil {
+			f.WakeWorkers()
 		}
 	case wasUp && !nowUp:
 		f.log.Warn("fleet coordination unreachable; flow control is per process until it returns",
@@ -314,17 +318,17 @@ func (f *fleet) sync(ctx context.Context) {
 		for _, d := range f.dests {
 			d.fleetLost()
 		}
-		if f.wakeWorkers != nil {
-			f.wakeWorkers()
+		if f.WakeWorkers != nil {
+			f.WakeWorkers()
 		}
 	case first:
 		f.log.Warn("fleet coordination unreachable; flow control is per process until it returns", slog.String("error", err.Error()))
 	}
 }
 
-// leave tells the fleet this replica is gone, once its deliveries are
+// Leave tells the fleet this replica is gone, once its deliveries are
 // over; a replica that cannot is forgotten when its lease ends.
-func (f *fleet) leave(ctx context.Context) {
+func (f *Replica) Leave(ctx context.Context) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.timeout)
 	defer cancel()
 	if err := f.cfg.Fleet.Leave(lctx, f.cfg.Replica); err != nil {
@@ -332,7 +336,8 @@ func (f *fleet) leave(ctx context.Context) {
 	}
 }
 
-func (f *fleet) snapshot() FleetStatus {
+// Snapshot is the replica's fleet status now.
+func (f *Replica) Snapshot() FleetStatus {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.status
@@ -340,7 +345,7 @@ func (f *fleet) snapshot() FleetStatus {
 
 // fleetRequest is what d tells the fleet in this sync, and the sequence
 // of its breaker's events it covers.
-func (d *dest) fleetRequest() (FleetDestination, uint64) {
+func (d *Dest) fleetRequest() (FleetDestination, uint64) {
 	fd := FleetDestination{Name: d.Name, MaxInFlight: d.fleetMax}
 	seq := d.breaker.fleetEvent(time.Now(), &fd)
 	if d.fleetMax > 0 {
@@ -352,7 +357,7 @@ func (d *dest) fleetRequest() (FleetDestination, uint64) {
 
 // fleetApply hands d the fleet's view. It reports whether rows that were
 // held may go now.
-func (d *dest) fleetApply(v FleetBreaker, seq uint64, replicas int, now, dbNow time.Time) bool {
+func (d *Dest) fleetApply(v FleetBreaker, seq uint64, replicas int, now, dbNow time.Time) bool {
 	freed := d.breaker.adopt(v, seq, now, dbNow)
 	if d.fleetMax > 0 && d.bulk.share(v.Slots) {
 		freed = true
@@ -363,7 +368,7 @@ func (d *dest) fleetApply(v FleetBreaker, seq uint64, replicas int, now, dbNow t
 }
 
 // fleetLost returns d to per-process flow control.
-func (d *dest) fleetLost() {
+func (d *Dest) fleetLost() {
 	d.breaker.unshare()
 	d.bulk.unshare()
 	d.rate.share(1)

@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outbox-relay/outbox-relay/internal/problems"
 	"github.com/outbox-relay/outbox-relay/internal/testsignal"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
@@ -111,7 +112,7 @@ func (d *Destination) settingProblems() []error {
 		at  string
 		err error
 	}{{"breaker.", d.Breaker.Validate()}, {"retry_budget.", d.RetryBudget.Validate()}, {"rate_limit.", d.RateLimit.Validate()}} {
-		errs = append(errs, prefixed(part.at, part.err)...)
+		errs = append(errs, problems.Errors(part.at, part.err)...)
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errs
@@ -127,10 +128,10 @@ func ValidateOnDeadLetter(policy string) error {
 	return fmt.Errorf("on_dead_letter is %q; use release or block", policy)
 }
 
-// dest is a destination at work: it owns what decides whether its rows go
+// Dest is a destination at work: it owns what decides whether its rows go
 // now (its breaker, paused topics and partitions, bulkhead and retry
 // budget), behind admit and take, and learns from each publish in settle.
-type dest struct {
+type Dest struct {
 	Destination
 	block   bool
 	breaker *breaker
@@ -148,11 +149,11 @@ type dest struct {
 	// pauseMax, the longest cool-down, how much longer a failed probe's
 	// rows wait than the rest.
 	pauseBase, pauseMax time.Duration
-	// publishing counts the rows handed to the publisher and not yet
+	// Publishing counts the rows handed to the publisher and not yet
 	// answered.
-	publishing atomic.Int64
-	// freed wakes the idle workers: a full bulkhead has a slot again.
-	freed func()
+	Publishing atomic.Int64
+	// Freed wakes the idle workers: a full bulkhead has a slot again.
+	Freed func()
 	// waiter says a batch claimed with the destination's rows waits for
 	// a slot of its full bulkhead: one at a time.
 	waiter atomic.Bool
@@ -183,7 +184,7 @@ const maxChanges = 32
 var changeSeq atomic.Uint64
 
 // noteChange keeps c, numbered, among the latest changes, and returns it.
-func (d *dest) noteChange(c BreakerChange) BreakerChange {
+func (d *Dest) noteChange(c BreakerChange) BreakerChange {
 	d.changesMu.Lock()
 	defer d.changesMu.Unlock()
 	c.Seq = changeSeq.Add(1)
@@ -194,8 +195,27 @@ func (d *dest) noteChange(c BreakerChange) BreakerChange {
 	return c
 }
 
-// newDest readies d under the relay's cfg, its defaults applied.
-func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChange]) *dest {
+// Settings are what a destination at work takes from the relay's
+// configuration.
+type Settings struct {
+	// OnDeadLetter is the relay's policy, for a destination without one.
+	OnDeadLetter string
+	// InFleet says MaxInFlight is shared by a fleet of replicas.
+	InFleet bool
+	// LeasedBound bounds the rows a destination with a visibility timeout
+	// holds: the workers' batches, at the largest.
+	LeasedBound int
+	// PauseBase and PauseMax are the shortest and longest cool-downs.
+	PauseBase, PauseMax time.Duration
+	Policy              *retry.Policy
+	Logger              *slog.Logger
+	// Changed hears of every change of the breaker.
+	Changed *testsignal.Signal[BreakerChange]
+}
+
+// NewDest readies d under cfg, its defaults applied.
+func NewDest(d Destination, cfg Settings) *Dest {
+	changed := cfg.Changed
 	if d.OnDeadLetter == "" {
 		d.OnDeadLetter = cfg.OnDeadLetter
 	}
@@ -204,18 +224,18 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChang
 		d.Partitioner, _ = d.Publisher.(sink.Partitioner)
 	}
 	fleetMax := 0
-	if cfg.Fleet != nil {
+	if cfg.InFleet {
 		fleetMax = d.MaxInFlight
 	}
 	if d.VisibilityTimeout > 0 {
 		// Leased deliveries outlive their batch: bound them as the
 		// workers' batches are, so memory stays bounded.
-		if limit := cfg.Workers * cfg.largestBatch(); d.MaxInFlight == 0 || d.MaxInFlight > limit {
+		if limit := cfg.LeasedBound; d.MaxInFlight == 0 || d.MaxInFlight > limit {
 			d.MaxInFlight = limit
 		}
 	}
 	log := cfg.Logger.With(slog.String("destination", d.Name))
-	x := &dest{
+	x := &Dest{
 		Destination: d,
 		block:       d.OnDeadLetter == OnDeadLetterBlock,
 		parts:       d.Partitioner,
@@ -224,14 +244,14 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChang
 		budget:      newRetryBudget(d.RetryBudget),
 		rate:        newRateLimit(d.RateLimit),
 		policy:      cfg.Policy,
-		pauseBase:   cfg.Pause.Base,
-		pauseMax:    cfg.Pause.Max,
-		pauses:      newPauseSet(d.Name, cfg.Pause.Base, cfg.Pause.Max, log),
+		pauseBase:   cfg.PauseBase,
+		pauseMax:    cfg.PauseMax,
+		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
 	}
-	// The limits an admitted row passes, in order (see take).
+	// The limits an admitted row passes, in order (see Take).
 	x.gates = []gate{&x.bulk, x.rate, x.budget}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
-		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.Pause.Base, max: cfg.Pause.Max,
+		failingRows: d.Breaker.FailingRows, failingFor: d.Breaker.FailingFor, base: cfg.PauseBase, max: cfg.PauseMax,
 		onChange: func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool) {
 			changed.Send(x.noteChange(BreakerChange{At: time.Now(), Destination: d.Name, From: from, To: to,
 				Cooldown: cooldown, LastError: lastErr, ByFleet: byFleet}))
@@ -255,15 +275,15 @@ func newDest(d Destination, cfg *Config, changed *testsignal.Signal[BreakerChang
 	return x
 }
 
-// group is the share of one batch that goes to one destination: its rows,
+// Group is the share of one batch that goes to one destination: its rows,
 // in id order, what the destination admitted them under, and what their
 // publish returned.
-type group struct {
-	d     *dest
-	adm   admission // the breaker's, for the whole batch
-	recs  []sink.Record
-	errs  []error
-	token uuid.UUID // the lease, for a destination with a visibility timeout
+type Group struct {
+	Dest  *Dest
+	Adm   admission // the breaker's, for the whole batch
+	Recs  []sink.Record
+	Errs  []error
+	Token uuid.UUID // the lease, for a destination with a visibility timeout
 	// asked are the pauses asked about in this batch (the first ask of a
 	// cooled-down pause takes its probe, so each is asked once); pauses,
 	// those whose probe the group carries; parts, by index into recs, the
@@ -274,49 +294,51 @@ type group struct {
 	mix    *probeMix // what a destination probe holds so far
 	// probing is what each pause's probe holds so far.
 	probing map[subject]*probeMix
-	// inflight is a leased group's entry in the in-flight registry.
-	inflight inflightID
 
-	claimed time.Time // the database clock at the claim
-	start   time.Time // the local clock when the claim began
-	done    time.Time // the local clock when the publish returned
+	Claimed time.Time // the database clock at the claim
+	Start   time.Time // the local clock when the claim began
+	Done    time.Time // the local clock when the publish returned
 }
 
-// acked is when the group's publish returned, by the database clock.
-func (g *group) acked() time.Time { return g.claimed.Add(g.done.Sub(g.start)) }
+// Probe says the group is its destination's probe: the breaker lets a
+// few rows through to see whether the destination is back.
+func (g *Group) Probe() bool { return g.Adm.probe }
 
-// begin starts the destination's group of a batch: the breaker is asked
+// Acked is when the group's publish returned, by the database clock.
+func (g *Group) Acked() time.Time { return g.Claimed.Add(g.Done.Sub(g.Start)) }
+
+// Begin starts the destination's group of a batch: the breaker is asked
 // once a batch.
-func (d *dest) begin(now time.Time, rows int) *group {
-	g := &group{d: d, adm: d.breaker.admit(now)}
-	if g.adm.probe {
+func (d *Dest) Begin(now time.Time, rows int) *Group {
+	g := &Group{Dest: d, Adm: d.breaker.admit(now)}
+	if g.Adm.probe {
 		g.mix = &probeMix{keys: map[string]bool{}, topics: map[string]int{}}
-	} else if g.adm.ok {
-		g.recs = make([]sink.Record, 0, rows)
+	} else if g.Adm.ok {
+		g.Recs = make([]sink.Record, 0, rows)
 	}
 	return g
 }
 
-// verdict is what admission says of one row.
-type verdict int
+// Verdict is what admission says of one row.
+type Verdict int
 
 const (
-	admitted verdict = iota
-	// held: the row waits for a later batch, untouched.
-	held
-	// deferred: the row waits without counting an attempt; its outcome
+	Admitted Verdict = iota
+	// Held: the row waits for a later batch, untouched.
+	Held
+	// Deferred: the row waits without counting an attempt; its outcome
 	// says for how long.
-	deferred
+	Deferred
 )
 
-// admit asks the breaker and the pauses whether rec, bound for topic, may
+// Admit asks the breaker and the pauses whether rec, bound for topic, may
 // go in g now. A paused topic or partition holds its rows; its probe, as
 // a destination's, takes a few rows of different keys; the rest of the
 // batch's rows there wait for a later batch. On admitted, the row is the
-// group's to take (see take), with the pauses whose probe it joins.
-func (d *dest) admit(g *group, rec sink.Record, topic string, now time.Time) (verdict, store.Outcome, []subject) {
-	if !g.adm.ok {
-		return deferred, d.deferral(rec, DeferCircuitOpen, g.adm.until.Sub(now)), nil
+// group's to take (see Take), with the pauses whose probe it joins.
+func (d *Dest) Admit(g *Group, rec sink.Record, topic string, now time.Time) (Verdict, store.Outcome, []subject) {
+	if !g.Adm.ok {
+		return Deferred, d.deferral(rec, DeferCircuitOpen, g.Adm.until.Sub(now)), nil
 	}
 	var paused []subject
 	if !d.pauses.empty() {
@@ -324,27 +346,27 @@ func (d *dest) admit(g *group, rec sink.Record, topic string, now time.Time) (ve
 		var until time.Time
 		paused, reason, until = d.askPauses(g, rec, topic, now)
 		if reason != "" {
-			return deferred, d.deferral(rec, reason, until.Sub(now)), nil
+			return Deferred, d.deferral(rec, reason, until.Sub(now)), nil
 		}
 	}
-	if g.adm.probe && !g.mix.fits(rec, topic, len(g.recs)) {
-		return held, store.Outcome{}, nil
+	if g.Adm.probe && !g.mix.fits(rec, topic, len(g.Recs)) {
+		return Held, store.Outcome{}, nil
 	}
 	for _, s := range paused {
 		if m := g.probing[s]; m != nil && !m.fitsPause(rec) {
-			return held, store.Outcome{}, nil
+			return Held, store.Outcome{}, nil
 		}
 	}
-	return admitted, store.Outcome{}, paused
+	return Admitted, store.Outcome{}, paused
 }
 
-func (d *dest) deferral(rec sink.Record, reason string, wait time.Duration) store.Outcome {
+func (d *Dest) deferral(rec sink.Record, reason string, wait time.Duration) store.Outcome {
 	return store.Outcome{ID: rec.ID, Kind: store.Deferred, Delay: max(wait, time.Millisecond), Reason: reason, Destination: d.Name}
 }
 
-// add puts an admitted and taken rec, bound for topic, in g.
-func (g *group) add(rec sink.Record, topic string, paused []subject) {
-	if g.adm.probe {
+// Add puts an admitted and taken rec, bound for topic, in g.
+func (g *Group) Add(rec sink.Record, topic string, paused []subject) {
+	if g.Adm.probe {
 		g.mix.add(rec, topic)
 	}
 	for _, sj := range paused {
@@ -367,17 +389,17 @@ func (g *group) add(rec sink.Record, topic string, paused []subject) {
 			if g.parts == nil {
 				g.parts = map[int]int{}
 			}
-			g.parts[len(g.recs)] = sj.partition
+			g.parts[len(g.Recs)] = sj.partition
 		}
 	}
 	rec.Topic = topic
-	g.recs = append(g.recs, rec)
+	g.Recs = append(g.Recs, rec)
 }
 
 // askPauses checks rec, bound for topic, against the destination's paused
 // topic and partitions. It returns the pauses whose probe rec joins, or,
 // when rec must wait, the deferral reason and until when.
-func (d *dest) askPauses(g *group, rec sink.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
+func (d *Dest) askPauses(g *Group, rec sink.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
 	ask := func(s subject) (admission, bool) {
 		if a, ok := g.asked[s]; ok {
 			return a, true
@@ -413,11 +435,11 @@ func (d *dest) askPauses(g *group, rec sink.Record, topic string, now time.Time)
 	return probes, "", time.Time{}
 }
 
-// planned gives back the probes that a group's plan took but that carry
+// Planned gives back the probes that a group's plan took but that carry
 // no row (all its rows stayed behind): another batch probes instead.
-func (d *dest) planned(g *group) {
-	if len(g.recs) == 0 && g.adm.probe {
-		d.breaker.abandoned(g.adm.gen)
+func (d *Dest) Planned(g *Group) {
+	if len(g.Recs) == 0 && g.Adm.probe {
+		d.breaker.abandoned(g.Adm.gen)
 	}
 	for s, a := range g.asked {
 		if _, carried := g.pauses[s]; a.probe && !carried {
@@ -426,11 +448,11 @@ func (d *dest) planned(g *group) {
 	}
 }
 
-// abandon gives back the probe slots of a group whose publish never
+// Abandon gives back the probe slots of a group whose publish never
 // finished, or never started.
-func (d *dest) abandon(g *group) {
-	if g.adm.probe {
-		d.breaker.abandoned(g.adm.gen)
+func (d *Dest) Abandon(g *Group) {
+	if g.Adm.probe {
+		d.breaker.abandoned(g.Adm.gen)
 	}
 	for s, a := range g.pauses {
 		if a.probe {
@@ -439,23 +461,23 @@ func (d *dest) abandon(g *group) {
 	}
 }
 
-// release gives back the group's bulkhead slots once its rows are settled,
+// Release gives back the group's bulkhead slots once its rows are settled,
 // and wakes the idle workers if rows were held back for want of one.
-func (d *dest) release(g *group) {
-	if d.bulk.give(len(g.recs)) && d.freed != nil {
-		d.freed()
+func (d *Dest) Release(g *Group) {
+	if d.bulk.give(len(g.Recs)) && d.Freed != nil {
+		d.Freed()
 	}
 }
 
-// closed reports whether the destination takes no rows now (its breaker
+// Closed reports whether the destination takes no rows now (its breaker
 // open or probing, its bulkhead full or its rate limit spent) and until
 // when, or else the topics it has paused as a whole and how long the
 // earliest stays so.
 //
 // A destination closed only because its bulkhead is full stays open to
 // claims that may wait for a slot: wait takes the destination's one place
-// for a waiting batch, and says whether it got it (see slotWaits).
-func (d *dest) closed(now time.Time, wait func(*dest) bool) (blocked bool, until time.Time, topics []string, left time.Duration) {
+// for a waiting batch, and says whether it got it (see SlotWaits).
+func (d *Dest) Closed(now time.Time, wait func(*Dest) bool) (blocked bool, until time.Time, topics []string, left time.Duration) {
 	blocked, until = d.breaker.blocked(now)
 	if !blocked {
 		if w := d.rate.wait(now); w > 0 {
@@ -476,6 +498,17 @@ func (d *dest) closed(now time.Time, wait func(*dest) bool) (blocked bool, until
 // full bulkhead wait: deliveries finish quickly or time out. The row
 // itself is claimed as soon as a slot is free (see release).
 const bulkheadRecheck = 100 * time.Millisecond
+
+// Blocks says a dead letter parks its key (on_dead_letter: block).
+func (d *Dest) Blocks() bool { return d.block }
+
+// Room is the bulkhead's free slots and limit now, ok false when it has
+// none.
+func (d *Dest) Room() (free, limit int, ok bool) { return d.bulk.room() }
+
+// BreakerState is the breaker's state, and until when an open one stays
+// open.
+func (d *Dest) BreakerState() (BreakerState, time.Time) { return d.breaker.snapshot() }
 
 // DestinationStatus is a destination's state, for readiness and metrics.
 type DestinationStatus struct {
@@ -500,9 +533,10 @@ type DestinationStatus struct {
 	Changes []BreakerChange
 }
 
-func (d *dest) status() DestinationStatus {
+// Status is the destination's state now.
+func (d *Dest) Status() DestinationStatus {
 	state, until := d.breaker.snapshot()
-	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status(), InFlight: int(d.publishing.Load()),
+	st := DestinationStatus{Name: d.Name, Breaker: state, Paused: d.pauses.status(), InFlight: int(d.Publishing.Load()),
 		FleetMaxInFlight: d.fleetMax, RateLimit: d.RateLimit.PerSecond}
 	d.bulk.mu.Lock()
 	st.MaxInFlight, _ = d.bulk.limit()

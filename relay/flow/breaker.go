@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import (
 	"cmp"
@@ -78,6 +78,7 @@ const (
 	BreakerHalfOpen
 )
 
+// String names the state as metrics and logs do.
 func (s BreakerState) String() string {
 	switch s {
 	case BreakerClosed:

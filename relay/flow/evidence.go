@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import "github.com/outbox-relay/outbox-relay/relay/sink"
 

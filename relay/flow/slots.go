@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import (
 	"context"
@@ -8,18 +8,18 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
-// slotWaits are the destinations whose full bulkhead a claimed batch waits
+// SlotWaits are the destinations whose full bulkhead a claimed batch waits
 // on: the slot a delivery frees goes at once to rows already claimed,
 // rather than to a claim that begins only then. One batch at a time waits
 // on a destination (dest.waiter); the others leave its rows out of their
 // claims, as while a breaker is open, and are woken when a slot frees.
-type slotWaits struct {
+type SlotWaits struct {
 	mu    sync.Mutex
-	dests []*dest
+	dests []*Dest
 }
 
-// take takes d's place for a waiting batch, if it is free.
-func (w *slotWaits) take(d *dest) bool {
+// Take takes d's place for a waiting batch, if it is free.
+func (w *SlotWaits) Take(d *Dest) bool {
 	if !d.waiter.CompareAndSwap(false, true) {
 		return false
 	}
@@ -29,8 +29,8 @@ func (w *slotWaits) take(d *dest) bool {
 	return true
 }
 
-// holds reports whether w holds d's place.
-func (w *slotWaits) holds(d *dest) bool {
+// Holds reports whether w holds d's place.
+func (w *SlotWaits) Holds(d *Dest) bool {
 	if w == nil {
 		return false
 	}
@@ -44,9 +44,9 @@ func (w *slotWaits) holds(d *dest) bool {
 	return false
 }
 
-// release gives the places back; the next batch may wait then. It
+// Release gives the places back; the next batch may wait then. It
 // reports whether it held any.
-func (w *slotWaits) release() bool {
+func (w *SlotWaits) Release() bool {
 	if w == nil {
 		return false
 	}
@@ -60,15 +60,18 @@ func (w *slotWaits) release() bool {
 	return held
 }
 
-// await waits, at most for timeout, until a destination the batch waits on
+// Await waits, at most for timeout, until a destination the batch waits on
 // has a free slot, but only when every row of recs is bound for one of
 // them and finds it full: a batch with rows that can go now does not wait.
-func (w *slotWaits) await(ctx context.Context, p *planner, recs []sink.Record, timeout time.Duration) {
+//
+// destOf tells where a row goes: its destination, or false for a row
+// that goes to the dead letters.
+func (w *SlotWaits) Await(ctx context.Context, destOf func(rec *sink.Record) (*Dest, bool), recs []sink.Record, timeout time.Duration) {
 	if w == nil {
 		return
 	}
 	w.mu.Lock()
-	dests := append([]*dest(nil), w.dests...)
+	dests := append([]*Dest(nil), w.dests...)
 	w.mu.Unlock()
 	if len(dests) == 0 {
 		return
@@ -76,11 +79,10 @@ func (w *slotWaits) await(ctx context.Context, p *planner, recs []sink.Record, t
 	var opening <-chan struct{}
 	for i := range recs {
 		rec := &recs[i]
-		rt := p.router.route(rec.Topic)
-		if rec.Undeliverable != "" || rt.dest < 0 {
+		d, ok := destOf(rec)
+		if !ok {
 			return // goes now, to the dead letters
 		}
-		d := p.dests[rt.dest]
 		waited := false
 		for _, x := range dests {
 			waited = waited || x == d

@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import (
 	"errors"
@@ -8,25 +8,25 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-// settle turns a group's publish results into outcomes and feeds them, as
+// Settle turns a group's publish results into outcomes and feeds them, as
 // evidence by scope, to its destination's breaker, the pauses of its
 // topics and partitions, and its retry budget. After a failure, the later
 // rows of the same key get no outcome: they stay as they were, their turn
 // comes after the failed row's. The rows of a probe that failed count no
 // attempt (see failedProbes). abandoned says the publish was cut short by
 // shutdown: it counts nothing.
-func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
-	st := settlement{d: d, g: g, elapsed: g.done.Sub(g.start), abandoned: abandoned,
-		outcomes: make([]store.Outcome, 0, len(g.recs)), failedKeys: map[string]bool{},
+func (d *Dest) Settle(g *Group, abandoned bool) []store.Outcome {
+	st := settlement{d: d, g: g, elapsed: g.Done.Sub(g.Start), abandoned: abandoned,
+		outcomes: make([]store.Outcome, 0, len(g.Recs)), failedKeys: map[string]bool{},
 		state: scopeState{destination: d.Name, policy: d.policy, block: d.block}}
-	st.state.destProbeFailed, st.state.pauseProbeFailed = failedProbes(g, d.breaker.openedSince(g.adm.gen))
-	for i, rec := range g.recs {
+	st.state.destProbeFailed, st.state.pauseProbeFailed = failedProbes(g, d.breaker.openedSince(g.Adm.gen))
+	for i, rec := range g.Recs {
 		st.row(i, rec)
 	}
 	now := time.Now()
 	if abandoned {
 		d.budget.earn(now, 0, st.refunds)
-		d.abandon(g)
+		d.Abandon(g)
 		return st.outcomes
 	}
 	d.budget.earn(now, st.firsts, st.retriesSent+st.refunds)
@@ -39,8 +39,8 @@ func (d *dest) settle(g *group, abandoned bool) []store.Outcome {
 // evidence about the destination and about each paused topic and
 // partition, and the attempts the retry budget counts.
 type settlement struct {
-	d         *dest
-	g         *group
+	d         *Dest
+	g         *Group
 	elapsed   time.Duration // the publish's
 	abandoned bool
 	state     scopeState
@@ -59,7 +59,7 @@ func (st *settlement) row(i int, rec sink.Record) {
 	if rec.HasKey && st.failedKeys[rec.Key] {
 		return
 	}
-	err := st.g.errs[i]
+	err := st.g.Errs[i]
 	if err == nil {
 		st.sent(i, rec)
 		return
@@ -103,7 +103,7 @@ func (st *settlement) sent(i int, rec sink.Record) {
 
 // failed settles rec, which failed with err, as judge rules.
 func (st *settlement) failed(rec sink.Record, err error) {
-	v := judge(rec, err, st.g.claimed.Sub(rec.CreatedAt)+st.elapsed, st.state)
+	v := judge(rec, err, st.g.Claimed.Sub(rec.CreatedAt)+st.elapsed, st.state)
 	ev := &st.dev
 	if v.scoped {
 		ev = st.about(v.about)
@@ -156,7 +156,7 @@ func (st *settlement) learn(now time.Time) (cooldown time.Duration, pausedFor ma
 		dev.transient++
 		dev.lastErr = lastErr(st.sev)
 	}
-	cooldown = d.breaker.result(now, g.adm.gen, dev, g.adm.probe)
+	cooldown = d.breaker.result(now, g.Adm.gen, dev, g.Adm.probe)
 	// A pause's probe whose rows were all held behind their keys says
 	// nothing: another goes.
 	for s, a := range g.pauses {
@@ -207,7 +207,7 @@ func (st *settlement) delay(cooldown time.Duration, pausedFor map[subject]time.D
 // retry policy. A publish that delivered nothing while the destination's
 // breaker opened (on other publishes' evidence, or the fleet's) counts as
 // a failed probe of the destination: its failures are the outage's too.
-func failedProbes(g *group, openedSince bool) (dest bool, pauses map[subject]bool) {
+func failedProbes(g *Group, openedSince bool) (dest bool, pauses map[subject]bool) {
 	for s, a := range g.pauses {
 		if a.probe {
 			if pauses == nil {
@@ -216,12 +216,12 @@ func failedProbes(g *group, openedSince bool) (dest bool, pauses map[subject]boo
 			pauses[s] = true
 		}
 	}
-	dest = g.adm.probe || openedSince
+	dest = g.Adm.probe || openedSince
 	if !dest && pauses == nil {
 		return false, nil
 	}
-	for i, rec := range g.recs {
-		if g.errs[i] != nil {
+	for i, rec := range g.Recs {
+		if g.Errs[i] != nil {
 			continue
 		}
 		dest = false

@@ -1,4 +1,4 @@
-package relay
+package flow
 
 import "github.com/outbox-relay/outbox-relay/relay/sink"
 
@@ -7,8 +7,8 @@ import "github.com/outbox-relay/outbox-relay/relay/sink"
 // that rows failing on their own cannot fail the probe of a destination
 // that is healthy for the rest.
 const (
-	probeRows        = 8
-	probeRowsByTopic = probeRows / 2
+	ProbeRows        = 8
+	ProbeRowsByTopic = ProbeRows / 2
 	probeRetries     = 2
 )
 
@@ -21,8 +21,8 @@ type probeMix struct {
 
 // fits reports whether rec, bound for topic, may join the probe.
 func (m *probeMix) fits(rec sink.Record, topic string, rows int) bool {
-	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) &&
-		m.topics[topic] < probeRowsByTopic && (rec.RetryCount == 0 || m.retries < probeRetries)
+	return rows < ProbeRows && !(rec.HasKey && m.keys[rec.Key]) &&
+		m.topics[topic] < ProbeRowsByTopic && (rec.RetryCount == 0 || m.retries < probeRetries)
 }
 
 // fitsPause reports whether rec may join the probe of a paused topic or
@@ -32,7 +32,7 @@ func (m *probeMix) fitsPause(rec sink.Record) bool {
 	for _, n := range m.topics {
 		rows += n
 	}
-	return rows < probeRows && !(rec.HasKey && m.keys[rec.Key]) && (rec.RetryCount == 0 || m.retries < probeRetries)
+	return rows < ProbeRows && !(rec.HasKey && m.keys[rec.Key]) && (rec.RetryCount == 0 || m.retries < probeRetries)
 }
 
 func (m *probeMix) add(rec sink.Record, topic string) {

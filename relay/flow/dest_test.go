@@ -1,0 +1,256 @@
+package flow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/relay/flow"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
+	"github.com/outbox-relay/outbox-relay/relay/store"
+)
+
+// The destination's flow control without a database or a broker: batches
+// are planned through Begin, Admit and Take, their publishes' results are
+// set on the group, and Settle says what becomes of each row. Time is the
+// bubble's (testing/synctest): cool-downs pass at once and exactly.
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(_ context.Context, recs []sink.Record) []error {
+	return make([]error, len(recs))
+}
+func (nopPublisher) Close() error { return nil }
+
+var errDown = errors.New("connection refused")
+
+func newDest(t *testing.T, d flow.Destination) *flow.Dest {
+	t.Helper()
+	policy, err := retry.NewPolicy(retry.PolicyConfig{MaxAttempts: 5, MaxAge: time.Hour,
+		Strategy: retry.StrategyNone, BaseDelay: time.Second, MaxDelay: time.Minute, MaxRetryAfter: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Publisher = nopPublisher{}
+	return flow.NewDest(d, flow.Settings{OnDeadLetter: flow.OnDeadLetterRelease, PauseBase: time.Second,
+		PauseMax: 4 * time.Second, Policy: policy, Logger: slog.New(slog.DiscardHandler)})
+}
+
+// batch is n rows of topics "a.x" and "a.y" by turns, each of a key of
+// its own, numbered from first.
+func batch(first, n int) []sink.Record {
+	recs := make([]sink.Record, n)
+	for i := range recs {
+		id := int64(first + i)
+		recs[i] = sink.Record{ID: id, Topic: []string{"a.x", "a.y"}[i%2], Key: fmt.Sprintf("k%d", id), HasKey: true,
+			PayloadSize: 10, CreatedAt: time.Now()}
+	}
+	return recs
+}
+
+// plan asks d to admit recs now: the group of those it takes, and the
+// outcomes of those it defers.
+func plan(d *flow.Dest, recs []sink.Record) (*flow.Group, []store.Outcome) {
+	now := time.Now()
+	g := d.Begin(now, len(recs))
+	var deferred []store.Outcome
+	for _, rec := range recs {
+		v, o, paused := d.Admit(g, rec, rec.Topic, now)
+		if v == flow.Admitted {
+			v, o = d.Take(rec, now)
+			if v == flow.Admitted {
+				g.Add(rec, rec.Topic, paused)
+				continue
+			}
+		}
+		if v == flow.Deferred {
+			deferred = append(deferred, o)
+		}
+	}
+	d.Planned(g)
+	return g, deferred
+}
+
+// publish settles g as though its publish returned errOf for each row,
+// and gives its slots back.
+func publish(d *flow.Dest, g *flow.Group, errOf func(sink.Record) error) []store.Outcome {
+	g.Start, g.Claimed = time.Now(), time.Now()
+	g.Errs = make([]error, len(g.Recs))
+	for i, rec := range g.Recs {
+		g.Errs[i] = errOf(rec)
+	}
+	g.Done = time.Now()
+	defer d.Release(g)
+	return d.Settle(g, false)
+}
+
+func failAll(sink.Record) error { return sink.Systemic(errDown) }
+func sendAll(sink.Record) error { return nil }
+
+func state(d *flow.Dest) (flow.BreakerState, time.Duration) {
+	s, until := d.BreakerState()
+	if until.IsZero() {
+		return s, 0
+	}
+	return s, time.Until(until)
+}
+
+// A systemic failure opens the breaker at once; the rows wait for its
+// cool-down without counting an attempt, and so do the rows of the next
+// batches. After the cool-down a probe of a few rows of distinct keys
+// goes; while it fails, the cool-down doubles up to pause_max, and the
+// probe's rows wait past the next cool-down. Two good probes close it.
+func TestBreakerOpensProbesAndCloses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, deferred := plan(d, batch(1, 20))
+		if len(g.Recs) != 20 || len(deferred) != 0 {
+			t.Fatalf("closed breaker: %d rows taken, %d deferred; want all 20 taken", len(g.Recs), len(deferred))
+		}
+		for _, o := range publish(d, g, failAll) {
+			if o.Kind != store.Deferred || o.Reason != flow.DeferDestinationFailing || o.Delay != time.Second {
+				t.Fatalf("row of a systemic failure: %+v, want deferred (no attempt counted) for the 1s cool-down", o)
+			}
+		}
+		if s, left := state(d); s != flow.BreakerOpen || left != time.Second {
+			t.Fatalf("breaker %s for %s, want open for 1s", s, left)
+		}
+		if g, deferred := plan(d, batch(21, 5)); len(g.Recs) != 0 || len(deferred) != 5 || deferred[0].Reason != flow.DeferCircuitOpen {
+			t.Fatalf("open breaker: %d taken, deferred %+v", len(g.Recs), deferred)
+		}
+
+		// Failed probes: 1s, then 2s, 4s and 4s (pause_max).
+		for _, cooldown := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
+			time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }()))
+			probe, _ := plan(d, batch(100, 20))
+			if !probe.Probe() || len(probe.Recs) == 0 || len(probe.Recs) > flow.ProbeRows {
+				t.Fatalf("after the cool-down: probe %v of %d rows, want a probe of at most %d", probe.Probe(), len(probe.Recs), flow.ProbeRows)
+			}
+			if other, _ := plan(d, batch(200, 3)); len(other.Recs) != 0 {
+				t.Fatalf("a second batch went beside the probe: one probe at a time")
+			}
+			for _, o := range publish(d, probe, failAll) {
+				if o.Kind != store.Deferred || o.Delay != cooldown+4*time.Second {
+					t.Fatalf("row of a failed probe: %+v, want deferred past the next cool-down (%s + pause_max)", o, cooldown)
+				}
+			}
+			if s, left := state(d); s != flow.BreakerOpen || left != cooldown {
+				t.Fatalf("after a failed probe: breaker %s for %s, want open for %s", s, left, cooldown)
+			}
+		}
+
+		// Good probes: half-open after the first, closed after the second.
+		for i, want := range []flow.BreakerState{flow.BreakerHalfOpen, flow.BreakerClosed} {
+			if s, _ := d.BreakerState(); s == flow.BreakerOpen {
+				time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }()))
+			}
+			probe, _ := plan(d, batch(300+10*i, 5))
+			if !probe.Probe() {
+				t.Fatalf("probe %d: no probe", i+1)
+			}
+			for _, o := range publish(d, probe, sendAll) {
+				if o.Kind != store.Sent {
+					t.Fatalf("row of a good probe: %+v", o)
+				}
+			}
+			if s, _ := d.BreakerState(); s != want {
+				t.Fatalf("after %d good probes: breaker %s, want %s", i+1, s, want)
+			}
+		}
+		if g, _ := plan(d, batch(400, 20)); g.Probe() || len(g.Recs) != 20 {
+			t.Fatalf("closed again: %d rows taken, probe %v", len(g.Recs), g.Probe())
+		}
+		changes := d.Status().Changes
+		if len(changes) < 3 || changes[0].To != flow.BreakerOpen || changes[len(changes)-1].To != flow.BreakerClosed {
+			t.Errorf("changes %+v, want opened first and closed last", changes)
+		}
+	})
+}
+
+// A topic that fails as a topic (its authorization, say) is paused alone:
+// its rows wait, the destination's breaker stays closed, and the other
+// topic's rows go.
+func TestTopicPauseHoldsOnlyItsTopic(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, _ := plan(d, batch(1, 10))
+		out := publish(d, g, func(rec sink.Record) error {
+			if rec.Topic == "a.x" {
+				return sink.TopicFailure(sink.ClassSystemic, errors.New("topic authorization failed"))
+			}
+			return nil
+		})
+		for _, o := range out {
+			if o.Kind == store.Deferred && o.Reason != flow.DeferTopicPaused {
+				t.Errorf("row of the failing topic: %+v, want deferred topic_paused", o)
+			}
+		}
+		if s, _ := d.BreakerState(); s != flow.BreakerClosed {
+			t.Fatalf("breaker %s: a topic's failure must not open the destination's", s)
+		}
+		g, deferred := plan(d, batch(11, 10))
+		for _, rec := range g.Recs {
+			if rec.Topic != "a.y" {
+				t.Errorf("row %d of the paused topic went", rec.ID)
+			}
+		}
+		if len(g.Recs) != 5 || len(deferred) != 5 || deferred[0].Reason != flow.DeferTopicPaused {
+			t.Errorf("%d rows taken and deferred %+v; want a.y's 5 taken and a.x's 5 deferred", len(g.Recs), deferred)
+		}
+		if status := d.Status(); len(status.Paused) != 1 || status.Paused[0].Topic != "a.x" {
+			t.Errorf("paused %+v, want a.x alone", status.Paused)
+		}
+	})
+}
+
+// The bulkhead holds rows past max_in_flight untouched until a group is
+// released; the rate limit holds what is over its rate; the retry budget
+// defers retries past it, and earns more with time.
+func TestGatesBoundWhatGoes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a", MaxInFlight: 4})
+		g, deferred := plan(d, batch(1, 10))
+		if len(g.Recs) != 4 || len(deferred) != 0 {
+			t.Fatalf("bulkhead of 4: %d taken, %d deferred; want 4 taken and the rest held", len(g.Recs), len(deferred))
+		}
+		if free, limit, ok := d.Room(); !ok || free != 0 || limit != 4 {
+			t.Fatalf("room %d of %d (%v) while 4 are in flight", free, limit, ok)
+		}
+		publish(d, g, sendAll)
+		if free, _, _ := d.Room(); free != 4 {
+			t.Fatalf("%d slots free after the release, want 4", free)
+		}
+
+		r := newDest(t, flow.Destination{Name: "r", RateLimit: flow.RateLimitConfig{PerSecond: 10}})
+		g, deferred = plan(r, batch(1, 15))
+		if len(g.Recs) != 10 || len(deferred) != 0 {
+			t.Fatalf("10 rows a second: %d taken, %d deferred; want 10 taken, the rest held untouched", len(g.Recs), len(deferred))
+		}
+		publish(r, g, sendAll)
+		time.Sleep(500 * time.Millisecond)
+		if g, _ := plan(r, batch(20, 15)); len(g.Recs) != 5 {
+			t.Fatalf("half a second later: %d rows taken, want 5", len(g.Recs))
+		}
+
+		b := newDest(t, flow.Destination{Name: "b", RetryBudget: flow.RetryBudgetConfig{MinPerSecond: 1}})
+		retries := batch(1, 30)
+		for i := range retries {
+			retries[i].RetryCount = 1
+		}
+		g, deferred = plan(b, retries)
+		if len(g.Recs) == 0 || len(deferred) == 0 || deferred[0].Reason != flow.DeferRetryBudget {
+			t.Fatalf("30 retries on a budget of 1 a second: %d taken, deferred %+v", len(g.Recs), deferred)
+		}
+		taken := len(g.Recs)
+		publish(b, g, sendAll)
+		time.Sleep(5 * time.Second)
+		if g, _ := plan(b, retries); len(g.Recs) < 5 || len(g.Recs) > taken+5 {
+			t.Errorf("5s later: %d retries taken, want about 5 more earned", len(g.Recs))
+		}
+	})
+}

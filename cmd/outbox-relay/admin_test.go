@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
 // adminHost is the name in the admin listeners' test certificate.

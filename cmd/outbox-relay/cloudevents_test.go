@@ -15,12 +15,12 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/cetest"
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
-	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
-	"github.com/outbox-relay/outbox-relay/internal/dev/redistest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/relay/cloudevents/cetest"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
+	"github.com/outbox-relay/outbox-relay/relay/nats/natstest"
 	"github.com/outbox-relay/outbox-relay/relay/redis"
+	"github.com/outbox-relay/outbox-relay/relay/redis/redistest"
 )
 
 // ceReceiver reads each request's event with the SDK's HTTP binding.

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
 // relayRole creates a login role that may use the outbox of the database

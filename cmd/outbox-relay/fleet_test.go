@@ -15,8 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
 // countingReceiver is an HTTP endpoint that counts the requests it serves at

@@ -8,9 +8,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay/nats"
+	"github.com/outbox-relay/outbox-relay/relay/nats/natstest"
 )
 
 // natsEnv is the environment of a relay that delivers only to the

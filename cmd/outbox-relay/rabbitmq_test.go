@@ -10,9 +10,9 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/rabbitmqtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay/rabbitmq"
+	"github.com/outbox-relay/outbox-relay/relay/rabbitmq/rabbitmqtest"
 )
 
 // rabbitSetup starts a node with an exchange shipments bound to a queue of

@@ -8,9 +8,9 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/redistest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay/redis"
+	"github.com/outbox-relay/outbox-relay/relay/redis/redistest"
 )
 
 // redisConfig routes activity.* to a Redis destination named streams,

@@ -20,9 +20,9 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
 // mountedSecret is a directory laid out as Kubernetes mounts a Secret:

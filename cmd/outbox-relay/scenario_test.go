@@ -19,9 +19,9 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/containertest"
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 	"github.com/outbox-relay/outbox-relay/relaycontainer"
 )
 

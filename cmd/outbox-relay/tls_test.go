@@ -11,9 +11,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
 // writeFile writes b to a file of the test's and returns its path.

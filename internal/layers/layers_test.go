@@ -10,8 +10,9 @@ const module = "github.com/outbox-relay/outbox-relay/"
 
 // layers lists the production packages from the bottom up; a package
 // imports only packages of its own layer or below. The tools (internal/dev:
-// tests, the benchmark, the demo; relay/publishertest, the sinks'
-// conformance suite) are above them all, and none of them imports one.
+// tests, the benchmark, the demo; and every package named …test: the
+// sinks' conformance suite, each sink's test server beside its sink) are
+// above them all, and none of them imports one.
 var layers = [][]string{
 	// The sink contract and the leaves.
 	{"relay/sink", "internal/db/schema", "internal/testsignal", "internal/gctune", "internal/methods",
@@ -88,5 +89,5 @@ func TestPackagesKeepToTheirLayers(t *testing.T) {
 }
 
 func isTool(pkg string) bool {
-	return strings.HasPrefix(pkg, "internal/dev/") || pkg == "relay/publishertest"
+	return strings.HasPrefix(pkg, "internal/dev/") || strings.HasSuffix(pkg, "test")
 }

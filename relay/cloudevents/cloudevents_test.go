@@ -9,8 +9,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/cetest"
 	"github.com/outbox-relay/outbox-relay/relay/cloudevents"
+	"github.com/outbox-relay/outbox-relay/relay/cloudevents/cetest"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 

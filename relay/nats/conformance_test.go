@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
 	"github.com/outbox-relay/outbox-relay/relay/nats"
+	"github.com/outbox-relay/outbox-relay/relay/nats/natstest"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )

@@ -3,7 +3,7 @@ package nats_test
 import (
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
+	"github.com/outbox-relay/outbox-relay/relay/nats/natstest"
 )
 
 // The crash test kills a NATS server in a process of its own: this test

@@ -15,10 +15,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	natsgo "github.com/nats-io/nats.go"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/natstest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
 	"github.com/outbox-relay/outbox-relay/relay/nats"
+	"github.com/outbox-relay/outbox-relay/relay/nats/natstest"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 

@@ -16,11 +16,11 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/rabbitmqtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/rabbitmq"
+	"github.com/outbox-relay/outbox-relay/relay/rabbitmq/rabbitmqtest"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 

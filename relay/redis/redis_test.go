@@ -16,11 +16,11 @@ import (
 	"github.com/google/uuid"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/redistest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/internal/dev/tlstest"
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/redis"
+	"github.com/outbox-relay/outbox-relay/relay/redis/redistest"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 

@@ -10,8 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/rabbitmqtest"
-	"github.com/outbox-relay/outbox-relay/internal/dev/redistest"
+	"github.com/outbox-relay/outbox-relay/relay/rabbitmq/rabbitmqtest"
+	"github.com/outbox-relay/outbox-relay/relay/redis/redistest"
 )
 
 // localServer is a local broker process the demo starts: Redis or RabbitMQ.

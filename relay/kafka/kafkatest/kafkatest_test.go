@@ -8,7 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outbox-relay/outbox-relay/internal/dev/kafkatest"
+	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
 // kafka-go, the relay's client, talks to the in-process cluster over TCP.

@@ -163,6 +163,7 @@ func TestFleetSharesTheInFlightLimit(t *testing.T) {
 // others keep one slot each; the fleet records the lend within a few
 // syncs, and the busy replica uses the slots lent.
 func TestFleetLendsIdleSlots(t *testing.T) {
+	testwait.SkipShort(t)
 	s := pgtest.NewSchema(t)
 	e := newEndpoint(50*time.Millisecond, false)
 	const limit = 9

@@ -143,6 +143,7 @@ func pausedTopic(r *relay.Relay, dest, topic string, partition int) bool {
 // whose probes fail, count no attempt for them: they end as dead letters
 // at retry.max_age.
 func TestMissingTopicDoesNotStallItsCluster(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	c := kafkatest.NewCluster(t, []string{"orders", "payments"})

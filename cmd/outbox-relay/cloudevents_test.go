@@ -52,6 +52,7 @@ func (c *ceReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // source, type from the row's header or its topic, time, content type
 // and data.
 func TestRunWritesCloudEvents(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	dsn, pool := migrated(t)
 	c := kafkatest.NewCluster(t, []string{"orders"})

@@ -166,6 +166,7 @@ FROM generate_series(1, 2000) g`); err != nil {
 }
 
 func TestRunLeasedDeliveryAfterCrash(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	dsn, pool := migrated(t)
 	c := kafkatest.NewCluster(t, nil)

@@ -811,6 +811,7 @@ func TestPartitionsGivenUpAreNotReadOnceFree(t *testing.T) {
 // Every committed row is delivered, each key's first published in id
 // order.
 func TestFloorsUnderConcurrentClaims(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t).WithConns(t, 10)

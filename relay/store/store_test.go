@@ -283,6 +283,7 @@ func TestLowestBlockerDecides(t *testing.T) {
 // the same rows the same way. Each waiting or leased row waits until a
 // time of its own, so a row deferred behind one says which.
 func TestKeyCheckFormsAgree(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -447,6 +448,7 @@ func awaitLockWait(t *testing.T, s *pgtest.Schema, msg string) {
 // the claim, once committed, finds the lease over and makes the rows
 // ready. They do not wait for the whole lease.
 func TestRowsDeferredBehindALeaseWrittenBackMeanwhile(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -522,6 +524,7 @@ func TestLeasedWriteBackReturnsWhatItWrote(t *testing.T) {
 // A claim that commits while a lease's write-back is under way waits for
 // it, then finds the lease over.
 func TestRowsDeferredBehindALeaseWhoseWriteBackIsUnderWay(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -549,6 +552,7 @@ func TestRowsDeferredBehindALeaseWhoseWriteBackIsUnderWay(t *testing.T) {
 // lock while it waits for a write-back under way, so another write-back,
 // which locks its rows in an order of its own, never deadlocks with it.
 func TestLookAtSeveralLeasesHoldsNoLockWhileWaiting(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -681,6 +685,7 @@ func TestCompleteWritesOutcomes(t *testing.T) {
 
 // A destination's error text can hold anything; it is stored anyway.
 func TestCompleteStoresAnyErrorText(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -720,6 +725,7 @@ func TestReleaseLeavesRowsAsTheyWere(t *testing.T) {
 // The claim keeps its index plan after ANALYZE of a large table, even as
 // a generic prepared plan (what pgx's statement cache ends up using).
 func TestClaimPlanSurvivesAnalyze(t *testing.T) {
+	testwait.SkipShort(t)
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)

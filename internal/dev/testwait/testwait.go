@@ -52,7 +52,8 @@ func Poll(timeout time.Duration, cond func() (ok bool, saw string)) (bool, strin
 
 // SkipShort skips tb in -short runs, the inner loop: for tests that take
 // long by design (a fault held for seconds, servers crashed and restarted,
-// kill checkers, image builds). make test runs them.
+// kill checkers, image builds, a RabbitMQ node's boot) or take more than
+// a few seconds of work. make test runs them.
 func SkipShort(tb testing.TB) {
 	tb.Helper()
 	if testing.Short() {

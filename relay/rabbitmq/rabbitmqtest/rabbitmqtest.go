@@ -62,6 +62,9 @@ type Node struct {
 // set, as make test sets it: then it fails.
 func Start(tb testing.TB, o Options) *Node {
 	tb.Helper()
+	// A node takes seconds of CPU to boot: the inner loop leaves the
+	// tests that start one to make test.
+	testwait.SkipShort(tb)
 	if _, err := os.Stat(Server); err != nil {
 		if os.Getenv("OUTBOX_TEST_RABBITMQ") != "" {
 			tb.Fatal("rabbitmqtest: rabbitmq-server is not installed: run scripts/ensure-rabbitmq")

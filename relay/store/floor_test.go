@@ -977,7 +977,8 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	})
 	wg.Wait()
 
-	testwait.State(t, testwait.DefaultTimeout, func() (bool, string) {
+	var missing []int64
+	drained, saw := testwait.Poll(testwait.DefaultTimeout, func() (bool, string) {
 		c, err := st.Claim(ctx, store.ClaimParams{Limit: 100, PayloadCap: 100})
 		if err != nil {
 			t.Fatal(err)
@@ -992,7 +993,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 			}
 		}
 		complete(t, c, out...)
-		var missing []int64
+		missing = missing[:0]
 		for id := range keyOf {
 			if !delivered[id] {
 				missing = append(missing, id)
@@ -1001,6 +1002,21 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 		slices.Sort(missing)
 		return len(missing) == 0, fmt.Sprintf("%d of %d committed rows never delivered: %v", len(missing), len(keyOf), missing)
 	})
+	if !drained {
+		// What holds them: their state in the table, the store's share,
+		// and whether a sweep from the table's start finds them.
+		var states string
+		if err := pool.QueryRow(ctx, `SELECT string_agg(format('%s %s, waited %s, parked %s: %s', status,
+    CASE WHEN next_attempt_at > now() THEN 'later' ELSE 'ready' END, next_attempt_at <> created_at, parked_behind IS NOT NULL, n), '; ')
+FROM (SELECT status, next_attempt_at > now() AS later, next_attempt_at, created_at, parked_behind, count(*) OVER (PARTITION BY status,
+    next_attempt_at > now(), next_attempt_at <> created_at, parked_behind IS NOT NULL) AS n,
+    row_number() OVER (PARTITION BY status, next_attempt_at > now(), next_attempt_at <> created_at, parked_behind IS NOT NULL) AS r
+    FROM outbox WHERE id = ANY($1)) AS x WHERE r = 1`, missing).Scan(&states); err != nil {
+			states = err.Error()
+		}
+		found, err := st.SweepBelowFloor(ctx)
+		t.Fatalf("%s\nthose rows: %s; the store's share %+v; a sweep below the floor found rows: %v (%v)", saw, states, st.Share(), found, err)
+	}
 	last := map[string]int64{}
 	for _, id := range order {
 		k, committed := keyOf[id]

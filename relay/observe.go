@@ -24,7 +24,8 @@ type Observer interface {
 	Settled(destination string, kind store.OutcomeKind, reason string, lag time.Duration)
 }
 
-// The deferral reasons: why a row waits without counting an attempt.
+// Why rows are deferred (Observer.Settled's reason for Deferred rows), as
+// package flow defines them.
 const (
 	DeferKeyWaiting         = flow.DeferKeyWaiting
 	DeferCircuitOpen        = flow.DeferCircuitOpen

@@ -823,21 +823,35 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	delivered, published := map[int64]bool{}, map[int64]bool{}
 	var order []int64                     // first publications
 	holding := map[int]map[string]int64{} // claimer → keys in flight → their lowest id
-	// The load runs until this many rows were delivered.
-	const enough = 8000
+	// The load runs until this many rows were delivered. Producers wait
+	// while the backlog is above backlogCap, so that what is left at the
+	// end takes as long to drain on a loaded machine as on a quiet one.
+	const enough, backlogCap = 8000, 3000
 	stop := make(chan struct{})
 	var stopping sync.Once
 	var wg sync.WaitGroup
+	progress := sync.NewCond(&mu) // a claim delivered rows, or the load stopped
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 
 	// Producers, each with keys of its own, as producers that hold their
 	// keys are: their transactions commit out of id order.
 	producer := func(p int) {
 		rnd := rand.New(rand.NewPCG(uint64(p), 1))
 		for i := 0; ; i++ {
-			select {
-			case <-stop:
+			mu.Lock()
+			for len(keyOf)-len(delivered) > backlogCap && !stopped() {
+				progress.Wait()
+			}
+			mu.Unlock()
+			if stopped() {
 				return
-			default:
 			}
 			tx, err := pool.Begin(ctx)
 			if err != nil {
@@ -953,6 +967,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 				if len(delivered) >= enough {
 					stopping.Do(func() { close(stop) })
 				}
+				progress.Broadcast()
 				mu.Unlock()
 			}
 			mu.Lock()
@@ -978,6 +993,7 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 	wg.Wait()
 
 	var missing []int64
+	atStop := len(delivered)
 	drained, saw := testwait.Poll(testwait.DefaultTimeout, func() (bool, string) {
 		c, err := st.Claim(ctx, store.ClaimParams{Limit: 100, PayloadCap: 100})
 		if err != nil {
@@ -1000,7 +1016,8 @@ func TestFloorsUnderConcurrentClaims(t *testing.T) {
 			}
 		}
 		slices.Sort(missing)
-		return len(missing) == 0, fmt.Sprintf("%d of %d committed rows never delivered: %v", len(missing), len(keyOf), missing)
+		return len(missing) == 0, fmt.Sprintf("%d of %d committed rows never delivered (%d delivered once the load stopped): %v",
+			len(missing), len(keyOf), len(delivered)-atStop, missing)
 	})
 	if !drained {
 		// What holds them: their state in the table, the store's share,

@@ -46,96 +46,136 @@ func newPlanner(cfg *Config, dests []*flow.Dest) *planner {
 // in another; and once the batch's byte budget or a destination's
 // bulkhead is spent, the remaining rows wait for the next batch, untouched.
 func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic string) string) ([]*flow.Group, []store.Outcome) {
-	type keyRun struct {
-		dest    int
-		topic   string
-		stopped bool
-	}
-	// Sized for the batch, as growing them showed in profiles of drains.
-	runs := make(map[string]*keyRun, len(recs))
-	runBuf := make([]keyRun, 0, len(recs)) // never grows: pointers stay valid
-	var parkedEverywhere map[string]bool   // keys parked in every scope by a row without a route
-	groups := map[int]*flow.Group{}
-	var order []*flow.Group
-	var outcomes []store.Outcome
-	bytes := 0
-	full := false
+	pl := planning{planner: p, now: now, scope: scope, batch: len(recs),
+		// Sized for the batch, as growing them showed in profiles of drains.
+		runs: make(map[string]*keyRun, len(recs)), runBuf: make([]keyRun, 0, len(recs)),
+		groups: map[int]*flow.Group{}}
 	for _, rec := range recs {
-		rt := p.router.route(rec.Topic)
-		if rec.Undeliverable == "" && rt.dest < 0 {
-			rec.Undeliverable = fmt.Sprintf("no route matches topic %q", rec.Topic)
-			rec.UndeliverableReason = sink.ReasonNoRoute
-		}
-		var run *keyRun
-		if rec.HasKey && parkedEverywhere[rec.Key] {
-			continue
-		}
-		if rec.HasKey {
-			key := scopedKey(scope, &rec)
-			run = runs[key]
-			if run == nil {
-				runBuf = append(runBuf, keyRun{dest: rt.dest, topic: rt.topic})
-				run = &runBuf[len(runBuf)-1]
-				runs[key] = run
-			}
-			if run.stopped || run.dest != rt.dest || run.topic != rt.topic {
-				run.stopped = true
-				continue
-			}
-		}
-		stop := func() {
-			if run != nil {
-				run.stopped = true
-			}
-		}
-		var d *flow.Dest
-		if rt.dest >= 0 {
-			d = p.dests[rt.dest]
-		}
-		if o, ok := p.deadLetter(d, rec); ok {
-			outcomes = append(outcomes, o)
-			if o.ParkKey {
-				stop()
-				if scope != nil && rt.dest < 0 {
-					if parkedEverywhere == nil {
-						parkedEverywhere = map[string]bool{}
-					}
-					parkedEverywhere[rec.Key] = true
-				}
-			}
-			continue
-		}
-		g := groups[rt.dest]
-		if g == nil {
-			g = d.Begin(now, len(recs))
-			groups[rt.dest] = g
-			order = append(order, g)
-		}
-		v, o, paused := d.Admit(g, rec, rt.topic, now)
-		if v == flow.Admitted {
-			size := recordSize(rec)
-			if full || (bytes > 0 && bytes+size > p.maxBytes) {
-				full = full || !g.Probe()
-				v = flow.Held
-			} else if v, o = d.Take(rec, now); v == flow.Admitted {
-				bytes += size
-				g.Add(rec, rt.topic, paused)
-				continue
-			}
-		}
-		if v == flow.Deferred {
-			outcomes = append(outcomes, o)
-		}
-		stop()
+		pl.add(&rec) // a copy: the claim's records stay as claimed
 	}
-	out := order[:0]
-	for _, g := range order {
+	out := pl.order[:0]
+	for _, g := range pl.order {
 		g.Dest.Planned(g)
 		if len(g.Recs) > 0 {
 			out = append(out, g)
 		}
 	}
-	return out, outcomes
+	return out, pl.outcomes
+}
+
+// planning is one batch's plan as it is made.
+type planning struct {
+	*planner
+	now   time.Time
+	scope func(topic string) string
+	batch int // rows claimed
+
+	runs             map[string]*keyRun // by key and order scope
+	runBuf           []keyRun           // never grows: pointers stay valid
+	parkedEverywhere map[string]bool    // keys parked in every scope by a row without a route
+	groups           map[int]*flow.Group
+	order            []*flow.Group
+	outcomes         []store.Outcome
+	bytes            int
+	full             bool // the byte budget is spent
+}
+
+// keyRun is where a key's rows of the batch go, in one order scope, and
+// whether they stopped: a row of it waits, so the rest of it does too.
+type keyRun struct {
+	dest    int
+	topic   string
+	stopped bool
+}
+
+func (r *keyRun) stop() {
+	if r != nil {
+		r.stopped = true
+	}
+}
+
+// add plans rec: a dead letter, a row published now, or one that waits.
+func (pl *planning) add(rec *sink.Record) {
+	rt := pl.router.route(rec.Topic)
+	if rec.Undeliverable == "" && rt.dest < 0 {
+		rec.Undeliverable = fmt.Sprintf("no route matches topic %q", rec.Topic)
+		rec.UndeliverableReason = sink.ReasonNoRoute
+	}
+	run, ok := pl.run(rec, rt)
+	if !ok {
+		return
+	}
+	var d *flow.Dest
+	if rt.dest >= 0 {
+		d = pl.dests[rt.dest]
+	}
+	if o, ok := pl.deadLetter(d, *rec); ok {
+		pl.outcomes = append(pl.outcomes, o)
+		if o.ParkKey {
+			run.stop()
+			if pl.scope != nil && rt.dest < 0 {
+				if pl.parkedEverywhere == nil {
+					pl.parkedEverywhere = map[string]bool{}
+				}
+				pl.parkedEverywhere[rec.Key] = true
+			}
+		}
+		return
+	}
+	if !pl.admit(d, rt, rec) {
+		run.stop()
+	}
+}
+
+// run is rec's key run (nil without a key), or false when rec waits: its
+// key is parked everywhere, or an earlier row of its run stopped or went
+// to another destination or topic.
+func (pl *planning) run(rec *sink.Record, rt routing) (*keyRun, bool) {
+	if !rec.HasKey {
+		return nil, true
+	}
+	if pl.parkedEverywhere[rec.Key] {
+		return nil, false
+	}
+	key := scopedKey(pl.scope, rec)
+	run := pl.runs[key]
+	if run == nil {
+		pl.runBuf = append(pl.runBuf, keyRun{dest: rt.dest, topic: rt.topic})
+		run = &pl.runBuf[len(pl.runBuf)-1]
+		pl.runs[key] = run
+	}
+	if run.stopped || run.dest != rt.dest || run.topic != rt.topic {
+		run.stopped = true
+		return nil, false
+	}
+	return run, true
+}
+
+// admit offers rec to d and adds it to d's group when d takes it within the
+// batch's byte budget; false when it waits (a deferral is an outcome).
+func (pl *planning) admit(d *flow.Dest, rt routing, rec *sink.Record) bool {
+	g := pl.groups[rt.dest]
+	if g == nil {
+		g = d.Begin(pl.now, pl.batch)
+		pl.groups[rt.dest] = g
+		pl.order = append(pl.order, g)
+	}
+	v, o, paused := d.Admit(g, *rec, rt.topic, pl.now)
+	if v == flow.Admitted {
+		size := recordSize(*rec)
+		if pl.full || (pl.bytes > 0 && pl.bytes+size > pl.maxBytes) {
+			pl.full = pl.full || !g.Probe()
+			v = flow.Held
+		} else if v, o = d.Take(*rec, pl.now); v == flow.Admitted {
+			pl.bytes += size
+			g.Add(*rec, rt.topic, paused)
+			return true
+		}
+	}
+	if v == flow.Deferred {
+		pl.outcomes = append(pl.outcomes, o)
+	}
+	return false
 }
 
 // deadLetter returns the outcome of a row that cannot be delivered at all,

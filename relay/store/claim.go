@@ -162,9 +162,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		return err
 	}
 	trusted = trusted && !s.noFloor.Load()
-	now := time.Now()
-	c.start = s.floors.begin(now, p.ExcludeTopics, trusted, &s.parts)
-	lo, hi := c.start.partLo, c.start.partHi
+	c.start = s.floors.begin(time.Now(), p.ExcludeTopics, trusted, &s.parts)
 	if !c.start.partsOK {
 		// No partitions to claim (yet): an empty claim.
 		s.floors.claimed(c.start, claimResult{none: true})
@@ -173,19 +171,58 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		}
 		return nil
 	}
-	c.partLo, c.partHi = lo, hi
+	c.partLo, c.partHi = c.start.partLo, c.start.partHi
+	lastFresh, err := c.read(ctx, p, bound)
+	if err != nil {
+		return err
+	}
+	c.keyFloor = c.start.floor
+	if !trusted && hasKey(c.Records) {
+		// Any process may hold any row: pending rows hold keys from the
+		// lowest one up.
+		if c.keyFloor, err = s.q.MinPending(ctx, c.tx); err != nil {
+			return fmt.Errorf("claim outbox rows: lowest pending id: %w", err)
+		}
+	}
+	// Every row it locked above the floor is in flight until it ends:
+	// the rows it defers too, which are still ready as other
+	// transactions see them until it commits.
+	var lowest int64
+	for _, rec := range c.Records {
+		if rec.ID > c.start.floor && (lowest == 0 || rec.ID < lowest) {
+			lowest = rec.ID
+		}
+	}
+	if len(c.Records) > 0 {
+		if err := c.keepKeyOrder(ctx, p); err != nil {
+			return err
+		}
+	}
+	if c.probedLow > 0 && (lowest == 0 || c.probedLow < lowest) {
+		lowest = c.probedLow
+	}
+	c.held = make([]int64, len(c.Records))
+	for i, rec := range c.Records {
+		c.held[i] = rec.ID
+	}
+	s.floors.claimed(c.start, c.result(p, lastFresh, lowest))
+	return nil
+}
+
+// read locks the claim's rows, up to bound (and to its window when it
+// leaves keys out), and returns the last of them that never waited.
+func (c *Claim) read(ctx context.Context, p ClaimParams, bound int64) (lastFresh int64, err error) {
 	recs := make([]sink.Record, 0, p.Limit)
 	seen := make(map[int64]bool, p.Limit)
-	var lastFresh int64
 	// Rows that waited take at most three quarters of the claim: the rows
 	// above its start get the rest (see the claim statement).
 	waitedLimit, waited := p.Limit-p.Limit/4, 0
 	if w := c.start.from + p.ExcludedSpan; p.ExcludedSpan > 0 && len(p.ExcludeKeys) > 0 && len(p.ExcludeTopics) == 0 && w < bound {
 		bound, c.Windowed = w, true
 	}
-	res, err := s.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
+	res, err := c.store.q.Claim(ctx, c.tx, outboxdb.ClaimArgs{Limit: p.Limit, PayloadCap: p.PayloadCap,
 		ExcludeKeys: p.ExcludeKeys, ExcludeTopics: p.ExcludeTopics, MinID: c.start.from, MaxID: bound,
-		PartLo: lo, PartHi: hi, Waited: c.start.from > 0, WaitedLimit: waitedLimit}, func(row *outboxdb.ClaimedRow) {
+		PartLo: c.partLo, PartHi: c.partHi, Waited: c.start.from > 0, WaitedLimit: waitedLimit}, func(row *outboxdb.ClaimedRow) {
 		c.Claimed++
 		if !row.Waited {
 			lastFresh = max(lastFresh, row.ID)
@@ -205,36 +242,22 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 		recs = append(recs, record(row, p.PayloadCap))
 	})
 	if err != nil {
-		return fmt.Errorf("claim outbox rows: %w", err)
+		return 0, fmt.Errorf("claim outbox rows: %w", err)
 	}
 	c.Full = c.Claimed >= p.Limit || waited >= waitedLimit
 	// Rows that waited came first: the records go in id order.
 	slices.SortFunc(recs, func(a, b sink.Record) int { return cmp.Compare(a.ID, b.ID) })
 	c.Now, c.Records = res.Now, recs
-	c.keyFloor = c.start.floor
-	if !trusted && hasKey(recs) {
-		// Any process may hold any row: pending rows hold keys from the
-		// lowest one up.
-		if c.keyFloor, err = s.q.MinPending(ctx, c.tx); err != nil {
-			return fmt.Errorf("claim outbox rows: lowest pending id: %w", err)
-		}
-	}
-	// Every row it locked above the floor is in flight until it ends:
-	// the rows it defers too, which are still ready as other
-	// transactions see them until it commits.
-	var lowest int64
-	for _, rec := range recs {
-		if rec.ID > c.start.floor && (lowest == 0 || rec.ID < lowest) {
-			lowest = rec.ID
-		}
-	}
-	if len(recs) > 0 {
-		if err := c.keepKeyOrder(ctx, p); err != nil {
-			return err
-		}
-	}
+	return lastFresh, nil
+}
+
+// result is what the claim found, for its floors: lowest is its lowest
+// row above the floor, the rows its key check locked for a moment
+// included.
+func (c *Claim) result(p ClaimParams, lastFresh, lowest int64) claimResult {
 	// A claim cut at its window read only up to its last row, as a full one.
-	r := claimResult{short: c.Claimed < p.Limit && !c.Windowed, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics}
+	r := claimResult{short: c.Claimed < p.Limit && !c.Windowed, lastFresh: lastFresh, excludedTopics: p.ExcludeTopics,
+		lowestHeld: lowest}
 	if len(p.ExcludeKeys) > 0 {
 		r.passedKeys, r.passedFrom = true, max(p.ExcludedFrom-1, 0)
 		if p.OrderScope != nil {
@@ -244,16 +267,7 @@ func (c *Claim) claim(ctx context.Context, p ClaimParams) error {
 			r.passedFrom = 0
 		}
 	}
-	if c.probedLow > 0 && (lowest == 0 || c.probedLow < lowest) {
-		lowest = c.probedLow
-	}
-	r.lowestHeld = lowest
-	c.held = make([]int64, len(c.Records))
-	for i, rec := range c.Records {
-		c.held[i] = rec.ID
-	}
-	s.floors.claimed(c.start, r)
-	return nil
+	return r
 }
 
 // record makes a claimed row a sink.Record, saying why it cannot be delivered

@@ -20,34 +20,67 @@ import (
 // holds them back holds back the claimed rows of their keys and scopes
 // too.
 func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
-	var keys []string
-	var ids []int64
+	keys, ids := c.checkedRows(p.Follows)
+	if len(keys) == 0 {
+		return nil
+	}
+	bs, err := c.blockers(ctx, p, keys, ids)
+	if err != nil || len(bs.lowest) == 0 {
+		return err
+	}
+	free, err := c.probeFirsts(ctx, bs)
+	if err != nil {
+		return err
+	}
+	return c.holdBack(bs, free).write(ctx, c)
+}
+
+// checkedRows are the keys and ids the key check looks past: the claimed
+// keyed rows, after the followed rows of their keys (the span's end is
+// the last id).
+func (c *Claim) checkedRows(follows []KeyedRow) (keys []string, ids []int64) {
 	for _, r := range c.Records {
 		if r.HasKey {
 			keys = append(keys, r.Key)
 			ids = append(ids, r.ID)
 		}
 	}
-	if len(keys) == 0 {
-		return nil
+	if len(keys) == 0 || len(follows) == 0 {
+		return keys, ids
 	}
-	if len(p.Follows) > 0 {
-		// The followed rows of the claimed keys come first: the span's
-		// end is the last id.
-		claimed := make(map[string]bool, len(keys))
-		for _, k := range keys {
-			claimed[k] = true
-		}
-		var fk []string
-		var fi []int64
-		for _, f := range p.Follows {
-			if claimed[f.Key] {
-				fk = append(fk, f.Key)
-				fi = append(fi, f.ID)
-			}
-		}
-		keys, ids = append(fk, keys...), append(fi, ids...)
+	claimed := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		claimed[k] = true
 	}
+	var fk []string
+	var fi []int64
+	for _, f := range follows {
+		if claimed[f.Key] {
+			fk = append(fk, f.Key)
+			fi = append(fi, f.ID)
+		}
+	}
+	return append(fk, keys...), append(fi, ids...)
+}
+
+// blockerSet is the lowest blocker of each claimed key and order scope.
+type blockerSet struct {
+	lowest map[scopedKey]blocker
+	scope  scopes
+}
+
+// of is the lowest blocker of a claimed row: of its scope, or of every
+// scope.
+func (bs blockerSet) of(r *sink.Record) (blocker, bool) {
+	b, ok := bs.lowest[scopedKey{r.Key, bs.scope.of(r.Topic)}]
+	if all, held := bs.lowest[scopedKey{r.Key, EveryScope}]; held && (!ok || all.id < b.id) {
+		return all, true
+	}
+	return b, ok
+}
+
+// blockers reads the rows outside the claim that hold its keys.
+func (c *Claim) blockers(ctx context.Context, p ClaimParams, keys []string, ids []int64) (blockerSet, error) {
 	last := ids[len(ids)-1]
 	// The span's entries of other processes' partitions are skipped on
 	// the index, without a look at their rows: only the claim's own
@@ -56,17 +89,16 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	holders, err := c.store.q.Holders(ctx, c.tx, outboxdb.HoldersArgs{Keys: keys, IDs: ids, Floor: c.keyFloor,
 		PartLo: c.partLo, PartHi: c.partHi, BySpan: c.store.keyCheck.bySpan(span, keys), Scoped: p.OrderScope != nil})
 	if err != nil {
-		return fmt.Errorf("check key order: %w", err)
+		return blockerSet{}, fmt.Errorf("check key order: %w", err)
 	}
 	excluded := make(map[string]bool, len(p.ExcludeTopics))
 	for _, t := range p.ExcludeTopics {
 		excluded[t] = true
 	}
-	scope := newScopes(p.OrderScope)
-	blocked := map[scopedKey]blocker{}
+	bs := blockerSet{lowest: map[scopedKey]blocker{}, scope: newScopes(p.OrderScope)}
 	for _, h := range holders {
-		sk := scopedKey{h.Key, scope.of(h.Topic)}
-		if b, seen := blocked[sk]; seen && b.id < h.ID {
+		sk := scopedKey{h.Key, bs.scope.of(h.Topic)}
+		if b, seen := bs.lowest[sk]; seen && b.id < h.ID {
 			continue // only the lowest blocker of the key's scope counts
 		}
 		b := blocker{id: h.ID, waiting: h.Parked || h.Waiting, parked: h.Parked, leased: h.Leased && h.Waiting, until: h.NextAttemptAt}
@@ -76,56 +108,61 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		case !h.Waiting && excluded[h.Topic]:
 			b.waiting, b.until = true, c.Now.Add(max(p.ExcludeFor, time.Millisecond))
 		}
-		blocked[sk] = b
+		bs.lowest[sk] = b
 	}
-	if len(blocked) == 0 {
-		return nil
-	}
-	// blockerOf is the lowest blocker of a claimed row: of its scope, or
-	// of every scope.
-	blockerOf := func(r *sink.Record) (blocker, bool) {
-		b, ok := blocked[scopedKey{r.Key, scope.of(r.Topic)}]
-		if all, held := blocked[scopedKey{r.Key, EveryScope}]; held && (!ok || all.id < b.id) {
-			return all, true
-		}
-		return b, ok
-	}
-	// Rows that waited come back by when they are due, not in id order:
-	// a key's later row can be due before its first, which then holds it
-	// back while free, not in flight elsewhere, and would be passed over
-	// again by every claim that takes the later row first. Such a row is
-	// deferred for a moment, after its first: the next claim takes that.
+	return bs, nil
+}
+
+// probeFirsts returns which blockers are free: rows that waited come back
+// by when they are due, not in id order, so a key's later row can be due
+// before its first, which then holds it back while free, not in flight
+// elsewhere, and would be passed over again by every claim that takes the
+// later row first. Such a row is deferred for a moment, after its first:
+// the next claim takes that.
+func (c *Claim) probeFirsts(ctx context.Context, bs blockerSet) (map[int64]bool, error) {
 	var probe []int64
 	probed := map[int64]bool{}
 	for _, r := range c.Records {
 		if !r.HasKey {
 			continue
 		}
-		if b, ok := blockerOf(&r); ok && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
+		if b, ok := bs.of(&r); ok && r.ID > b.id && !b.waiting && c.waited[r.ID] && !probed[b.id] {
 			probe = append(probe, b.id)
 			probed[b.id] = true
 		}
 	}
-	free := map[int64]bool{}
-	if len(probe) > 0 {
-		// The probe locks rows the claim does not hold: the floor must
-		// cover them first (see floors.hold).
-		c.probedLow = slices.Min(probe)
-		c.store.floors.hold(c.start.gen, c.probedLow-1)
-		var err error
-		if free, err = c.freeRows(ctx, probe); err != nil {
-			return fmt.Errorf("check key order: %w", err)
-		}
+	if len(probe) == 0 {
+		return nil, nil
 	}
+	// The probe locks rows the claim does not hold: the floor must cover
+	// them first (see floors.hold).
+	c.probedLow = slices.Min(probe)
+	c.store.floors.hold(c.start.gen, c.probedLow-1)
+	free, err := c.freeRows(ctx, probe)
+	if err != nil {
+		return nil, fmt.Errorf("check key order: %w", err)
+	}
+	return free, nil
+}
+
+// heldBack are the rows a claim defers behind their keys' blockers.
+type heldBack struct {
+	deferIDs, parkedIDs []int64
+	deferAt, parkedAt   []time.Time
+	parkers             []int64
+}
+
+// holdBack drops from the claim the rows their blockers hold back: behind
+// a parked or waiting row, or a free one, they are deferred; behind a row
+// in flight elsewhere, skipped and left ready.
+func (c *Claim) holdBack(bs blockerSet, free map[int64]bool) heldBack {
+	var h heldBack
 	kept := c.Records[:0]
-	var deferIDs, parkedIDs []int64
-	var deferAt, parkedAt []time.Time
-	var parkers []int64
 	for _, r := range c.Records {
 		var b blocker
 		ok := false
 		if r.HasKey {
-			b, ok = blockerOf(&r)
+			b, ok = bs.of(&r)
 		}
 		// A blocker above the row (the key check by span may find one)
 		// does not hold it back.
@@ -135,20 +172,20 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		}
 		switch {
 		case b.parked:
-			parkedIDs = append(parkedIDs, r.ID)
-			parkedAt = append(parkedAt, b.until)
-			parkers = append(parkers, b.id)
+			h.parkedIDs = append(h.parkedIDs, r.ID)
+			h.parkedAt = append(h.parkedAt, b.until)
+			h.parkers = append(h.parkers, b.id)
 			c.Deferred++
 		case b.waiting:
-			deferIDs = append(deferIDs, r.ID)
-			deferAt = append(deferAt, b.until)
+			h.deferIDs = append(h.deferIDs, r.ID)
+			h.deferAt = append(h.deferAt, b.until)
 			c.Deferred++
 			if b.leased {
 				c.behindLeases = append(c.behindLeases, behindLease{id: r.ID, lease: b.id, until: b.until})
 			}
 		case free[b.id]:
-			deferIDs = append(deferIDs, r.ID)
-			deferAt = append(deferAt, later(b.until.Add(time.Microsecond), c.Now.Add(behindFreeFor)))
+			h.deferIDs = append(h.deferIDs, r.ID)
+			h.deferAt = append(h.deferAt, later(b.until.Add(time.Microsecond), c.Now.Add(behindFreeFor)))
 			c.Deferred++
 		default:
 			// A row below the floor waited, and is still on the waiting
@@ -163,13 +200,18 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 		}
 	}
 	c.Records = kept
-	if len(deferIDs) > 0 {
-		if err := c.store.q.Defer(ctx, c.tx, deferIDs, deferAt); err != nil {
+	return h
+}
+
+// write defers the rows held back, in the claim's transaction.
+func (h heldBack) write(ctx context.Context, c *Claim) error {
+	if len(h.deferIDs) > 0 {
+		if err := c.store.q.Defer(ctx, c.tx, h.deferIDs, h.deferAt); err != nil {
 			return fmt.Errorf("defer rows behind a waiting key: %w", err)
 		}
 	}
-	if len(parkedIDs) > 0 {
-		if err := c.store.q.DeferParked(ctx, c.tx, parkedIDs, parkedAt, parkers); err != nil {
+	if len(h.parkedIDs) > 0 {
+		if err := c.store.q.DeferParked(ctx, c.tx, h.parkedIDs, h.parkedAt, h.parkers); err != nil {
 			return fmt.Errorf("defer rows behind a parked key: %w", err)
 		}
 	}

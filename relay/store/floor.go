@@ -197,32 +197,7 @@ func (f *floors) claimed(c claimStart, r claimResult) {
 		f.seen = max(f.seen, min(c.safe, read))
 	}
 	if c.head || c.marked {
-		// What the older marks said is done with as far as it read, and
-		// holds on from there.
-		now := time.Now()
-		kept := f.marks[:0]
-		rest := false
-		for _, m := range f.marks {
-			switch {
-			case m.gen > c.gen || m.id < c.from || m.until.After(now):
-				kept = append(kept, m)
-			case !r.short:
-				rest = true
-			}
-		}
-		if rest {
-			kept = append(kept, mark{id: read, gen: c.gen})
-		}
-		f.marks = kept
-		for topic, m := range f.paused {
-			if m.gen < c.gen && m.id >= c.from && !contains(r.excludedTopics, topic) {
-				if r.short {
-					delete(f.paused, topic)
-				} else {
-					f.paused[topic] = mark{id: read, gen: c.gen}
-				}
-			}
-		}
+		f.clearMarks(c, r, read)
 	}
 	if r.passedKeys {
 		f.marks = append(f.marks, mark{id: max(c.from, r.passedFrom), gen: c.gen})
@@ -245,6 +220,36 @@ func (f *floors) claimed(c claimStart, r claimResult) {
 		f.open[c.gen] = r.lowestHeld - 1
 	} else {
 		delete(f.open, c.gen)
+	}
+}
+
+// clearMarks records what head or marked claim c found, having read up to
+// read: what the older marks said is done with as far as it read, and
+// holds on from there.
+func (f *floors) clearMarks(c claimStart, r claimResult, read int64) {
+	now := time.Now()
+	kept := f.marks[:0]
+	rest := false
+	for _, m := range f.marks {
+		switch {
+		case m.gen > c.gen || m.id < c.from || m.until.After(now):
+			kept = append(kept, m)
+		case !r.short:
+			rest = true
+		}
+	}
+	if rest {
+		kept = append(kept, mark{id: read, gen: c.gen})
+	}
+	f.marks = kept
+	for topic, m := range f.paused {
+		if m.gen < c.gen && m.id >= c.from && !contains(r.excludedTopics, topic) {
+			if r.short {
+				delete(f.paused, topic)
+			} else {
+				f.paused[topic] = mark{id: read, gen: c.gen}
+			}
+		}
 	}
 }
 

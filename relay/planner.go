@@ -45,8 +45,9 @@ func newPlanner(cfg *Config, dests []*flow.Dest) *planner {
 // that a failure in one place can never let a later row of the key through
 // in another; and once the batch's byte budget or a destination's
 // bulkhead is spent, the remaining rows wait for the next batch, untouched.
-func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic string) string) ([]*flow.Group, []store.Outcome) {
-	pl := planning{planner: p, now: now, scope: scope, batch: len(recs),
+// The rows a destination holds are owner's (see flow.Group.Owner).
+func (p *planner) plan(owner any, recs []sink.Record, now time.Time, scope func(topic string) string) ([]*flow.Group, []store.Outcome) {
+	pl := planning{planner: p, owner: owner, now: now, scope: scope, batch: len(recs),
 		// Sized for the batch, as growing them showed in profiles of drains.
 		runs: make(map[string]*keyRun, len(recs)), runBuf: make([]keyRun, 0, len(recs)),
 		groups: map[int]*flow.Group{}}
@@ -66,6 +67,7 @@ func (p *planner) plan(recs []sink.Record, now time.Time, scope func(topic strin
 // planning is one batch's plan as it is made.
 type planning struct {
 	*planner
+	owner any
 	now   time.Time
 	scope func(topic string) string
 	batch int // rows claimed
@@ -157,6 +159,7 @@ func (pl *planning) admit(d *flow.Dest, rt routing, rec *sink.Record) bool {
 	g := pl.groups[rt.dest]
 	if g == nil {
 		g = d.Begin(pl.now, pl.batch)
+		g.Owner = pl.owner
 		pl.groups[rt.dest] = g
 		pl.order = append(pl.order, g)
 	}

@@ -63,7 +63,7 @@ var twoDestinations = []Route{{Topics: []string{"a.*"}, Destination: "a"}, {Topi
 
 func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
-	groups, outcomes := p.plan([]sink.Record{
+	groups, outcomes := p.plan(nil, []sink.Record{
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"), // k moves to b: its run ends at 1
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's next row goes in a later batch
@@ -92,7 +92,7 @@ func TestPlanKeepsAKeysRowsOnOneDestination(t *testing.T) {
 // travel together, whatever the key's rows of another destination do.
 func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
-	groups, outcomes := p.plan([]sink.Record{
+	groups, outcomes := p.plan(nil, []sink.Record{
 		rec(1, "a.x", "k"), rec(2, "b.x", "k"), rec(3, "a.x", "k"),
 		rec(4, "b.x", "j"), rec(5, "b.x", "j"), rec(6, "b.x", ""),
 		rec(7, "none", "n"), rec(8, "a.x", "n"), // no route: dead-lettered; n's row of a goes
@@ -114,7 +114,7 @@ func TestPlanKeepsAKeysRowsTogetherPerDestination(t *testing.T) {
 func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 	p := testPlanner(t, Config{OnDeadLetter: OnDeadLetterBlock}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	for _, scope := range []string{OrderScopeGlobal, OrderScopeDestination, OrderScopeTopic} {
-		groups, outcomes := p.plan([]sink.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
+		groups, outcomes := p.plan(nil, []sink.Record{rec(1, "none", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "k"), rec(4, "a.x", "j")},
 			time.Now(), p.router.scope(scope))
 		ids, out := planned(groups, outcomes)
 		if o := out[1]; o.Kind != store.DeadLettered || !o.ParkKey {
@@ -128,7 +128,7 @@ func TestPlanParksKeysOfUnroutableRowsUnderBlock(t *testing.T) {
 
 func TestPlanStopsAtTheByteBudget(t *testing.T) {
 	p := testPlanner(t, Config{MaxBatchBytes: 3*(RecordOverhead+10) + 1}, []Destination{{Name: "a"}}, twoDestinations)
-	groups, outcomes := p.plan([]sink.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
+	groups, outcomes := p.plan(nil, []sink.Record{rec(1, "a.x", ""), rec(2, "a.x", "k"), rec(3, "a.x", ""), rec(4, "a.x", "k"), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, _ := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[2] != 3 {
 		t.Errorf("planned %v, want the first three rows", got)
@@ -143,7 +143,7 @@ func TestPlanStopsAtTheByteBudget(t *testing.T) {
 // and settled.
 func openBreaker(t *testing.T, p *planner, now time.Time, msg string) {
 	t.Helper()
-	groups, _ := p.plan([]sink.Record{rec(1000, "a.x", "")}, now, nil)
+	groups, _ := p.plan(nil, []sink.Record{rec(1000, "a.x", "")}, now, nil)
 	if len(groups) != 1 {
 		t.Fatalf("%d groups planned for one row", len(groups))
 	}
@@ -161,7 +161,7 @@ func TestPlanDefersRowsOfAnOpenBreaker(t *testing.T) {
 	p := testPlanner(t, Config{Pause: PauseConfig{Base: time.Minute, Max: time.Minute}}, []Destination{{Name: "a"}, {Name: "b"}}, twoDestinations)
 	now := time.Now()
 	openBreaker(t, p, now, "refused")
-	groups, outcomes := p.plan([]sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
+	groups, outcomes := p.plan(nil, []sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "b.x", "")}, now, nil)
 	ids, out := planned(groups, outcomes)
 	if o := out[1]; o.Kind != store.Deferred || o.Reason != DeferCircuitOpen || o.Delay < 59*time.Second || o.Attempted {
 		t.Errorf("row of the open destination: %+v, want deferred circuit_open for its cool-down, no attempt", o)
@@ -182,7 +182,7 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 	for i := range 20 {
 		recs = append(recs, rec(int64(i+1), []string{"a.x", "a.y"}[i%2], []string{"k", "j", "", ""}[i%4]))
 	}
-	groups, _ := p.plan(recs, now.Add(time.Second), nil)
+	groups, _ := p.plan(nil, recs, now.Add(time.Second), nil)
 	if len(groups) != 1 || !groups[0].Probe() {
 		t.Fatalf("groups %+v, want one probe", groups)
 	}
@@ -198,7 +198,7 @@ func TestPlanProbesWithAFewRowsOfDistinctKeys(t *testing.T) {
 		t.Errorf("probe of %d rows, by topic %v, by key %v", len(g.Recs), byTopic, byKey)
 	}
 	// A second batch meanwhile is held: one probe at a time.
-	if groups, outcomes := p.plan(recs[:1], now.Add(time.Second), nil); len(groups) != 0 || outcomes[0].Reason != DeferCircuitOpen {
+	if groups, outcomes := p.plan(nil, recs[:1], now.Add(time.Second), nil); len(groups) != 0 || outcomes[0].Reason != DeferCircuitOpen {
 		t.Errorf("a second batch during the probe: %d groups, outcomes %+v", len(groups), outcomes)
 	}
 }
@@ -207,7 +207,7 @@ func TestPlanHoldsRowsPastTheBulkheadAndDefersRetriesOverBudget(t *testing.T) {
 	p := testPlanner(t, Config{}, []Destination{{Name: "a", MaxInFlight: 3, RetryBudget: RetryBudgetConfig{MinPerSecond: 0.1}}}, twoDestinations)
 	retryRec := func(id int64) sink.Record { r := rec(id, "a.x", ""); r.RetryCount = 1; return r }
 	// The budget holds one retry (a tenth per second, ten seconds' worth).
-	groups, outcomes := p.plan([]sink.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
+	groups, outcomes := p.plan(nil, []sink.Record{retryRec(1), retryRec(2), rec(3, "a.x", ""), rec(4, "a.x", ""), rec(5, "a.x", "")}, time.Now(), nil)
 	ids, out := planned(groups, outcomes)
 	if got := ids["a"]; len(got) != 3 || got[0] != 1 || got[1] != 3 || got[2] != 4 {
 		t.Errorf("planned %v, want [1 3 4]", got)
@@ -236,7 +236,7 @@ func TestSettleReleasesOrHoldsAKeyAfterAFailure(t *testing.T) {
 			policy = OnDeadLetterBlock
 		}
 		p := testPlanner(t, Config{OnDeadLetter: policy}, []Destination{{Name: "a"}}, twoDestinations)
-		groups, _ := p.plan([]sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
+		groups, _ := p.plan(nil, []sink.Record{rec(1, "a.x", "k"), rec(2, "a.x", "k"), rec(3, "a.x", "j"), rec(4, "a.x", "j")}, time.Now(), nil)
 		g := groups[0]
 		g.Errs = []error{sink.Permanent(errBad, "rejected"), nil, sink.Transient(errBad, 0), sink.ErrNotSent}
 		out := map[int64]store.Outcome{}

@@ -104,6 +104,11 @@ func New(cfg Config) (*Relay, error) {
 	}
 	for _, d := range r.dests {
 		d.Freed = wakeWorkers
+		d.OnRelease(func() {
+			for _, s := range r.sources {
+				s.releaseSoon()
+			}
+		})
 	}
 	if cfg.Fleet != nil {
 		r.fleet = flow.NewReplica(*cfg.Fleet, r.dests, r.cfg.QueryTimeout, r.log)

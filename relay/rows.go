@@ -20,6 +20,12 @@ type RowSource interface {
 	// without waiting: a worker claims its next batch ahead only with two
 	// to spare.
 	SpareConns() int
+	// ReleaseHeld makes ready now the rows a destination held, without
+	// an attempt, while it or a topic or partition of it was down, and
+	// those held behind them for their keys, once it answers again; rows
+	// settled or attempted since stay as they are. It returns how many
+	// it made ready.
+	ReleaseHeld(ctx context.Context, rows []store.HeldRow) (int64, error)
 }
 
 // Claimed is a batch of rows a RowSource handed out.

@@ -8,11 +8,11 @@ import (
 
 // service is the life of one of the relay's background loops beside the
 // workers: the fleet's sync, and per outbox the renewal of its partitions,
-// its listener and its cleaner. Every one is started and stopped the same
-// way: start runs it in its own goroutine until stop, or until the context
-// it was started with ends; stop cancels it and waits for it to end, and
-// may be called whether or not it started. An error it returns while not
-// stopping stops the relay (see failures).
+// its listener, its cleaner and its releaser. Every one is started and
+// stopped the same way: start runs it in its own goroutine until stop, or
+// until the context it was started with ends; stop cancels it and waits
+// for it to end, and may be called whether or not it started. An error it
+// returns while not stopping stops the relay (see failures).
 //
 // Run starts them and stops them in one order: the fleet's sync first and
 // last, an outbox's partitions before its first claim and after its last

@@ -129,12 +129,16 @@ type source struct {
 	partitions, listening, cleaning *service
 	partsFailing                    bool
 	resync                          chan struct{} // another process changed the partitions' share
+	// releasing makes ready the rows a destination held while it was
+	// down, once it answers again; release says there are some.
+	releasing *service
+	release   chan struct{}
 }
 
 func newSource(r *Relay, index int, o Outbox) *source {
 	cfg := &r.cfg
 	s := &source{r: r, index: index, prepare: o.Prepare, name: o.Name, store: o.Store, rows: tableRows{o.Store}, listener: o.Listener, log: r.log,
-		batchSize: o.BatchSize, tally: tally{obs: o.Observer}, resync: make(chan struct{}, 1)}
+		batchSize: o.BatchSize, tally: tally{obs: o.Observer}, resync: make(chan struct{}, 1), release: make(chan struct{}, 1)}
 	if len(cfg.Outboxes) > 1 {
 		s.log = r.log.With(slog.String("outbox", o.Name))
 	}
@@ -165,6 +169,7 @@ func newSource(r *Relay, index int, o Outbox) *source {
 		return s.listener.Run(ctx, s.wakeAll, s.resyncSoon)
 	})
 	s.cleaning = newService("cleaner", s.cleaner.run)
+	s.releasing = newService("releaser", s.releaseHeld)
 	return s
 }
 
@@ -205,6 +210,7 @@ func (s *source) start(g *errgroup.Group, ctx, inflight context.Context, fails *
 	if s.cleaner.enabled() {
 		s.cleaning.start(ctx, fails)
 	}
+	s.releasing.start(ctx, fails)
 }
 
 // stop stops the outbox's services once its workers have ended: its
@@ -214,6 +220,7 @@ func (s *source) start(g *errgroup.Group, ctx, inflight context.Context, fails *
 func (s *source) stop(ctx context.Context) {
 	s.listening.stop()
 	s.cleaning.stop()
+	s.releasing.stop()
 	s.leases.stop()
 	if s.partitions.stop(); s.ready.Load() {
 		s.leavePartitions(ctx)
@@ -328,6 +335,46 @@ func (s *source) leavePartitions(ctx context.Context) {
 	defer cancel()
 	if err := s.store.LeavePartitions(lctx); err != nil {
 		s.log.Warn("could not give up the outbox's partitions; the others take them when the lease ends", slog.Any("error", err))
+	}
+}
+
+// releaseSoon asks the releaser to look for released rows.
+func (s *source) releaseSoon() {
+	select {
+	case s.release <- struct{}{}:
+	default:
+	}
+}
+
+// releaseHeld makes ready at once, until ctx ends, the outbox's rows that
+// a destination held while it, a topic or a partition of it was down,
+// once that answers again. Best effort: rows it cannot release wait for
+// the end of their deferral, as they would without it.
+func (s *source) releaseHeld(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.release:
+		}
+		for _, d := range s.r.dests {
+			rows := d.Released(s)
+			if len(rows) == 0 {
+				continue
+			}
+			// It waits for the batches under way to be written back.
+			qctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout+s.r.cfg.PublishTimeout)
+			n, err := s.rows.ReleaseHeld(qctx, rows)
+			cancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log.Warn("rows held while their destination was down wait for the end of their deferral: releasing them failed",
+					slog.String("destination", d.Name), slog.Int("rows", len(rows)), slog.Any("error", err))
+			case n > 0:
+				s.log.Info("rows held while their destination was down go now", slog.String("destination", d.Name), slog.Int64("rows", n))
+				s.wakeAll()
+			}
+		}
 	}
 }
 

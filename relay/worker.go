@@ -504,7 +504,7 @@ type batch struct {
 // are delivered after the claim commits. The batch holds the turn
 // takeTurn took.
 func (w *worker) plan(t taken) *batch {
-	all, outcomes := w.r.planner.plan(t.rows.Records, time.Now(), w.s.scope)
+	all, outcomes := w.r.planner.plan(w.s, t.rows.Records, time.Now(), w.s.scope)
 	w.releaseWaits(t) // its slots are taken: the next batch may wait
 	b := &batch{w: w, outcomes: outcomes, turn: true}
 	for _, g := range all {

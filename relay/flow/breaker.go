@@ -103,6 +103,7 @@ type breaker struct {
 	state    BreakerState
 	until    time.Time // open: when a probe may go
 	streak   int       // consecutive openings, for the doubling cool-down
+	since    time.Time // when the first of them opened: the outage's start
 	failed   int       // consecutive transient failures while closed
 	window   failWindow
 	probed   int  // successful probes while half-open
@@ -312,9 +313,15 @@ func (b *breaker) abandoned(gen int) {
 }
 
 // open opens the breaker for a cool-down that doubles with each opening
-// since it was last closed.
+// since it was last closed, but is never longer than a quarter of the
+// outage so far (nor shorter than the base): once what failed answers
+// again, the next probe finds it within a quarter of the time it was
+// down, and a long outage is still probed only every max.
 func (b *breaker) open(now time.Time) {
-	d := retry.Exponential(b.streak, b.base, b.max)
+	if b.streak == 0 || b.since.IsZero() {
+		b.since = now
+	}
+	d := min(retry.Exponential(b.streak, b.base, b.max), max(b.base, now.Sub(b.since)/4))
 	b.streak++
 	b.until = now.Add(d)
 	b.set(BreakerOpen, d)
@@ -366,7 +373,7 @@ func (b *breaker) adopt(v FleetBreaker, seq uint64, now, dbNow time.Time) bool {
 	defer func() { b.byFleet = false }()
 	switch {
 	case v.Open && b.state == BreakerClosed:
-		b.streak, b.until, b.lastErr = v.Streak, until, v.LastError
+		b.streak, b.until, b.lastErr, b.since = v.Streak, until, v.LastError, now
 		b.set(BreakerOpen, until.Sub(now))
 	case v.Open:
 		// Open here too: take the fleet's cool-down, and go back to open

@@ -53,11 +53,17 @@ func batch(first, n int) []sink.Record {
 	return recs
 }
 
-// plan asks d to admit recs now: the group of those it takes, and the
-// outcomes of those it defers.
+// plan asks d to admit recs now, rows of the source "src": the group of
+// those it takes, and the outcomes of those it defers.
 func plan(d *flow.Dest, recs []sink.Record) (*flow.Group, []store.Outcome) {
+	return planFor(d, "src", recs)
+}
+
+// planFor is plan for rows of the source owner.
+func planFor(d *flow.Dest, owner string, recs []sink.Record) (*flow.Group, []store.Outcome) {
 	now := time.Now()
 	g := d.Begin(now, len(recs))
+	g.Owner = owner
 	var deferred []store.Outcome
 	for _, rec := range recs {
 		v, o, paused := d.Admit(g, rec, rec.Topic, now)
@@ -103,8 +109,9 @@ func state(d *flow.Dest) (flow.BreakerState, time.Duration) {
 // A systemic failure opens the breaker at once; the rows wait for its
 // cool-down without counting an attempt, and so do the rows of the next
 // batches. After the cool-down a probe of a few rows of distinct keys
-// goes; while it fails, the cool-down doubles up to pause_max, and the
-// probe's rows wait past the next cool-down. Two good probes close it.
+// goes; while it fails, the cool-down doubles up to pause_max, but is
+// never longer than a quarter of the outage so far, and the probe's rows
+// wait past the next cool-down. Two good probes close it.
 func TestBreakerOpensProbesAndCloses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := newDest(t, flow.Destination{Name: "a"})
@@ -124,9 +131,17 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 			t.Fatalf("open breaker: %d taken, deferred %+v", len(g.Recs), deferred)
 		}
 
-		// Failed probes: 1s, then 2s, 4s and 4s (pause_max).
-		for _, cooldown := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		// Failed probes: the cool-down is 1s while the outage is young,
+		// then a quarter of the outage, up to pause_max (4s).
+		start := time.Now()
+		var cooldowns []time.Duration
+		for streak := 1; len(cooldowns) == 0 || cooldowns[len(cooldowns)-1] < 4*time.Second; streak++ {
 			time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }()))
+			cooldown := min(retry.Exponential(streak, time.Second, 4*time.Second), max(time.Second, time.Since(start)/4))
+			cooldowns = append(cooldowns, cooldown)
+			if streak > 20 {
+				t.Fatalf("cool-downs %v never reached pause_max", cooldowns)
+			}
 			probe, _ := plan(d, batch(100, 20))
 			if !probe.Probe() || len(probe.Recs) == 0 || len(probe.Recs) > flow.ProbeRows {
 				t.Fatalf("after the cool-down: probe %v of %d rows, want a probe of at most %d", probe.Probe(), len(probe.Recs), flow.ProbeRows)
@@ -142,6 +157,10 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 			if s, left := state(d); s != flow.BreakerOpen || left != cooldown {
 				t.Fatalf("after a failed probe: breaker %s for %s, want open for %s", s, left, cooldown)
 			}
+		}
+
+		if cooldowns[0] != time.Second || cooldowns[3] != time.Second || cooldowns[4] <= time.Second {
+			t.Errorf("cool-downs %v: want 1s for the outage's first 4s, then longer", cooldowns)
 		}
 
 		// Good probes: half-open after the first, closed after the second.
@@ -168,6 +187,67 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 		changes := d.Status().Changes
 		if len(changes) < 3 || changes[0].To != flow.BreakerOpen || changes[len(changes)-1].To != flow.BreakerClosed {
 			t.Errorf("changes %+v, want opened first and closed last", changes)
+		}
+	})
+}
+
+// Rows held while the destination is down go as soon as it answers again,
+// not at the end of their deferral: once the breaker closes, the rows
+// that still wait are handed back to the source that claimed them, the
+// failed probes' rows among them.
+func TestHeldRowsGoWhenTheDestinationAnswers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, _ := plan(d, batch(1, 10))
+		publish(d, g, failAll) // held for the first 1s cool-down
+		waitOut := func() { time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }())) }
+		time.Sleep(500 * time.Millisecond)
+		if _, deferred := plan(d, batch(11, 5)); len(deferred) != 5 {
+			t.Fatalf("open breaker: %d rows deferred, want 5", len(deferred))
+		}
+		ids := func(recs []sink.Record) map[int64]bool {
+			m := map[int64]bool{}
+			for _, r := range recs {
+				m[r.ID] = true
+			}
+			return m
+		}
+		// Two failed probes, of two sources: their rows wait past the
+		// next cool-down, well after the destination is back.
+		failed := map[string]map[int64]bool{}
+		for _, owner := range []string{"src", "other"} {
+			waitOut()
+			probe, _ := planFor(d, owner, batch(100*len(failed)+100, 20))
+			if !probe.Probe() {
+				t.Fatal("no probe after the cool-down")
+			}
+			publish(d, probe, failAll)
+			failed[owner] = ids(probe.Recs)
+		}
+		if got := d.Released("src"); len(got) != 0 {
+			t.Fatalf("released %v while the destination is still down", got)
+		}
+		for i := range 2 {
+			waitOut()
+			probe, _ := plan(d, batch(300+10*i, 5))
+			publish(d, probe, sendAll)
+		}
+		if s, _ := d.BreakerState(); s != flow.BreakerClosed {
+			t.Fatalf("breaker %s after two good probes", s)
+		}
+		for owner, want := range failed {
+			got := d.Released(owner)
+			for _, r := range got {
+				if !want[r.ID] || r.RetryCount != 0 {
+					t.Errorf("%s: released %+v, want only the rows of its failed probe, as they were held", owner, r)
+				}
+			}
+			if len(got) != len(want) {
+				t.Errorf("%s: released %d rows, want the %d of its failed probe (the rest were due already)", owner, len(got), len(want))
+			}
+		}
+		if again := d.Released("src"); len(again) != 0 {
+			t.Errorf("released twice: %v", again)
 		}
 	})
 }

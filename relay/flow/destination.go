@@ -160,6 +160,8 @@ type Dest struct {
 	// changes are the breaker's latest changes, oldest first.
 	changesMu sync.Mutex
 	changes   []BreakerChange
+	// holds are the rows held while it, a topic or a partition was down.
+	holds holds
 }
 
 // BreakerChange is a change of a destination's breaker, as this replica
@@ -248,6 +250,7 @@ func NewDest(d Destination, cfg Settings) *Dest {
 		pauseMax:    cfg.PauseMax,
 		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
 	}
+	x.pauses.closed = func(s subject) { x.holds.release(s, time.Now()) }
 	// The limits an admitted row passes, in order (see Take).
 	x.gates = []gate{&x.bulk, x.rate, x.budget}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
@@ -271,6 +274,9 @@ func NewDest(d Destination, cfg Settings) *Dest {
 			case to == BreakerClosed:
 				log.Info("destination recovered; circuit closed")
 			}
+			if to == BreakerClosed {
+				x.holds.release(destWide, time.Now())
+			}
 		}}
 	return x
 }
@@ -279,7 +285,10 @@ func NewDest(d Destination, cfg Settings) *Dest {
 // in id order, what the destination admitted them under, and what their
 // publish returned.
 type Group struct {
-	Dest  *Dest
+	Dest *Dest
+	// Owner is the source of the batch's rows, for the rows the
+	// destination holds (see Released); nil remembers none.
+	Owner any
 	Adm   admission // the breaker's, for the whole batch
 	Recs  []sink.Record
 	Errs  []error
@@ -338,14 +347,17 @@ const (
 // group's to take (see Take), with the pauses whose probe it joins.
 func (d *Dest) Admit(g *Group, rec sink.Record, topic string, now time.Time) (Verdict, store.Outcome, []subject) {
 	if !g.Adm.ok {
+		d.holds.hold(destWide, g.Owner, rec.ID, rec.RetryCount, now, g.Adm.until.Sub(now))
 		return Deferred, d.deferral(rec, DeferCircuitOpen, g.Adm.until.Sub(now)), nil
 	}
 	var paused []subject
 	if !d.pauses.empty() {
 		var reason string
 		var until time.Time
-		paused, reason, until = d.askPauses(g, rec, topic, now)
+		var by subject
+		paused, reason, until, by = d.askPauses(g, rec, topic, now)
 		if reason != "" {
+			d.holds.hold(by, g.Owner, rec.ID, rec.RetryCount, now, until.Sub(now))
 			return Deferred, d.deferral(rec, reason, until.Sub(now)), nil
 		}
 	}
@@ -398,8 +410,9 @@ func (g *Group) Add(rec sink.Record, topic string, paused []subject) {
 
 // askPauses checks rec, bound for topic, against the destination's paused
 // topic and partitions. It returns the pauses whose probe rec joins, or,
-// when rec must wait, the deferral reason and until when.
-func (d *Dest) askPauses(g *Group, rec sink.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time) {
+// when rec must wait, the deferral reason, until when, and the pause that
+// holds it.
+func (d *Dest) askPauses(g *Group, rec sink.Record, topic string, now time.Time) (probes []subject, reason string, until time.Time, by subject) {
 	ask := func(s subject) (admission, bool) {
 		if a, ok := g.asked[s]; ok {
 			return a, true
@@ -416,7 +429,7 @@ func (d *Dest) askPauses(g *Group, rec sink.Record, topic string, now time.Time)
 	s := subject{topic: topic, partition: wholeTopic}
 	if a, tracked := ask(s); tracked {
 		if !a.ok {
-			return nil, DeferTopicPaused, a.until
+			return nil, DeferTopicPaused, a.until, s
 		}
 		probes = append(probes, s)
 	}
@@ -426,13 +439,13 @@ func (d *Dest) askPauses(g *Group, rec sink.Record, topic string, now time.Time)
 			s := subject{topic: topic, partition: part}
 			if a, tracked := ask(s); tracked {
 				if !a.ok {
-					return nil, DeferPartitionPaused, a.until
+					return nil, DeferPartitionPaused, a.until, s
 				}
 				probes = append(probes, s)
 			}
 		}
 	}
-	return probes, "", time.Time{}
+	return probes, "", time.Time{}, subject{}
 }
 
 // Planned gives back the probes that a group's plan took but that carry

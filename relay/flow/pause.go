@@ -41,6 +41,9 @@ type pauseSet struct {
 	mu    sync.Mutex
 	m     map[subject]*breaker
 	parts map[string]int // paused partitions by topic
+	// closed is told of a pause that closed: its topic or partition
+	// answers again.
+	closed func(s subject)
 }
 
 func newPauseSet(dest string, base, max time.Duration, log *slog.Logger) *pauseSet {
@@ -242,6 +245,9 @@ func (p *pauseSet) newBreaker(s subject) *breaker {
 				p.log.Info(kind+" pause cooled down; its next rows probe it", attrs...)
 			case BreakerClosed:
 				p.log.Info(kind+" recovered; no longer paused", attrs...)
+				if p.closed != nil {
+					p.closed(s)
+				}
 			}
 		}}
 }

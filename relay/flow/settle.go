@@ -31,7 +31,7 @@ func (d *Dest) Settle(g *Group, abandoned bool) []store.Outcome {
 	}
 	d.budget.earn(now, st.firsts, st.retriesSent+st.refunds)
 	cooldown, pausedFor := st.learn(now)
-	st.delay(cooldown, pausedFor)
+	st.delay(now, cooldown, pausedFor)
 	return st.outcomes
 }
 
@@ -52,6 +52,7 @@ type settlement struct {
 	sev                          map[subject]*evidence // about its topics and partitions
 	pausedBy                     map[int]subject       // deferred outcomes, by index, waiting on a pause
 	probed                       map[int]bool          // deferred outcomes, by index, of a failed probe's rows
+	retries                      map[int]int           // deferred outcomes' rows' retry counts, by index
 }
 
 // row settles the group's i-th row.
@@ -111,6 +112,10 @@ func (st *settlement) failed(rec sink.Record, err error) {
 	ev.add(v, rec)
 	switch v.outcome.Kind {
 	case store.Deferred:
+		if st.retries == nil {
+			st.retries = map[int]int{}
+		}
+		st.retries[len(st.outcomes)] = rec.RetryCount
 		if v.scoped {
 			if st.pausedBy == nil {
 				st.pausedBy = map[int]subject{}
@@ -175,15 +180,16 @@ func (st *settlement) learn(now time.Time) (cooldown time.Duration, pausedFor ma
 }
 
 // delay sets how long each deferred row waits: as long as the breaker
-// stays open, or as its pause lasts.
-func (st *settlement) delay(cooldown time.Duration, pausedFor map[subject]time.Duration) {
+// stays open, or as its pause lasts; the destination holds it until then,
+// or until what holds it answers again.
+func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map[subject]time.Duration) {
 	for i := range st.outcomes {
 		if st.outcomes[i].Kind != store.Deferred {
 			continue
 		}
-		wait := cooldown
+		wait, by := cooldown, destWide
 		if s, ok := st.pausedBy[i]; ok {
-			wait = pausedFor[s]
+			wait, by = pausedFor[s], s
 		}
 		if wait == 0 {
 			wait = st.d.pauseBase // a stale systemic failure: look again soon
@@ -196,6 +202,7 @@ func (st *settlement) delay(cooldown time.Duration, pausedFor map[subject]time.D
 			wait += st.d.pauseMax
 		}
 		st.outcomes[i].Delay = wait
+		st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait)
 	}
 }
 

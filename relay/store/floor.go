@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -329,6 +330,40 @@ func (f *floors) reset() {
 	f.marks, f.paused = nil, nil
 	f.lastHead = time.Time{}
 	f.epoch++
+}
+
+// lastGen is the generation of the latest claim begun.
+func (f *floors) lastGen() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gen
+}
+
+// waitClaims waits until every claim begun up to generation gen has
+// ended, or ctx does. Claims last as long as their publish: it looks
+// every few milliseconds.
+func (f *floors) waitClaims(ctx context.Context, gen uint64) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		f.mu.Lock()
+		open := false
+		for g := range f.open {
+			if g <= gen {
+				open = true
+				break
+			}
+		}
+		f.mu.Unlock()
+		if !open {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
 }
 
 // advanceSafe records that no row can still appear at or below id.

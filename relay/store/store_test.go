@@ -722,6 +722,93 @@ func TestReleaseLeavesRowsAsTheyWere(t *testing.T) {
 	}
 }
 
+// Rows held while their destination was down go at once when it answers
+// again, with the rows of their keys deferred behind them to exactly
+// their moment; a row attempted since, already due, no longer pending or
+// locked by a claim, and a row of the key waiting on its own, stay as
+// they are.
+func TestReleaseHeldMakesHeldRowsReady(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (id, topic, key, payload, next_attempt_at, retry_count, status) OVERRIDING SYSTEM VALUE VALUES
+		(1, 't', 'k1', 'x', '2100-01-01', 0, 'pending'),       -- held
+		(2, 't', 'k1', 'x', '2100-01-01', 0, 'pending'),       -- behind 1, to its moment
+		(3, 't', 'k1', 'x', '2100-01-01', 2, 'pending'),       -- behind 1, to its moment
+		(4, 't', 'k1', 'x', '2100-01-02', 1, 'pending'),       -- of k1, waiting on its own
+		(5, 't', 'k2', 'x', '2100-01-01', 1, 'pending'),       -- held, attempted since
+		(6, 't', NULL, 'x', '2000-01-01', 0, 'pending'),       -- held, due already
+		(7, 't', 'k3', 'x', '2100-01-01', 0, 'pending'),       -- held, in a claim now
+		(8, 't', 'k4', 'x', '2100-01-01', 0, 'pending'),       -- held, dead-lettered since
+		(9, 't', NULL, 'x', '2100-01-01', 0, 'pending')        -- held, without a key`)
+	s.Exec(t, `UPDATE outbox SET status = 'dead_lettered', dead_letter_reason = 'permanent', dead_lettered_at = now() WHERE id = 8`)
+	locker, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, `SELECT 1 FROM outbox WHERE id = 7 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	var held []store.HeldRow
+	for _, id := range []int64{1, 5, 6, 7, 8, 9} {
+		held = append(held, store.HeldRow{ID: id})
+	}
+	n, err := st.ReleaseHeld(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Pool.Query(ctx, `SELECT id FROM outbox WHERE next_attempt_at <= now() AND id <> 6 ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ready) != "[1 2 3 9]" || n != 4 {
+		t.Fatalf("ready now: %v (%d made ready), want [1 2 3 9]", ready, n)
+	}
+}
+
+// A claim under way when held rows are released may defer their keys'
+// later rows behind them, to their old moment, where the release could
+// not see them: once it ends, those rows are made ready too.
+func TestReleaseHeldWaitsForClaimsUnderWay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, next_attempt_at) VALUES ('t', 'k', 'x', '2100-01-01'), ('t', 'k', 'x', now())`)
+	c := claim(t, st, 10) // defers row 2 behind row 1, held until 2100
+	if len(c.Records) != 0 || c.Deferred != 1 {
+		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(c.Records), c.Deferred)
+	}
+	released := make(chan error, 1)
+	go func() {
+		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
+		released <- err
+	}()
+	testwait.For(t, "row 1 ready", func() bool { return rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") == 1 })
+	complete(t, c)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 2, deferred behind row 1 by the claim under way, still waits for row 1's old moment")
+	}
+}
+
+func rowsWhere(t *testing.T, s *pgtest.Schema, where string) int {
+	t.Helper()
+	var n int
+	if err := s.Pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // The claim keeps its index plan after ANALYZE of a large table, even as
 // a generic prepared plan (what pgx's statement cache ends up using).
 func TestClaimPlanSurvivesAnalyze(t *testing.T) {

@@ -263,3 +263,41 @@ func (c *Claim) leftOut(outcomes []Outcome) int64 {
 	}
 	return left
 }
+
+// HeldRow is a row that a destination, topic or partition held while it
+// was down, without counting an attempt: its id and retry count then.
+type HeldRow struct {
+	ID         int64
+	RetryCount int
+}
+
+// ReleaseHeld makes rows held by a destination, topic or partition that
+// answers again ready now, with the rows deferred behind them for their
+// keys, rather than at the end of their deferral. A row attempted since,
+// already due, no longer pending or in a claim now is left as it is. The
+// store's claims under way meanwhile may still defer rows of those keys
+// to the held rows' old moment: once they have ended, those are made
+// ready too. It returns how many rows it made ready.
+func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) {
+	ids := make([]int64, len(rows))
+	retries := make([]int32, len(rows))
+	for i, r := range rows {
+		ids[i], retries[i] = r.ID, int32(r.RetryCount)
+	}
+	under := s.floors.lastGen()
+	n, keyed, err := s.q.ReleaseHeld(ctx, s.pool, ids, retries)
+	if err != nil {
+		return 0, fmt.Errorf("release %d held rows: %w", len(rows), err)
+	}
+	if len(keyed) == 0 {
+		return n, nil
+	}
+	if err := s.floors.waitClaims(ctx, under); err != nil {
+		return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
+	}
+	behind, err := s.q.PullForward(ctx, s.pool, keyed)
+	if err != nil {
+		return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
+	}
+	return n + behind, nil
+}

@@ -77,6 +77,7 @@ type Queries struct {
 	stillLeased, leaseOver                  string
 	sent, fail, leasedFail, lease           string
 	leasedSent, unlease, pullForward        string
+	releaseHeld                             string
 	tryLock, deleteSent, deleteExpired      string
 	deleteDiscarded, deleteAudit            string
 	backlog                                 string
@@ -284,7 +285,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"defer": &q.deferRows, "defer_parked": &q.deferParked,
 		"still_leased": &q.stillLeased, "lease_over": &q.leaseOver,
 		sent: &q.sent, "fail": &q.fail, "leased_fail": &q.leasedFail, "lease": &q.lease,
-		leasedSent: &q.leasedSent, "unlease": &q.unlease, "pull_forward": &q.pullForward,
+		leasedSent: &q.leasedSent, "unlease": &q.unlease, "pull_forward": &q.pullForward, "release_held": &q.releaseHeld,
 		"try_maintenance_lock": &q.tryLock, "delete_sent": &q.deleteSent, "delete_expired_dead": &q.deleteExpired,
 		"delete_discarded": &q.deleteDiscarded, "delete_audit": &q.deleteAudit,
 		"backlog": &q.backlog,

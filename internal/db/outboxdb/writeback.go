@@ -1,6 +1,7 @@
 package outboxdb
 
 import (
+	"context"
 	"time"
 
 	"github.com/google/uuid"
@@ -143,13 +144,51 @@ type LeasedKey struct {
 // QueuePullForward adds to b: rows of the keys deferred to the end of
 // their lease are ready now. Statement: pull_forward.
 func (q *Queries) QueuePullForward(b *pgx.Batch, keys []LeasedKey) {
+	k, first, until := leasedKeyArrays(keys)
+	b.Queue(q.pullForward, k, first, until)
+}
+
+func leasedKeyArrays(keys []LeasedKey) ([]string, []int64, []time.Time) {
 	k := make([]string, len(keys))
 	first := make([]int64, len(keys))
 	until := make([]time.Time, len(keys))
 	for i, w := range keys {
 		k[i], first[i], until[i] = w.Key, w.FirstID, w.Until
 	}
-	b.Queue(q.pullForward, k, first, until)
+	return k, first, until
+}
+
+// ReleaseHeld makes the rows ids, held with the retry counts retries,
+// ready now, with the rows deferred behind them for their keys. It
+// returns how many rows it made ready, and where the keyed ones sat, for
+// PullForward once the claims under way have ended. Statement:
+// release_held.
+func (q *Queries) ReleaseHeld(ctx context.Context, db DB, ids []int64, retries []int32) (int64, []LeasedKey, error) {
+	rows, err := db.Query(ctx, q.releaseHeld, ids, retries)
+	if err != nil {
+		return 0, nil, err
+	}
+	var n int64
+	var keyed []LeasedKey
+	var key pgtype.Text
+	var id int64
+	var until pgtype.Timestamptz
+	_, err = pgx.ForEachRow(rows, []any{&key, &id, &until, &n}, func() error {
+		if key.Valid {
+			keyed = append(keyed, LeasedKey{Key: key.String, FirstID: id, Until: until.Time})
+		}
+		return nil
+	})
+	return n, keyed, err
+}
+
+// PullForward makes ready now the rows of keys deferred to exactly the
+// moment given, above the id given: the rows behind a row that is ready
+// again. It returns how many. Statement: pull_forward.
+func (q *Queries) PullForward(ctx context.Context, db DB, keys []LeasedKey) (int64, error) {
+	k, first, until := leasedKeyArrays(keys)
+	tag, err := db.Exec(ctx, q.pullForward, k, first, until)
+	return tag.RowsAffected(), err
 }
 
 func collectIDs(applied func(id int64)) func(pgx.Rows) error {

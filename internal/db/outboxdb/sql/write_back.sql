@@ -90,10 +90,45 @@ WHERE o.id = l.id AND o.lease_token = l.token
 {{end}}
 
 {{define "pull_forward"}}
--- Rows deferred behind a leased row wait until its lease expires; once it
--- is done they may go at once. Only rows deferred to exactly that moment
--- are moved, never a producer's own delay.
+-- Rows deferred behind a row of their key wait until its moment: a leased
+-- row's lease end, or the end of a deferral while its destination was
+-- down. Once it is done, or ready again, they may go at once. Only rows
+-- deferred to exactly that moment are moved, never a producer's own delay.
 UPDATE {{.Outbox}} AS o SET next_attempt_at = statement_timestamp()
 FROM unnest($1::text[], $2::bigint[], $3::timestamptz[]) AS p(key, id, until)
 WHERE o.key = p.key AND o.status = 'pending' AND o.id > p.id AND o.next_attempt_at = p.until
+{{end}}
+
+{{/*
+Rows a destination, topic or partition held while it was down ($1, with
+their retry counts then, $2) go at once once it answers again, with the
+rows of their keys deferred behind them, to exactly their moment. A row
+attempted since (its retry count moved), already due, or no longer pending
+is left alone; so is a row a claim holds now: that claim settles it. It
+returns the keyed rows it made ready, with the moment rows behind them
+were deferred to (claims under way may still defer more there: see
+pull_forward), and how many rows it made ready in all.
+*/}}
+{{define "release_held"}}
+WITH held AS (
+    SELECT o.id, o.key, o.next_attempt_at AS until
+    FROM {{.Outbox}} AS o JOIN unnest($1::bigint[], $2::int[]) AS h(id, retries) ON o.id = h.id
+    WHERE o.status = 'pending' AND o.retry_count = h.retries AND o.next_attempt_at > statement_timestamp()
+    FOR UPDATE OF o SKIP LOCKED
+), behind AS (
+    SELECT f.id
+    FROM held JOIN {{.Outbox}} AS f ON f.key = held.key AND f.id > held.id
+    WHERE f.status = 'pending' AND f.next_attempt_at = held.until
+    FOR UPDATE OF f SKIP LOCKED
+), ready AS (
+    UPDATE {{.Outbox}} AS o SET next_attempt_at = statement_timestamp()
+    WHERE o.id IN (SELECT id FROM held UNION SELECT id FROM behind)
+    RETURNING o.id
+)
+SELECT held.key, held.id, held.until, (SELECT count(*) FROM ready)
+FROM held WHERE held.key IS NOT NULL
+UNION ALL
+-- The count, when no keyed row was released.
+SELECT NULL, 0, NULL, (SELECT count(*) FROM ready)
+WHERE NOT EXISTS (SELECT FROM held WHERE held.key IS NOT NULL)
 {{end}}

@@ -1,0 +1,138 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/retry"
+)
+
+// healWithin is how soon after a ten-second outage ends every row
+// committed before it ended must be delivered.
+const healWithin = 5 * time.Second
+
+// A ten-second outage at the default cool-downs (1s, doubling up to 30s)
+// and retry delays, keyed traffic flowing throughout: once the destination
+// answers again, every row committed before it did is delivered within
+// healWithin: the rows its failed probes held, and those of their keys
+// behind them, included. Endpoints answering 503, or nothing until the
+// client gives up.
+func TestShortOutageHealsWithinSeconds(t *testing.T) {
+	testwait.SkipShort(t)
+	t.Parallel()
+	runs := []outageRun{
+		newReceiver(t, http.StatusServiceUnavailable).run("http-503"),
+		newReceiver(t, 0).run("http-timeout"),
+	}
+	s := pgtest.NewSchema(t).WithConns(t, 20)
+	var cfg relay.Config
+	for _, o := range runs {
+		cfg.Destinations = append(cfg.Destinations, o.dest(t, o.name, 0))
+		cfg.Routes = append(cfg.Routes, relay.Route{Topics: []string{o.name}, Destination: o.name})
+	}
+	cfg.Pause = relay.PauseConfig{Base: time.Second, Max: 30 * time.Second}
+	h := start(t, s, nil, options{keepSent: true, listener: true, cfg: cfg,
+		policy: retry.PolicyConfig{BaseDelay: time.Second, MaxDelay: time.Minute}})
+	defer h.stop()
+
+	// The producer: one transaction a tick, a row for each destination,
+	// keys of each destination's own.
+	n := 0
+	traffic := func(d time.Duration) {
+		tick := time.NewTicker(time.Second / outageRate)
+		defer tick.Stop()
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			<-tick.C
+			n++
+			var q strings.Builder
+			q.WriteString("INSERT INTO outbox (topic, key, payload) VALUES ")
+			for j, o := range runs {
+				if j > 0 {
+					q.WriteString(", ")
+				}
+				key := fmt.Sprintf("%s-k%d", o.name, n%outageKeys)
+				fmt.Fprintf(&q, "('%s', '%s', '%s:%d')", o.name, key, key, n)
+			}
+			if _, err := s.Pool.Exec(context.Background(), q.String()); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	traffic(2 * time.Second)
+	for _, o := range runs {
+		o.down(true)
+	}
+	traffic(10 * time.Second)
+	var last int64
+	if err := s.Pool.QueryRow(context.Background(), `SELECT max(id) FROM outbox`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range runs {
+		o.down(false)
+	}
+	healed := time.Now()
+	// Traffic goes on while the held rows go.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		traffic(2 * time.Second)
+	}()
+	for _, o := range runs {
+		said := false
+		ok, saw := testwait.Poll(testwait.DefaultTimeout, func() (bool, string) {
+			left := count(t, s.Pool, "topic = $1 AND id <= $2 AND status <> 'sent'", o.name, last)
+			if left > 0 && !said && time.Since(healed) > healWithin {
+				said = true
+				logWaiting(t, s, o.name, last)
+			}
+			return left == 0, fmt.Sprintf("%d rows committed during the outage still undelivered", left)
+		})
+		took := time.Since(healed)
+		t.Logf("%s: every row committed before the heal delivered %s after it", o.name, took.Round(10*time.Millisecond))
+		if !ok {
+			t.Fatalf("%s: %s after %s", o.name, saw, took)
+		}
+		if took > healWithin {
+			t.Errorf("%s: the rows committed before the heal took %s to go, want at most %s", o.name, took.Round(10*time.Millisecond), healWithin)
+		}
+	}
+	<-done
+	testwait.For(t, "every row delivered", func() bool { return count(t, s.Pool, "status <> 'sent'") == 0 })
+	for _, o := range runs {
+		if d := count(t, s.Pool, "topic = $1 AND status = 'dead_lettered'", o.name); d != 0 {
+			t.Errorf("%s: %d rows dead-lettered by the outage", o.name, d)
+		}
+		checkPayloadOrder(t, o.name, o.delivered(t), n)
+	}
+}
+
+// logWaiting says why the rows of topic up to id last still wait: their
+// attempts, when they are due, and their last error.
+func logWaiting(t *testing.T, s *pgtest.Schema, topic string, last int64) {
+	rows, err := s.Pool.Query(context.Background(), `SELECT retry_count, round(extract(epoch FROM next_attempt_at - now())::numeric, 1),
+		coalesce(last_error, ''), count(*)
+		FROM outbox WHERE topic = $1 AND id <= $2 AND status <> 'sent' GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 5`, topic, last)
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var attempts, n int
+		var due float64
+		var lastErr string
+		if err := rows.Scan(&attempts, &due, &lastErr, &n); err != nil {
+			t.Log(err)
+			return
+		}
+		t.Logf("%s: %d rows wait after %d attempts, due in %.1fs: %s", topic, n, attempts, due, lastErr)
+	}
+}

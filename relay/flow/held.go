@@ -99,9 +99,10 @@ func (h *holds) release(s subject, now time.Time) {
 	if freed {
 		h.waiting.Store(true)
 	}
+	tell := h.onRelease
 	h.mu.Unlock()
-	if freed && h.onRelease != nil {
-		h.onRelease()
+	if freed && tell != nil {
+		tell()
 	}
 }
 

@@ -97,29 +97,8 @@ func checkOutages(t *testing.T, replicas int, runs ...outageRun) {
 		hs = append(hs, start(t, s, nil, opts))
 	}
 
-	// One transaction a tick, with a row for each destination. Each has
-	// keys of its own: a key's rows are delivered in order across
-	// destinations, and one destination's outage would hold back
-	// another's rows of the same key.
 	var n atomic.Int64
-	traffic := func(d time.Duration) {
-		tick := time.NewTicker(time.Second / outageRate)
-		defer tick.Stop()
-		for end := time.Now().Add(d); time.Now().Before(end); {
-			<-tick.C
-			i := n.Add(1)
-			var q strings.Builder
-			q.WriteString("INSERT INTO outbox (topic, key, payload) VALUES ")
-			for j, o := range runs {
-				if j > 0 {
-					q.WriteString(", ")
-				}
-				key := fmt.Sprintf("%s-k%d", o.name, i%outageKeys)
-				fmt.Fprintf(&q, "('%s', '%s', '%s:%d')", o.name, key, key, i)
-			}
-			insert(t, s, q.String())
-		}
-	}
+	traffic := func(d time.Duration) { offer(t, s, runs, &n, d) }
 	traffic(3 * time.Second)
 	before := make([]int, len(runs))
 	for j, o := range runs {
@@ -179,6 +158,33 @@ func checkOutages(t *testing.T, replicas int, runs ...outageRun) {
 			t.Errorf("%s: %d rows counted more than 3 attempts (at most %d): an outage's probes are not the rows' attempts", o.name, over, most)
 		}
 		checkPayloadOrder(t, o.name, o.delivered(t), int(n.Load()))
+	}
+}
+
+// offer commits one transaction a tick, outageRate a second, for d, with a
+// row for each run, its payload "key:n" with n counted in n. Each run has
+// keys of its own: a key's rows are delivered in order across
+// destinations, and one destination's outage would hold back another's
+// rows of the same key. It may run off the test's goroutine.
+func offer(t *testing.T, s *pgtest.Schema, runs []outageRun, n *atomic.Int64, d time.Duration) {
+	tick := time.NewTicker(time.Second / outageRate)
+	defer tick.Stop()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		<-tick.C
+		i := n.Add(1)
+		var q strings.Builder
+		q.WriteString("INSERT INTO outbox (topic, key, payload) VALUES ")
+		for j, o := range runs {
+			if j > 0 {
+				q.WriteString(", ")
+			}
+			key := fmt.Sprintf("%s-k%d", o.name, i%outageKeys)
+			fmt.Fprintf(&q, "('%s', '%s', '%s:%d')", o.name, key, key, i)
+		}
+		if _, err := s.Pool.Exec(context.Background(), q.String()); err != nil {
+			t.Error(err)
+			return
+		}
 	}
 }
 

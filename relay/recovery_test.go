@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,30 +40,8 @@ func TestShortOutageHealsWithinSeconds(t *testing.T) {
 		policy: retry.PolicyConfig{BaseDelay: time.Second, MaxDelay: time.Minute}})
 	defer h.stop()
 
-	// The producer: one transaction a tick, a row for each destination,
-	// keys of each destination's own.
-	n := 0
-	traffic := func(d time.Duration) {
-		tick := time.NewTicker(time.Second / outageRate)
-		defer tick.Stop()
-		for end := time.Now().Add(d); time.Now().Before(end); {
-			<-tick.C
-			n++
-			var q strings.Builder
-			q.WriteString("INSERT INTO outbox (topic, key, payload) VALUES ")
-			for j, o := range runs {
-				if j > 0 {
-					q.WriteString(", ")
-				}
-				key := fmt.Sprintf("%s-k%d", o.name, n%outageKeys)
-				fmt.Fprintf(&q, "('%s', '%s', '%s:%d')", o.name, key, key, n)
-			}
-			if _, err := s.Pool.Exec(context.Background(), q.String()); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}
+	var n atomic.Int64
+	traffic := func(d time.Duration) { offer(t, s, runs, &n, d) }
 	traffic(2 * time.Second)
 	for _, o := range runs {
 		o.down(true)
@@ -108,7 +86,7 @@ func TestShortOutageHealsWithinSeconds(t *testing.T) {
 		if d := count(t, s.Pool, "topic = $1 AND status = 'dead_lettered'", o.name); d != 0 {
 			t.Errorf("%s: %d rows dead-lettered by the outage", o.name, d)
 		}
-		checkPayloadOrder(t, o.name, o.delivered(t), n)
+		checkPayloadOrder(t, o.name, o.delivered(t), int(n.Load()))
 	}
 }
 

@@ -22,7 +22,7 @@ image:
 ## test: vet, formatting, and every test with the race detector against a real PostgreSQL, the console in a real browser, and the container tests under a Docker engine (started for the run when none answers)
 ## (the tests link without debug information, which they do not use, and run one relay binary built once)
 test: postgres brokers browser vet fmt-check build
-	OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 \
+	GORACE=atexit_sleep_ms=0 OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 \
 	OUTBOX_TEST_RELAY_BINARY=$(CURDIR)/bin/outbox-relay \
 	scripts/with-docker $(GO) test -race -ldflags=-w -count=1 -timeout 20m ./...
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -108,9 +107,8 @@ func state(d *flow.Dest) (flow.BreakerState, time.Duration) {
 }
 
 // A systemic failure opens the breaker at once; the rows wait for its
-// cool-down without counting an attempt (past the first probe's worth,
-// a cool-down longer: see TestHeldBacklogComesBackAProbeAtATime), and so
-// do the rows of the next batches. After the cool-down a probe of a few rows of distinct keys
+// cool-down without counting an attempt, and so do the rows of the next
+// batches. After the cool-down a probe of a few rows of distinct keys
 // goes; while it fails, the cool-down doubles up to pause_max, but is
 // never longer than a quarter of the outage so far, and the probe's rows
 // wait past the next cool-down. Two good probes close it.
@@ -121,10 +119,9 @@ func TestBreakerOpensProbesAndCloses(t *testing.T) {
 		if len(g.Recs) != 20 || len(deferred) != 0 {
 			t.Fatalf("closed breaker: %d rows taken, %d deferred; want all 20 taken", len(g.Recs), len(deferred))
 		}
-		for i, o := range publish(d, g, failAll) {
-			want := time.Second * time.Duration(1+i/flow.ProbeRows)
-			if o.Kind != store.Deferred || o.Reason != flow.DeferDestinationFailing || o.Delay != want {
-				t.Fatalf("row %d of a systemic failure: %+v, want deferred (no attempt counted) for %s", i, o, want)
+		for _, o := range publish(d, g, failAll) {
+			if o.Kind != store.Deferred || o.Reason != flow.DeferDestinationFailing || o.Delay != time.Second {
+				t.Fatalf("row of a systemic failure: %+v, want deferred (no attempt counted) for the 1s cool-down", o)
 			}
 		}
 		if s, left := state(d); s != flow.BreakerOpen || left != time.Second {
@@ -251,41 +248,6 @@ func TestHeldRowsGoWhenTheDestinationAnswers(t *testing.T) {
 		}
 		if again := d.Released("src"); len(again) != 0 {
 			t.Errorf("released twice: %v", again)
-		}
-	})
-}
-
-// A backlog held by an open breaker does not come back whole at the end
-// of each cool-down, to be claimed and deferred again: a probe's worth of
-// rows comes back when the cool-down ends, the next ones a cool-down
-// later each, up to the pause's longest; what is remembered goes at once
-// when the destination answers.
-func TestHeldBacklogComesBackAProbeAtATime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		d := newDest(t, flow.Destination{Name: "a"})
-		g, _ := plan(d, batch(1, 2))
-		publish(d, g, failAll) // open for the first 1s cool-down
-		_, cool := state(d)
-		_, deferred := plan(d, batch(10, 50))
-		due := map[time.Duration]int{}
-		for _, o := range deferred {
-			due[o.Delay]++
-		}
-		// Two rows of the failed publish are in the wave already.
-		want := map[time.Duration]int{cool: 6, 2 * cool: 8, 3 * cool: 8, 4 * cool: 28}
-		if !maps.Equal(due, want) {
-			t.Errorf("deferred rows by delay %v, want %v: a probe's worth a cool-down, up to pause_max (4s)", due, want)
-		}
-		for i := range 2 {
-			time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }()))
-			probe, _ := plan(d, batch(200+i, 1))
-			publish(d, probe, sendAll)
-		}
-		if s, _ := d.BreakerState(); s != flow.BreakerClosed {
-			t.Fatalf("breaker %s after two good probes", s)
-		}
-		if got := d.Released("src"); len(got) != 50+2-6-2 {
-			t.Errorf("released %d rows, want the %d that still waited", len(got), 50+2-6-2)
 		}
 	})
 }

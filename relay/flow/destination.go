@@ -347,8 +347,8 @@ const (
 // group's to take (see Take), with the pauses whose probe it joins.
 func (d *Dest) Admit(g *Group, rec sink.Record, topic string, now time.Time) (Verdict, store.Outcome, []subject) {
 	if !g.Adm.ok {
-		wait := d.holds.hold(destWide, g.Owner, rec.ID, rec.RetryCount, now, g.Adm.until.Sub(now), d.pauseMax)
-		return Deferred, d.deferral(rec, DeferCircuitOpen, wait), nil
+		d.holds.hold(destWide, g.Owner, rec.ID, rec.RetryCount, now, g.Adm.until.Sub(now))
+		return Deferred, d.deferral(rec, DeferCircuitOpen, g.Adm.until.Sub(now)), nil
 	}
 	var paused []subject
 	if !d.pauses.empty() {
@@ -357,8 +357,8 @@ func (d *Dest) Admit(g *Group, rec sink.Record, topic string, now time.Time) (Ve
 		var by subject
 		paused, reason, until, by = d.askPauses(g, rec, topic, now)
 		if reason != "" {
-			wait := d.holds.hold(by, g.Owner, rec.ID, rec.RetryCount, now, until.Sub(now), d.pauseMax)
-			return Deferred, d.deferral(rec, reason, wait), nil
+			d.holds.hold(by, g.Owner, rec.ID, rec.RetryCount, now, until.Sub(now))
+			return Deferred, d.deferral(rec, reason, until.Sub(now)), nil
 		}
 	}
 	if g.Adm.probe && !g.mix.fits(rec, topic, len(g.Recs)) {

@@ -37,67 +37,35 @@ type holds struct {
 	mu       sync.Mutex
 	n        int
 	by       map[subject][]heldRow
-	waves    map[subject]wave
 	released []heldRow
 	waiting  atomic.Bool // released is not empty
 	// onRelease is told that rows were released.
 	onRelease func()
 }
 
-// A wave is the rows a subject held for one cool-down: those deferred
-// until the same moment. Its first ProbeRows rows come back when the
-// cool-down ends, for the probe to take; the next ones a cool-down later,
-// and so on up to long: what is remembered goes at once when the subject
-// answers, so a backlog is not claimed and deferred again, whole, at
-// every cool-down of an outage, and every cool-down still finds rows to
-// probe with.
-type wave struct {
-	until time.Time
-	step  time.Duration // the wait of its first row
-	n     int
-}
-
-// hold remembers that s held a row, of owner, for wait from now, and
-// returns how long the row waits: wait for the first rows of a wave, then
-// one more step of the wave for each next ProbeRows, at most long (or
-// wait, if longer). A row not remembered waits wait.
-func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time, wait, long time.Duration) time.Duration {
+// hold remembers that s held rec's row, of owner, for wait from now.
+func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time, wait time.Duration) {
 	if owner == nil {
-		return wait
+		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.n >= maxHeld {
 		h.pruneLocked(now)
 		if h.n >= maxHeld {
-			return wait
+			return
 		}
 	}
 	if h.by == nil {
-		h.by, h.waves = map[subject][]heldRow{}, map[subject]wave{}
-	}
-	w := h.waves[s]
-	if until := now.Add(wait); !w.until.Equal(until) {
-		w = wave{until: until, step: wait}
-	}
-	w.n++
-	h.waves[s] = w
-	if later := (w.n - 1) / ProbeRows; later > 0 {
-		wait = min(max(wait, long), wait+w.step*time.Duration(later))
+		h.by = map[subject][]heldRow{}
 	}
 	h.by[s] = append(h.by[s], heldRow{owner: owner, row: store.HeldRow{ID: id, RetryCount: retries}, due: now.Add(wait)})
 	h.n++
-	return wait
 }
 
 // pruneLocked forgets the rows whose deferral is over: they are ready
 // anyway.
 func (h *holds) pruneLocked(now time.Time) {
-	for s, w := range h.waves {
-		if !w.until.After(now) {
-			delete(h.waves, s)
-		}
-	}
 	for s, rows := range h.by {
 		kept := rows[:0]
 		for _, r := range rows {
@@ -128,7 +96,6 @@ func (h *holds) release(s subject, now time.Time) {
 	}
 	h.n -= len(rows)
 	delete(h.by, s)
-	delete(h.waves, s)
 	if freed {
 		h.waiting.Store(true)
 	}

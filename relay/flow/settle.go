@@ -201,7 +201,8 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 			// every probe of a destination that is back.
 			wait += st.d.pauseMax
 		}
-		st.outcomes[i].Delay = st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait, st.d.pauseMax)
+		st.outcomes[i].Delay = wait
+		st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait)
 	}
 }
 

@@ -106,9 +106,11 @@ type breaker struct {
 	since    time.Time // when the first of them opened: the outage's start
 	failed   int       // consecutive transient failures while closed
 	window   failWindow
-	probed   int  // successful probes while half-open
-	probing  bool // a probe is in flight
-	gen      int  // bumped at every state change: results of older admissions are stale
+	probed   int           // successful probes while half-open
+	probing  bool          // a probe is in flight
+	probeAt  time.Time     // when it went
+	cool     time.Duration // the last cool-down
+	gen      int           // bumped at every state change: results of older admissions are stale
 	lastErr  string
 	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool)
 
@@ -192,10 +194,10 @@ func (b *breaker) admit(now time.Time) admission {
 	case BreakerOpen:
 		return admission{until: b.until, gen: b.gen}
 	case BreakerHalfOpen:
-		if b.probing || !b.mayProbe() {
+		if b.awaiting(now) || !b.mayProbe() {
 			return admission{until: now.Add(b.base), gen: b.gen}
 		}
-		b.probing = true
+		b.probing, b.probeAt = true, now
 		return admission{ok: true, probe: true, gen: b.gen}
 	}
 	return admission{ok: true, gen: b.gen}
@@ -212,6 +214,15 @@ func (b *breaker) cooled(now time.Time) {
 	}
 }
 
+// awaiting reports whether a probe in flight is awaited: for a cool-down
+// (the last one, at least the base) after it went. One unanswered for
+// longer, sent into the outage and still waiting for its timeout, does
+// not keep the breaker from probing again: the destination may be back,
+// and the next probe finds out at once.
+func (b *breaker) awaiting(now time.Time) bool {
+	return b.probing && now.Sub(b.probeAt) < max(b.cool, b.base)
+}
+
 // mayProbe reports whether a half-open breaker may send a probe: always
 // on its own, and in a fleet only while it holds the fleet's probe.
 func (b *breaker) mayProbe() bool { return !b.shared || b.fleetProbe }
@@ -224,7 +235,7 @@ func (b *breaker) blocked(now time.Time) (bool, time.Time) {
 	switch {
 	case b.state == BreakerOpen && now.Before(b.until):
 		return true, b.until
-	case b.state != BreakerClosed && (b.probing || !b.mayProbe()):
+	case b.state != BreakerClosed && (b.awaiting(now) || !b.mayProbe()):
 		return true, now.Add(b.base)
 	}
 	return false, time.Time{}
@@ -379,6 +390,7 @@ func (b *breaker) adopt(v FleetBreaker, seq uint64, now, dbNow time.Time) bool {
 		// Open here too: take the fleet's cool-down, and go back to open
 		// if another replica's probe failed.
 		b.streak, b.until = v.Streak, until
+		b.cool = max(b.cool, until.Sub(now))
 		if b.state == BreakerHalfOpen && now.Before(until) {
 			b.set(BreakerOpen, until.Sub(now))
 		}
@@ -401,6 +413,9 @@ func (b *breaker) set(to BreakerState, cooldown time.Duration) {
 	from := b.state
 	b.state, b.failed, b.probed, b.probing = to, 0, 0, false
 	b.window = failWindow{}
+	if to == BreakerOpen {
+		b.cool = cooldown
+	}
 	b.gen++
 	if from != to && b.onChange != nil {
 		b.onChange(from, to, cooldown, b.lastErr, b.byFleet)

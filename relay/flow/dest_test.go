@@ -252,6 +252,46 @@ func TestHeldRowsGoWhenTheDestinationAnswers(t *testing.T) {
 	})
 }
 
+// A probe that goes unanswered (sent into an outage that answers
+// nothing, it waits for its timeout) holds the breaker half-open for a
+// cool-down, not until it times out: then the next probe goes, and finds
+// the destination back. The first probe's rows, failing after the
+// breaker closed, wait the base cool-down, not past a pause_max.
+func TestUnansweredProbeDoesNotHoldTheBreaker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, _ := plan(d, batch(1, 2))
+		publish(d, g, failAll) // open for the first 1s cool-down
+		_, cool := state(d)
+		time.Sleep(cool)
+		stuck, _ := plan(d, batch(10, 3))
+		if !stuck.Probe() {
+			t.Fatal("no probe after the cool-down")
+		}
+		time.Sleep(cool / 2)
+		if g, deferred := plan(d, batch(20, 3)); len(g.Recs) != 0 || len(deferred) != 3 {
+			t.Fatalf("probe in flight for half a cool-down: %d rows taken, %d deferred; want all 3 deferred", len(g.Recs), len(deferred))
+		}
+		time.Sleep(cool / 2)
+		for i := range 2 {
+			probe, _ := plan(d, batch(30+10*i, 3))
+			if !probe.Probe() {
+				t.Fatalf("probe %d: none while the first has gone unanswered for a cool-down", i+2)
+			}
+			publish(d, probe, sendAll)
+		}
+		if s, _ := d.BreakerState(); s != flow.BreakerClosed {
+			t.Fatalf("breaker %s after two good probes", s)
+		}
+		time.Sleep(10 * time.Millisecond) // its timeout, later
+		for _, o := range publish(d, stuck, failAll) {
+			if o.Kind != store.Deferred || o.Delay != time.Second {
+				t.Errorf("row of the unanswered probe, failing once the breaker closed: %+v, want deferred for the 1s base", o)
+			}
+		}
+	})
+}
+
 // A topic that fails as a topic (its authorization, say) is paused alone:
 // its rows wait, the destination's breaker stays closed, and the other
 // topic's rows go.

@@ -191,10 +191,12 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 		if s, ok := st.pausedBy[i]; ok {
 			wait, by = pausedFor[s], s
 		}
-		if wait == 0 {
-			wait = st.d.pauseBase // a stale systemic failure: look again soon
-		}
-		if st.probed[i] {
+		switch {
+		case wait == 0:
+			// Stale evidence (a probe answered after another closed the
+			// breaker, or went instead of it): look again soon.
+			wait = st.d.pauseBase
+		case st.probed[i]:
 			// Past the next cool-down, whatever it turns out to be (a
 			// fleet's may differ): the next probe takes other rows, of
 			// other keys, so that rows failing on their own cannot fail

@@ -292,6 +292,25 @@ func TestUnansweredProbeDoesNotHoldTheBreaker(t *testing.T) {
 	})
 }
 
+// A publish under way when another opens the breaker, failing too, was
+// no probe: its rows count no attempt and wait the cool-down, like the
+// rows the open breaker defers, and are there for the next probe to take;
+// only a failed probe's rows wait past the next cool-down.
+func TestOvertakenPublishWaitsTheCoolDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		first, _ := plan(d, batch(1, 5))
+		overtaken, _ := plan(d, batch(10, 5))
+		publish(d, first, failAll) // opens the breaker for 1s
+		_, cool := state(d)
+		for _, o := range publish(d, overtaken, failAll) {
+			if o.Kind != store.Deferred || o.Delay != cool {
+				t.Errorf("row of a publish the opening overtook: %+v, want deferred for the cool-down %s", o, cool)
+			}
+		}
+	})
+}
+
 // A topic that fails as a topic (its authorization, say) is paused alone:
 // its rows wait, the destination's breaker stays closed, and the other
 // topic's rows go.

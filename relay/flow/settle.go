@@ -196,11 +196,16 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 			// Stale evidence (a probe answered after another closed the
 			// breaker, or went instead of it): look again soon.
 			wait = st.d.pauseBase
-		case st.probed[i]:
+		case st.probed[i] && (by != destWide || st.g.Adm.probe):
 			// Past the next cool-down, whatever it turns out to be (a
 			// fleet's may differ): the next probe takes other rows, of
 			// other keys, so that rows failing on their own cannot fail
-			// every probe of a destination that is back.
+			// every probe of a destination that is back. The rows of a
+			// publish the breaker's opening overtook were no probe: they
+			// wait the cool-down, as the rows it deferred do, and are
+			// there for the next probe to take (held a pause_max, a
+			// whole batch of keys would leave the half-open breaker
+			// nothing to probe with).
 			wait += st.d.pauseMax
 		}
 		st.outcomes[i].Delay = wait

@@ -537,13 +537,14 @@ func TestLateCommitBelowTheFloorIsDelivered(t *testing.T) {
 		t.Run(fmt.Sprintf("strict %v", strict), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			s := pgtest.NewSchema(t)
+			dbURL := pgtest.URL(t)
 			if strict {
 				// Strict order waits for every transaction of the cluster:
 				// one of its own, so that the package's tests holding
 				// snapshots for long cannot hold it past its deadline.
-				s = pgtest.NewSchemaIn(t, pgtest.NewServer(t).DSN("postgres"))
+				dbURL = pgtest.NewServer(t).DSN("postgres")
 			}
+			s := pgtest.NewSchemaIn(t, dbURL)
 			st, err := store.New(s.Pool, store.Config{Schema: s.Name, Claimer: "a", StrictOrder: strict})
 			if err != nil {
 				t.Fatal(err)

@@ -22,7 +22,7 @@ image:
 ## test: vet, formatting, and every test with the race detector against a real PostgreSQL, the console in a real browser, and the container tests under a Docker engine (started for the run when none answers)
 ## (the tests link without debug information, which they do not use, and run one relay binary built once)
 test: postgres brokers browser vet fmt-check build
-	GORACE=atexit_sleep_ms=0 OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 \
+	GORACE=atexit_sleep_ms=0 OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 OUTBOX_TEST_SQS=1 \
 	OUTBOX_TEST_RELAY_BINARY=$(CURDIR)/bin/outbox-relay \
 	scripts/with-docker $(GO) test -race -ldflags=-w -count=1 -timeout 20m ./...
 
@@ -30,11 +30,12 @@ test: postgres brokers browser vet fmt-check build
 test-containers: postgres
 	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
 
-## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats, pubsub, redis or rabbitmq sends the orders there instead of Kafka
+## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats, pubsub, redis, rabbitmq or sqs sends the orders there instead of Kafka
 SINK ?= kafka
 run: postgres build
 	@if [ "$(SINK)" = redis ]; then scripts/ensure-redis; fi
 	@if [ "$(SINK)" = rabbitmq ]; then scripts/ensure-rabbitmq; fi
+	@if [ "$(SINK)" = sqs ]; then scripts/ensure-fauxqs; fi
 	$(GO) build -o bin/localstack ./internal/dev/cmd/localstack
 	bin/localstack -relay bin/outbox-relay -sink $(SINK)
 
@@ -56,10 +57,11 @@ postgres:
 browser:
 	@scripts/ensure-chromium
 
-## brokers: the servers the sinks' tests start (Redis, RabbitMQ), from Debian's packages
+## brokers: the servers the sinks' tests start (Redis, RabbitMQ from Debian's packages; the SQS and SNS emulator from npm)
 brokers:
 	@scripts/ensure-redis
 	@scripts/ensure-rabbitmq
+	@scripts/ensure-fauxqs
 
 clean:
 	rm -rf bin

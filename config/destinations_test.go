@@ -188,7 +188,7 @@ routes:
 		"destinations.kafka holds the relay settings of the kafka section's destination (max_in_flight, breaker, rate_limit, …), not a sink",
 		"destinations.kafka sets the kafka section's destination, which needs kafka.brokers",
 		"destinations.Bad_Name: a destination name is lowercase",
-		"destinations.both needs exactly one of http, kafka, nats, pubsub, rabbitmq or redis",
+		"destinations.both needs exactly one of http, kafka, nats, pubsub, rabbitmq, redis, sns or sqs",
 		`destinations.hooks.on_dead_letter is "park"`,
 		`destinations.hooks.http.url "ftp://files.example/up" must be http or https`,
 		`header "Idempotency-Key" is set by the relay`,
@@ -209,7 +209,7 @@ routes:
 		"destinations.quota.rate_limit.burst is 5 without rate_limit.rows_per_second",
 		`routes: route 1: topic pattern "[x" is not a valid glob`,
 		`routes: route 1: destination "nowhere" is not defined`,
-		"routes: route 2: topic is only for kafka, nats, pubsub, rabbitmq or redis destinations",
+		"routes: route 2: topic is only for kafka, nats, pubsub, rabbitmq, redis, sns or sqs destinations",
 		`routes: route 5: kafka: topic name "orders placed" has an illegal character at byte 6`,
 		`routes: route 6: kafka: ".." is not a legal topic name`, // a named Kafka destination
 	} {
@@ -271,7 +271,7 @@ routes:
 	_, err = config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDestinations)
 	for _, want := range []string{
 		"unknown setting destinations.mail.smtp",
-		"destinations.mail needs exactly one of http, kafka, nats, pubsub, rabbitmq or redis",
+		"destinations.mail needs exactly one of http, kafka, nats, pubsub, rabbitmq, redis, sns or sqs",
 		"unknown setting destinations.hook.sasl",
 		"destinations.hook.http.timeout cannot be forever",
 		"destinations.hook.breaker.failing_for cannot be forever",

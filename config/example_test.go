@@ -52,7 +52,7 @@ var exampleDiffers = map[string]string{
 // destinationSecrets are the destination settings, by path prefix, that
 // the example shows only commented out: each names a variable or a file
 // holding a secret, which would have to exist for the example to load.
-var destinationSecrets = []string{"http.auth.", "http.signing.", "kafka.sasl.password", "nats.auth.", "redis.password_", "rabbitmq.password_"}
+var destinationSecrets = []string{"http.auth.", "http.signing.", "kafka.sasl.password", "nats.auth.", "redis.password_", "rabbitmq.password_", "sqs.secret_access_key_", "sqs.session_token_", "sns.secret_access_key_", "sns.session_token_"}
 
 func readExample(t *testing.T) []byte {
 	t.Helper()
@@ -272,8 +272,8 @@ func TestExampleLoads(t *testing.T) {
 	for _, d := range dests {
 		names = append(names, d.Name)
 	}
-	if !slices.Equal(names, []string{"kafka", "activity", "analytics", "analytics-gcp", "events-stream", "fulfilment", "orders-hook"}) || len(routes) != 7 {
-		t.Fatalf("destinations %v and %d routes, want kafka, activity, analytics, analytics-gcp, events-stream, fulfilment and orders-hook and 7 routes", names, len(routes))
+	if !slices.Equal(names, []string{"kafka", "activity", "analytics", "analytics-gcp", "events-stream", "fulfilment", "notifications", "orders-hook", "payments-queue"}) || len(routes) != 9 {
+		t.Fatalf("destinations %v and %d routes, want kafka, activity, analytics, analytics-gcp, events-stream, fulfilment, notifications, orders-hook and payments-queue and 9 routes", names, len(routes))
 	}
 	// The destinations show their defaults too.
 	k, h := cfg.Destinations["analytics"], cfg.Destinations["orders-hook"]

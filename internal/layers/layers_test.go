@@ -18,7 +18,7 @@ var layers = [][]string{
 	{"relay/sink", "internal/db/schema", "internal/testsignal", "internal/gctune", "internal/methods",
 		"internal/problems"},
 	// The sinks, the statements, the retry policy.
-	{"relay/retry", "internal/db/outboxdb", "relay/kafka", "relay/nats", "relay/pubsub", "relay/rabbitmq", "relay/redis",
+	{"relay/retry", "internal/db/outboxdb", "relay/kafka", "relay/nats", "relay/pubsub", "relay/rabbitmq", "relay/redis", "relay/sqs",
 		"relay/webhook", "relay/cloudevents", "tracing"},
 	// The table: the claim engine, the producer API, the schema; the
 	// binary's list of sinks.
@@ -37,7 +37,7 @@ var layers = [][]string{
 }
 
 // sinks import, of this module, the sink contract alone.
-var sinks = []string{"relay/kafka", "relay/nats", "relay/pubsub", "relay/rabbitmq", "relay/redis", "relay/webhook"}
+var sinks = []string{"relay/kafka", "relay/nats", "relay/pubsub", "relay/rabbitmq", "relay/redis", "relay/sqs", "relay/webhook"}
 
 func TestPackagesKeepToTheirLayers(t *testing.T) {
 	t.Parallel()

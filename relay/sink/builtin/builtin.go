@@ -9,5 +9,6 @@ import (
 	_ "github.com/outbox-relay/outbox-relay/relay/pubsub"   // pubsub (Google Cloud)
 	_ "github.com/outbox-relay/outbox-relay/relay/rabbitmq" // rabbitmq
 	_ "github.com/outbox-relay/outbox-relay/relay/redis"    // redis (Streams)
+	_ "github.com/outbox-relay/outbox-relay/relay/sqs"      // sqs, sns (Amazon)
 	_ "github.com/outbox-relay/outbox-relay/relay/webhook"  // http
 )

@@ -53,7 +53,7 @@ func main() {
 	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
 	rate := flag.Int("rate", 200, "order transactions per second")
 	customers := flag.Int("customers", 300, "distinct customers (message keys)")
-	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker), nats (an in-process NATS server with JetStream), pubsub (Pub/Sub's in-process emulator), redis or rabbitmq (a local redis-server or RabbitMQ node)")
+	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker), nats (an in-process NATS server with JetStream), pubsub (Pub/Sub's in-process emulator), redis or rabbitmq (a local redis-server or RabbitMQ node), sqs (a local SQS emulator)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -65,9 +65,9 @@ func main() {
 
 func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) error {
 	switch sinkKind {
-	case "kafka", "nats", "pubsub", "redis", "rabbitmq":
+	case "kafka", "nats", "pubsub", "redis", "rabbitmq", "sqs":
 	default:
-		return fmt.Errorf("-sink %s: use kafka, nats, pubsub, redis or rabbitmq", sinkKind)
+		return fmt.Errorf("-sink %s: use kafka, nats, pubsub, redis, rabbitmq or sqs", sinkKind)
 	}
 	dsn := os.Getenv("OUTBOX_DATABASE_URL")
 	if dsn == "" {
@@ -140,8 +140,8 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 		}()
 		stored = func(context.Context, int64) int64 { return int64(len(srv.Messages())) }
 		ordersYAML, where = ordersToPubSub(srv.Addr), "Pub/Sub emulator: "+srv.Addr+" (project "+pubsubProject+", topic orders)"
-	case "redis", "rabbitmq":
-		start := map[string]func() (*localServer, error){"redis": startRedis, "rabbitmq": startRabbitMQ}[sinkKind]
+	case "redis", "rabbitmq", "sqs":
+		start := map[string]func() (*localServer, error){"redis": startRedis, "rabbitmq": startRabbitMQ, "sqs": startSQS}[sinkKind]
 		fmt.Printf("starting a throwaway %s ...\n", sinkKind)
 		srv, err := start()
 		if err != nil {
@@ -153,7 +153,7 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 		}()
 		go outages(ctx, srv.name, srv.name+"'s", srv.halt, srv.relaunch)
 		stored, ordersYAML, where = srv.stored, srv.orders, srv.name+": orders"
-		ordersEnv = []string{"LOCALSTACK_RABBITMQ_PASSWORD=guest"}
+		ordersEnv = []string{"LOCALSTACK_RABBITMQ_PASSWORD=guest", "LOCALSTACK_SQS_SECRET=localstack"}
 	}
 	hook, stopHook, err := startWebhook()
 	if err != nil {
@@ -213,9 +213,9 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 		fmt.Println("trouble on purpose: the webhook answers 503 to 1 request in 8 (the emulator has no outages),")
 	} else {
 		fmt.Printf("trouble on purpose: the webhook answers 503 to 1 request in 8, the %s is down 10 s a minute,\n",
-			map[string]string{"kafka": "in-process broker", "nats": "NATS server", "redis": "redis-server", "rabbitmq": "RabbitMQ node"}[sinkKind])
+			map[string]string{"kafka": "in-process broker", "nats": "NATS server", "redis": "redis-server", "rabbitmq": "RabbitMQ node", "sqs": "SQS emulator"}[sinkKind])
 	}
-	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server", "pubsub": "destination", "redis": "stream", "rabbitmq": "exchange"}[sinkKind])
+	fmt.Printf("and 1 order in 2,000 is too large for the %s, 1 notification in 400 refused by the webhook\n", map[string]string{"kafka": "broker", "nats": "server", "pubsub": "destination", "redis": "stream", "rabbitmq": "exchange", "sqs": "queue"}[sinkKind])
 	fmt.Printf("console: http://%s/console/ (log in with the token %s)\n", adminAddr, token)
 	fmt.Printf("dead-letter API: curl -H 'Authorization: Bearer %s' http://%s/api/v1/stats\n", token, adminAddr)
 	fmt.Println("Press Ctrl-C to stop and clean up.")

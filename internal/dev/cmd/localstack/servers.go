@@ -4,17 +4,23 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	amqp "github.com/rabbitmq/amqp091-go"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/outbox-relay/outbox-relay/relay/rabbitmq/rabbitmqtest"
 	"github.com/outbox-relay/outbox-relay/relay/redis/redistest"
+	"github.com/outbox-relay/outbox-relay/relay/sqs/sqstest"
 )
 
-// localServer is a local broker process the demo starts: Redis or RabbitMQ.
+// localServer is a local broker process the demo starts: Redis, RabbitMQ,
+// or the SQS emulator.
 type localServer struct {
 	// stop stops it for good and removes its data; halt stops it for an
 	// outage, and relaunch starts it again with its data.
@@ -120,6 +126,54 @@ func startRabbitMQ() (*localServer, error) {
 				return last
 			}
 			return int64(q.Messages)
+		},
+	}, nil
+}
+
+// startSQS starts the SQS emulator with a FIFO queue orders.fifo, which
+// the orders' route names, its messages bounded by maxOrderSize.
+func startSQS() (*localServer, error) {
+	dir, err := os.MkdirTemp("", "outbox-localstack-sqs-")
+	if err != nil {
+		return nil, err
+	}
+	srv, err := sqstest.Launch(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	stop := func() { srv.Stop(); os.RemoveAll(dir) }
+	c := srv.SQS()
+	q, err := c.CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(topic + ".fifo"),
+		Attributes: map[string]string{"FifoQueue": "true"}})
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("sqs: create the orders queue: %w", err)
+	}
+	return &localServer{
+		name:     "SQS emulator",
+		stop:     stop,
+		halt:     srv.Stop,
+		relaunch: srv.Relaunch,
+		orders: orders{name: "orders", topic: topic + ".fifo", entry: fmt.Sprintf(`
+  orders:
+    sqs:
+      endpoint: %s
+      region: %s
+      access_key_id: localstack
+      secret_access_key_env: LOCALSTACK_SQS_SECRET
+      max_message_bytes: %d`, srv.Endpoint, sqstest.Region, maxOrderSize)},
+		stored: func(ctx context.Context, last int64) int64 {
+			out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: q.QueueUrl,
+				AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameApproximateNumberOfMessages}})
+			if err != nil {
+				return last
+			}
+			n, err := strconv.ParseInt(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)], 10, 64)
+			if err != nil {
+				return last
+			}
+			return n
 		},
 	}, nil
 }

@@ -107,9 +107,10 @@ func startWebhook() (*webhook, func(), error) {
 }
 
 // orders is the orders' destination in the relay's configuration: its
-// name, and its entry under destinations (none for the kafka section's,
-// whose brokers come from the environment).
-type orders struct{ name, entry string }
+// name, its entry under destinations (none for the kafka section's, whose
+// brokers come from the environment), and the topic its route gives the
+// orders, if any.
+type orders struct{ name, entry, topic string }
 
 var ordersToKafka = orders{name: "kafka"}
 
@@ -140,6 +141,9 @@ routes:
   - topics: ["*"]
     destination: ` + o.name + `
 `
+	if o.topic != "" {
+		cfg += "    topic: " + o.topic + "\n"
+	}
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		os.RemoveAll(dir)
 		return "", err

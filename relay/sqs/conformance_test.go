@@ -120,3 +120,32 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
+
+// A queue or topic that does not exist fails its records as its topic's
+// failure, for the relay to hold them counting no attempt; once it is
+// created, the same publisher finds it.
+func TestMissingQueueOrTopicPausesItsTopic(t *testing.T) {
+	t.Parallel()
+	srv := sqstest.Start(t)
+	for _, kind := range []string{"sqs", "sns"} {
+		p := open(t, srv.Endpoint, kind)
+		name := "later-" + kind
+		recs := []sink.Record{{ID: 1, Topic: name, Key: "k", HasKey: true, Payload: []byte("1")}, {ID: 2, Topic: name, Key: "k", HasKey: true, Payload: []byte("2")}}
+		errs := p.Publish(context.Background(), recs)
+		if ce := sink.Classify(errs[0]); ce == nil || ce.Class != sink.ClassSystemic || ce.Scope != sink.ScopeTopic {
+			t.Fatalf("%s: a missing %s: %v (%v), want systemic with the topic's scope", kind, name, errs[0], ce)
+		}
+		url := srv.CreateQueue(t, name, nil)
+		if kind == "sns" {
+			srv.CreateTopic(t, name, url)
+		}
+		for i, err := range p.Publish(context.Background(), recs) {
+			if err != nil {
+				t.Fatalf("%s: record %d once %s exists: %v", kind, i+1, name, err)
+			}
+		}
+		if got := len(srv.Reader(url).Read(t)); got != 2 {
+			t.Errorf("%s: %d messages reached %s, want 2", kind, got, name)
+		}
+	}
+}

@@ -22,13 +22,15 @@ const healWithin = 5 * time.Second
 // and retry delays, keyed traffic flowing throughout: once the destination
 // answers again, every row committed before it did is delivered within
 // healWithin: the rows its failed probes held, and those of their keys
-// behind them, included. An endpoint answering 503; one that answers
-// nothing is not yet held to it (docs/failures.md, "Recovery is
-// immediate").
+// behind them, included. Endpoints answering 503, or nothing until the
+// client gives up.
 func TestShortOutageHealsWithinSeconds(t *testing.T) {
 	testwait.SkipShort(t)
 	t.Parallel()
-	runs := []outageRun{newReceiver(t, http.StatusServiceUnavailable).run("http-503")}
+	runs := []outageRun{
+		newReceiver(t, http.StatusServiceUnavailable).run("http-503"),
+		newReceiver(t, 0).run("http-timeout"),
+	}
 	s := pgtest.NewSchema(t).WithConns(t, 20)
 	var cfg relay.Config
 	for _, o := range runs {

@@ -223,6 +223,34 @@ func (b *breaker) awaiting(now time.Time) bool {
 	return b.probing && now.Sub(b.probeAt) < max(b.cool, b.base)
 }
 
+// starved reports whether a half-open breaker that may probe has had
+// nothing to probe with for a base cool-down: no row it could take was
+// claimed since it could have (or since its last probe, or since an
+// unanswered one stopped being awaited). That is every row of its subject
+// waiting behind the rows of its failed probes, which wait past the next
+// cool-down so that the next probe takes other rows: when there are no
+// other rows, they are what the next probe must take.
+func (b *breaker) starved(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cooled(now)
+	return b.starvedLocked(now)
+}
+
+func (b *breaker) starvedLocked(now time.Time) bool {
+	if b.state != BreakerHalfOpen || !b.mayProbe() || b.awaiting(now) {
+		return false
+	}
+	since := b.until
+	if b.probeAt.After(since) {
+		since = b.probeAt
+		if b.probing {
+			since = since.Add(max(b.cool, b.base))
+		}
+	}
+	return now.Sub(since) >= b.base
+}
+
 // mayProbe reports whether a half-open breaker may send a probe: always
 // on its own, and in a fleet only while it holds the fleet's probe.
 func (b *breaker) mayProbe() bool { return !b.shared || b.fleetProbe }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -288,6 +289,43 @@ func TestUnansweredProbeDoesNotHoldTheBreaker(t *testing.T) {
 			if o.Kind != store.Deferred || o.Delay != time.Second {
 				t.Errorf("row of the unanswered probe, failing once the breaker closed: %+v, want deferred for the 1s base", o)
 			}
+		}
+	})
+}
+
+// A failed probe's rows wait past the next cool-down, so that the next
+// probe takes other rows. When there are none (every key waits behind
+// them), the half-open breaker is asked for nothing: a base cool-down
+// later the destination hands those rows back to their source, for the
+// next probe to take, rather than leaving it shut for a pause_max.
+func TestStarvedProbeTakesTheFailedProbesRows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, _ := plan(d, batch(1, 2))
+		publish(d, g, failAll) // open for the first 1s cool-down
+		_, cool := state(d)
+		time.Sleep(cool)
+		probe, _ := plan(d, batch(10, 3))
+		if !probe.Probe() {
+			t.Fatal("no probe after the cool-down")
+		}
+		publish(d, probe, failAll)
+		_, cool = state(d)
+		time.Sleep(cool)
+		if blocked, _, _, _ := d.Closed(time.Now(), nil); blocked {
+			t.Fatal("the breaker takes no probe once its cool-down is over")
+		}
+		if held := d.Released("src"); len(held) != 0 {
+			t.Fatalf("%d rows handed back as soon as the breaker is half-open; the next probe should take other rows first", len(held))
+		}
+		time.Sleep(time.Second) // the base: no row came to probe with
+		d.Closed(time.Now(), nil)
+		var ids []int64
+		for _, r := range d.Released("src") {
+			ids = append(ids, r.ID)
+		}
+		if want := []int64{10, 11, 12}; !slices.Equal(ids, want) {
+			t.Fatalf("rows handed back to probe with: %v, want the failed probe's %v (not the rows the open breaker held)", ids, want)
 		}
 	})
 }

@@ -251,6 +251,7 @@ func NewDest(d Destination, cfg Settings) *Dest {
 		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
 	}
 	x.pauses.closed = func(s subject) { x.holds.release(s, time.Now()) }
+	x.pauses.starved = func(s subject) { x.holds.releaseProbes(s, time.Now()) }
 	// The limits an admitted row passes, in order (see Take).
 	x.gates = []gate{&x.bulk, x.rate, x.budget}
 	x.breaker = &breaker{failures: d.Breaker.Failures, successes: d.Breaker.Successes,
@@ -347,7 +348,7 @@ const (
 // group's to take (see Take), with the pauses whose probe it joins.
 func (d *Dest) Admit(g *Group, rec sink.Record, topic string, now time.Time) (Verdict, store.Outcome, []subject) {
 	if !g.Adm.ok {
-		d.holds.hold(destWide, g.Owner, rec.ID, rec.RetryCount, now, g.Adm.until.Sub(now))
+		d.holds.hold(destWide, g.Owner, rec.ID, rec.RetryCount, now, g.Adm.until.Sub(now), false)
 		return Deferred, d.deferral(rec, DeferCircuitOpen, g.Adm.until.Sub(now)), nil
 	}
 	var paused []subject
@@ -357,7 +358,7 @@ func (d *Dest) Admit(g *Group, rec sink.Record, topic string, now time.Time) (Ve
 		var by subject
 		paused, reason, until, by = d.askPauses(g, rec, topic, now)
 		if reason != "" {
-			d.holds.hold(by, g.Owner, rec.ID, rec.RetryCount, now, until.Sub(now))
+			d.holds.hold(by, g.Owner, rec.ID, rec.RetryCount, now, until.Sub(now), false)
 			return Deferred, d.deferral(rec, reason, until.Sub(now)), nil
 		}
 	}
@@ -491,6 +492,9 @@ func (d *Dest) Release(g *Group) {
 // claims that may wait for a slot: wait takes the destination's one place
 // for a waiting batch, and says whether it got it (see SlotWaits).
 func (d *Dest) Closed(now time.Time, wait func(*Dest) bool) (blocked bool, until time.Time, topics []string, left time.Duration) {
+	if d.breaker.starved(now) {
+		d.holds.releaseProbes(destWide, now)
+	}
 	blocked, until = d.breaker.blocked(now)
 	if !blocked {
 		if w := d.rate.wait(now); w > 0 {

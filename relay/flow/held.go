@@ -14,7 +14,9 @@ import (
 // takes other rows). When what held them answers again they should not
 // wait out the rest: the destination remembers the rows it held, by what
 // held them, and hands them back to their source when that closes (see
-// Released), which makes them ready at once.
+// Released), which makes them ready at once. A failed probe's rows are
+// handed back sooner when the half-open breaker finds nothing else to
+// probe with (every key waits behind them): see breaker.starved.
 
 // maxHeld bounds the rows a destination remembers as held. Past it, a row
 // waits for the end of its deferral, as it would without being
@@ -29,6 +31,7 @@ type heldRow struct {
 	owner any
 	row   store.HeldRow
 	due   time.Time
+	probe bool // it rode a failed probe
 }
 
 // holds are the rows a destination holds, by subject, and those released
@@ -43,8 +46,9 @@ type holds struct {
 	onRelease func()
 }
 
-// hold remembers that s held rec's row, of owner, for wait from now.
-func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time, wait time.Duration) {
+// hold remembers that s held rec's row, of owner, for wait from now;
+// probe says it rode a failed probe of s.
+func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time, wait time.Duration, probe bool) {
 	if owner == nil {
 		return
 	}
@@ -59,7 +63,7 @@ func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time,
 	if h.by == nil {
 		h.by = map[subject][]heldRow{}
 	}
-	h.by[s] = append(h.by[s], heldRow{owner: owner, row: store.HeldRow{ID: id, RetryCount: retries}, due: now.Add(wait)})
+	h.by[s] = append(h.by[s], heldRow{owner: owner, row: store.HeldRow{ID: id, RetryCount: retries}, due: now.Add(wait), probe: probe})
 	h.n++
 }
 
@@ -84,18 +88,33 @@ func (h *holds) pruneLocked(now time.Time) {
 
 // release hands back the rows s held that still wait: s answers again.
 // What a topic or partition still paused holds stays held.
-func (h *holds) release(s subject, now time.Time) {
+func (h *holds) release(s subject, now time.Time) { h.hand(s, now, false) }
+
+// releaseProbes hands back the rows of s's failed probes that still wait:
+// s is half-open with nothing else to probe with.
+func (h *holds) releaseProbes(s subject, now time.Time) { h.hand(s, now, true) }
+
+// hand hands back the rows s held, or only its failed probes' rows.
+func (h *holds) hand(s subject, now time.Time, probes bool) {
 	h.mu.Lock()
 	var freed bool
 	rows := h.by[s]
+	kept := rows[:0]
 	for _, r := range rows {
-		if r.due.After(now) && len(h.released) < maxHeld {
+		switch {
+		case probes && !r.probe:
+			kept = append(kept, r)
+		case r.due.After(now) && len(h.released) < maxHeld:
 			h.released = append(h.released, r)
 			freed = true
 		}
 	}
-	h.n -= len(rows)
-	delete(h.by, s)
+	h.n -= len(rows) - len(kept)
+	if len(kept) == 0 {
+		delete(h.by, s)
+	} else {
+		h.by[s] = kept
+	}
 	if freed {
 		h.waiting.Store(true)
 	}

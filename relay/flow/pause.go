@@ -44,6 +44,8 @@ type pauseSet struct {
 	// closed is told of a pause that closed: its topic or partition
 	// answers again.
 	closed func(s subject)
+	// starved is told of a half-open pause with nothing to probe with.
+	starved func(s subject)
 }
 
 func newPauseSet(dest string, base, max time.Duration, log *slog.Logger) *pauseSet {
@@ -166,7 +168,11 @@ func (p *pauseSet) blockedTopics(now time.Time) ([]string, time.Duration) {
 		// The rows of its last probe, if it failed, come back a longest
 		// cool-down after it ended (see settle): stale only past them.
 		stale := b.state == BreakerHalfOpen && !b.probing && now.Sub(b.until) > 2*p.max+p.base
+		starved := b.starvedLocked(now)
 		b.mu.Unlock()
+		if starved && p.starved != nil {
+			p.starved(s)
+		}
 		if stale {
 			p.log.Info("no rows probed a paused "+s.kind()+" for a while; no longer paused", s.attrs()...)
 			p.remove(s)

@@ -191,6 +191,7 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 		if s, ok := st.pausedBy[i]; ok {
 			wait, by = pausedFor[s], s
 		}
+		probe := false
 		switch {
 		case wait == 0:
 			// Stale evidence (a probe answered after another closed the
@@ -207,9 +208,10 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 			// whole batch of keys would leave the half-open breaker
 			// nothing to probe with).
 			wait += st.d.pauseMax
+			probe = true
 		}
 		st.outcomes[i].Delay = wait
-		st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait)
+		st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait, probe)
 	}
 }
 

@@ -109,6 +109,31 @@ func (c *Config) resolveSinks(lookupEnv func(string) (string, bool)) []string {
 	return p
 }
 
+// Deprecations lists the settings given in a form that still works but
+// will be removed, each with its path and what to use instead.
+func (c *Config) Deprecations() []string {
+	var out []string
+	add := func(at string, settings sink.Config) {
+		if d, ok := settings.(sink.Deprecator); ok {
+			for _, line := range d.Deprecated() {
+				out = append(out, at+"."+line)
+			}
+		}
+	}
+	for _, s := range sections() {
+		if settings := c.sections[s.Section.Name]; settings != nil {
+			add(s.Section.Name, settings)
+		}
+	}
+	for name, d := range c.Destinations {
+		if d.settings != nil {
+			add("destinations."+name+"."+d.kind, d.settings)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // sinkProblems turns a sink's error into problems under at, one per line:
 // a line about one setting of the sink's settings joins its path to at
 // (destinations.x.http.url is required); another follows at and a colon.

@@ -222,6 +222,46 @@ routes:
 	}
 }
 
+// Kafka's SASL password comes from a variable or a file, as every
+// destination's secrets do; the password written as it is still works,
+// and is named among the deprecated settings the relay logs at start.
+func TestKafkaPasswordFromAVariableAndTheDeprecatedInlineOne(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `
+kafka:
+  brokers: [k:9092]
+  sasl: {mechanism: plain, username: relay, password_env: KAFKA_PW}
+destinations:
+  analytics:
+    kafka:
+      brokers: [a:9092]
+      sasl: {mechanism: plain, username: relay, password: inline-pass}
+routes:
+  - topics: ["a.*"]
+    destination: analytics
+  - topics: ["*"]
+    destination: kafka
+`)
+	cfg, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "KAFKA_PW=from-env"}, config.NeedDestinations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dests, _ := cfg.DestinationList()
+	for _, d := range dests {
+		want := map[string]string{"kafka": "from-env", "analytics": "inline-pass"}[d.Name]
+		if got := d.Settings.(*kafka.Settings).SASL.Password; got != want {
+			t.Errorf("%s: password %q, want %q", d.Name, got, want)
+		}
+	}
+	got := cfg.Deprecations()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "destinations.analytics.kafka.sasl.password: ") || !strings.Contains(got[0], "sasl.password_env") {
+		t.Errorf("deprecations %q, want the analytics destination's inline password alone", got)
+	}
+	if _, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path}, config.NeedDestinations); err == nil || !strings.Contains(err.Error(), "KAFKA_PW is not set") {
+		t.Errorf("password_env naming a variable that is not set: %v", err)
+	}
+}
+
 // Each sink reads its own settings and secrets; a key that no sink
 // registered is an unknown setting, and forever is refused where it would
 // mean a timeout that never ends.

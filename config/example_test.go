@@ -40,6 +40,7 @@ var exampleSecrets = map[string]bool{
 	"admin.tls.cert_file":      true,
 	"admin.tls.key_file":       true,
 	"kafka.sasl.password":      true,
+	"kafka.sasl.password_env":  true,
 	"kafka.sasl.password_file": true,
 }
 

@@ -211,6 +211,10 @@ func (a *app) run(ctx context.Context) error {
 		attrs = append([]any{slog.String("schema", cfg.Database.Schema)}, attrs...)
 	}
 	a.log.Info("delivering outbox rows", attrs...)
+	for _, d := range cfg.Deprecations() {
+		setting, use, _ := strings.Cut(d, ": ")
+		a.log.Warn("deprecated setting", slog.String("setting", setting), slog.String("use", use))
+	}
 	for _, o := range outboxes {
 		if o.settings.OrderScope != relay.OrderScopeGlobal {
 			// Earlier versions kept a key's order across destinations.

@@ -69,10 +69,15 @@ type SASL struct {
 	// SASL.
 	Mechanism string `koanf:"mechanism"`
 	Username  string `koanf:"username"`
-	// Password is a secret: give it in the configuration's environment
-	// or file, or name a file holding it with PasswordFile.
+	// PasswordEnv and PasswordFile name the variable or the file that
+	// holds the password. Password, the password itself in the
+	// configuration (or OUTBOX_KAFKA_SASL_PASSWORD), still works but is
+	// deprecated: see Deprecated.
 	Password     string `koanf:"password"`
+	PasswordEnv  string `koanf:"password_env"`
 	PasswordFile string `koanf:"password_file"`
+
+	inline, read bool // Password was given as it is; Resolve read it
 }
 
 // SASLMechanisms are the mechanisms SASL.Mechanism may name.
@@ -115,15 +120,30 @@ func (s *Settings) Inherit(c sink.Config) {
 	}
 }
 
-// Resolve reads the SASL password from sasl.password_file when no password
-// is given.
-func (s *Settings) Resolve(func(string) (string, bool)) error {
-	if s.SASL.Password != "" || s.SASL.PasswordFile == "" {
+// Resolve reads the SASL password from the variable sasl.password_env
+// names, or the file sasl.password_file names, when no password is given
+// as it is.
+func (s *Settings) Resolve(lookupEnv func(string) (string, bool)) error {
+	if s.SASL.Password != "" {
+		s.SASL.inline = !s.SASL.read
 		return nil
 	}
-	pw, err := sink.ReadSecretFile("sasl.password_file", s.SASL.PasswordFile)
-	s.SASL.Password = pw
+	if s.SASL.PasswordEnv == "" && s.SASL.PasswordFile == "" {
+		return nil
+	}
+	pw, err := sink.Secret(lookupEnv, "sasl.password", s.SASL.PasswordEnv, s.SASL.PasswordFile)
+	s.SASL.Password, s.SASL.read = pw, err == nil
 	return err
+}
+
+// Deprecated names the settings of s that still work but will not: a
+// password written as it is.
+func (s *Settings) Deprecated() []string {
+	if s.SASL.inline {
+		return []string{"sasl.password: a password written into the configuration or its variable is deprecated; " +
+			"name the variable that holds it with sasl.password_env, or a file with sasl.password_file"}
+	}
+	return nil
 }
 
 // Validate reports every problem of s at once; ErrNoBrokers among them
@@ -154,7 +174,7 @@ func (s *Settings) Validate() error {
 			errs = append(errs, fmt.Errorf("sasl.mechanism is %q; use plain, scram-sha-256 or scram-sha-512", m))
 		}
 		if s.SASL.Username == "" || s.SASL.Password == "" {
-			errs = append(errs, errors.New("sasl needs username and password (the password in the configuration or in sasl.password_file)"))
+			errs = append(errs, errors.New("sasl needs username and password (from sasl.password_env or sasl.password_file)"))
 		}
 	}
 	if !s.TLS.Enabled && s.TLS.Customised() {

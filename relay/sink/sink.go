@@ -140,6 +140,14 @@ type Section struct {
 	Defaults func() Config
 }
 
+// Deprecator is implemented by settings that can hold a form that still
+// works but will be removed: each line starts with the setting's path
+// below the sink and says what to use instead, for the relay to log at
+// start.
+type Deprecator interface {
+	Deprecated() []string
+}
+
 // Inheritor is implemented by settings of a named destination that take
 // what they leave unset from their sink's section (client settings rather
 // than a cluster's).

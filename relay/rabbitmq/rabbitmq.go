@@ -64,6 +64,9 @@ type Config struct {
 	MaxMessageBytes int
 	// DialTimeout bounds connecting; ConfirmTimeout a round's confirms.
 	DialTimeout, ConfirmTimeout time.Duration
+	// ClientName names the connection at the broker; default outbox-relay
+	// and Name.
+	ClientName string
 }
 
 // Publisher publishes records to a RabbitMQ exchange. Publishes take
@@ -145,7 +148,7 @@ func (p *Publisher) dial(c Config) (*amqp.Connection, error) {
 			}
 			return &deadlineConn{Conn: nc, timeout: c.ConfirmTimeout}, nil
 		},
-		Properties: amqp.Table{"connection_name": "outbox-relay " + c.Name},
+		Properties: amqp.Table{"connection_name": cmp.Or(c.ClientName, "outbox-relay "+c.Name)},
 	})
 	if err != nil {
 		return nil, err

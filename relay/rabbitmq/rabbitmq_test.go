@@ -166,10 +166,13 @@ func TestMessagesReturnsAndOutages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: exchange})
+		p := newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: exchange, ClientName: "relay-a orders"})
 		r := rec(7, "orders", "c-1", "hello")
 		if errs := publish(t, p, r); errs[0] != nil {
 			t.Fatal(errs[0])
+		}
+		if out := node.Ctl("list_connections", "client_properties"); !strings.Contains(out, "relay-a orders") {
+			t.Errorf("no connection named relay-a orders at the broker:\n%s", out)
 		}
 		m, ok, err := ch.Get(exchange, true)
 		if err != nil || !ok {

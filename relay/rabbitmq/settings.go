@@ -44,6 +44,9 @@ type Settings struct {
 	// of publisher confirms. Defaults 5s and 10s.
 	DialTimeout    time.Duration `koanf:"dial_timeout"`
 	ConfirmTimeout time.Duration `koanf:"confirm_timeout"`
+	// ClientName names the connection at the broker (connection_name).
+	// Default outbox-relay and the destination's name.
+	ClientName string `koanf:"client_name"`
 
 	password string // read by Resolve
 }
@@ -121,7 +124,7 @@ func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 // name, with messages up to maxMessage bytes.
 func (s *Settings) Config(name string, maxMessage int) (Config, error) {
 	c := Config{Name: name, URL: s.URL, Password: s.password, Exchange: s.Exchange, MaxMessageBytes: maxMessage,
-		DialTimeout: s.DialTimeout, ConfirmTimeout: s.ConfirmTimeout}
+		DialTimeout: s.DialTimeout, ConfirmTimeout: s.ConfirmTimeout, ClientName: s.ClientName}
 	if s.TLS.Customised() {
 		tc, err := s.TLS.ClientConfig()
 		if err != nil {

@@ -1,13 +1,15 @@
 // Package redis is the relay's Redis Streams sink: it appends each record
 // to the stream its topic (or its route's topic) names with XADD, the
 // stream trimmed to about max_len entries when set. An entry's fields are
-// event_id, outbox_id, key (for a row with one), headers (a JSON object)
-// and payload.
+// outbox-event-id, outbox-id, outbox-key (for a row with one), as every
+// sink with headers names them, headers (a JSON object) and payload; and,
+// for one release more, event_id, outbox_id and key, their old names.
 //
 // A key's records are appended in id order: each batch goes in rounds,
 // one pipeline a round, the n-th record of every key in round n, so that
 // a key's record is sent only once the one before it is stored.
-// Consumers deduplicate by event_id: a redelivery appends the entry again.
+// Consumers deduplicate by outbox-event-id: a redelivery appends the entry
+// again.
 package redis
 
 import (
@@ -37,19 +39,29 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// Entry fields.
+// Entry fields: the event id, row id and key under the names every sink
+// with headers gives them (sink.HeaderEventID, HeaderID, HeaderKey).
 const (
-	FieldEventID = "event_id"
-	FieldID      = "outbox_id"
-	FieldKey     = "key"
+	FieldEventID = sink.HeaderEventID
+	FieldID      = sink.HeaderID
+	FieldKey     = sink.HeaderKey
 	FieldHeaders = "headers"
 	FieldPayload = "payload"
+)
+
+// The fields' old names, written beside the new ones for one release
+// more, so that consumers reading them keep working: deprecated.
+const (
+	OldFieldEventID = "event_id"
+	OldFieldID      = "outbox_id"
+	OldFieldKey     = "key"
 )
 
 // Defaults of Config.
 const (
 	DefaultDialTimeout = 5 * time.Second
 	DefaultTimeout     = 5 * time.Second
+	DefaultClientName  = "outbox-relay"
 	// EntrySlack is what an entry's limit exceeds relay.max_batch_bytes
 	// by unless max_entry_bytes is set: room for its other fields.
 	EntrySlack = 64 << 10
@@ -74,6 +86,9 @@ type Config struct {
 	MaxEntryBytes int
 	// DialTimeout bounds connecting; Timeout a round of commands.
 	DialTimeout, Timeout time.Duration
+	// ClientName names the connection at the server; default
+	// DefaultClientName.
+	ClientName string
 }
 
 // Publisher appends records to Redis streams.
@@ -110,7 +125,7 @@ func New(c Config) (*Publisher, error) {
 
 func newClient(c Config) *client {
 	return &client{rdb: goredis.NewUniversalClient(&goredis.UniversalOptions{
-		Addrs: c.Addresses, MasterName: c.MasterName, DB: c.DB, ClientName: "outbox-relay",
+		Addrs: c.Addresses, MasterName: c.MasterName, DB: c.DB, ClientName: cmp.Or(c.ClientName, DefaultClientName),
 		Username: c.Username, Password: c.Password, TLSConfig: c.TLS,
 		DialTimeout: c.DialTimeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout,
 		// The relay retries; a retry here would only hide an outage.
@@ -247,13 +262,17 @@ func (p *Publisher) entry(r *sink.Record) (*goredis.XAddArgs, error) {
 	if err != nil {
 		return nil, sink.Permanent(fmt.Errorf("redis: headers of row %d: %w", r.ID, err), sink.ReasonInvalidMessage)
 	}
-	id := r.EventID.String()
-	values := []any{FieldEventID, id, FieldID, strconv.FormatInt(r.ID, 10)}
+	id, rowID := r.EventID.String(), strconv.FormatInt(r.ID, 10)
+	values := []any{FieldEventID, id, FieldID, rowID}
 	if r.HasKey {
 		values = append(values, FieldKey, r.Key)
 	}
+	values = append(values, OldFieldEventID, id, OldFieldID, rowID)
+	if r.HasKey {
+		values = append(values, OldFieldKey, r.Key)
+	}
 	values = append(values, FieldHeaders, headers, FieldPayload, r.Payload)
-	size := len(id) + 20 + len(r.Key) + len(headers) + len(r.Payload) + 64
+	size := 2*(len(id)+20+len(r.Key)) + len(headers) + len(r.Payload) + 96
 	if p.cfg.MaxEntryBytes > 0 && size > p.cfg.MaxEntryBytes {
 		return nil, sink.Permanent(fmt.Errorf("redis: entry of %d bytes; max_entry_bytes is %d", size, p.cfg.MaxEntryBytes), sink.ReasonTooLarge)
 	}

@@ -100,7 +100,7 @@ func TestEntriesAndTrimming(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, redistest.Options{})
 	c := srv.Client(nil)
-	p := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}})
+	p := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, ClientName: "relay-a"})
 	r := rec(7, "orders", "c-1", `{"id":1}`)
 	if errs := publish(t, p, r, rec(8, "orders", "", "x")); errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
@@ -116,8 +116,18 @@ func TestEntriesAndTrimming(t *testing.T) {
 	if got[0][redis.FieldEventID] != r.EventID.String() || got[0][redis.FieldID] != "7" || got[0][redis.FieldKey] != "c-1" || got[0][redis.FieldPayload] != `{"id":1}` {
 		t.Errorf("entry %v", got[0])
 	}
+	// The old names, for one release more.
+	if got[0]["outbox-event-id"] != got[0]["event_id"] || got[0]["outbox-id"] != got[0]["outbox_id"] || got[0]["outbox-key"] != got[0]["key"] {
+		t.Errorf("entry %v: want the event id, row id and key under their old names too", got[0])
+	}
 	if _, ok := got[1][redis.FieldKey]; ok {
 		t.Errorf("a row without a key has a key field: %v", got[1])
+	}
+	if _, ok := got[1][redis.OldFieldKey]; ok {
+		t.Errorf("a row without a key has a key field: %v", got[1])
+	}
+	if list := c.ClientList(context.Background()).Val(); !strings.Contains(list, "name=relay-a ") {
+		t.Errorf("no connection named relay-a among the server's clients:\n%s", list)
 	}
 
 	trimmed := newPublisher(t, redis.Config{Addresses: []string{srv.Addr}, MaxLen: 100})

@@ -47,6 +47,9 @@ type Settings struct {
 	// Defaults 5s and 5s.
 	DialTimeout time.Duration `koanf:"dial_timeout"`
 	Timeout     time.Duration `koanf:"timeout"`
+	// ClientName names the connection at the server (CLIENT SETNAME).
+	// Default outbox-relay.
+	ClientName string `koanf:"client_name"`
 
 	password string // read by Resolve
 }
@@ -133,7 +136,7 @@ func (s *Settings) Config(name string, maxEntry int) (Config, error) {
 	c := Config{
 		Name: name, Addresses: s.Addresses, MasterName: s.MasterName, DB: s.DB,
 		Username: s.Username, Password: s.password, MaxLen: s.MaxLen, MaxEntryBytes: maxEntry,
-		DialTimeout: s.DialTimeout, Timeout: s.Timeout,
+		DialTimeout: s.DialTimeout, Timeout: s.Timeout, ClientName: s.ClientName,
 	}
 	if s.TLS.Enabled {
 		tc, err := s.TLS.ClientConfig()

@@ -228,14 +228,17 @@ func (n *Node) Crash() {
 	}
 }
 
-// Ctl runs rabbitmqctl against the node, and fails the test if it fails.
-func (n *Node) Ctl(args ...string) {
+// Ctl runs rabbitmqctl against the node and returns what it printed; it
+// fails the test if the command fails.
+func (n *Node) Ctl(args ...string) string {
 	n.tb.Helper()
 	cmd := exec.Command("/usr/lib/rabbitmq/bin/rabbitmqctl", append([]string{"-n", n.name}, args...)...)
 	cmd.Env = n.env
-	if out, err := cmd.CombinedOutput(); err != nil {
+	out, err := cmd.CombinedOutput()
+	if err != nil {
 		n.tb.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
 	}
+	return string(out)
 }
 
 // Restart starts the node again, on the same ports with the same data,

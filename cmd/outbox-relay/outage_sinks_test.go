@@ -82,7 +82,7 @@ SELECT $1, 'k' || (g % 20), g::text::bytea FROM generate_series($2::int, $3::int
 	o.start()
 	testwait.Within(t, 2*time.Minute, "every row delivered after the outage", func() bool { return countRows(t, pool, "status = 'sent'") == rows })
 	if n := countRows(t, pool, "retry_count > 0 OR status <> 'sent'"); n != 0 {
-		t.Fatalf("%d rows counted an attempt or did not end sent; the outage must cost none; output:\n%s", n, p.output)
+		t.Fatalf("%d rows counted an attempt or did not end sent; the outage must cost none:\n%s\noutput:\n%s", n, rowErrors(t, pool), p.output)
 	}
 	return rows
 }
@@ -114,4 +114,27 @@ next:
 // against a sink's server: small batches, short backoffs and pauses.
 func checkerEnv(dsn, cfg string, extra ...string) []string {
 	return natsEnv(dsn, cfg, append(slices.Clone(checkerSettings), extra...)...)
+}
+
+// rowErrors lists, for a failure message, the attempts, status and last
+// error of the rows that counted an attempt or did not end sent.
+func rowErrors(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id, retry_count, status, coalesce(last_error, '')
+		FROM outbox WHERE retry_count > 0 OR status <> 'sent' ORDER BY id LIMIT 20`)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var id int64
+		var attempts int
+		var status, lastErr string
+		if err := rows.Scan(&id, &attempts, &status, &lastErr); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "  row %d: %s after %d attempts: %s\n", id, status, attempts, lastErr)
+	}
+	return b.String()
 }

@@ -111,9 +111,12 @@ func Launch(dir string) (*Server, error) {
 
 func (s *Server) start() error {
 	// The package's own command reads neither its data directory nor its
-	// logger from the environment: start it as a program does.
+	// logger from the environment: start it as a program does. SIGTERM
+	// stops it as a server stops, answering the requests under way first
+	// (SIGKILL is the crash).
 	script := fmt.Sprintf(`import { startFauxqs } from %q;
-await startFauxqs({ port: %d, host: "localhost", defaultRegion: %q, logger: false, dataDir: %q });`,
+const server = await startFauxqs({ port: %d, host: "localhost", defaultRegion: %q, logger: false, dataDir: %q });
+process.on("SIGTERM", async () => { await server.stop(); process.exit(0); });`,
 		"file://"+s.app, s.port, Region, filepath.Join(s.dir, "data"))
 	s.cmd = exec.Command(s.node, "--no-warnings", "--input-type=module", "-e", script)
 	s.cmd.Dir = s.dir

@@ -307,7 +307,7 @@ func (p *Publisher) publish(ctx context.Context, conn *connection, r *sink.Recor
 		return nil
 	}
 	if ctx.Err() != nil {
-		return sink.Transient(fmt.Errorf("nats: %w", ctx.Err()), 0)
+		return sink.ContextFailure("nats", ctx.Err())
 	}
 	return p.classify(conn, r.Topic, err)
 }

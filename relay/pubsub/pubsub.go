@@ -292,7 +292,7 @@ func (p *Publisher) message(r *sink.Record) (*gpubsub.Message, error) {
 // classify gives a failed publish its class and scope.
 func (p *Publisher) classify(ctx context.Context, topic string, err error) error {
 	if ctx.Err() != nil {
-		return sink.Transient(fmt.Errorf("pubsub: %w", ctx.Err()), 0)
+		return sink.ContextFailure("pubsub", ctx.Err())
 	}
 	wrapped := fmt.Errorf("pubsub: topic %s: %w", topic, err)
 	if errors.Is(err, gpubsub.ErrOversizedMessage) {

@@ -449,7 +449,7 @@ func (p *Publisher) message(r *sink.Record) (amqp.Publishing, error) {
 // classify gives a failure its class and scope.
 func (p *Publisher) classify(ctx context.Context, topic string, err error) error {
 	if ctx.Err() != nil {
-		return sink.Transient(fmt.Errorf("rabbitmq: %w", ctx.Err()), 0)
+		return sink.ContextFailure("rabbitmq", ctx.Err())
 	}
 	var aerr *amqp.Error
 	if errors.As(err, &aerr) {

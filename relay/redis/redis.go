@@ -286,7 +286,7 @@ func (p *Publisher) entry(r *sink.Record) (*goredis.XAddArgs, error) {
 // classify gives a failed XADD its class and scope.
 func (p *Publisher) classify(ctx context.Context, stream string, err error) error {
 	if ctx.Err() != nil {
-		return sink.Transient(fmt.Errorf("redis: %w", ctx.Err()), 0)
+		return sink.ContextFailure("redis", ctx.Err())
 	}
 	wrapped := fmt.Errorf("redis: stream %s: %w", stream, err)
 	var rerr goredis.Error

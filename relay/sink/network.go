@@ -1,9 +1,11 @@
 package sink
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"syscall"
 )
@@ -41,4 +43,18 @@ func NetworkFailure(err error) error {
 		return Systemic(err)
 	}
 	return DestinationFailure(ClassTransient, err)
+}
+
+// ContextFailure classifies a publish that ended with its context: past
+// its deadline, the destination did not answer in the publish's time,
+// which is the destination's transient failure (as a timeout on the
+// network is), so that a probe that meets it counts no attempt; cancelled
+// (the relay stopping), the record's own transient failure. err is
+// ctx.Err(), prefix names the sink.
+func ContextFailure(prefix string, err error) error {
+	wrapped := fmt.Errorf("%s: %w", prefix, err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return DestinationFailure(ClassTransient, wrapped)
+	}
+	return Transient(wrapped, 0)
 }

@@ -1,6 +1,7 @@
 package sink_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -44,5 +45,20 @@ func TestNetworkFailure(t *testing.T) {
 				t.Fatalf("got %s/%s (%v), want %s at the destination's scope, wrapping the error", c.Class, c.Scope, c, tc.class)
 			}
 		})
+	}
+}
+
+// A publish past its deadline got no answer in time: the destination's
+// transient failure. One cancelled (the relay stopping) is the record's.
+func TestContextFailure(t *testing.T) {
+	for _, c := range []struct {
+		err   error
+		scope sink.Scope
+	}{{context.DeadlineExceeded, sink.ScopeDestination}, {context.Canceled, sink.ScopeRecord}} {
+		err := sink.ContextFailure("x", c.err)
+		ce := sink.Classify(err)
+		if ce.Class != sink.ClassTransient || ce.Scope != c.scope || !errors.Is(err, c.err) {
+			t.Errorf("%v: %v (%s, %s), want transient with scope %s", c.err, err, ce.Class, ce.Scope, c.scope)
+		}
 	}
 }

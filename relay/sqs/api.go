@@ -235,7 +235,7 @@ func isMissing(err error) bool {
 // topic) its class and scope.
 func (p *Publisher) classify(ctx context.Context, topic string, err error) error {
 	if ctx.Err() != nil {
-		return sink.Transient(fmt.Errorf("%s: %w", p.lower(), ctx.Err()), 0)
+		return sink.ContextFailure(p.lower(), ctx.Err())
 	}
 	var classified *sink.Error
 	if errors.As(err, &classified) {

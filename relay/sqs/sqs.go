@@ -161,6 +161,9 @@ func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error 
 			runOf[i] = ri
 		}
 	}
+	// A queue or topic that could not be found is looked up once a
+	// publish, not once a row.
+	missing := map[string]error{}
 	for round := 0; ; round++ {
 		byTarget := map[string][]*entry{}
 		var order []string // targets in the order of their first entry
@@ -175,7 +178,12 @@ func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error 
 				errs[i] = sink.ErrNotSent
 				continue
 			}
-			target, err := a.target(ctx, records[i].Topic)
+			target, err := "", missing[records[i].Topic]
+			if err == nil {
+				if target, err = a.target(ctx, records[i].Topic); err != nil {
+					missing[records[i].Topic] = err
+				}
+			}
 			if err == nil {
 				var e *entry
 				e, err = p.entry(&records[i], i, target)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -214,5 +215,32 @@ func TestSettingsValidate(t *testing.T) {
 		if err := c.check(c.name); (err == nil) != c.ok {
 			t.Errorf("%q: %v, want ok %v", c.name, err, c.ok)
 		}
+	}
+}
+
+// A queue that cannot be found is looked up once a publish, however many
+// of its rows the publish holds.
+func TestMissingQueueLookedUpOncePerPublish(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		w.WriteHeader(400)
+		_, _ = w.Write([]byte(sqsError("QueueDoesNotExist", "The specified queue does not exist.")))
+	}))
+	t.Cleanup(srv.Close)
+	p := publisher(t, "SQS", srv.URL)
+	var recs []sink.Record
+	for i := range 20 {
+		recs = append(recs, rec(int64(i+1), "orders", fmt.Sprint("k", i)))
+	}
+	for i, err := range p.Publish(context.Background(), recs) {
+		if ce := sink.Classify(err); ce == nil || ce.Scope != sink.ScopeTopic {
+			t.Fatalf("record %d: %v, want its topic's failure", i+1, err)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d requests for 20 rows of a missing queue, want 1", n)
 	}
 }

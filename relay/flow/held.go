@@ -14,9 +14,11 @@ import (
 // takes other rows). When what held them answers again they should not
 // wait out the rest: the destination remembers the rows it held, by what
 // held them, and hands them back to their source when that closes (see
-// Released), which makes them ready at once. A failed probe's rows are
-// handed back sooner when the half-open breaker finds nothing else to
-// probe with (every key waits behind them): see breaker.starved.
+// Released), which makes them ready at once. A failed probe's keyed rows
+// are handed back sooner when the half-open breaker finds nothing else to
+// probe with (every key waits behind them): see breaker.starved. Its
+// keyless rows hold nothing back, and wait: they may be rows failing on
+// their own.
 
 // maxHeld bounds the rows a destination remembers as held. Past it, a row
 // waits for the end of its deferral, as it would without being
@@ -31,7 +33,7 @@ type heldRow struct {
 	owner any
 	row   store.HeldRow
 	due   time.Time
-	probe bool // it rode a failed probe
+	probe bool // a keyed row that rode a failed probe
 }
 
 // holds are the rows a destination holds, by subject, and those released
@@ -47,7 +49,7 @@ type holds struct {
 }
 
 // hold remembers that s held rec's row, of owner, for wait from now;
-// probe says it rode a failed probe of s.
+// probe says it is a keyed row that rode a failed probe of s.
 func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time, wait time.Duration, probe bool) {
 	if owner == nil {
 		return
@@ -90,8 +92,9 @@ func (h *holds) pruneLocked(now time.Time) {
 // What a topic or partition still paused holds stays held.
 func (h *holds) release(s subject, now time.Time) { h.hand(s, now, false) }
 
-// releaseProbes hands back the rows of s's failed probes that still wait:
-// s is half-open with nothing else to probe with.
+// releaseProbes hands back the keyed rows of s's failed probes that still
+// wait: s is half-open with nothing else to probe with, every key waiting
+// behind them.
 func (h *holds) releaseProbes(s subject, now time.Time) { h.hand(s, now, true) }
 
 // hand hands back the rows s held, or only its failed probes' rows.

@@ -51,7 +51,7 @@ type settlement struct {
 	dev                          evidence              // about the destination
 	sev                          map[subject]*evidence // about its topics and partitions
 	pausedBy                     map[int]subject       // deferred outcomes, by index, waiting on a pause
-	probed                       map[int]bool          // deferred outcomes, by index, of a failed probe's rows
+	probed                       map[int]bool          // deferred outcomes, by index, of a failed probe's rows: true for keyed ones
 	retries                      map[int]int           // deferred outcomes' rows' retry counts, by index
 }
 
@@ -126,7 +126,7 @@ func (st *settlement) failed(rec sink.Record, err error) {
 			if st.probed == nil {
 				st.probed = map[int]bool{}
 			}
-			st.probed[len(st.outcomes)] = true
+			st.probed[len(st.outcomes)] = rec.HasKey
 		}
 	case store.DeadLettered:
 		if rec.HasKey && !v.outcome.ParkKey {
@@ -191,13 +191,14 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 		if s, ok := st.pausedBy[i]; ok {
 			wait, by = pausedFor[s], s
 		}
-		probe := false
+		keyed, probed := st.probed[i]
+		handBack := false
 		switch {
 		case wait == 0:
 			// Stale evidence (a probe answered after another closed the
 			// breaker, or went instead of it): look again soon.
 			wait = st.d.pauseBase
-		case st.probed[i] && (by != destWide || st.g.Adm.probe):
+		case probed && (by != destWide || st.g.Adm.probe):
 			// Past the next cool-down, whatever it turns out to be (a
 			// fleet's may differ): the next probe takes other rows, of
 			// other keys, so that rows failing on their own cannot fail
@@ -208,10 +209,13 @@ func (st *settlement) delay(now time.Time, cooldown time.Duration, pausedFor map
 			// whole batch of keys would leave the half-open breaker
 			// nothing to probe with).
 			wait += st.d.pauseMax
-			probe = true
+			// A keyed row holds its key's later rows behind it: when
+			// every key waits so, it is handed back for the next probe
+			// (see breaker.starved). A keyless one holds nothing back.
+			handBack = keyed
 		}
 		st.outcomes[i].Delay = wait
-		st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait, probe)
+		st.d.holds.hold(by, st.g.Owner, st.outcomes[i].ID, st.retries[i], now, wait, handBack)
 	}
 }
 

@@ -127,6 +127,13 @@ func WhileProbing(s *Store, f func()) { s.probing = f }
 // partitions it holds, before its claims read the new ones.
 func OnPartitionsWritten(s *Store, f func()) { s.partitionsWritten = f }
 
+// WhenReleasing runs f as a release of held rows begins.
+func WhenReleasing(s *Store, f func()) { s.releasing = f }
+
+// BeforeHoldingBack runs f before a claim defers the rows its keys'
+// blockers hold back.
+func BeforeHoldingBack(s *Store, f func()) { s.holdingBack = f }
+
 // RecordAtNextSync has s's next sync write every partition it holds, with
 // its floor, as it does every recordEvery.
 func RecordAtNextSync(s *Store) {

@@ -32,7 +32,11 @@ func (c *Claim) keepKeyOrder(ctx context.Context, p ClaimParams) error {
 	if err != nil {
 		return err
 	}
-	return c.holdBack(bs, free).write(ctx, c)
+	h := c.holdBack(bs, free)
+	if c.store.holdingBack != nil {
+		c.store.holdingBack()
+	}
+	return h.write(ctx, c)
 }
 
 // checkedRows are the keys and ids the key check looks past: the claimed

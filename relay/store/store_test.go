@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -797,6 +798,58 @@ func TestReleaseHeldWaitsForClaimsUnderWay(t *testing.T) {
 	}
 	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
 		t.Fatal("row 2, deferred behind row 1 by the claim under way, still waits for row 1's old moment")
+	}
+}
+
+// A claim begun as a release of held rows begins, which reads a released
+// row as still waiting, may defer its key's rows to the row's old moment
+// after the release pulled the rows behind it forward: the release waits
+// for it too, and pulls those forward after it.
+func TestReleaseHeldWaitsForClaimsBegunMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, next_attempt_at) VALUES ('t', 'k', 'x', '2100-01-01'), ('t', 'k', 'x', now())`)
+	read, write := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	store.BeforeHoldingBack(st, func() {
+		once.Do(func() { close(read) })
+		<-write
+	})
+	type claimed struct {
+		c   *store.Claim
+		err error
+	}
+	began := make(chan claimed, 1)
+	store.WhenReleasing(st, func() {
+		go func() {
+			c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
+			began <- claimed{c, err}
+		}()
+		<-read // it read row 1 as waiting
+	})
+	released := make(chan error, 1)
+	go func() {
+		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
+		released <- err
+	}()
+	testwait.For(t, "row 1 ready", func() bool { return rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") == 1 })
+	close(write)
+	r := <-began
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { _ = r.c.Release(context.Background()) })
+	if len(r.c.Records) != 0 || r.c.Deferred != 1 {
+		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(r.c.Records), r.c.Deferred)
+	}
+	complete(t, r.c)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 2, deferred behind row 1 by a claim begun during the release, still waits for row 1's old moment")
 	}
 }
 

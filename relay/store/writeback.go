@@ -284,7 +284,9 @@ func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) 
 	for i, r := range rows {
 		ids[i], retries[i] = r.ID, int32(r.RetryCount)
 	}
-	under := s.floors.lastGen()
+	if s.releasing != nil {
+		s.releasing()
+	}
 	n, keyed, err := s.q.ReleaseHeld(ctx, s.pool, ids, retries)
 	if err != nil {
 		return 0, fmt.Errorf("release %d held rows: %w", len(rows), err)
@@ -292,7 +294,10 @@ func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) 
 	if len(keyed) == 0 {
 		return n, nil
 	}
-	if err := s.floors.waitClaims(ctx, under); err != nil {
+	// Every claim begun before the release committed, not only before it
+	// began: one begun meanwhile may have read a held row as still
+	// waiting, and defer its key's rows to the old moment after it.
+	if err := s.floors.waitClaims(ctx, s.floors.lastGen()); err != nil {
 		return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
 	}
 	behind, err := s.q.PullForward(ctx, s.pool, keyed)

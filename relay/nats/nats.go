@@ -111,6 +111,32 @@ type connection struct {
 	nc       *natsgo.Conn
 	js       jetstream.JetStream
 	inflight sync.WaitGroup
+	tries    tries
+}
+
+// tries tells of the end of each attempt to reconnect.
+type tries struct {
+	mu    sync.Mutex
+	ended chan struct{}
+}
+
+// next returns what is closed when the next attempt ends.
+func (t *tries) next() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended == nil {
+		t.ended = make(chan struct{})
+	}
+	return t.ended
+}
+
+func (t *tries) end() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended != nil {
+		close(t.ended)
+		t.ended = nil
+	}
 }
 
 // New returns a Publisher for c. It does not wait for a server: a
@@ -133,6 +159,7 @@ func New(c Config) (*Publisher, error) {
 // connect opens a connection for c; with retry, one that keeps trying to
 // reach the servers, without, one that must connect now.
 func (p *Publisher) connect(c Config, retry bool) (*connection, error) {
+	conn := &connection{}
 	opts := []natsgo.Option{
 		natsgo.Name(c.ClientName),
 		natsgo.Timeout(c.ConnectTimeout),
@@ -149,6 +176,9 @@ func (p *Publisher) connect(c Config, retry bool) (*connection, error) {
 		natsgo.NoCallbacksAfterClientClose(),
 		natsgo.ErrorHandler(func(_ *natsgo.Conn, _ *natsgo.Subscription, err error) { p.noteDenied(err) }),
 		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) { p.noteRefused(err) }),
+		natsgo.ConnectHandler(func(*natsgo.Conn) { conn.tries.end() }),
+		natsgo.ReconnectHandler(func(*natsgo.Conn) { conn.tries.end() }),
+		natsgo.ReconnectErrHandler(func(*natsgo.Conn, error) { conn.tries.end() }),
 	}
 	switch {
 	case c.Username != "":
@@ -170,7 +200,8 @@ func (p *Publisher) connect(c Config, retry bool) (*connection, error) {
 		nc.Close()
 		return nil, fmt.Errorf("nats: %w", err)
 	}
-	return &connection{nc: nc, js: js}, nil
+	conn.nc, conn.js = nc, js
+	return conn, nil
 }
 
 // Reload connects with c's credentials and TLS material and, once
@@ -232,7 +263,7 @@ func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error 
 		return errs
 	}
 	defer conn.inflight.Done()
-	if !conn.nc.IsConnected() {
+	if !conn.nc.IsConnected() && !p.reconnectNow(ctx, conn) {
 		// Nothing can be sent: say so for every record at once.
 		fill(errs, p.unreachable(conn))
 		return errs
@@ -259,6 +290,30 @@ func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error 
 	}
 	wg.Wait()
 	return errs
+}
+
+// reconnectNow has a connection that waits to reconnect try at once,
+// rather than after its pause, and waits for the try (within ctx and the
+// connect timeout). A publish while the server is down is the relay's
+// probe of it: once the server is back, the probe finds it, rather than
+// the next one a cool-down later. It reports whether the connection is
+// up.
+func (p *Publisher) reconnectNow(ctx context.Context, conn *connection) bool {
+	if !conn.nc.IsReconnecting() {
+		return false
+	}
+	tried := conn.tries.next()
+	if conn.nc.ForceReconnect() != nil {
+		return false
+	}
+	timeout := time.NewTimer(p.cfg.ConnectTimeout)
+	defer timeout.Stop()
+	select {
+	case <-tried:
+	case <-ctx.Done():
+	case <-timeout.C:
+	}
+	return conn.nc.IsConnected()
 }
 
 func fill(errs []error, err error) {

@@ -44,6 +44,8 @@ var outagePolicy = retry.PolicyConfig{BaseDelay: 50 * time.Millisecond, MaxDelay
 // flows into it.
 type outageRun struct {
 	name string // the destination's name and its rows' topic
+	// topic, when set, is where the route sends the rows instead.
+	topic string
 	// dest is replica i's destination.
 	dest func(t *testing.T, name string, i int) relay.Destination
 	// down takes the destination down or heals it.

@@ -44,6 +44,20 @@ func TestConformance(t *testing.T) {
 			_ = ln.Close()
 			return newPublisher(t, nats.Config{Servers: []string{url}})
 		},
+		Stoppable: func(t *testing.T) (publishertest.Destination, func(*testing.T), func(*testing.T)) {
+			srv := natstest.Start(t, natstest.Options{MaxPayload: maxPayload})
+			natstest.AddStream(t, srv.Connect(), "CONFORMANCE", "conformance.>")
+			return publishertest.Destination{
+				Publisher: newPublisher(t, nats.Config{Servers: []string{srv.URL}}),
+				Accepted: func(t *testing.T) []string {
+					var got []string
+					for _, m := range natstest.Messages(t, srv.Connect(), "CONFORMANCE") {
+						got = append(got, string(m.Data))
+					}
+					return got
+				},
+			}, func(*testing.T) { srv.Stop() }, func(*testing.T) { srv.Restart() }
+		},
 		Crashable: func(t *testing.T) (publishertest.Destination, func(*testing.T)) {
 			srv := natstest.StartProcess(t, natstest.Options{MaxPayload: maxPayload})
 			js := srv.Connect()

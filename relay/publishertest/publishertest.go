@@ -11,10 +11,12 @@
 // fails every record without a permanent error; and a destination that
 // refuses connections fails every record as the destination's failure, so
 // that the breaker opens and no row is dead-lettered. Where the sink can
-// give a destination a server of its own, its server is killed and
-// started again on its data, five times, under a burst of publishes: no
-// record fails for good, none is lost, and each key's records first
-// arrive in order; duplicates are counted.
+// give a destination a server of its own, that server is stopped (every
+// publish fails fast as the destination's failure, and the first once it
+// is back is delivered), and killed and started again on its data, five
+// times, under a burst of publishes: no record fails for good, none is
+// lost, and each key's records first arrive in order; duplicates are
+// counted.
 package publishertest
 
 import (
@@ -65,6 +67,11 @@ type Sink struct {
 	// and starts it again on the same address and data. Accepted must
 	// read the destination afresh after a restart.
 	Crashable func(t *testing.T) (Destination, func(t *testing.T))
+	// Stoppable, when set, starts a destination on a server of its own,
+	// and returns it with a function that stops the server and one that
+	// starts it again on the same address and data, returning once it
+	// answers.
+	Stoppable func(t *testing.T) (d Destination, stop, start func(t *testing.T))
 }
 
 // Run runs the suite against s.
@@ -76,6 +83,9 @@ func Run(t *testing.T, s Sink) {
 	t.Run("TooLarge", func(t *testing.T) { t.Parallel(); tooLarge(t, s) })
 	t.Run("CancelledContext", func(t *testing.T) { t.Parallel(); cancelledContext(t, s) })
 	t.Run("ConnectionRefused", func(t *testing.T) { t.Parallel(); connectionRefused(t, s) })
+	if s.Stoppable != nil {
+		t.Run("ServerStoppedAndBack", func(t *testing.T) { t.Parallel(); serverStopped(t, s) })
+	}
 	if s.Crashable != nil {
 		t.Run("ServerKilledUnderABurst", func(t *testing.T) { testwait.SkipShort(t); t.Parallel(); serverKilled(t, s) })
 	}

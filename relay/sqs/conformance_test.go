@@ -112,6 +112,10 @@ func TestConformance(t *testing.T) {
 					a := map[string]string{"sqs": endpoint + "/000000000000/a.fifo", "sns": "arn:aws:sns:us-east-1:000000000000:a.fifo"}[kind]
 					return renamed{next: open(t, endpoint, kind), names: map[string]string{publishertest.TopicA: a, publishertest.TopicB: "b"}}
 				},
+				Stoppable: func(t *testing.T) (publishertest.Destination, func(*testing.T), func(*testing.T)) {
+					own := sqstest.Start(t)
+					return destination(t, own, kind), func(*testing.T) { own.Stop() }, func(*testing.T) { own.Restart() }
+				},
 				Crashable: func(t *testing.T) (publishertest.Destination, func(*testing.T)) {
 					own := sqstest.Start(t)
 					return destination(t, own, kind), func(*testing.T) { own.Crash() }

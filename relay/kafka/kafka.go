@@ -5,6 +5,7 @@ package kafka
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -167,9 +168,7 @@ func New(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, errors.New("kafka: at least one broker is required")
 	}
-	if cfg.ClientID == "" {
-		cfg.ClientID = DefaultClientID
-	}
+	cfg.ClientID = cmp.Or(cfg.ClientID, DefaultClientID)
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -106,18 +107,10 @@ func (s *Settings) Inherit(c sink.Config) {
 	if !ok {
 		return
 	}
-	if s.Compression == "" {
-		s.Compression = section.Compression
-	}
-	if s.Timestamp == "" {
-		s.Timestamp = section.Timestamp
-	}
-	if s.ClientID == "" {
-		s.ClientID = section.ClientID
-	}
-	if s.DialTimeout == 0 {
-		s.DialTimeout = section.DialTimeout
-	}
+	s.Compression = cmp.Or(s.Compression, section.Compression)
+	s.Timestamp = cmp.Or(s.Timestamp, section.Timestamp)
+	s.ClientID = cmp.Or(s.ClientID, section.ClientID)
+	s.DialTimeout = cmp.Or(s.DialTimeout, section.DialTimeout)
 }
 
 // Resolve reads the SASL password from the variable sasl.password_env

@@ -11,6 +11,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -71,18 +72,10 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.ClientName == "" {
-		c.ClientName = DefaultClientName
-	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
+	c.ClientName = cmp.Or(c.ClientName, DefaultClientName)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 }
 
 // Publisher publishes records to JetStream streams.

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/url"
@@ -109,10 +110,7 @@ func (s *Settings) Reload(p sink.Publisher) error {
 
 // Open returns a Publisher for the destination s describes.
 func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
-	maxMessage := s.MaxMessageBytes
-	if maxMessage == 0 {
-		maxMessage = o.MessageBytes(MessageSlack)
-	}
+	maxMessage := cmp.Or(s.MaxMessageBytes, o.MessageBytes(MessageSlack))
 	c, err := s.Config(o.Name, maxMessage)
 	if err != nil {
 		return nil, err

@@ -114,12 +114,8 @@ func New(c Config) (*Publisher, error) {
 	if len(c.Addresses) == 0 {
 		return nil, errors.New("redis: addresses are required")
 	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	return &Publisher{cfg: c, client: newClient(c)}, nil
 }
 

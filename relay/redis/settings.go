@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -119,10 +120,7 @@ func (s *Settings) Reload(p sink.Publisher) error {
 
 // Open returns a Publisher for the destination s describes.
 func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
-	maxEntry := s.MaxEntryBytes
-	if maxEntry == 0 {
-		maxEntry = o.MessageBytes(EntrySlack)
-	}
+	maxEntry := cmp.Or(s.MaxEntryBytes, o.MessageBytes(EntrySlack))
 	c, err := s.Config(o.Name, maxEntry)
 	if err != nil {
 		return nil, err

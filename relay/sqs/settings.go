@@ -171,10 +171,7 @@ func (s *Settings) api() (api, error) {
 	if cfg.Region == "" {
 		return nil, fmt.Errorf("%s: no region: set region, AWS_REGION, or a profile with one", strings.ToLower(s.service))
 	}
-	timeout := s.Timeout
-	if timeout == 0 {
-		timeout = DefaultTimeout
-	}
+	timeout := cmp.Or(s.Timeout, DefaultTimeout)
 	if s.service == "SNS" {
 		return &snsAPI{timeout: timeout, client: sns.NewFromConfig(cfg, func(o *sns.Options) {
 			if s.Endpoint != "" {

@@ -17,6 +17,7 @@
 package sqs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -98,9 +99,7 @@ func newPublisher(service string, c Config, a api) *Publisher {
 			c.MaxMessageBytes = DefaultSNSMessageBytes
 		}
 	}
-	if c.GroupID == "" {
-		c.GroupID = DefaultGroupID
-	}
+	c.GroupID = cmp.Or(c.GroupID, DefaultGroupID)
 	return &Publisher{cfg: c, service: service, api: a}
 }
 

@@ -13,6 +13,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -160,24 +161,13 @@ func New(cfg Config) (*Publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("webhook %s: %w", cfg.Name, err)
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&cfg.ConnectTimeout, DefaultConnectTimeout)
-	def(&cfg.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
-	def(&cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
-	def(&cfg.Timeout, DefaultTimeout)
-	if cfg.ContentType == "" {
-		cfg.ContentType = DefaultContentType
-	}
-	if cfg.MaxResponseBytes == 0 {
-		cfg.MaxResponseBytes = DefaultMaxResponseBytes
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
-	}
+	cfg.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
+	cfg.TLSHandshakeTimeout = cmp.Or(cfg.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
+	cfg.ResponseHeaderTimeout = cmp.Or(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.ContentType = cmp.Or(cfg.ContentType, DefaultContentType)
+	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -347,17 +346,6 @@ func produceFault(err *kerr.Error) func(c *kfake.Cluster, topic string) (func(),
 // droppedConnections is a broker that closes every connection the moment
 // a request arrives on it.
 func droppedConnections(c *kfake.Cluster, _ string) (func(), func(), func() int) {
-	var down atomic.Bool
-	var produces atomic.Int64
-	c.Control(func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if !down.Load() {
-			return nil, nil, false
-		}
-		if req.Key() == int16(kmsg.Produce) {
-			produces.Add(1)
-		}
-		return nil, errors.New("broker down"), true
-	})
-	return func() { down.Store(true) }, func() { down.Store(false) }, func() int { return int(produces.Load()) }
+	o := kafkatest.NewOutage(c)
+	return o.Down, o.Up, o.Produces
 }

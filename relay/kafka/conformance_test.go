@@ -34,6 +34,22 @@ func TestConformance(t *testing.T) {
 				},
 			}
 		},
+		Stoppable: func(t *testing.T) (publishertest.Destination, func(*testing.T), func(*testing.T)) {
+			c := kafkatest.NewCluster(t, []string{publishertest.TopicA, publishertest.TopicB})
+			outage := kafkatest.NewOutage(c)
+			return publishertest.Destination{
+				Publisher: conformancePublisher(t, c.ListenAddrs()),
+				Accepted: func(t *testing.T) []string {
+					var out []string
+					for _, topic := range []string{publishertest.TopicA, publishertest.TopicB} {
+						for _, r := range kafkatest.ConsumeAll(context.Background(), t, c, topic) {
+							out = append(out, string(r.Value))
+						}
+					}
+					return out
+				},
+			}, func(*testing.T) { outage.Down() }, func(*testing.T) { outage.Up() }
+		},
 		// A topic name no broker takes: refused before it is sent.
 		Reject:   func(rec *sink.Record) { rec.Topic = "not a topic" },
 		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -31,6 +32,20 @@ func TestConformance(t *testing.T) {
 						}
 					}
 					return out
+				},
+				// The key is the record's key.
+				Headers: func(t *testing.T) map[string]map[string]string {
+					got := map[string]map[string]string{}
+					for _, topic := range []string{publishertest.TopicA, publishertest.TopicB} {
+						for _, r := range kafkatest.ConsumeAll(context.Background(), t, c, topic) {
+							h := maps.Clone(r.Headers)
+							if len(r.Key) > 0 {
+								h[sink.HeaderKey] = string(r.Key)
+							}
+							got[string(r.Value)] = h
+						}
+					}
+					return got
 				},
 			}
 		},

@@ -30,8 +30,22 @@ func TestConformance(t *testing.T) {
 					}
 					return got
 				},
+				Headers: func(t *testing.T) map[string]map[string]string {
+					got := map[string]map[string]string{}
+					for _, m := range natstest.Messages(t, js, "CONFORMANCE") {
+						h := map[string]string{}
+						for k := range m.Header {
+							h[k] = m.Header.Get(k)
+						}
+						got[string(m.Data)] = h
+					}
+					return got
+				},
 			}
 		},
+		// The stream keeps one message of an event id (Nats-Msg-Id) within
+		// its duplicate window.
+		Deduplicates: true,
 		// The stream refuses a message that expects another stream.
 		Reject:   func(rec *sink.Record) { rec.Headers = map[string]string{"Nats-Expected-Stream": "ELSEWHERE"} },
 		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxPayload)) },

@@ -3,11 +3,15 @@
 // that sink. Every sink runs it from its tests; a new sink passes it before
 // it is used.
 //
-// The suite checks: each key's records are delivered in order; Publish
+// The suite checks: each key's records are delivered in order (every sink
+// keeps a key's order: the relay's guarantee rests on it); Publish
 // returns one error per record; after a key's record fails, its later
 // records are not sent and are reported with sink.ErrNotSent; a record
 // the destination refuses, or one too large for it, fails permanently
-// (too_large for the latter) while the others go; a cancelled context
+// (too_large for the latter) while the others go; a record's headers
+// arrive with its event id, id and key under the names every sink uses;
+// a record published again with its event id is kept once by a
+// destination that deduplicates; a cancelled context
 // fails every record without a permanent error; and a destination that
 // refuses connections fails every record as the destination's failure, so
 // that the breaker opens and no row is dead-lettered. Where the sink can
@@ -46,6 +50,12 @@ type Destination struct {
 	// in the order it accepted them (each topic's, or each partition's,
 	// at least).
 	Accepted func(t *testing.T) []string
+	// Headers, when set, returns the headers of the messages the
+	// destination accepted so far, by payload: each message's headers,
+	// attributes or fields, with its key under sink.HeaderKey where the
+	// destination keeps it apart (a Kafka record's key). Unset: the sink
+	// carries no headers.
+	Headers func(t *testing.T) map[string]map[string]string
 }
 
 // Sink tells the suite how to set up the sink under test.
@@ -56,8 +66,13 @@ type Sink struct {
 	// it refuses a malformed message.
 	Reject func(rec *sink.Record)
 	// TooLarge changes rec so that it is larger than the destination, or
-	// the sink, takes.
+	// the sink, takes. Unset: neither has a size limit.
 	TooLarge func(rec *sink.Record)
+	// Deduplicates says that the destination keeps one message of
+	// records published again with the same event id, as the relay
+	// publishes a row again after a crash before its write-back (a NATS
+	// stream's duplicate window, an SQS FIFO queue's deduplication).
+	Deduplicates bool
 	// Unreachable returns a Publisher to a destination that refuses
 	// connections.
 	Unreachable func(t *testing.T) sink.Publisher
@@ -80,7 +95,13 @@ func Run(t *testing.T, s Sink) {
 	t.Run("OrderPerKey", func(t *testing.T) { t.Parallel(); orderPerKey(t, s) })
 	t.Run("OneErrorPerRecord", func(t *testing.T) { t.Parallel(); oneErrorPerRecord(t, s) })
 	t.Run("FailureStopsItsKey", func(t *testing.T) { t.Parallel(); failureStopsItsKey(t, s) })
-	t.Run("TooLarge", func(t *testing.T) { t.Parallel(); tooLarge(t, s) })
+	if s.TooLarge != nil {
+		t.Run("TooLarge", func(t *testing.T) { t.Parallel(); tooLarge(t, s) })
+	}
+	t.Run("Headers", func(t *testing.T) { t.Parallel(); headers(t, s) })
+	if s.Deduplicates {
+		t.Run("PublishedAgain", func(t *testing.T) { t.Parallel(); publishedAgain(t, s) })
+	}
 	t.Run("CancelledContext", func(t *testing.T) { t.Parallel(); cancelledContext(t, s) })
 	t.Run("ConnectionRefused", func(t *testing.T) { t.Parallel(); connectionRefused(t, s) })
 	if s.Stoppable != nil {

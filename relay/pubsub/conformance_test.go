@@ -1,6 +1,7 @@
 package pubsub_test
 
 import (
+	"maps"
 	"net"
 	"strings"
 	"testing"
@@ -21,6 +22,18 @@ func TestConformance(t *testing.T) {
 					var got []string
 					for _, m := range srv.Messages() {
 						got = append(got, string(m.Data))
+					}
+					return got
+				},
+				// The key is the ordering key.
+				Headers: func(*testing.T) map[string]map[string]string {
+					got := map[string]map[string]string{}
+					for _, m := range srv.Messages() {
+						h := maps.Clone(m.Attributes)
+						if m.OrderingKey != "" {
+							h[sink.HeaderKey] = m.OrderingKey
+						}
+						got[string(m.Data)] = h
 					}
 					return got
 				},

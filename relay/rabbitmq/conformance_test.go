@@ -20,10 +20,11 @@ func TestConformance(t *testing.T) {
 	node := rabbitmqtest.Start(t, rabbitmqtest.Options{})
 	publishertest.Run(t, publishertest.Sink{
 		New: func(t *testing.T) publishertest.Destination {
-			exchange, accepted := declare(t, node, publishertest.TopicA, publishertest.TopicB)
+			q := declareQueue(t, node, publishertest.TopicA, publishertest.TopicB)
 			return publishertest.Destination{
-				Publisher: newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: exchange, MaxMessageBytes: maxMessage}),
-				Accepted:  accepted,
+				Publisher: newPublisher(t, rabbitmq.Config{URL: node.URL, Password: "guest", Exchange: q.name, MaxMessageBytes: maxMessage}),
+				Accepted:  q.bodies,
+				Headers:   q.headers,
 			}
 		},
 		Reject:   func(rec *sink.Record) { rec.Topic = strings.Repeat("x", 300) },

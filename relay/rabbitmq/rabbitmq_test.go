@@ -29,6 +29,23 @@ var exchanges atomic.Int64
 // the bodies the queue received so far, in order.
 func declare(t *testing.T, node *rabbitmqtest.Node, keys ...string) (string, func(*testing.T) []string) {
 	t.Helper()
+	q := declareQueue(t, node, keys...)
+	return q.name, q.bodies
+}
+
+// queue is a test's queue, bound to an exchange of the same name, and
+// what it received so far.
+type queue struct {
+	name string
+	ch   *amqp.Channel
+	mu   sync.Mutex
+	got  []amqp.Delivery
+}
+
+// declareQueue declares a direct exchange of its own with a queue bound
+// for each routing key.
+func declareQueue(t *testing.T, node *rabbitmqtest.Node, keys ...string) *queue {
+	t.Helper()
 	ch, err := node.Dial(amqp.Config{}).Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -45,22 +62,49 @@ func declare(t *testing.T, node *rabbitmqtest.Node, keys ...string) (string, fun
 			t.Fatal(err)
 		}
 	}
-	var mu sync.Mutex
-	var got []string
-	return name, func(t *testing.T) []string {
-		mu.Lock()
-		defer mu.Unlock()
-		for {
-			m, ok, err := ch.Get(name, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
-				return append([]string(nil), got...)
-			}
-			got = append(got, string(m.Body))
+	return &queue{name: name, ch: ch}
+}
+
+// received returns the messages the queue received so far, in order.
+func (q *queue) received(t *testing.T) []amqp.Delivery {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		m, ok, err := q.ch.Get(q.name, true)
+		if err != nil {
+			t.Fatal(err)
 		}
+		if !ok {
+			return append([]amqp.Delivery(nil), q.got...)
+		}
+		q.got = append(q.got, m)
 	}
+}
+
+// bodies returns the bodies the queue received so far, in order.
+func (q *queue) bodies(t *testing.T) []string {
+	var out []string
+	for _, m := range q.received(t) {
+		out = append(out, string(m.Body))
+	}
+	return out
+}
+
+// headers returns the headers of the messages the queue received so
+// far, by body: the content-type header is the message's property.
+func (q *queue) headers(t *testing.T) map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for _, m := range q.received(t) {
+		h := map[string]string{}
+		for k, v := range m.Headers {
+			h[k] = fmt.Sprint(v)
+		}
+		if m.ContentType != "" {
+			h["content-type"] = m.ContentType
+		}
+		out[string(m.Body)] = h
+	}
+	return out
 }
 
 func newPublisher(t *testing.T, c rabbitmq.Config) *rabbitmq.Publisher {

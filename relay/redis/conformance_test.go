@@ -1,6 +1,8 @@
 package redis_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -27,6 +29,25 @@ func TestConformance(t *testing.T) {
 				for _, stream := range []string{publishertest.TopicA, publishertest.TopicB} {
 					for _, e := range redistest.Entries(t, c, stream) {
 						got = append(got, e[redis.FieldPayload].(string))
+					}
+				}
+				return got
+			},
+			// The record's headers are one field, a JSON object.
+			Headers: func(t *testing.T) map[string]map[string]string {
+				got := map[string]map[string]string{}
+				for _, stream := range []string{publishertest.TopicA, publishertest.TopicB} {
+					for _, e := range redistest.Entries(t, c, stream) {
+						h := map[string]string{}
+						if err := json.Unmarshal([]byte(fmt.Sprint(e[redis.FieldHeaders])), &h); err != nil {
+							t.Fatalf("the %s field: %v", redis.FieldHeaders, err)
+						}
+						for _, f := range []string{redis.FieldEventID, redis.FieldID, redis.FieldKey} {
+							if v, ok := e[f]; ok {
+								h[f] = fmt.Sprint(v)
+							}
+						}
+						got[fmt.Sprint(e[redis.FieldPayload])] = h
 					}
 				}
 				return got

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+
 	"github.com/outbox-relay/outbox-relay/relay/publishertest"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/sqs"
@@ -43,6 +45,19 @@ func destination(t *testing.T, srv *sqstest.Server, kind string) publishertest.D
 			for _, r := range readers {
 				for _, m := range r.Read(t) {
 					got = append(got, *m.Body)
+				}
+			}
+			return got
+		},
+		Headers: func(t *testing.T) map[string]map[string]string {
+			got := map[string]map[string]string{}
+			for _, r := range readers {
+				for _, m := range r.Read(t) {
+					h := map[string]string{}
+					for k, v := range m.MessageAttributes {
+						h[k] = aws.ToString(v.StringValue)
+					}
+					got[*m.Body] = h
 				}
 			}
 			return got
@@ -92,6 +107,9 @@ func TestConformance(t *testing.T) {
 			srv := sqstest.Start(t)
 			publishertest.Run(t, publishertest.Sink{
 				New: func(t *testing.T) publishertest.Destination { return destination(t, srv, kind) },
+				// FIFO queues and topics: the event id is the message's
+				// deduplication id.
+				Deduplicates: true,
 				// A header no message attribute can be named so.
 				Reject: func(rec *sink.Record) { rec.Headers = map[string]string{"not an attribute": "x"} },
 				// SQS: the queue refuses it, below the sink's own limit.

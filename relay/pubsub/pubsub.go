@@ -51,6 +51,10 @@ const (
 // Defaults of Config.
 const DefaultTimeout = 10 * time.Second
 
+// DefaultClientName is the requests' User-Agent unless client_name says
+// otherwise.
+const DefaultClientName = "outbox-relay"
+
 // Config configures a Publisher.
 type Config struct {
 	// Name is the destination's, for errors.
@@ -68,6 +72,8 @@ type Config struct {
 	MaxMessageBytes int
 	// Timeout bounds a publish. Default 10s.
 	Timeout time.Duration
+	// ClientName is the requests' User-Agent. Default outbox-relay.
+	ClientName string
 }
 
 // Publisher publishes records to Pub/Sub topics.
@@ -94,7 +100,7 @@ func newClient(c Config) (*gpubsub.Client, error) {
 	if c.Project == "" {
 		return nil, errors.New("pubsub: project is required")
 	}
-	var opts []option.ClientOption
+	opts := []option.ClientOption{option.WithUserAgent(cmp.Or(c.ClientName, DefaultClientName))}
 	switch {
 	case c.Emulator != "":
 		opts = append(opts, option.WithEndpoint(c.Emulator), option.WithoutAuthentication(),

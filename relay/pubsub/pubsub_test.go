@@ -107,3 +107,12 @@ func TestSettingsValidate(t *testing.T) {
 		}
 	}
 }
+
+// The client name reaches the client, as its User-Agent.
+func TestSettingsConfig(t *testing.T) {
+	s := pubsub.Settings{Project: project, ClientName: "billing-relay", Timeout: time.Second}
+	c := s.Config("orders")
+	if c.ClientName != "billing-relay" || c.Name != "orders" || c.Project != project || c.Timeout != time.Second {
+		t.Errorf("config %+v, want the settings' client name, project and timeout for destination orders", c)
+	}
+}

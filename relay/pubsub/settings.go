@@ -40,6 +40,8 @@ type Settings struct {
 	MaxMessageBytes int `koanf:"max_message_bytes"`
 	// Timeout bounds a publish. Default 10s.
 	Timeout time.Duration `koanf:"timeout"`
+	// ClientName is the requests' User-Agent. Default outbox-relay.
+	ClientName string `koanf:"client_name"`
 }
 
 // Resolve does nothing: the client reads the credentials file itself.
@@ -93,5 +95,5 @@ func (s *Settings) Open(o sink.Options) (sink.Publisher, error) {
 // name.
 func (s *Settings) Config(name string) Config {
 	return Config{Name: name, Project: s.Project, CredentialsFile: s.CredentialsFile, Emulator: s.Emulator,
-		MaxMessageBytes: s.MaxMessageBytes, Timeout: s.Timeout}
+		MaxMessageBytes: s.MaxMessageBytes, Timeout: s.Timeout, ClientName: s.ClientName}
 }

@@ -36,8 +36,10 @@ type Settings struct {
 	ContentType string `koanf:"content_type"`
 	// Headers are added to every request.
 	Headers map[string]string `koanf:"headers"`
-	Auth    Auth              `koanf:"auth"`
-	Signing Signing           `koanf:"signing"`
+	// ClientName is the requests' User-Agent. Default outbox-relay.
+	ClientName string  `koanf:"client_name"`
+	Auth       Auth    `koanf:"auth"`
+	Signing    Signing `koanf:"signing"`
 	// TLS holds roots and a client certificate (mTLS) for https URLs.
 	TLS sink.TLS `koanf:"tls"`
 	// Timeouts: connecting, the TLS handshake, waiting for response
@@ -143,6 +145,7 @@ func (s *Settings) Config(name string) (Config, error) {
 		URL:                   s.URL,
 		ContentType:           s.ContentType,
 		Headers:               s.Headers,
+		ClientName:            s.ClientName,
 		BearerToken:           s.bearerToken,
 		Username:              s.Auth.Username,
 		Password:              s.password,

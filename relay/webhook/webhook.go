@@ -40,7 +40,7 @@ const (
 	DefaultTimeout               = 30 * time.Second
 	DefaultMaxResponseBytes      = 1024
 	DefaultConcurrency           = 8
-	userAgent                    = "outbox-relay"
+	DefaultClientName            = "outbox-relay"
 )
 
 // Config configures a Publisher. Zero values take the defaults.
@@ -54,6 +54,8 @@ type Config struct {
 	ContentType string
 	// Headers are added to every request; they override row headers.
 	Headers map[string]string
+	// ClientName is the requests' User-Agent. Default outbox-relay.
+	ClientName string
 	// BearerToken, or Username and Password, authenticate the relay.
 	BearerToken        string
 	Username, Password string
@@ -168,6 +170,7 @@ func New(cfg Config) (*Publisher, error) {
 	cfg.ContentType = cmp.Or(cfg.ContentType, DefaultContentType)
 	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.ClientName = cmp.Or(cfg.ClientName, DefaultClientName)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -349,7 +352,7 @@ func (p *Publisher) request(ctx context.Context, rec sink.Record, creds *credent
 		req.Header.Set(k, v)
 	}
 	id := rec.EventID.String()
-	req.Header.Set("User-Agent", userAgent)
+	req.Header.Set("User-Agent", p.cfg.ClientName)
 	req.Header.Set("Idempotency-Key", id)
 	switch {
 	case creds.bearerToken != "":

@@ -159,6 +159,7 @@ func TestRequest(t *testing.T) {
 		URL: srv.URL + "/hooks", BearerToken: "tok-123",
 		Headers:        map[string]string{"X-Tenant": "acme"},
 		SigningSecrets: []string{current, previous},
+		ClientName:     "billing-relay",
 	})
 	withType := record(1, "", `{"a":1}`, map[string]string{"Content-Type": "application/vnd.acme+json",
 		"X-Tenant": "row", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -175,6 +176,9 @@ func TestRequest(t *testing.T) {
 		}
 		if k := h.Get("Idempotency-Key"); k != rec.EventID.String() {
 			t.Errorf("Idempotency-Key %q, want the event id %s", k, rec.EventID)
+		}
+		if ua := h.Get("User-Agent"); ua != "billing-relay" {
+			t.Errorf("User-Agent %q, want the client name", ua)
 		}
 		if a := h.Get("Authorization"); a != "Bearer tok-123" {
 			t.Errorf("Authorization %q", a)
@@ -508,5 +512,20 @@ func TestRowsNotStartedByTheDeadlineAreNotSent(t *testing.T) {
 	if sent := int(requests.Load()); sent+notSent != len(recs) {
 		t.Fatalf("%d requests made and %d rows reported not sent, of %d: rows never sent must be ErrNotSent (errors %v)",
 			sent, notSent, len(recs), errs)
+	}
+}
+
+// Without a client name, requests say they come from outbox-relay.
+func TestDefaultUserAgent(t *testing.T) {
+	t.Parallel()
+	agents := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) { agents <- r.UserAgent() }))
+	defer srv.Close()
+	p := newPublisher(t, webhook.Config{URL: srv.URL})
+	if errs := p.Publish(context.Background(), []sink.Record{record(1, "", "x", nil)}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if ua := <-agents; ua != webhook.DefaultClientName {
+		t.Errorf("User-Agent %q, want %q", ua, webhook.DefaultClientName)
 	}
 }

@@ -47,6 +47,10 @@ type Config struct {
 	// which carry the throughput targets, each measure between ceilings;
 	// the others measure one. Zero means one.
 	Pairs int
+	// BinaryRounds is how many pairs of drains, the bare SQL's and the
+	// binary's, each user series alternates for each number of processes;
+	// figures are their medians. Zero means one.
+	BinaryRounds int
 	// BatchSize is the claim batch of the relay and of the SQL ceiling.
 	BatchSize int
 	// PayloadBytes is the size of each message.

@@ -84,7 +84,7 @@ func TestSmoke(t *testing.T) {
 		}
 		delete(groups, "soak")
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 5, "fairness": 3, "binary": 7, "raw ceiling": 7, "order ceiling": 3, "console": 15} {
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 5, "fairness": 3, "binary": 7, "raw ceiling": 6, "order ceiling": 3, "console": 15} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

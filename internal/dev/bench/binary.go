@@ -29,15 +29,15 @@ import (
 // default configuration, against the raw claim+delete SQL on the same
 // table in the same run (the table's physical limit, see rawCeiling).
 //
-// Each backlog size, key distribution and write-back mode is a series:
-// a raw ceiling, the drains, and another ceiling, on a fresh table each;
-// a drain's share is of the mean of the two ceilings, so a change in the
-// machine's speed weighs on both sides alike. With 10k keys, one, two
-// and four processes drain in turn. A delete-on-send
-// series ends with the order ceiling: the relay's own claim, with its
-// per-key order check, and write-back through the library on one
-// connection, without publishing, whose distance to the raw ceiling is
-// the cost of order. Peak resident memory is the largest process's.
+// Each backlog size, key distribution and write-back mode is a series
+// (see userSeries): the bare SQL on n connections and n processes drain
+// in alternating pairs, on a fresh table each, so that a change in the
+// machine's speed weighs on both sides alike; with 10k keys, n is one,
+// two and four. A delete-on-send series ends with the order ceiling: the
+// relay's own claim, with its per-key order check, and write-back through
+// the library on one connection, without publishing, whose distance to
+// the raw ceiling is the cost of order. Peak resident memory is the
+// largest process's.
 //
 // The LargeRows backlog is drained once, by one process, with 10k keys:
 // it is compared with the smallest backlog's drain, the same but for its
@@ -92,11 +92,18 @@ func (r *runner) users(ctx context.Context) error {
 	return nil
 }
 
-// userSeries runs one series of users: a raw ceiling, the drains by
-// procs processes in turn, another raw ceiling, where several process
-// counts are compared the raw ceiling on their workers' connections, then,
-// deleting, the order ceiling. It returns the drains' rates; none when the
-// series does not match.
+// userSeries measures one series of users against the bare SQL, as
+// DESIGN.md has it: for each n of procs, in rounds, a pair — the bare claim
+// and delete (or mark) on n connections, then n processes of the binary,
+// each on a backlog of its own — alternating, so that a noisy stretch
+// falls on both. Each figure is the median over the rounds: rows/s, and
+// per delivered row what all of PostgreSQL spent (CPU), and the buffers
+// and statement time of the statements on the outbox. The relay's best
+// rows/s is judged against the bare SQL's best over the connection
+// counts, and its costs with n processes against the bare SQL's on n
+// connections. Delete-on-send series then report the order ceiling, the
+// relay's own claim on one connection: the cost of order. It returns the
+// relay's median rows/s for each n.
 func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, keys string, keep bool, procs []int) ([]float64, error) {
 	mode := "delete-on-send"
 	if keep {
@@ -115,62 +122,44 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 	if !matched {
 		return nil, nil
 	}
-	before, beforeCPU, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
-	if err != nil {
-		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
+	rounds := max(r.cfg.BinaryRounds, 1)
+	bare := make([][]sample, len(procs))
+	relays := make([][]sample, len(procs))
+	for range rounds {
+		for i, n := range procs {
+			rate, sp, err := r.rawCeiling(ctx, rows, keyExpr, keep, n)
+			if err != nil {
+				return nil, fmt.Errorf("%s: bare SQL on %s: %w", series, connections(n), err)
+			}
+			bare[i] = append(bare[i], sample{rate: rate, spent: sp, rows: rows})
+			d, err := r.binaryDrain(ctx, bin, rows, keyExpr, keep, n)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", names[i], err)
+			}
+			relays[i] = append(relays[i], sample{rate: d.rate, spent: d.spent, rows: rows, rss: d.rss})
+		}
+	}
+	bareAt := make([]samples, len(procs))
+	relayAt := make([]samples, len(procs))
+	best, bestAt := 0.0, 0
+	for i, n := range procs {
+		bareAt[i], relayAt[i] = medians(bare[i]), medians(relays[i])
+		if bareAt[i].rate > best {
+			best, bestAt = bareAt[i].rate, n
+		}
+		r.add(Result{Group: "raw ceiling", Name: fmt.Sprintf("%s, %s", series, connections(n)), Value: bareAt[i].rate, Unit: "rows/s",
+			Detail: fmt.Sprintf("median of %s; %s", list(bareAt[i].rates), bareAt[i].perRow())})
 	}
 	rates := make([]float64, len(procs))
-	drains := make([]drained, len(procs))
 	for i, n := range procs {
-		if drains[i], err = r.binaryDrain(ctx, bin, rows, keyExpr, keep, n); err != nil {
-			return nil, fmt.Errorf("%s: %w", names[i], err)
-		}
-		rates[i] = drains[i].rate
-	}
-	after, afterCPU, err := r.rawCeiling(ctx, rows, keyExpr, keep, 1)
-	if err != nil {
-		return nil, fmt.Errorf("%s: raw ceiling: %w", series, err)
-	}
-	mean := (before + after) / 2
-	meanCPU := (beforeCPU + afterCPU) / 2
-	// Where processes are compared, the same bare SQL on as many
-	// connections as their workers: what more claimers get from the
-	// database on this machine, without key order.
-	wide := make([]float64, len(procs))
-	wideCPU := make([]time.Duration, len(procs))
-	for i, n := range procs {
-		if len(procs) == 1 {
-			break
-		}
-		if wide[i], wideCPU[i], err = r.rawCeiling(ctx, rows, keyExpr, keep, n*relay.DefaultWorkers); err != nil {
-			return nil, fmt.Errorf("%s: raw ceiling on %d connections: %w", series, n*relay.DefaultWorkers, err)
-		}
-	}
-	for i, got := range rates {
-		detail := fmt.Sprintf("%.0f%% of the raw ceiling", 100*got/mean)
+		got := relayAt[i]
+		rates[i] = got.rate
+		detail := fmt.Sprintf("median of %s; %.0f%% of the bare SQL's best (%.1fk rows/s on %s)", list(got.rates), 100*got.rate/best, best/1000, connections(bestAt))
 		if i > 0 {
-			detail += fmt.Sprintf(", %.2f× one process", got/rates[0])
+			detail += fmt.Sprintf(", %.2f× one process", got.rate/rates[0])
 		}
-		r.add(Result{Group: "binary", Name: names[i], Value: got, Unit: "rows/s",
-			Detail: fmt.Sprintf("%s; peak RSS %.0f MB; %s", detail, float64(drains[i].rss)/(1<<20), drains[i].spent.perRow(int64(rows)))})
-	}
-	cpuNote := func(cpu time.Duration) string {
-		if cpu <= 0 {
-			return ""
-		}
-		return fmt.Sprintf("; %.1f µs CPU in all of PostgreSQL per row", us(cpu))
-	}
-	r.add(Result{Group: "raw ceiling", Name: series, Value: mean, Unit: "rows/s",
-		Detail: "mean of " + list([]float64{before, after}) + ", before and after the drains" + cpuNote(meanCPU)})
-	for i, n := range procs {
-		if wide[i] > 0 {
-			detail := fmt.Sprintf("%.2f× one connection: the bare SQL of %s%s", wide[i]/mean, workersOf(n), cpuNote(wideCPU[i]))
-			if wideCPU[i] > 0 && meanCPU > 0 {
-				detail += fmt.Sprintf(", %.2f× one connection's", float64(wideCPU[i])/float64(meanCPU))
-			}
-			r.add(Result{Group: "raw ceiling", Name: fmt.Sprintf("%s, %d connections", series, n*relay.DefaultWorkers), Value: wide[i], Unit: "rows/s",
-				Detail: detail})
-		}
+		detail += fmt.Sprintf("; against the bare SQL on %s: %s; %s; peak RSS %.0f MB", connections(n), got.against(bareAt[i]), got.perRow(), float64(got.rss)/(1<<20))
+		r.add(Result{Group: "binary", Name: names[i], Value: got.rate, Unit: "rows/s", Detail: detail})
 	}
 	if keep {
 		return rates, nil
@@ -180,8 +169,87 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 		return nil, fmt.Errorf("%s: order ceiling: %w", series, err)
 	}
 	r.add(Result{Group: "order ceiling", Name: series, Value: order, Unit: "rows/s",
-		Detail: fmt.Sprintf("%.0f%% of the raw ceiling: the relay's claim, key check and write-back, batch %d, one connection", 100*order/mean, relay.DefaultBatchSize)})
+		Detail: fmt.Sprintf("%.0f%% of the bare SQL on one connection: the relay's claim, key check and write-back, batch %d, one connection", 100*order/bareAt[0].rate, relay.DefaultBatchSize)})
 	return rates, nil
+}
+
+// sample is one drain of rows: its rows/s and what the database spent.
+type sample struct {
+	rate  float64
+	spent spent
+	rows  int
+	rss   int64
+}
+
+// samples are the medians of several drains: rows/s, and per row the
+// CPU of all of PostgreSQL, buffers and statement time, in µs.
+type samples struct {
+	rates              []float64
+	rate               float64
+	cpu, buffers, stmt float64
+	cpuOK, statements  bool
+	rss                int64
+}
+
+func medians(ss []sample) samples {
+	var m samples
+	var cpu, buffers, stmt []float64
+	m.cpuOK, m.statements = true, true
+	for _, s := range ss {
+		m.rates = append(m.rates, s.rate)
+		n := float64(max(s.rows, 1))
+		cpu = append(cpu, us(s.spent.cluster)/n)
+		buffers = append(buffers, float64(s.spent.buffers)/n)
+		stmt = append(stmt, us(s.spent.time)/n)
+		m.cpuOK = m.cpuOK && s.spent.cpu
+		m.statements = m.statements && s.spent.statements
+		m.rss = max(m.rss, s.rss)
+	}
+	m.rate, m.cpu, m.buffers, m.stmt = median(m.rates), median(cpu), median(buffers), median(stmt)
+	return m
+}
+
+// perRow says what the database spent per delivered row.
+func (m samples) perRow() string {
+	var parts []string
+	if m.cpuOK {
+		parts = append(parts, fmt.Sprintf("%.1f µs CPU in all of PostgreSQL", m.cpu))
+	}
+	if m.statements {
+		parts = append(parts, fmt.Sprintf("%.1f buffers, %.1f µs of statements", m.buffers, m.stmt))
+	} else {
+		parts = append(parts, "no pg_stat_statements")
+	}
+	return "per row: " + strings.Join(parts, ", ")
+}
+
+// against compares m's costs per row with base's.
+func (m samples) against(base samples) string {
+	ratio := func(a, b float64) string {
+		if b <= 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f×", a/b)
+	}
+	var parts []string
+	if m.cpuOK && base.cpuOK {
+		parts = append(parts, "server CPU "+ratio(m.cpu, base.cpu))
+	}
+	if m.statements && base.statements {
+		parts = append(parts, "buffers "+ratio(m.buffers, base.buffers), "statement time "+ratio(m.stmt, base.stmt))
+	}
+	if len(parts) == 0 {
+		return "no costs to compare"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// connections names n connections.
+func connections(n int) string {
+	if n == 1 {
+		return "1 connection"
+	}
+	return fmt.Sprintf("%d connections", n)
 }
 
 // orderCeiling drains a backlog of rows with the relay's own claim (with
@@ -222,14 +290,6 @@ func (r *runner) filled(ctx context.Context, rows int, keyExpr string, conns int
 	return e, nil
 }
 
-// workersOf names n processes' workers.
-func workersOf(n int) string {
-	if n == 1 {
-		return "one process's workers"
-	}
-	return fmt.Sprintf("%d processes' workers", n)
-}
-
 // count writes 200000 as 200k and 1000000 as 1M.
 func count(n int) string {
 	switch {
@@ -264,28 +324,31 @@ func (r *runner) binary(ctx context.Context) (string, func(), error) {
 // synchronous_commit off as the relay's: select what a relay reads of a
 // batch of 1000 ready rows in id order, locking them (skipping the rows
 // another connection holds), then delete them by id, and commit. No key
-// order, no publish. It returns rows/s; cpu is what all of PostgreSQL
-// spent per row, 0 where /proc does not tell.
-func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool, conns int) (rate float64, cpu time.Duration, err error) {
+// order, no publish. It returns rows/s and what the database spent.
+func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep bool, conns int) (rate float64, sp spent, err error) {
 	e, err := r.filled(ctx, rows, keyExpr, conns)
 	if err != nil {
-		return 0, 0, err
+		return 0, spent{}, err
 	}
 	defer e.close()
-	const claim = `SELECT id, event_id, topic, key, payload, headers, created_at, retry_count
-		FROM outbox WHERE status = 'pending' AND next_attempt_at <= now()
+	// The table by its schema, as the relay names it: what the
+	// statements cost is read by the schema's name.
+	table := pgx.Identifier{e.schema, "outbox"}.Sanitize()
+	claim := `SELECT id, event_id, topic, key, payload, headers, created_at, retry_count
+		FROM ` + table + ` WHERE status = 'pending' AND next_attempt_at <= now()
 		ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`
-	write := "DELETE FROM outbox WHERE id = ANY($1)"
+	write := "DELETE FROM " + table + " WHERE id = ANY($1)"
 	if keep {
-		write = "UPDATE outbox SET status = 'sent', sent_at = now() WHERE id = ANY($1)"
+		write = "UPDATE " + table + " SET status = 'sent', sent_at = now() WHERE id = ANY($1)"
 	}
 	held := make([]*pgxpool.Conn, conns)
 	for i := range held {
 		if held[i], err = e.relayPool.Acquire(ctx); err != nil {
-			return 0, 0, err
+			return 0, spent{}, err
 		}
 		defer held[i].Release()
 	}
+	statementsReady(ctx, e.pool)
 	before := readCost(ctx, e.pool, e.schema)
 	var done atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
@@ -324,13 +387,10 @@ func (r *runner) rawCeiling(ctx context.Context, rows int, keyExpr string, keep 
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, 0, err
+		return 0, spent{}, err
 	}
 	rate = float64(rows) / time.Since(start).Seconds()
-	if spent := before.until(readCost(ctx, e.pool, e.schema)); spent.cpu {
-		cpu = spent.cluster / time.Duration(rows)
-	}
-	return rate, cpu, nil
+	return rate, before.until(readCost(ctx, e.pool, e.schema)), nil
 }
 
 // binaryDrain fills a backlog of rows and times procs outbox-relay run

@@ -46,8 +46,9 @@ func WriteJSON(path string, results []Result) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// WriteChart draws the binary's drain throughput beside its series' raw
-// SQL ceiling, and latency percentiles, into one PNG.
+// WriteChart draws the binary's drain throughput beside the bare SQL's on
+// as many connections as it ran processes, and latency percentiles, into
+// one PNG.
 func WriteChart(path string, results []Result) error {
 	ceilings := map[string]float64{}
 	for _, r := range results {
@@ -63,12 +64,8 @@ func WriteChart(path string, results []Result) error {
 		}
 		names = append(names, r.Name)
 		relay = append(relay, r.Value)
-		var c float64 // none for a backlog drained without a series
-		for series, v := range ceilings {
-			if strings.HasPrefix(r.Name, series+",") {
-				c = v
-			}
-		}
+		// None for a backlog drained without a series.
+		c := ceilings[strings.NewReplacer(" processes", " connections", " process", " connection").Replace(r.Name)]
 		ceiling = append(ceiling, c)
 	}
 	top := plot.New()

@@ -96,7 +96,7 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 	}
 	start := time.Now()
 	results, err := bench.Run(ctx, bench.Config{
-		URL: url, Rows: rows, Pairs: 5, BatchSize: batch, PayloadBytes: payload,
+		URL: url, Rows: rows, Pairs: 5, BinaryRounds: 3, BatchSize: batch, PayloadBytes: payload,
 		Rates: []int{1000, 20000}, LatencyFor: 10 * time.Second,
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,

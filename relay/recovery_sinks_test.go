@@ -21,9 +21,10 @@ import (
 )
 
 // A ten-second outage of each sink's server (a Kafka broker that drops
-// every connection; NATS, Redis, RabbitMQ and the SQS emulator stopped and
-// started again on their data) heals within healWithin of the server's
-// return, as an HTTP endpoint's does (not parallel, see there).
+// every connection; NATS, Redis and the SQS emulator stopped and started
+// again on their data; RabbitMQ's application stopped and started) heals
+// within healWithin of the server's return, as an HTTP endpoint's does
+// (not parallel, see there).
 func TestShortOutageOfEachSinkHealsWithinSeconds(t *testing.T) {
 	testwait.SkipShort(t)
 	checkHeals(t,

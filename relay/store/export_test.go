@@ -127,8 +127,12 @@ func WhileProbing(s *Store, f func()) { s.probing = f }
 // partitions it holds, before its claims read the new ones.
 func OnPartitionsWritten(s *Store, f func()) { s.partitionsWritten = f }
 
-// WhenReleasing runs f as a release of held rows begins.
+// WhenReleasing runs f as a release of held rows makes them ready.
 func WhenReleasing(s *Store, f func()) { s.releasing = f }
+
+// WhenAwaitingClaims runs f as a release of held rows waits for the
+// claims under way, which may have held them.
+func WhenAwaitingClaims(s *Store, f func()) { s.awaitingClaims = f }
 
 // BeforeHoldingBack runs f before a claim defers the rows its keys'
 // blockers hold back.

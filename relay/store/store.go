@@ -92,7 +92,8 @@ type Store struct {
 
 	probing           func() // tests: runs while a key check's probe holds its locks
 	partitionsWritten func() // tests: runs once a sync has written the partitions it holds
-	releasing         func() // tests: runs as a release of held rows begins
+	awaitingClaims    func() // tests: runs as a release of held rows waits for the claims that held them
+	releasing         func() // tests: runs as a release of held rows makes them ready
 	holdingBack       func() // tests: runs before a claim defers the rows its keys' blockers hold back
 }
 

@@ -775,7 +775,7 @@ func TestReleaseHeldMakesHeldRowsReady(t *testing.T) {
 
 // A claim under way when held rows are released may defer their keys'
 // later rows behind them, to their old moment, where the release could
-// not see them: once it ends, those rows are made ready too.
+// not see them: the release waits for it, and makes those ready too.
 func TestReleaseHeldWaitsForClaimsUnderWay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -786,12 +786,14 @@ func TestReleaseHeldWaitsForClaimsUnderWay(t *testing.T) {
 	if len(c.Records) != 0 || c.Deferred != 1 {
 		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(c.Records), c.Deferred)
 	}
+	waiting := make(chan struct{})
+	store.WhenAwaitingClaims(st, func() { close(waiting) })
 	released := make(chan error, 1)
 	go func() {
 		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
 		released <- err
 	}()
-	testwait.For(t, "row 1 ready", func() bool { return rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") == 1 })
+	<-waiting
 	complete(t, c)
 	if err := <-released; err != nil {
 		t.Fatal(err)
@@ -850,6 +852,43 @@ func TestReleaseHeldWaitsForClaimsBegunMeanwhile(t *testing.T) {
 	}
 	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
 		t.Fatal("row 2, deferred behind row 1 by a claim begun during the release, still waits for row 1's old moment")
+	}
+}
+
+// A row is held as its claim defers it, before that claim is written
+// back: a release that comes meanwhile waits for the write-back, which
+// would otherwise defer the row again after the release made it ready.
+func TestReleaseHeldWaitsForTheClaimThatHeldTheRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+	c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Records) != 1 {
+		t.Fatalf("claimed %v, want row 1", ids(c.Records))
+	}
+	waiting := make(chan struct{})
+	store.WhenAwaitingClaims(st, func() { close(waiting) })
+	released := make(chan error, 1)
+	go func() {
+		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
+		released <- err
+	}()
+	select {
+	case err := <-released:
+		t.Fatalf("the release ended (%v) before the claim that held the row was written back", err)
+	case <-waiting:
+	}
+	complete(t, c, store.Outcome{ID: 1, Kind: store.Deferred, Delay: time.Hour, Error: "circuit open"})
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 1, held and then released, waits for the end of its deferral: its claim's write-back deferred it after the release")
 	}
 }
 

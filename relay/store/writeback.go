@@ -274,15 +274,25 @@ type HeldRow struct {
 // ReleaseHeld makes rows held by a destination, topic or partition that
 // answers again ready now, with the rows deferred behind them for their
 // keys, rather than at the end of their deferral. A row attempted since,
-// already due, no longer pending or in a claim now is left as it is. The
-// store's claims under way meanwhile may still defer rows of those keys
-// to the held rows' old moment: once they have ended, those are made
-// ready too. It returns how many rows it made ready.
+// already due, no longer pending or in a claim now is left as it is.
+//
+// A row is held before the claim that deferred it is written back, so
+// the claims under way are waited for first: released before, the row
+// would be deferred again by its own write-back. The claims under way
+// meanwhile may still defer rows of those keys to the held rows' old
+// moment: once they have ended, those are made ready too. It returns how
+// many rows it made ready.
 func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) {
 	ids := make([]int64, len(rows))
 	retries := make([]int32, len(rows))
 	for i, r := range rows {
 		ids[i], retries[i] = r.ID, int32(r.RetryCount)
+	}
+	if s.awaitingClaims != nil {
+		s.awaitingClaims()
+	}
+	if err := s.floors.waitClaims(ctx, s.floors.lastGen()); err != nil {
+		return 0, fmt.Errorf("release %d held rows: wait for the claims that held them: %w", len(rows), err)
 	}
 	if s.releasing != nil {
 		s.releasing()

@@ -253,6 +253,38 @@ func TestHeldRowsGoWhenTheDestinationAnswers(t *testing.T) {
 	})
 }
 
+// A batch admitted while the breaker was open may defer its rows after
+// another batch's probe closed it: those rows are handed back at once,
+// though the close's release came before they were held.
+func TestRowsHeldAfterTheDestinationAnsweredGoAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, _ := plan(d, batch(1, 10))
+		publish(d, g, failAll)
+		time.Sleep(500 * time.Millisecond)
+		decided := time.Now()
+		late := d.Begin(decided, 5) // the breaker is open
+		late.Owner = "src"
+		for i := range 2 {
+			time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }()))
+			probe, _ := plan(d, batch(100+10*i, 5))
+			publish(d, probe, sendAll)
+		}
+		if s, _ := d.BreakerState(); s != flow.BreakerClosed {
+			t.Fatalf("breaker %s after two good probes", s)
+		}
+		for _, rec := range batch(200, 5) {
+			if v, _, _ := d.Admit(late, rec, rec.Topic, decided); v != flow.Deferred {
+				t.Fatalf("row %d admitted under the open breaker's admission", rec.ID)
+			}
+		}
+		d.Planned(late)
+		if got := d.Released("src"); len(got) != 5 {
+			t.Fatalf("released %v, want the 5 rows held under the admission the close overtook", got)
+		}
+	})
+}
+
 // A probe that goes unanswered (sent into an outage that answers
 // nothing, it waits for its timeout) holds the breaker half-open for a
 // cool-down, not until it times out: then the next probe goes, and finds

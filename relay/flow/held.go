@@ -42,19 +42,34 @@ type holds struct {
 	mu       sync.Mutex
 	n        int
 	by       map[subject][]heldRow
+	answered map[subject]time.Time // when each subject last answered again
 	released []heldRow
 	waiting  atomic.Bool // released is not empty
 	// onRelease is told that rows were released.
 	onRelease func()
 }
 
-// hold remembers that s held rec's row, of owner, for wait from now;
-// probe says it is a keyed row that rode a failed probe of s.
+// hold remembers that s held rec's row, of owner, for wait from now,
+// when that was decided; probe says it is a keyed row that rode a failed
+// probe of s. A row whose subject answered again since it was decided
+// (another batch's probe closed it meanwhile) is handed back at once:
+// that answer's release came too early to see it.
 func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time, wait time.Duration, probe bool) {
 	if owner == nil {
 		return
 	}
 	h.mu.Lock()
+	r := heldRow{owner: owner, row: store.HeldRow{ID: id, RetryCount: retries}, due: now.Add(wait), probe: probe}
+	if at, ok := h.answered[s]; ok && at.After(now) && len(h.released) < maxHeld {
+		h.released = append(h.released, r)
+		h.waiting.Store(true)
+		tell := h.onRelease
+		h.mu.Unlock()
+		if tell != nil {
+			tell()
+		}
+		return
+	}
 	defer h.mu.Unlock()
 	if h.n >= maxHeld {
 		h.pruneLocked(now)
@@ -65,7 +80,7 @@ func (h *holds) hold(s subject, owner any, id int64, retries int, now time.Time,
 	if h.by == nil {
 		h.by = map[subject][]heldRow{}
 	}
-	h.by[s] = append(h.by[s], heldRow{owner: owner, row: store.HeldRow{ID: id, RetryCount: retries}, due: now.Add(wait), probe: probe})
+	h.by[s] = append(h.by[s], r)
 	h.n++
 }
 
@@ -100,6 +115,12 @@ func (h *holds) releaseProbes(s subject, now time.Time) { h.hand(s, now, true) }
 // hand hands back the rows s held, or only its failed probes' rows.
 func (h *holds) hand(s subject, now time.Time, probes bool) {
 	h.mu.Lock()
+	if !probes {
+		if h.answered == nil {
+			h.answered = map[subject]time.Time{}
+		}
+		h.answered[s] = now
+	}
 	var freed bool
 	rows := h.by[s]
 	kept := rows[:0]

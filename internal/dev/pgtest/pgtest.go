@@ -21,10 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgserver"
-	"github.com/outbox-relay/outbox-relay/migrations"
 )
 
 // EnvURL names the variable that points the tests at an existing server.
@@ -227,7 +225,7 @@ func (s *Schema) WithConns(tb testing.TB, conns int32) *Schema {
 }
 
 // NewSchema creates a schema in the package server's default database,
-// applies the outbox migrations to it and drops it when the test ends.
+// migrated (see createSchema), and drops it when the test ends.
 func NewSchema(tb testing.TB) *Schema {
 	tb.Helper()
 	return NewSchemaIn(tb, URL(tb))
@@ -247,14 +245,7 @@ func NewSchemaIn(tb testing.TB, dbURL string) *Schema {
 	if err != nil {
 		tb.Fatalf("pgtest: connect: %v", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	m, err := migrations.New(db, name)
-	if err != nil {
-		pool.Close()
-		tb.Fatalf("pgtest: %v", err)
-	}
-	if _, err := m.Up(ctx); err != nil {
+	if err := createSchema(ctx, pool, dbURL, name); err != nil {
 		pool.Close()
 		tb.Fatalf("pgtest: %v", err)
 	}

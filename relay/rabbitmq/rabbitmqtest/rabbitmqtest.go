@@ -135,8 +135,9 @@ func Launch(dir string, o Options) (*Node, error) {
 		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
 		fmt.Sprintf("RABBITMQ_DIST_PORT=%d", ports[1]),
 		fmt.Sprintf("ERL_EPMD_PORT=%d", ports[2]),
-		// One scheduler: tests run several nodes on small machines.
-		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=+S 1:1 +A 4",
+		// One scheduler, which sleeps when idle rather than spinning:
+		// tests run several nodes on small machines.
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=+S 1:1 +A 4 +sbwt none +sbwtdcpu none +sbwtdio none",
 	)
 	return n, n.start()
 }

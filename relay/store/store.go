@@ -94,6 +94,7 @@ type Store struct {
 	partitionsWritten func() // tests: runs once a sync has written the partitions it holds
 	awaitingClaims    func() // tests: runs as a release of held rows waits for the claims that held them
 	releasing         func() // tests: runs as a release of held rows makes them ready
+	pulling           func() // tests: runs before a release pulls forward the rows behind held rows
 	holdingBack       func() // tests: runs before a claim defers the rows its keys' blockers hold back
 }
 

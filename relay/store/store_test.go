@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -889,6 +890,85 @@ func TestReleaseHeldWaitsForTheClaimThatHeldTheRow(t *testing.T) {
 	}
 	if rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") != 1 {
 		t.Fatal("row 1, held and then released, waits for the end of its deferral: its claim's write-back deferred it after the release")
+	}
+}
+
+// A claim that reads a row as still waiting just before the release
+// pulls it forward defers the rows behind it to the old moment after the
+// pull: the release pulls again, until a pull finds none.
+func TestReleaseHeldPullsForwardUntilNoClaimDefersMore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, next_attempt_at) VALUES ('t', 'k', 'x', '2100-01-01'), ('t', 'k', 'x', now())`)
+	// The first claim defers row 2 behind row 1 as the release runs; the
+	// second reads row 2 as waiting just before the release moves it,
+	// and defers row 3 behind it after.
+	read, resume := make(chan struct{}, 2), []chan struct{}{make(chan struct{}), make(chan struct{})}
+	var claims atomic.Int32
+	store.BeforeHoldingBack(st, func() {
+		i := claims.Add(1) - 1
+		read <- struct{}{}
+		<-resume[i]
+	})
+	type claimed struct {
+		c   *store.Claim
+		err error
+	}
+	claimIn := func() chan claimed {
+		out := make(chan claimed, 1)
+		go func() {
+			c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
+			out <- claimed{c, err}
+		}()
+		return out
+	}
+	first, second := make(chan chan claimed, 1), make(chan chan claimed, 1)
+	store.WhenReleasing(st, func() {
+		c := claimIn()
+		<-read
+		first <- c
+	})
+	var pulls atomic.Int32
+	store.BeforePulling(st, func() {
+		if pulls.Add(1) == 1 {
+			c := claimIn()
+			<-read
+			second <- c
+		}
+	})
+	released := make(chan error, 1)
+	go func() {
+		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
+		released <- err
+	}()
+	testwait.For(t, "row 1 ready", func() bool { return rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") == 1 })
+	close(resume[0])
+	r := <-<-first
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.c.Records) != 0 || r.c.Deferred != 1 {
+		t.Fatalf("first claim took %v and deferred %d, want row 2 deferred behind row 1", ids(r.c.Records), r.c.Deferred)
+	}
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+	complete(t, r.c)
+	testwait.For(t, "row 2 pulled forward", func() bool { return rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") == 1 })
+	close(resume[1])
+	r = <-<-second
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.c.Deferred != 1 {
+		t.Fatalf("second claim took %v and deferred %d, want row 3 deferred behind row 2", ids(r.c.Records), r.c.Deferred)
+	}
+	complete(t, r.c)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if rowsWhere(t, s, "id = 3 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 3, deferred behind row 2 by a claim that read it just before the pull forward, still waits for row 1's old moment")
 	}
 }
 

@@ -306,13 +306,24 @@ func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) 
 	}
 	// Every claim begun before the release committed, not only before it
 	// began: one begun meanwhile may have read a held row as still
-	// waiting, and defer its key's rows to the old moment after it.
-	if err := s.floors.waitClaims(ctx, s.floors.lastGen()); err != nil {
-		return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
+	// waiting, and defer its key's rows to the old moment after it. A
+	// claim begun before a pull forward committed may likewise have read
+	// a row it moved as still waiting, and defer the rows behind that one
+	// there: pulled forward too, until a pull finds none.
+	for {
+		if err := s.floors.waitClaims(ctx, s.floors.lastGen()); err != nil {
+			return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
+		}
+		if s.pulling != nil {
+			s.pulling()
+		}
+		behind, err := s.q.PullForward(ctx, s.pool, keyed)
+		if err != nil {
+			return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
+		}
+		if behind == 0 {
+			return n, nil
+		}
+		n += behind
 	}
-	behind, err := s.q.PullForward(ctx, s.pool, keyed)
-	if err != nil {
-		return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
-	}
-	return n + behind, nil
 }

@@ -5,6 +5,7 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -100,6 +101,8 @@ func Launch(dir string, o Options) (*Server, error) {
 }
 
 func (s *Server) start() error {
+	logFile := filepath.Join(s.dir, "redis.log")
+	before, _ := os.ReadFile(logFile)
 	s.cmd = exec.Command(s.bin, s.args...)
 	s.cmd.Dir = s.dir
 	if err := s.cmd.Start(); err != nil {
@@ -108,6 +111,9 @@ func (s *Server) start() error {
 	s.done = make(chan struct{})
 	go func() { _ = s.cmd.Wait(); close(s.done) }()
 	exited := false
+	// Ready when this start's log says so: a successful dial alone is not
+	// proof, as the port may answer for another process (one that took it
+	// after it was chosen, or the dial connecting to itself).
 	ok, _ := testwait.Poll(30*time.Second, func() (bool, string) {
 		select {
 		case <-s.done:
@@ -115,14 +121,11 @@ func (s *Server) start() error {
 			return true, ""
 		default:
 		}
-		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
-		if err == nil {
-			_ = c.Close()
-		}
-		return err == nil, ""
+		log, _ := os.ReadFile(logFile)
+		return len(log) > len(before) && bytes.Contains(log[len(before):], []byte("Ready to accept connections")), ""
 	})
 	if exited || !ok {
-		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		log, _ := os.ReadFile(logFile)
 		s.Stop()
 		return fmt.Errorf("redistest: redis-server did not start:\n%s", log)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,6 +160,9 @@ func (r *runner) userSeries(ctx context.Context, bin string, rows int, keyExpr, 
 			detail += fmt.Sprintf(", %.2f× one process", got.rate/rates[0])
 		}
 		detail += fmt.Sprintf("; against the bare SQL on %s: %s; %s; peak RSS %.0f MB", connections(n), got.against(bareAt[i]), got.perRow(), float64(got.rss)/(1<<20))
+		if note := got.typical.spent.statementsNote(int64(got.typical.rows), 6); note != "" {
+			detail += "; in the median drain, " + note
+		}
 		r.add(Result{Group: "binary", Name: names[i], Value: got.rate, Unit: "rows/s", Detail: detail})
 	}
 	if keep {
@@ -189,6 +193,9 @@ type samples struct {
 	cpu, buffers, stmt float64
 	cpuOK, statements  bool
 	rss                int64
+	// typical is the drain whose rows/s is nearest the median: its statements
+	// show where the database's time goes.
+	typical sample
 }
 
 func medians(ss []sample) samples {
@@ -206,6 +213,11 @@ func medians(ss []sample) samples {
 		m.rss = max(m.rss, s.rss)
 	}
 	m.rate, m.cpu, m.buffers, m.stmt = median(m.rates), median(cpu), median(buffers), median(stmt)
+	for i, s := range ss {
+		if i == 0 || math.Abs(s.rate-m.rate) < math.Abs(m.typical.rate-m.rate) {
+			m.typical = s
+		}
+	}
 	return m
 }
 

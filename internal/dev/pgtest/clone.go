@@ -111,6 +111,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, name string) error {
 	return err
 }
 
+// CreateSchema creates the migrated schema name in dbURL's database, on
+// pool, as test schemas are made: a copy of one migrated once per
+// database and process where it can be dumped, else by migrating it. For
+// tools that make many schemas, such as the benchmark.
+func CreateSchema(ctx context.Context, pool *pgxpool.Pool, dbURL, name string) error {
+	return createSchema(ctx, pool, dbURL, name)
+}
+
 // createSchema creates the migrated schema name in dbURL's database: a
 // copy of the dumped one where there is one, else by migrating it.
 func createSchema(ctx context.Context, pool *pgxpool.Pool, dbURL, name string) error {

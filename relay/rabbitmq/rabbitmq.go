@@ -307,11 +307,19 @@ func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error 
 				// The channel or the connection is gone: nothing more goes
 				// in this publish. The records confirmed in earlier rounds
 				// stay delivered; this round's are waited for first.
+				// A key whose record failed in this round keeps its later
+				// records unsent, as it would in the next round.
 				p.confirm(ctx, ch, records, errs, failed, settled, sent)
 				err = p.classify(ctx, records[i].Topic, err)
-				for j := range records {
-					if errs[j] == nil && !settled[j] {
-						errs[j] = err
+				for ri, run := range runs {
+					for _, j := range run {
+						switch {
+						case errs[j] != nil || settled[j]:
+						case failed[ri]:
+							errs[j] = sink.ErrNotSent
+						default:
+							errs[j] = err
+						}
 					}
 				}
 				return errs

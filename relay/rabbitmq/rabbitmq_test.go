@@ -371,4 +371,23 @@ func TestChannelClosedOverOneMessage(t *testing.T) {
 	if got := accepted(t); len(got) == 0 || got[len(got)-1] != "5" {
 		t.Errorf("the queue holds %v", got)
 	}
+	// The channel closes while the round is still being sent: the key's
+	// later message is still not sent, and the rest are not blamed.
+	recs := []sink.Record{rec(10, "orders", "big", strings.Repeat("x", 10000))}
+	for i := range 300 {
+		recs = append(recs, rec(int64(11+i), "orders", fmt.Sprintf("k%d", i), "x"))
+	}
+	recs = append(recs, rec(400, "orders", "big", "400"))
+	errs = publish(t, p, recs...)
+	if ce := sink.Classify(errs[0]); errs[0] == nil || ce.Reason != sink.ReasonTooLarge {
+		t.Errorf("the message above max_message_size: %v, want permanent too_large", errs[0])
+	}
+	for i, err := range errs[1 : len(errs)-1] {
+		if ce := sink.Classify(err); err != nil && ce.Class == sink.ClassPermanent {
+			t.Errorf("another key's message %d: %v, want it delivered or not permanent", i+1, err)
+		}
+	}
+	if err := errs[len(errs)-1]; !errors.Is(err, sink.ErrNotSent) {
+		t.Errorf("the key's later message, behind a round the closing channel cut short: %v, want not sent", err)
+	}
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.ProcessTests) }
 
 // fakePublisher records what it is asked to publish and fails what fail
 // says to.

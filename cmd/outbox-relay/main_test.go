@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 	// The images take minutes to build: the tests that need no engine run
 	// meanwhile.
 	containertest.Prebuild()
-	pgtest.Main(m, func(string) (func(), error) {
+	pgtest.Main(m, pgtest.ProcessTests, func(string) (func(), error) {
 		if binary = os.Getenv(EnvBinary); binary != "" {
 			return nil, nil
 		}

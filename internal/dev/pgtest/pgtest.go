@@ -80,15 +80,23 @@ func Main(m *testing.M, setups ...Setup) {
 // GOMAXPROCS of their parallel tests at once, where go test's default,
 // GOMAXPROCS, leaves the machine idle, unless -parallel says otherwise.
 // Not for packages of tests that start relay processes or servers.
-func WaitingTests(string) (func(), error) {
+func WaitingTests(string) (func(), error) { return nil, parallelTests(4) }
+
+// ProcessTests is a Setup for packages whose tests mostly wait on what
+// they run (relays, their processes and servers, faults held for seconds)
+// but use the CPU in bursts meanwhile: it runs 2 × GOMAXPROCS of their
+// parallel tests at once, unless -parallel says otherwise.
+func ProcessTests(string) (func(), error) { return nil, parallelTests(2) }
+
+// parallelTests runs factor × GOMAXPROCS parallel tests at once, unless
+// -parallel says otherwise.
+func parallelTests(factor int) error {
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		if err := flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0))); err != nil {
-			return nil, err
-		}
+	if set {
+		return nil
 	}
-	return nil, nil
+	return flag.Set("test.parallel", strconv.Itoa(factor*runtime.GOMAXPROCS(0)))
 }
 
 func start() (stop func() error, err error) {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -216,14 +217,20 @@ func (s *Server) SQS() *sqs.Client { return sqs.NewFromConfig(s.Config()) }
 func (s *Server) SNS() *sns.Client { return sns.NewFromConfig(s.Config()) }
 
 // CreateQueue creates a queue (FIFO when its name ends in .fifo) with
-// attrs, and returns its URL.
+// attrs, and returns its URL. Unless attrs say otherwise, a message
+// received stays visible (VisibilityTimeout 0): a Reader deletes what it
+// read, and a receive tried again finds what a lost answer held.
 func (s *Server) CreateQueue(tb testing.TB, name string, attrs map[string]string) string {
 	tb.Helper()
+	attrs = maps.Clone(attrs)
+	if attrs == nil {
+		attrs = map[string]string{}
+	}
 	if strings.HasSuffix(name, ".fifo") {
-		if attrs == nil {
-			attrs = map[string]string{}
-		}
 		attrs["FifoQueue"] = "true"
+	}
+	if _, ok := attrs["VisibilityTimeout"]; !ok {
+		attrs["VisibilityTimeout"] = "0"
 	}
 	out, err := s.SQS().CreateQueue(context.Background(), &sqs.CreateQueueInput{QueueName: aws.String(name), Attributes: attrs})
 	if err != nil {
@@ -284,7 +291,10 @@ func (s *Server) Reader(url string) *Reader { return &Reader{s: s, url: url} }
 func (r *Reader) Read(tb testing.TB) []sqstypes.Message {
 	tb.Helper()
 	ctx := context.Background()
-	c := r.s.SQS()
+	// A receive whose answer is lost (a connection closed as it answers,
+	// on a loaded machine) is tried again, and finds the same messages:
+	// the test queues keep them visible until deleted (see CreateQueue).
+	c := sqs.NewFromConfig(r.s.Config(), func(o *sqs.Options) { o.RetryMaxAttempts = 3 })
 	for {
 		out, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(r.url), MaxNumberOfMessages: 10,
 			MessageAttributeNames: []string{"All"}, MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{"All"}})

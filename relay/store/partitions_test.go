@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -125,5 +126,71 @@ func TestPartitionOfAnOwnerGoneIsTaken(t *testing.T) {
 	var owner string
 	if err := s.Pool.QueryRow(ctx, `SELECT owner FROM outbox_claim_partitions WHERE part = 3`).Scan(&owner); err != nil || owner != "a" {
 		t.Fatalf("partition 3 of a process without a registration is owned by %q (%v), want a", owner, err)
+	}
+}
+
+// Processes that sync at once decide one after the other, and each sees
+// what the one before it committed: a process that waited for the
+// partitions' lock must not find the partitions just taken free, nor
+// their new owner unregistered, or both would claim them.
+func TestSyncsAtOnceNeverShareAPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	stores := map[string]*store.Store{}
+	for _, name := range []string{"a", "b"} {
+		st, err := store.New(s.Pool, store.Config{Schema: s.Name, Claimer: name, ClaimLease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[name] = st
+	}
+	// The partitions are locked while both first syncs begin, as by a
+	// third process's sync.
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if _, err := tx.Exec(ctx, `SELECT FROM outbox_claim_partitions ORDER BY part FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) func() bool {
+		return func() bool {
+			var w int
+			if err := s.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, s.Name).Scan(&w); err != nil {
+				t.Fatal(err)
+			}
+			return w >= n
+		}
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- stores["a"].SyncPartitions(ctx) }()
+	testwait.Within(t, 10*time.Second, "a's sync to wait for the lock", waiting(1))
+	go func() { errs <- stores["b"].SyncPartitions(ctx) }()
+	testwait.Within(t, 10*time.Second, "b's sync to wait for the lock", waiting(2))
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := stores["a"].Share(), stores["b"].Share()
+	if a.Lo <= a.Hi && b.Lo <= b.Hi && a.Lo <= b.Hi && b.Lo <= a.Hi {
+		t.Fatalf("a claims partitions %d-%d and b %d-%d at once", a.Lo, a.Hi, b.Lo, b.Hi)
+	}
+	// Once the claimers see each other, they split the partitions.
+	for range 2 {
+		for _, name := range []string{"a", "b", "a"} {
+			if err := stores[name].SyncPartitions(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if a, b = stores["a"].Share(), stores["b"].Share(); a.Lo != 0 || a.Hi != 7 || b.Lo != 8 || b.Hi != 15 {
+		t.Fatalf("after more syncs a claims partitions %d-%d and b %d-%d, want 0-7 and 8-15", a.Lo, a.Hi, b.Lo, b.Hi)
 	}
 }

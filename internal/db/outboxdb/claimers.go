@@ -22,18 +22,20 @@ type PartitionRow struct {
 // renewBelow of it is left, forgets claimers whose registration ended,
 // and returns the live claimers in order, how long claimer's registration
 // lasts, and every partition, locked until tx ends, with the database's
-// clock. Statements: claimer_join, claimers_expire, claimers,
-// partitions_lock.
+// clock. The claimers and partitions are read once the lock is held.
+// Statements: claimer_join, claimers_expire, partitions_lock, claimers,
+// partitions.
 func (q *Queries) JoinClaimers(ctx context.Context, tx pgx.Tx, claimer string, lease, renewBelow time.Duration) (Claimers, error) {
 	var c Claimers
 	b := &pgx.Batch{}
 	b.Queue(q.claimerJoin, claimer, lease.Microseconds(), renewBelow.Microseconds())
 	b.Queue(q.claimersExpire)
-	b.Queue(q.claimers, claimer)
 	b.Queue(q.partitionsLock)
+	b.Queue(q.claimers, claimer)
+	b.Queue(q.partitions)
 	res := tx.SendBatch(ctx, b)
 	defer res.Close()
-	for range 2 {
+	for range 3 {
 		if _, err := res.Exec(); err != nil {
 			return c, err
 		}

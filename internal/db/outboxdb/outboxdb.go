@@ -67,28 +67,28 @@ type Options struct {
 type Queries struct {
 	names names
 	// Fixed statements, rendered once.
-	claim, holdingBySpan, holdingByKey      string
-	holdingInSpan, holdingInRange           string
-	minPending, stranded                    string
-	claimerJoin, claimersExpire, claimers   string
-	partitionsLock, partitionsWrite         string
-	claimerLeave                            string
-	deferRows, deferParked                  string
-	stillLeased, leaseOver                  string
-	sent, fail, leasedFail, lease           string
-	leasedSent, unlease, pullForward        string
-	releaseHeld                             string
-	tryLock, deleteSent, deleteExpired      string
-	deleteDiscarded, deleteAudit            string
-	backlog                                 string
-	getRow, parkedKeys, counts, parkedCount string
-	lockRefs, replay, reroute, discard      string
-	lockForEdit, edit, releaseKey           string
-	lockBehindKeys, unpark                  string
-	insertAudit, auditedRows                string
-	groupRows                               string
-	findRow, keyRows, keyHolders            string
-	server                                  Server
+	claim, holdingBySpan, holdingByKey          string
+	holdingInSpan, holdingInRange               string
+	minPending, stranded                        string
+	claimerJoin, claimersExpire, claimers       string
+	partitionsLock, partitions, partitionsWrite string
+	claimerLeave                                string
+	deferRows, deferParked                      string
+	stillLeased, leaseOver                      string
+	sent, fail, leasedFail, lease               string
+	leasedSent, unlease, pullForward            string
+	releaseHeld                                 string
+	tryLock, deleteSent, deleteExpired          string
+	deleteDiscarded, deleteAudit                string
+	backlog                                     string
+	getRow, parkedKeys, counts, parkedCount     string
+	lockRefs, replay, reroute, discard          string
+	lockForEdit, edit, releaseKey               string
+	lockBehindKeys, unpark                      string
+	insertAudit, auditedRows                    string
+	groupRows                                   string
+	findRow, keyRows, keyHolders                string
+	server                                      Server
 }
 
 // Versions are the statements on a schema's migration state
@@ -281,7 +281,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"holding_in_span": &q.holdingInSpan, "holding_in_range": &q.holdingInRange,
 		"min_pending": &q.minPending, "stranded": &q.stranded,
 		"claimer_join": &q.claimerJoin, "claimers_expire": &q.claimersExpire, "claimers": &q.claimers,
-		"partitions_lock": &q.partitionsLock, "partitions_write": &q.partitionsWrite, "claimer_leave": &q.claimerLeave,
+		"partitions_lock": &q.partitionsLock, "partitions": &q.partitions, "partitions_write": &q.partitionsWrite, "claimer_leave": &q.claimerLeave,
 		"defer": &q.deferRows, "defer_parked": &q.deferParked,
 		"still_leased": &q.stillLeased, "lease_over": &q.leaseOver,
 		sent: &q.sent, "fail": &q.fail, "leased_fail": &q.leasedFail, "lease": &q.lease,

@@ -26,12 +26,21 @@ FROM {{.Claimers}} ORDER BY claimer
 
 {{define "partitions_lock"}}
 -- Every sync locks all the partitions, in order: one process decides at a
--- time. A partition is free when it has no owner or its owner's
--- registration ended (claimers_expire, just before, forgot it).
+-- time. It reads the claimers and the partitions only once it holds the
+-- lock, in statements of their own: a statement sees what was committed
+-- when it began, and one that waited for the lock would miss what the
+-- process that held it committed: the claimer it registered would seem
+-- gone, and the partitions it took free, and both would claim them.
+SELECT FROM {{.Partitions}} ORDER BY part FOR UPDATE
+{{end}}
+
+{{define "partitions"}}
+-- A partition is free when it has no owner or its owner's registration
+-- ended (claimers_expire, just before, forgot it).
 SELECT p.part, coalesce(p.owner, ''),
     p.owner IS NULL OR NOT EXISTS (SELECT FROM {{.Claimers}} c WHERE c.claimer = p.owner AND c.expires_at >= now()),
     p.floor, now()
-FROM {{.Partitions}} AS p ORDER BY p.part FOR UPDATE OF p
+FROM {{.Partitions}} AS p ORDER BY p.part
 {{end}}
 
 {{define "partitions_write"}}

@@ -96,7 +96,9 @@ type Config struct {
 	// its own, and they take turns fairly (see turns). While a backlog
 	// lasts, each worker also claims its next batch while it publishes,
 	// when the pool has connections to spare: it holds two batches at
-	// most. Default 2.
+	// most. While the database rather than publishing bounds an outbox's
+	// backlog, one of its workers takes the batches and the others stand
+	// by (see pace). Default 2.
 	Workers int `koanf:"workers"`
 	// BatchSize is the most rows claimed per batch, at most MaxBatchSize.
 	// Default DefaultBatchSize (2000).

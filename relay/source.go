@@ -118,6 +118,8 @@ type source struct {
 	cleaner   *cleaner
 	inflight  inflightKeys
 	sqlBusy   atomic.Int32 // claims and write-backs under way
+	pace      pace
+	on        atomic.Int32 // workers taking batches (see worker.takesBatches)
 	tally     tally
 	// scope names a topic's order scope (see store.ClaimParams), nil
 	// for order across every topic.

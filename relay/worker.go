@@ -41,6 +41,11 @@ type worker struct {
 	// busySince is when the batch under way began, as time since the
 	// relay's epoch plus one; 0 while the worker waits (see Relay.Wedged).
 	busySince atomic.Int64
+	// publishingSince is when its batch under way began publishing (see
+	// pace), as time since the relay's epoch plus one; 0 otherwise.
+	publishingSince atomic.Int64
+	on              bool        // counted in source.on (see takesBatches)
+	standing        atomic.Bool // stood by for another worker on
 }
 
 func newWorker(s *source, id int) *worker {
@@ -62,7 +67,15 @@ func (w *worker) run(ctx, inflight context.Context) error {
 		}
 	}()
 	defer w.busySince.Store(0)
+	defer w.turnOff()
 	for ctx.Err() == nil {
+		if p.ahead == nil && !w.takesBatches() {
+			// Stand by: the database bounds the outbox (see pace).
+			if !w.idle(ctx, time.Time{}, poll) {
+				return nil
+			}
+			continue
+		}
 		w.busySince.Store(int64(time.Since(w.r.epoch)) + 1)
 		t, held := w.next(ctx, &p)
 		more, err := false, t.err
@@ -83,7 +96,8 @@ func (w *worker) run(ctx, inflight context.Context) error {
 			continue
 		}
 		w.noteIdle(t)
-		if !w.idle(ctx, t, poll) {
+		w.turnOff()
+		if !w.idle(ctx, t.rows.HeldSince, poll) {
 			return nil
 		}
 	}
@@ -188,15 +202,16 @@ func (w *worker) noteIdle(t taken) {
 
 // idle waits for a wake-up or the poll interval, or less: until a
 // breaker may let a probe through, or, while rows wait for older
-// transactions to end (strict order), which no notification announces,
-// soon, less often the longer they wait. It reports whether ctx is live.
-func (w *worker) idle(ctx context.Context, t taken, poll *time.Timer) bool {
+// transactions to end (strict order; since heldSince), which no
+// notification announces, soon, less often the longer they wait. It
+// reports whether ctx is live.
+func (w *worker) idle(ctx context.Context, heldSince time.Time, poll *time.Timer) bool {
 	wait := w.r.cfg.PollInterval
 	if until := w.r.nextReopen(); !until.IsZero() {
 		wait = max(min(wait, time.Until(until)), time.Millisecond)
 	}
-	if since := t.rows.HeldSince; !since.IsZero() {
-		wait = min(wait, max(time.Since(since)/4, heldRecheck))
+	if !heldSince.IsZero() {
+		wait = min(wait, max(time.Since(heldSince)/4, heldRecheck))
 	}
 	poll.Reset(wait)
 	w.busySince.Store(0)
@@ -280,6 +295,7 @@ type taken struct {
 	inflight inflightID   // its entry there
 	limit    int
 	start    time.Time       // when the claim began
+	took     time.Duration   // how long the claim took
 	ahead    bool            // claimed while the batch before it was delivered
 	excluded []string        // the keys it left out, in flight elsewhere
 	waits    *flow.SlotWaits // full bulkheads it waits on
@@ -323,7 +339,7 @@ func (t *taken) holdBack(unsent keySet, scope func(topic string) string) bool {
 // claimed.
 func (w *worker) claimAhead(t taken) bool {
 	return t.rows.Full && len(t.rows.Records) > 0 &&
-		w.s.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.s.rows.SpareConns() >= 2
+		w.s.sqlBusy.Load() == 0 && time.Now().After(w.aheadPaused) && w.s.rows.SpareConns() >= 2 && w.mayClaimAhead()
 }
 
 // claim claims a batch, its keys in flight under owner until the batch is
@@ -335,6 +351,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	limit := w.claimLimit()
 	waits := &flow.SlotWaits{}
 	closed, closedFor, room := r.closedTopics(start, waits)
+	s.pace.slotBound.Store(room >= 0 && room < limit)
 	if room >= 0 {
 		// No more rows than the destinations open to it take now.
 		limit = min(limit, max(room, 1))
@@ -357,7 +374,9 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 		return taken{err: err}
 	}
 	rows := claim.Rows()
-	s.tally.claimed(time.Since(start), len(rows.Records))
+	took := time.Since(start)
+	s.pace.backlog.Store(rows.Full)
+	s.tally.claimed(took, len(rows.Records))
 	// Size the next claim by the rows that will be published: oversized
 	// rows are never loaded and must not shrink it.
 	total, n := 0, 0
@@ -375,7 +394,7 @@ func (w *worker) claim(ctx context.Context, owner int, follows []store.KeyedRow)
 	if len(rows.Records) > 0 {
 		s.r.stirFleet()
 	}
-	return taken{claim: claim, rows: rows, owner: owner, inflight: id, limit: limit, start: start, ahead: follows != nil,
+	return taken{claim: claim, rows: rows, owner: owner, inflight: id, limit: limit, start: start, took: took, ahead: follows != nil,
 		excluded: excluded, waits: waits}
 }
 
@@ -424,6 +443,9 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	if len(t.rows.Records) == 0 {
 		return w.deliverNothing(ctx, t)
 	}
+	publishing := time.Now()
+	endPublishing := w.startPublishing()
+	defer endPublishing()
 	if !w.takeTurn(ctx, t) {
 		if ctx.Err() != nil {
 			return false, nil, ctx.Err()
@@ -438,9 +460,12 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	// slots, and the turn, go to the next rows while this batch writes
 	// back.
 	b.endPublish()
+	endPublishing()
+	published := time.Since(publishing)
 	if err := w.writeBack(ctx, t.claim, b.outcomes); err != nil {
 		return false, nil, err
 	}
+	w.s.pace.note(t.took+time.Since(publishing)-published, published)
 	b.handOff(inflight, t.rows.LeaseExpiry)
 	return w.done(t, b), unsentKeys(t.rows.Records, b.outcomes, w.s.scope), nil
 }

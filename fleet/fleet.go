@@ -14,8 +14,8 @@
 //     lease ends.
 //   - A destination's in-flight limit is split evenly among the live
 //     replicas. While some want more slots (rows waited for one), those
-//     that want none keep one (or what they used) and lend the rest, which
-//     those that want split. A replica grows only into
+//     that want none keep what they used and lend the rest, which those
+//     that want split. A replica grows only into
 //     slots no one holds, and the fleet records for it at least what it
 //     may be using (its floor), so the shares never add up to more than
 //     the limit while the replicas are in touch.
@@ -158,6 +158,7 @@ func (s *Store) sync(ctx context.Context, tx pgx.Tx, req relay.FleetSync) (relay
 			demand := others[d.Name]
 			demand.Wants, demand.Used = d.Wants, d.Used
 			v.Slots = Share(d.MaxInFlight, view.Replicas, rank, held[d.Name], demand)
+			v.OthersWant = demand.Wanting > 0
 			shareNames, shareSlots = append(shareNames, d.Name), append(shareSlots, int32(max(v.Slots, d.Floor)))
 			shareWants = append(shareWants, d.Wants)
 		}
@@ -221,9 +222,10 @@ type Demand struct {
 // Share is what a replica may have in flight of limit, among replicas
 // live replicas, the rank-th by name, while the others hold others. While
 // no replica wants more, an even split, the remainder to the first. While
-// some do, those that want none keep what they used, at least one slot for
-// the rows to come (never more than the even split), and those that want
-// split the rest evenly, the remainder to the first of them. Either way
+// some do, those that want none keep what they used (never more than the
+// even split; none when they used none: a small limit split among many
+// replicas would otherwise stay idle where no rows are), and those that
+// want split the rest evenly, the remainder to the first of them. Either way
 // only slots that the others do not hold. What the fleet records for the
 // replica is at least what it may be using (its floor), so that a share
 // shrinks in two syncs: the replica first stops taking more, then the
@@ -247,7 +249,7 @@ func Share(limit, replicas, rank, others int, d Demand) int {
 	case d.Wanting == 0:
 		return min(fair, free)
 	default:
-		return min(fair, free, max(1, d.Used))
+		return min(fair, free, d.Used)
 	}
 }
 

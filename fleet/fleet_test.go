@@ -42,9 +42,11 @@ func TestShare(t *testing.T) {
 		{limit: 10, replicas: 3, rank: 2, others: 1, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1, IdleHeld: 1}, want: 4},
 		// ... but only from the slots the others do not hold yet.
 		{limit: 10, replicas: 3, rank: 1, others: 8, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1, IdleHeld: 1}, want: 2},
-		// Wants none while another does: what it used, at least one, at
-		// most the even split.
-		{limit: 10, replicas: 3, rank: 1, d: lends, want: 1},
+		// Wants none while another does: what it used, at most the even
+		// split; none when it used none.
+		{limit: 10, replicas: 3, rank: 1, d: lends, want: 0},
+		{limit: 3, replicas: 3, rank: 1, d: fleet.Demand{Used: 1, Wanting: 2}, want: 1},
+		{limit: 3, replicas: 3, rank: 1, d: fleet.Demand{Wanting: 2}, want: 0},
 		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 2, Wanting: 1}, want: 2},
 		{limit: 10, replicas: 3, rank: 1, d: fleet.Demand{Used: 5, Wanting: 1}, want: 3},
 		{limit: 10, replicas: 3, rank: 1, others: 10, d: lends, want: 0},
@@ -376,8 +378,8 @@ func TestIdleReplicasLendTheirSlots(t *testing.T) {
 		wanting, want, why string
 	}{
 		{"", "3 3 3", "while no rows want slots"},
-		{"r0", "7 1 1", "while only r0's rows want slots: r1 and r2 keep one each"},
-		{"r1", "4 4 1", "once r1's rows want slots too: r0 and r1 split what r2 lends"},
+		{"r0", "9 0 0", "while only r0's rows want slots: r1 and r2, which use none, lend all"},
+		{"r1", "5 4 0", "once r1's rows want slots too: r0 and r1 split what r2 lends"},
 		{"r2", "3 3 3", "once every replica's rows want slots"},
 	} {
 		if step.wanting != "" {

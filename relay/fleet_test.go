@@ -160,8 +160,9 @@ func TestFleetSharesTheInFlightLimit(t *testing.T) {
 // Replicas whose rows want no slots of a destination lend theirs to one
 // whose rows do: every key here falls in one partition, so one replica
 // claims every row, and its even split of the limit is 3 slots of 9. The
-// others keep one slot each; the fleet records the lend within a few
-// syncs, and the busy replica uses the slots lent.
+// others, which have no rows, lend all of theirs (their workers finding
+// the bulkhead full is no demand); the fleet records the lend within a
+// few syncs, and the busy replica uses the slots lent.
 func TestFleetLendsIdleSlots(t *testing.T) {
 	testwait.SkipShort(t)
 	s := pgtest.NewSchema(t)
@@ -190,7 +191,7 @@ func TestFleetLendsIdleSlots(t *testing.T) {
 	if e.most > limit {
 		t.Errorf("%d rows were in flight at once; the fleet's limit is %d", e.most, limit)
 	}
-	if e.most < 5 {
+	if e.most < 7 {
 		t.Errorf("at most %d rows in flight: %s did not use the slots the others lend", e.most, busy)
 	}
 }

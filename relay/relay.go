@@ -314,7 +314,7 @@ func (r *Relay) quiet() bool {
 		}
 	}
 	for _, d := range r.dests {
-		if state, _ := d.BreakerState(); state != BreakerClosed {
+		if state, _ := d.BreakerState(); state != BreakerClosed || d.Lends() {
 			return false
 		}
 	}

@@ -15,6 +15,9 @@ type bulkhead struct {
 	n       int
 	shared  bool
 	slots   int // this replica's share, while shared
+	// othersWant: the other replicas' rows wait for slots, and take what
+	// this one lends.
+	othersWant bool
 	// Since demand was last read: whether rows found it full, and the
 	// most slots in use at once.
 	wanted bool
@@ -25,7 +28,7 @@ type bulkhead struct {
 }
 
 // opening returns a channel closed once the bulkhead has a free slot, or
-// nil when it has one now.
+// nil when it has one now. Rows that wait on it want more.
 func (h *bulkhead) opening() <-chan struct{} {
 	if !h.limited {
 		return nil
@@ -35,6 +38,7 @@ func (h *bulkhead) opening() <-chan struct{} {
 	if lim, ok := h.limit(); !ok || h.n < lim {
 		return nil
 	}
+	h.wanted = true
 	if h.opened == nil {
 		h.opened = make(chan struct{})
 	}
@@ -110,8 +114,9 @@ func (h *bulkhead) give(n int) bool {
 	return wasFull && h.n < lim
 }
 
-// full reports whether every slot is taken; rows that find it so want
-// more.
+// full reports whether every slot is taken. A claim that finds it so
+// wants nothing yet: it may have no rows for it. Rows that then wait for
+// a slot (opening) or are refused one (take) do.
 func (h *bulkhead) full() bool {
 	if !h.limited {
 		return false
@@ -119,9 +124,7 @@ func (h *bulkhead) full() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	lim, ok := h.limit()
-	full := ok && h.n >= lim
-	h.wanted = h.wanted || full
-	return full
+	return ok && h.n >= lim
 }
 
 // demand reports, and starts counting anew, whether rows found the
@@ -146,19 +149,28 @@ func (h *bulkhead) floor() int {
 	return max(h.slots, h.n)
 }
 
-// share sets this replica's share of the fleet's limit, and reports
-// whether the limit grew.
-func (h *bulkhead) share(slots int) bool {
+// share sets this replica's share of the fleet's limit, and whether the
+// other replicas want more, and reports whether the limit grew.
+func (h *bulkhead) share(slots int, othersWant bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	before, was := h.limit()
-	h.shared, h.slots = true, slots
+	h.shared, h.slots, h.othersWant = true, slots, othersWant
 	after, _ := h.limit()
 	h.signalLocked()
 	return was && after > before
 }
 
 // unshare returns to the per-process limit.
+// lends reports whether this replica holds slots of the fleet's limit
+// that the others want: what it does not use goes to them at its next
+// syncs.
+func (h *bulkhead) lends() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.shared && h.othersWant && h.slots > 0
+}
+
 func (h *bulkhead) unshare() {
 	h.mu.Lock()
 	h.shared = false

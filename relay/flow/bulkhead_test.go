@@ -39,16 +39,50 @@ func TestBulkheadSignalsAFreeSlot(t *testing.T) {
 	}
 
 	// Shared by a fleet: a larger share opens it too.
-	h.share(1)
+	h.share(1, false)
 	h.take(1)
 	opened = h.opening()
 	if opened == nil || !h.full() {
 		t.Fatal("a bulkhead at its share is not full")
 	}
-	h.share(2)
+	h.share(2, false)
 	select {
 	case <-opened:
 	default:
 		t.Fatal("a larger share did not tell the waiter")
+	}
+}
+
+// In a fleet, a claim that finds the bulkhead full wants no slots: the
+// replica may have no rows for them, and would take slots back from the
+// replicas that have. Rows that then wait for a slot do want more. A
+// replica lends while it holds slots that the others want.
+func TestBulkheadWantsOnlyForRowsThatWait(t *testing.T) {
+	h := bulkhead{limited: true}
+	h.share(0, true)
+	if !h.full() {
+		t.Fatal("a bulkhead with no share is not full")
+	}
+	if wanted, _ := h.demand(); wanted {
+		t.Error("finding the bulkhead full counted as rows wanting slots")
+	}
+	if h.opening() == nil {
+		t.Fatal("rows found a bulkhead with no share open")
+	}
+	if wanted, _ := h.demand(); !wanted {
+		t.Error("rows that wait for a slot did not count as wanting slots")
+	}
+	if h.lends() {
+		t.Error("a replica with no share lends")
+	}
+	for _, c := range []struct {
+		slots      int
+		othersWant bool
+		lends      bool
+	}{{1, true, true}, {1, false, false}, {0, true, false}} {
+		h.share(c.slots, c.othersWant)
+		if got := h.lends(); got != c.lends {
+			t.Errorf("share %d, others want %v: lends = %v, want %v", c.slots, c.othersWant, got, c.lends)
+		}
 	}
 }

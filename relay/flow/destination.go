@@ -523,6 +523,11 @@ func (d *Dest) Blocks() bool { return d.block }
 // none.
 func (d *Dest) Room() (free, limit int, ok bool) { return d.bulk.room() }
 
+// Lends reports whether the replica holds slots of the fleet's in-flight
+// limit that other replicas want: it lends what it does not use at its
+// next syncs, so it must not rest between them.
+func (d *Dest) Lends() bool { return d.bulk.lends() }
+
 // BreakerState is the breaker's state, and until when an open one stays
 // open.
 func (d *Dest) BreakerState() (BreakerState, time.Time) { return d.breaker.snapshot() }

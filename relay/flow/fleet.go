@@ -156,8 +156,10 @@ type FleetBreaker struct {
 	LastError  string
 	// Probe reports that this replica holds the destination's probe.
 	Probe bool
-	// Slots is this replica's share of MaxInFlight.
-	Slots int
+	// Slots is this replica's share of MaxInFlight; OthersWant says other
+	// replicas' rows wait for slots of it.
+	Slots      int
+	OthersWant bool
 }
 
 // FleetStatus is a replica's view of the fleet, for metrics.
@@ -359,7 +361,7 @@ func (d *Dest) fleetRequest() (FleetDestination, uint64) {
 // held may go now.
 func (d *Dest) fleetApply(v FleetBreaker, seq uint64, replicas int, now, dbNow time.Time) bool {
 	freed := d.breaker.adopt(v, seq, now, dbNow)
-	if d.fleetMax > 0 && d.bulk.share(v.Slots) {
+	if d.fleetMax > 0 && d.bulk.share(v.Slots, v.OthersWant) {
 		freed = true
 	}
 	d.rate.share(replicas)

@@ -105,8 +105,9 @@ type Config struct {
 	// this one stores them in memory segments that grow by copying, on the
 	// cores the relay and PostgreSQL share.
 	BrokerStores bool
-	// Match, when set, runs just the drain scenarios whose name (such as
-	// "1M rows, 10k keys, delete-on-send, 2 processes") contains it.
+	// Match, when set, runs just the drain and fleet scenarios whose name
+	// (such as "1M rows, 10k keys, delete-on-send, 2 processes") contains
+	// it.
 	Match string
 	// Logf reports progress; nil is silent.
 	Logf func(format string, args ...any)

@@ -488,6 +488,7 @@ type relays struct {
 	// warned counts the warnings and errors they logged, by message.
 	mu     sync.Mutex
 	warned map[string]int
+	last   string // the last line a process logged, for errors
 }
 
 // warnings describes the warnings and errors the relays logged, the most
@@ -532,6 +533,9 @@ func startRelays(ctx context.Context, bin string, env []string, procs int) (*rel
 			sc := bufio.NewScanner(stderr)
 			sent := false
 			for sc.Scan() {
+				rs.mu.Lock()
+				rs.last = sc.Text()
+				rs.mu.Unlock()
 				if !sent && strings.Contains(sc.Text(), `msg="relay started"`) {
 					started <- time.Now()
 					sent = true
@@ -549,7 +553,9 @@ func startRelays(ctx context.Context, bin string, env []string, procs int) (*rel
 		return rs, nil
 	case <-time.After(time.Minute):
 		rs.kill()
-		return nil, errors.New("the relay did not start within a minute")
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		return nil, fmt.Errorf("the relay did not start within a minute; its last line: %s", rs.last)
 	case <-ctx.Done():
 		rs.kill()
 		return nil, ctx.Err()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,10 @@ import (
 // path of every row), without and with the coordination tables in the
 // same database, syncing at the default interval, in alternating pairs.
 func (r *runner) fleetCost(ctx context.Context) error {
+	const name = "delete-on-send, 10k keys, 2 worker(s), max_in_flight"
+	if !strings.Contains(name, r.cfg.Match) {
+		return r.fleetSlots(ctx)
+	}
 	pairs := max(r.cfg.Pairs, 1)
 	var alone, shared []float64
 	var syncs int64
@@ -59,7 +64,6 @@ func (r *runner) fleetCost(ctx context.Context) error {
 		}
 	}
 	a, s := median(alone), median(shared)
-	name := "delete-on-send, 10k keys, 2 worker(s), max_in_flight"
 	r.add(Result{Group: "fleet", Name: name + ", per process", Value: a, Unit: "rows/s", Detail: "median of " + list(alone)})
 	detail := fmt.Sprintf("median of %s; %+.1f%% against per process", list(shared), 100*(s-a)/a)
 	if syncs > 0 {
@@ -78,11 +82,26 @@ func (r *runner) fleetCost(ctx context.Context) error {
 // the last answer, against the limit.
 func (r *runner) fleetSlots(ctx context.Context) error {
 	for _, c := range []struct{ replicas, limit int }{{3, 3}, {3, 30}, {1, 3}} {
+		if !strings.Contains(slotsName(c.replicas, c.limit), r.cfg.Match) {
+			continue
+		}
 		if err := r.fleetSlotsOf(ctx, c.replicas, c.limit); err != nil {
 			return fmt.Errorf("fleet slots, %d replicas, limit %d: %w", c.replicas, c.limit, err)
 		}
 	}
-	return nil
+	if !strings.Contains(outageName, r.cfg.Match) {
+		return nil
+	}
+	return r.fleetOutage(ctx)
+}
+
+// slotsName names a fleetSlotsOf figure.
+func slotsName(replicas, limit int) string {
+	who := fmt.Sprintf("%d replicas", replicas)
+	if replicas == 1 {
+		who = "1 relay"
+	}
+	return fmt.Sprintf("%s, max_in_flight %d, 20 ms answers: slots busy", who, limit)
 }
 
 func (r *runner) fleetSlotsOf(ctx context.Context, replicas, limit int) error {
@@ -179,11 +198,7 @@ func (r *runner) fleetSlotsOf(ctx context.Context, replicas, limit int) error {
 	if d := to.at.Sub(from.at).Seconds(); d > 0 {
 		steady = (to.area - from.area) / d
 	}
-	who := fmt.Sprintf("%d replicas", replicas)
-	if replicas == 1 {
-		who = "1 relay"
-	}
-	r.add(Result{Group: "fleet", Name: fmt.Sprintf("%s, max_in_flight %d, 20 ms answers: slots busy", who, limit),
+	r.add(Result{Group: "fleet", Name: slotsName(replicas, limit),
 		Value: 100 * steady / float64(limit), Unit: "%",
 		Detail: fmt.Sprintf("%.2f rows in flight on average from 10%% to 90%% of the backlog delivered, %.2f over the whole drain, %d at most; %d rows at %.0f rows/s (at most %.0f)",
 			steady, avg, ep.most, rows, float64(rows)/span.Seconds(), float64(limit)/answer.Seconds())})

@@ -34,7 +34,7 @@ func main() {
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
 	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness, console, soak (comma-separated)")
-	match := flag.String("match", "", "run only the drain scenarios whose name contains this, such as \"1M rows, 10k keys, delete-on-send, 1 process\"")
+	match := flag.String("match", "", "run only the drain and fleet scenarios whose name contains this, such as \"1M rows, 10k keys, delete-on-send, 1 process\"")
 	binary := flag.String("binary", "", "the outbox-relay binary the binary group runs (default: built from this module), to compare versions")
 	quick := flag.Bool("quick", false, "drain 200k-row backlogs only (no 1M and 10M), for a run of a few minutes")
 	soak := flag.Duration("soak", 5*time.Minute, "how long the soak offers 2,000 rows/s, with a snapshot held and again without (30m for the long run)")

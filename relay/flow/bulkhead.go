@@ -127,12 +127,13 @@ func (h *bulkhead) full() bool {
 	return ok && h.n >= lim
 }
 
-// demand reports, and starts counting anew, whether rows found the
-// bulkhead full since the last call, and the most slots in use at once.
+// demand reports, and starts counting anew, whether rows wanted a slot
+// since the last call (were refused one, or waited for one, or still
+// wait), and the most slots in use at once.
 func (h *bulkhead) demand() (wanted bool, peak int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	wanted, peak = h.wanted, h.peak
+	wanted, peak = h.wanted || h.opened != nil, h.peak
 	h.wanted, h.peak = false, h.n
 	return wanted, peak
 }

@@ -55,8 +55,9 @@ func TestBulkheadSignalsAFreeSlot(t *testing.T) {
 
 // In a fleet, a claim that finds the bulkhead full wants no slots: the
 // replica may have no rows for them, and would take slots back from the
-// replicas that have. Rows that then wait for a slot do want more. A
-// replica lends while it holds slots that the others want.
+// replicas that have. Rows that then wait for a slot do want more, at
+// every sync until they get one. A replica lends while it holds slots
+// that the others want.
 func TestBulkheadWantsOnlyForRowsThatWait(t *testing.T) {
 	h := bulkhead{limited: true}
 	h.share(0, true)
@@ -69,9 +70,16 @@ func TestBulkheadWantsOnlyForRowsThatWait(t *testing.T) {
 	if h.opening() == nil {
 		t.Fatal("rows found a bulkhead with no share open")
 	}
-	if wanted, _ := h.demand(); !wanted {
-		t.Error("rows that wait for a slot did not count as wanting slots")
+	for range 2 {
+		if wanted, _ := h.demand(); !wanted {
+			t.Error("rows that wait for a slot did not count as wanting slots at every sync while they wait")
+		}
 	}
+	h.share(1, true) // a slot for them: they wait no more
+	if wanted, _ := h.demand(); wanted {
+		t.Error("rows that got their slot still count as wanting")
+	}
+	h.share(0, true)
 	if h.lends() {
 		t.Error("a replica with no share lends")
 	}

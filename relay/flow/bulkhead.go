@@ -18,8 +18,8 @@ type bulkhead struct {
 	// othersWant: the other replicas' rows wait for slots, and take what
 	// this one lends.
 	othersWant bool
-	// Since demand was last read: whether rows found it full, and the
-	// most slots in use at once.
+	// Since demand was last read: whether rows were refused a slot or
+	// waited for one, and the most slots in use at once.
 	wanted bool
 	peak   int
 	// opened is closed when a full bulkhead gets a free slot; nil while
@@ -162,7 +162,6 @@ func (h *bulkhead) share(slots int, othersWant bool) bool {
 	return was && after > before
 }
 
-// unshare returns to the per-process limit.
 // lends reports whether this replica holds slots of the fleet's limit
 // that the others want: what it does not use goes to them at its next
 // syncs.
@@ -172,6 +171,7 @@ func (h *bulkhead) lends() bool {
 	return h.shared && h.othersWant && h.slots > 0
 }
 
+// unshare returns to the per-process limit.
 func (h *bulkhead) unshare() {
 	h.mu.Lock()
 	h.shared = false

@@ -77,6 +77,9 @@ type Config struct {
 	// scenario, and FairnessRate the rows per second offered to the quiet
 	// one meanwhile.
 	FairnessRows, FairnessRate int
+	// FleetOutage is how long the endpoint of the fleet's outage scenario
+	// answers 503 while producers write (8s when zero).
+	FleetOutage time.Duration
 	// ConsoleLetters are the dead letters beside a backlog of Rows over
 	// which the console's pages are timed.
 	ConsoleLetters int
@@ -135,6 +138,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	cfg.SoakMinute = cmp.Or(cfg.SoakMinute, time.Minute)
+	cfg.FleetOutage = cmp.Or(cfg.FleetOutage, 8*time.Second)
 	if cfg.SoakIdle == 0 {
 		cfg.SoakIdle = time.Minute
 		if cfg.SoakFor > store.SweepEvery {

@@ -89,7 +89,7 @@ func (r *runner) fleetSlots(ctx context.Context) error {
 			return fmt.Errorf("fleet slots, %d replicas, limit %d: %w", c.replicas, c.limit, err)
 		}
 	}
-	if !strings.Contains(outageName, r.cfg.Match) {
+	if !strings.Contains(outageName(r.cfg.FleetOutage), r.cfg.Match) {
 		return nil
 	}
 	return r.fleetOutage(ctx)

@@ -18,7 +18,7 @@ import (
 // three outbox-relay processes deliver two outboxes (two schemas, 100 keys
 // each) to an endpoint that answers each request after 20 ms, under a
 // max_in_flight of 3. Producers write while the endpoint answers 503 for
-// 8 s; one process is SIGKILLed in the middle of the outage and started
+// FleetOutage (8 s); one process is SIGKILLed in the middle of the outage and started
 // again. The figure is the requests in flight on average from the
 // endpoint's first answer after the outage until fewer keys have a row
 // ready than the limit, against the limit; the detail says how long that
@@ -29,9 +29,9 @@ func (r *runner) fleetOutage(ctx context.Context) error {
 		limit   = 3
 		keys    = 100
 		answer  = 20 * time.Millisecond
-		outage  = 8 * time.Second
 		perTick = 4 // rows an outbox's producer writes every 20 ms
 	)
+	outage := r.cfg.FleetOutage
 	bin, cleanup, err := r.binary(ctx)
 	if err != nil {
 		return err
@@ -176,7 +176,7 @@ routes:
 	ep.mu.Lock()
 	most := ep.most
 	ep.mu.Unlock()
-	r.add(Result{Group: "fleet", Name: outageName,
+	r.add(Result{Group: "fleet", Name: outageName(outage),
 		Value: 100 * mean / limit, Unit: "%",
 		Detail: fmt.Sprintf("%.2f requests in flight on average over the %.1f s from the first answer, %.2f s after the outage, until fewer than %d keys had a row ready; %d at most; the last row committed before the outage ended delivered %.1f s after it",
 			mean, span, time.Unix(0, firstAnswer.Load()).Sub(healedAt).Seconds(), limit, most, drained.Seconds())})
@@ -184,7 +184,9 @@ routes:
 }
 
 // outageName names the fleetOutage figure.
-const outageName = "3 replicas after an 8 s outage, max_in_flight 3: slots busy"
+func outageName(outage time.Duration) string {
+	return fmt.Sprintf("3 replicas after %s of outage, max_in_flight 3: slots busy", outage)
+}
 
 // restartOne SIGKILLs the first process and starts another in its place
 // with env.

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
 )
 
 // Bouncer is a running PgBouncer in front of a PostgreSQL server.
@@ -54,7 +56,7 @@ func StartBouncer(ctx context.Context, serverURL, poolMode string) (*Bouncer, er
 	}
 	var lastErr error
 	for range 5 { // the free port may be taken before PgBouncer binds it
-		port, err := freePort()
+		port, err := freeport.Port()
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, err

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -22,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
 )
 
 // Server is a running throwaway cluster.
@@ -131,7 +132,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	// with a new one.
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
+		port, err := freeport.Port()
 		if err != nil {
 			s.remove()
 			return nil, err
@@ -279,15 +280,6 @@ func writeSettings(path string, settings map[string]string, cred *syscall.Creden
 		}
 	}
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func lastLines(b []byte, n int) string {

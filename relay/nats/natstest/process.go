@@ -3,7 +3,6 @@ package natstest
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -16,6 +15,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -85,12 +85,10 @@ func StartProcess(tb testing.TB, o Options) *Process {
 	if o.Users != nil || o.Token != "" || o.TLS != nil {
 		tb.Fatal("natstest: a server process takes no users, token or TLS")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	p := &Process{tb: tb, opts: processOptions{Port: port, StoreDir: filepath.Join(tb.TempDir(), "jetstream"), MaxPayload: o.MaxPayload},
 		URL: fmt.Sprintf("nats://127.0.0.1:%d", port)}
 	p.start()

@@ -25,6 +25,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -86,7 +87,7 @@ func Launch(dir string, o Options) (*Node, error) {
 	if _, err := os.Stat(Server); err != nil {
 		return nil, errors.New("rabbitmqtest: rabbitmq-server is not installed: run scripts/ensure-rabbitmq")
 	}
-	ports, err := freePorts(3)
+	ports, err := freeport.Ports(3)
 	if err != nil {
 		return nil, err
 	}
@@ -295,24 +296,4 @@ func definitions(users map[string]string) ([]byte, error) {
 		d.Permissions = append(d.Permissions, map[string]string{"user": name, "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"})
 	}
 	return json.Marshal(d)
-}
-
-// freePorts returns n ports free on the loopback interface now.
-func freePorts(n int) ([]int, error) {
-	var out []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }

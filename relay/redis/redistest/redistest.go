@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -72,12 +72,10 @@ func Launch(dir string, o Options) (*Server, error) {
 	if err != nil {
 		return nil, errors.New("redistest: redis-server is not installed: run scripts/ensure-redis")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	s := &Server{dir: dir, bin: bin, Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 	s.args = []string{"--bind", "127.0.0.1", "--dir", s.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always",
 		"--daemonize", "no", "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log")}

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -100,12 +100,10 @@ func Launch(dir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	s := &Server{dir: dir, node: node, app: app, port: port, Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port)}
 	return s, s.start()
 }

@@ -350,6 +350,11 @@ func TestProbeIsNotPoisonedByFailingRows(t *testing.T) {
 		keepSent: true,
 		policy:   retry.PolicyConfig{MaxAttempts: 1 << 20, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
 		cfg: relay.Config{
+			// One worker, whose claims hold the poison rows and the healthy
+			// ones together: the probe is made of one worker's batch, and
+			// with two, the one that takes it may hold only poison rows
+			// while the other holds the healthy ones.
+			Workers: 1,
 			// Only the probe is under test: rows failing on their own
 			// never open this breaker.
 			Destinations: []relay.Destination{{Name: "hooks", Publisher: p, Breaker: relay.BreakerConfig{FailingRows: 1 << 20}}},

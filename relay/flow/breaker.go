@@ -113,6 +113,10 @@ type breaker struct {
 	gen      int           // bumped at every state change: results of older admissions are stale
 	lastErr  string
 	onChange func(from, to BreakerState, cooldown time.Duration, lastErr string, byFleet bool)
+	// onAnswer is told of a successful probe that leaves the breaker
+	// half-open (more must succeed before it closes): the destination
+	// answers again.
+	onAnswer func()
 
 	// Shared with the fleet (see fleet.go): while shared, the fleet's
 	// state is adopted at each sync and a half-open breaker probes only
@@ -313,6 +317,8 @@ func (b *breaker) feed(now time.Time, ev evidence) {
 				b.streak = 0
 				b.set(BreakerClosed, 0)
 				b.tell(FleetClosed, 0)
+			} else if b.onAnswer != nil {
+				b.onAnswer()
 			}
 			return
 		}

@@ -253,6 +253,47 @@ func TestHeldRowsGoWhenTheDestinationAnswers(t *testing.T) {
 	})
 }
 
+// The rows held for an outage go at the first answered probe, while the
+// breaker still waits for a second one to close: the next probe takes
+// them rather than starving behind them (every key of the traffic waits
+// behind its held rows).
+func TestHeldRowsGoAtTheFirstAnsweredProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newDest(t, flow.Destination{Name: "a"})
+		g, _ := plan(d, batch(1, 10))
+		publish(d, g, failAll)
+		waitOut := func() { time.Sleep(time.Until(func() time.Time { _, u := d.BreakerState(); return u }())) }
+		waitOut()
+		failed, _ := plan(d, batch(100, 20))
+		publish(d, failed, failAll) // its rows wait past the next cool-down
+		waitOut()
+		probe, _ := plan(d, batch(200, 5))
+		if !probe.Probe() {
+			t.Fatal("no probe after the cool-down")
+		}
+		if got := d.Released("src"); len(got) != 0 {
+			t.Fatalf("released %v before the destination answered", got)
+		}
+		publish(d, probe, sendAll)
+		if s, _ := d.BreakerState(); s != flow.BreakerHalfOpen {
+			t.Fatalf("breaker %s after one good probe of two, want half-open", s)
+		}
+		got := d.Released("src")
+		want := map[int64]bool{}
+		for _, r := range failed.Recs {
+			want[r.ID] = true
+		}
+		for _, r := range got {
+			if !want[r.ID] {
+				t.Errorf("released row %d, not of the failed probe", r.ID)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("released %d rows at the first answered probe, want the failed probe's %d", len(got), len(want))
+		}
+	})
+}
+
 // A batch admitted while the breaker was open may defer its rows after
 // another batch's probe closed it: those rows are handed back at once,
 // though the close's release came before they were held.

@@ -278,7 +278,13 @@ func NewDest(d Destination, cfg Settings) *Dest {
 			if to == BreakerClosed {
 				x.holds.release(destWide, time.Now())
 			}
-		}}
+		},
+		// The rows held for the outage go once a probe is answered, not
+		// only once the breaker closes: the next probes take them, rather
+		// than starving behind them for a cool-down while every key of
+		// the traffic waits behind them.
+		onAnswer: func() { x.holds.release(destWide, time.Now()) },
+	}
 	return x
 }
 

@@ -29,7 +29,7 @@ import (
 //
 // It is not yet in make test: beside the command's kill checkers and
 // fault tests, which make test runs at the same time on two cores, a
-// heal took up to 10 s (NATS, SQS) in two runs of four.
+// heal took up to 7.9 s (NATS, SQS) in two runs of eight.
 // OUTBOX_TEST_SINK_HEALS=1 runs it.
 func TestShortOutageOfEachSinkHealsWithinSeconds(t *testing.T) {
 	testwait.SkipShort(t)

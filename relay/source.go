@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -350,8 +351,10 @@ func (s *source) releaseSoon() {
 
 // releaseHeld makes ready at once, until ctx ends, the outbox's rows that
 // a destination held while it, a topic or a partition of it was down,
-// once that answers again. Best effort: rows it cannot release wait for
-// the end of their deferral, as they would without it.
+// once that answers again. The rows every destination released are made
+// ready together, so that they wait once for the batches under way, not
+// once a destination. Best effort: rows it cannot release wait for the
+// end of their deferral, as they would without it.
 func (s *source) releaseHeld(ctx context.Context) error {
 	for {
 		select {
@@ -359,23 +362,29 @@ func (s *source) releaseHeld(ctx context.Context) error {
 			return nil
 		case <-s.release:
 		}
+		var rows []store.HeldRow
+		var names []string
 		for _, d := range s.r.dests {
-			rows := d.Released(s)
-			if len(rows) == 0 {
-				continue
+			if held := d.Released(s); len(held) > 0 {
+				rows = append(rows, held...)
+				names = append(names, d.Name)
 			}
-			// It waits for the batches under way to be written back.
-			qctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout+s.r.cfg.PublishTimeout)
-			n, err := s.rows.ReleaseHeld(qctx, rows)
-			cancel()
-			switch {
-			case err != nil && ctx.Err() == nil:
-				s.log.Warn("rows held while their destination was down wait for the end of their deferral: releasing them failed",
-					slog.String("destination", d.Name), slog.Int("rows", len(rows)), slog.Any("error", err))
-			case n > 0:
-				s.log.Info("rows held while their destination was down go now", slog.String("destination", d.Name), slog.Int64("rows", n))
-				s.wakeAll()
-			}
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		// It waits for the batches under way to be written back.
+		qctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout+s.r.cfg.PublishTimeout)
+		n, err := s.rows.ReleaseHeld(qctx, rows)
+		cancel()
+		dests := slog.String("destination", strings.Join(names, ","))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("rows held while their destination was down wait for the end of their deferral: releasing them failed",
+				dests, slog.Int("rows", len(rows)), slog.Any("error", err))
+		case n > 0:
+			s.log.Info("rows held while their destination was down go now", dests, slog.Int64("rows", n))
+			s.wakeAll()
 		}
 	}
 }

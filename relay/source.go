@@ -352,9 +352,10 @@ func (s *source) releaseSoon() {
 // releaseHeld makes ready at once, until ctx ends, the outbox's rows that
 // a destination held while it, a topic or a partition of it was down,
 // once that answers again. The rows every destination released are made
-// ready together, so that they wait once for the batches under way, not
-// once a destination. Best effort: rows it cannot release wait for the
-// end of their deferral, as they would without it.
+// ready together, in one statement; rows in batches under way are made
+// ready by those batches' write-backs (see store.ReleaseHeld). Best
+// effort: rows it cannot release wait for the end of their deferral, as
+// they would without it.
 func (s *source) releaseHeld(ctx context.Context) error {
 	for {
 		select {
@@ -373,8 +374,8 @@ func (s *source) releaseHeld(ctx context.Context) error {
 		if len(rows) == 0 {
 			continue
 		}
-		// It waits for the batches under way to be written back.
-		qctx, cancel := context.WithTimeout(ctx, s.r.cfg.QueryTimeout+s.r.cfg.PublishTimeout)
+		// Two statements: the release, and the pull forward after it.
+		qctx, cancel := context.WithTimeout(ctx, 2*s.r.cfg.QueryTimeout)
 		n, err := s.rows.ReleaseHeld(qctx, rows)
 		cancel()
 		dests := slog.String("destination", strings.Join(names, ","))

@@ -84,6 +84,7 @@ type Claim struct {
 	held         []int64        // the ids of Records as claimed, in order
 	waited       map[int64]bool // the ids of Records claimed because they waited and are due
 	behindLeases []behindLease  // rows deferred behind leased rows
+	deferrals    []deferral     // rows deferred behind waiting rows
 	firstSkipped int64          // the lowest of the Skipped rows
 	probedLow    int64          // the lowest row the key check locked for a moment
 }

@@ -130,13 +130,9 @@ func OnPartitionsWritten(s *Store, f func()) { s.partitionsWritten = f }
 // WhenReleasing runs f as a release of held rows makes them ready.
 func WhenReleasing(s *Store, f func()) { s.releasing = f }
 
-// BeforePulling runs f before a release of held rows pulls forward the
-// rows behind them, each time.
-func BeforePulling(s *Store, f func()) { s.pulling = f }
-
-// WhenAwaitingClaims runs f as a release of held rows waits for the
-// claims under way, which may have held them.
-func WhenAwaitingClaims(s *Store, f func()) { s.awaitingClaims = f }
+// AfterReleasing runs f once a release of held rows has made them
+// ready, before it records them for the claims under way.
+func AfterReleasing(s *Store, f func()) { s.released = f }
 
 // BeforeHoldingBack runs f before a claim defers the rows its keys'
 // blockers hold back.

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"slices"
 	"sync"
 	"time"
@@ -69,6 +68,7 @@ type floors struct {
 	marks    []mark
 	paused   map[string]mark  // topics left out of claims, from where
 	open     map[uint64]int64 // claims under way or in flight: the lowest id each may hold above the floor
+	live     map[uint64]bool  // claims begun and not yet ended
 	safe     int64            // the safe id
 	seen     int64            // up to where claims saw every row
 	epoch    uint64           // counts resets: a claim begun before one tells nothing
@@ -154,9 +154,10 @@ func (f *floors) begin(now time.Time, excluded []string, trusted bool, parts *pa
 		c.from = f.seen
 	}
 	if f.open == nil {
-		f.open = map[uint64]int64{}
+		f.open, f.live = map[uint64]int64{}, map[uint64]bool{}
 	}
 	f.open[c.gen] = c.from
+	f.live[c.gen] = true
 	return c
 }
 
@@ -260,6 +261,7 @@ func (f *floors) done(gen uint64, left int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.open, gen)
+	delete(f.live, gen)
 	if left > 0 {
 		f.gen++
 		f.marks = append(f.marks, mark{id: left - 1, gen: f.gen})
@@ -273,6 +275,7 @@ func (f *floors) failed(c claimStart, probed int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.open, c.gen)
+	delete(f.live, c.gen)
 	f.gen++
 	id := c.from
 	if probed > 0 {
@@ -339,31 +342,17 @@ func (f *floors) lastGen() uint64 {
 	return f.gen
 }
 
-// waitClaims waits until every claim begun up to generation gen has
-// ended, or ctx does. Claims last as long as their publish: it looks
-// every few milliseconds.
-func (f *floors) waitClaims(ctx context.Context, gen uint64) error {
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		f.mu.Lock()
-		open := false
-		for g := range f.open {
-			if g <= gen {
-				open = true
-				break
-			}
-		}
-		f.mu.Unlock()
-		if !open {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
+// oldestLive is the generation of the oldest claim not yet ended; ok is
+// false when none is under way.
+func (f *floors) oldestLive() (gen uint64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for g := range f.live {
+		if !ok || g < gen {
+			gen, ok = g, true
 		}
 	}
+	return gen, ok
 }
 
 // advanceSafe records that no row can still appear at or below id.

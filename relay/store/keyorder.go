@@ -184,6 +184,7 @@ func (c *Claim) holdBack(bs blockerSet, free map[int64]bool) heldBack {
 			h.deferIDs = append(h.deferIDs, r.ID)
 			h.deferAt = append(h.deferAt, b.until)
 			c.Deferred++
+			c.deferrals = append(c.deferrals, deferral{id: r.ID, key: r.Key, until: b.until})
 			if b.leased {
 				c.behindLeases = append(c.behindLeases, behindLease{id: r.ID, lease: b.id, until: b.until})
 			}

@@ -81,6 +81,7 @@ type Store struct {
 	log          *slog.Logger
 
 	floors   floors
+	releases releases
 	safe     safeWatch
 	parts    partitionSet
 	claimer  string
@@ -92,9 +93,8 @@ type Store struct {
 
 	probing           func() // tests: runs while a key check's probe holds its locks
 	partitionsWritten func() // tests: runs once a sync has written the partitions it holds
-	awaitingClaims    func() // tests: runs as a release of held rows waits for the claims that held them
 	releasing         func() // tests: runs as a release of held rows makes them ready
-	pulling           func() // tests: runs before a release pulls forward the rows behind held rows
+	released          func() // tests: runs once a release has made held rows ready, before it records them
 	holdingBack       func() // tests: runs before a claim defers the rows its keys' blockers hold back
 }
 

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -774,12 +773,27 @@ func TestReleaseHeldMakesHeldRowsReady(t *testing.T) {
 	}
 }
 
-// A claim under way when held rows are released may defer their keys'
-// later rows behind them, to their old moment, where the release could
-// not see them: the release waits for it, and makes those ready too.
-func TestReleaseHeldWaitsForClaimsUnderWay(t *testing.T) {
+// released calls ReleaseHeld with ids, which must return without waiting
+// for the claims under way.
+func released(t *testing.T, st *store.Store, ids ...int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testwait.DefaultTimeout)
+	defer cancel()
+	var held []store.HeldRow
+	for _, id := range ids {
+		held = append(held, store.HeldRow{ID: id})
+	}
+	if _, err := st.ReleaseHeld(ctx, held); err != nil {
+		t.Fatalf("release of held rows %v: %v", ids, err)
+	}
+}
+
+// A claim under way when held rows are released may have deferred their
+// keys' later rows behind them, to their old moment, where the release
+// cannot see them. The release does not wait for it: the claim's
+// write-back makes those rows ready.
+func TestClaimUnderWayReadiesTheRowsItDeferredBehindReleasedRows(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload, next_attempt_at) VALUES ('t', 'k', 'x', '2100-01-01'), ('t', 'k', 'x', now())`)
@@ -787,28 +801,20 @@ func TestReleaseHeldWaitsForClaimsUnderWay(t *testing.T) {
 	if len(c.Records) != 0 || c.Deferred != 1 {
 		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(c.Records), c.Deferred)
 	}
-	waiting := make(chan struct{})
-	store.WhenAwaitingClaims(st, func() { close(waiting) })
-	released := make(chan error, 1)
-	go func() {
-		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
-		released <- err
-	}()
-	<-waiting
-	complete(t, c)
-	if err := <-released; err != nil {
-		t.Fatal(err)
+	released(t, st, 1)
+	if rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 1 is not ready after its release")
 	}
+	complete(t, c)
 	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
 		t.Fatal("row 2, deferred behind row 1 by the claim under way, still waits for row 1's old moment")
 	}
 }
 
-// A claim begun as a release of held rows begins, which reads a released
-// row as still waiting, may defer its key's rows to the row's old moment
-// after the release pulled the rows behind it forward: the release waits
-// for it too, and pulls those forward after it.
-func TestReleaseHeldWaitsForClaimsBegunMeanwhile(t *testing.T) {
+// A claim begun as a release of held rows begins reads a released row as
+// still waiting, and defers its key's rows to the row's old moment after
+// the release made them ready: its write-back makes them ready.
+func TestClaimBegunDuringAReleaseReadiesTheRowsItDeferred(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := pgtest.NewSchema(t)
@@ -832,12 +838,7 @@ func TestReleaseHeldWaitsForClaimsBegunMeanwhile(t *testing.T) {
 		}()
 		<-read // it read row 1 as waiting
 	})
-	released := make(chan error, 1)
-	go func() {
-		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
-		released <- err
-	}()
-	testwait.For(t, "row 1 ready", func() bool { return rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") == 1 })
+	released(t, st, 1)
 	close(write)
 	r := <-began
 	if r.err != nil {
@@ -848,127 +849,57 @@ func TestReleaseHeldWaitsForClaimsBegunMeanwhile(t *testing.T) {
 		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(r.c.Records), r.c.Deferred)
 	}
 	complete(t, r.c)
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
 	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
 		t.Fatal("row 2, deferred behind row 1 by a claim begun during the release, still waits for row 1's old moment")
 	}
 }
 
-// A row is held as its claim defers it, before that claim is written
-// back: a release that comes meanwhile waits for the write-back, which
-// would otherwise defer the row again after the release made it ready.
-func TestReleaseHeldWaitsForTheClaimThatHeldTheRow(t *testing.T) {
+// A row is held as its claim plans it, before that claim is written
+// back: a release that comes meanwhile passes over it, and the claim's
+// write-back, which would defer it again, makes it ready.
+func TestClaimThatHeldAReleasedRowWritesItReady(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
-	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
-	c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
-	if err != nil {
-		t.Fatal(err)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x'), ('t', 'k', 'x')`)
+	c := claim(t, st, 10)
+	if len(c.Records) != 2 {
+		t.Fatalf("claimed %v, want rows 1 and 2", ids(c.Records))
 	}
-	if len(c.Records) != 1 {
-		t.Fatalf("claimed %v, want row 1", ids(c.Records))
-	}
-	waiting := make(chan struct{})
-	store.WhenAwaitingClaims(st, func() { close(waiting) })
-	released := make(chan error, 1)
-	go func() {
-		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
-		released <- err
-	}()
-	select {
-	case err := <-released:
-		t.Fatalf("the release ended (%v) before the claim that held the row was written back", err)
-	case <-waiting:
-	}
-	complete(t, c, store.Outcome{ID: 1, Kind: store.Deferred, Delay: time.Hour, Error: "circuit open"})
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
+	released(t, st, 1)
+	complete(t, c, store.Outcome{ID: 1, Kind: store.Deferred, Delay: time.Hour, Error: "circuit open"},
+		store.Outcome{ID: 2, Kind: store.Deferred, Delay: time.Hour, Error: "circuit open"})
 	if rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") != 1 {
 		t.Fatal("row 1, held and then released, waits for the end of its deferral: its claim's write-back deferred it after the release")
 	}
+	if rowsWhere(t, s, "id = 2 AND next_attempt_at > now()") != 1 {
+		t.Fatal("row 2, held and not released, was made ready")
+	}
+	// A claim begun after the release holds row 1 again: that one is not
+	// undone.
+	c = claim(t, st, 10)
+	complete(t, c, store.Outcome{ID: 1, Kind: store.Deferred, Delay: time.Hour, Error: "circuit open"})
+	if rowsWhere(t, s, "id = 1 AND next_attempt_at > now()") != 1 {
+		t.Fatal("row 1, held again by a claim begun after its release, was made ready")
+	}
 }
 
-// A claim that reads a row as still waiting just before the release
-// pulls it forward defers the rows behind it to the old moment after the
-// pull: the release pulls again, until a pull finds none.
-func TestReleaseHeldPullsForwardUntilNoClaimDefersMore(t *testing.T) {
+// A claim written back after the release's statement, before the release
+// recorded what it made ready, commits rows deferred to a released row's
+// old moment unseen by either: the release pulls them forward after.
+func TestReleasePullsForwardWhatClaimsCommittedMeanwhile(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	s := pgtest.NewSchema(t)
 	st := newStore(t, s, false)
 	s.Exec(t, `INSERT INTO outbox (topic, key, payload, next_attempt_at) VALUES ('t', 'k', 'x', '2100-01-01'), ('t', 'k', 'x', now())`)
-	// The first claim defers row 2 behind row 1 as the release runs; the
-	// second reads row 2 as waiting just before the release moves it,
-	// and defers row 3 behind it after.
-	read, resume := make(chan struct{}, 2), []chan struct{}{make(chan struct{}), make(chan struct{})}
-	var claims atomic.Int32
-	store.BeforeHoldingBack(st, func() {
-		i := claims.Add(1) - 1
-		read <- struct{}{}
-		<-resume[i]
-	})
-	type claimed struct {
-		c   *store.Claim
-		err error
+	c := claim(t, st, 10) // defers row 2 behind row 1, which the release's statement passes over
+	if c.Deferred != 1 {
+		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(c.Records), c.Deferred)
 	}
-	claimIn := func() chan claimed {
-		out := make(chan claimed, 1)
-		go func() {
-			c, err := st.Claim(ctx, store.ClaimParams{Limit: 10, PayloadCap: 100})
-			out <- claimed{c, err}
-		}()
-		return out
-	}
-	first, second := make(chan chan claimed, 1), make(chan chan claimed, 1)
-	store.WhenReleasing(st, func() {
-		c := claimIn()
-		<-read
-		first <- c
-	})
-	var pulls atomic.Int32
-	store.BeforePulling(st, func() {
-		if pulls.Add(1) == 1 {
-			c := claimIn()
-			<-read
-			second <- c
-		}
-	})
-	released := make(chan error, 1)
-	go func() {
-		_, err := st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
-		released <- err
-	}()
-	testwait.For(t, "row 1 ready", func() bool { return rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") == 1 })
-	close(resume[0])
-	r := <-<-first
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if len(r.c.Records) != 0 || r.c.Deferred != 1 {
-		t.Fatalf("first claim took %v and deferred %d, want row 2 deferred behind row 1", ids(r.c.Records), r.c.Deferred)
-	}
-	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
-	complete(t, r.c)
-	testwait.For(t, "row 2 pulled forward", func() bool { return rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") == 1 })
-	close(resume[1])
-	r = <-<-second
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.c.Deferred != 1 {
-		t.Fatalf("second claim took %v and deferred %d, want row 3 deferred behind row 2", ids(r.c.Records), r.c.Deferred)
-	}
-	complete(t, r.c)
-	if err := <-released; err != nil {
-		t.Fatal(err)
-	}
-	if rowsWhere(t, s, "id = 3 AND next_attempt_at <= now()") != 1 {
-		t.Fatal("row 3, deferred behind row 2 by a claim that read it just before the pull forward, still waits for row 1's old moment")
+	store.AfterReleasing(st, func() { complete(t, c) })
+	released(t, st, 1)
+	if rowsWhere(t, s, "id = 2 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 2, deferred behind row 1 by a claim written back during the release, still waits for row 1's old moment")
 	}
 }
 

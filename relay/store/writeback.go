@@ -62,15 +62,29 @@ type Outcome struct {
 // Complete writes the outcomes back, with the claim's deferrals, and
 // commits. On error the transaction is rolled back and every row stays as
 // it was before the claim.
+//
+// Held rows released while it was under way are not deferred again, and
+// the rows it deferred behind them are made ready (see releases).
 func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	q := c.store.q
+	rel := &c.store.releases
+	rel.settle.RLock()
+	defer rel.settle.RUnlock()
+	released, behind := rel.readyAtWriteBack(c.start.gen, c.deferrals)
 	var sent, deferIDs []int64
 	var deferAt []time.Time
 	var leased []int64
 	var leaseFor []time.Duration
 	var leaseTokens []uuid.UUID
 	var fails outboxdb.Failures
+	for _, id := range behind {
+		deferIDs = append(deferIDs, id)
+		deferAt = append(deferAt, c.Now)
+	}
 	for _, o := range outcomes {
+		if o.Kind == Deferred && released(o.ID) {
+			o.Delay = 0
+		}
 		if o.Kind == Sent {
 			sent = append(sent, o.ID)
 			continue
@@ -262,68 +276,4 @@ func (c *Claim) leftOut(outcomes []Outcome) int64 {
 		}
 	}
 	return left
-}
-
-// HeldRow is a row that a destination, topic or partition held while it
-// was down, without counting an attempt: its id and retry count then.
-type HeldRow struct {
-	ID         int64
-	RetryCount int
-}
-
-// ReleaseHeld makes rows held by a destination, topic or partition that
-// answers again ready now, with the rows deferred behind them for their
-// keys, rather than at the end of their deferral. A row attempted since,
-// already due, no longer pending or in a claim now is left as it is.
-//
-// A row is held before the claim that deferred it is written back, so
-// the claims under way are waited for first: released before, the row
-// would be deferred again by its own write-back. The claims under way
-// meanwhile may still defer rows of those keys to the held rows' old
-// moment: once they have ended, those are made ready too. It returns how
-// many rows it made ready.
-func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) {
-	ids := make([]int64, len(rows))
-	retries := make([]int32, len(rows))
-	for i, r := range rows {
-		ids[i], retries[i] = r.ID, int32(r.RetryCount)
-	}
-	if s.awaitingClaims != nil {
-		s.awaitingClaims()
-	}
-	if err := s.floors.waitClaims(ctx, s.floors.lastGen()); err != nil {
-		return 0, fmt.Errorf("release %d held rows: wait for the claims that held them: %w", len(rows), err)
-	}
-	if s.releasing != nil {
-		s.releasing()
-	}
-	n, keyed, err := s.q.ReleaseHeld(ctx, s.pool, ids, retries)
-	if err != nil {
-		return 0, fmt.Errorf("release %d held rows: %w", len(rows), err)
-	}
-	if len(keyed) == 0 {
-		return n, nil
-	}
-	// Every claim begun before the release committed, not only before it
-	// began: one begun meanwhile may have read a held row as still
-	// waiting, and defer its key's rows to the old moment after it. A
-	// claim begun before a pull forward committed may likewise have read
-	// a row it moved as still waiting, and defer the rows behind that one
-	// there: pulled forward too, until a pull finds none.
-	for {
-		if err := s.floors.waitClaims(ctx, s.floors.lastGen()); err != nil {
-			return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
-		}
-		if s.pulling != nil {
-			s.pulling()
-		}
-		behind, err := s.q.PullForward(ctx, s.pool, keyed)
-		if err != nil {
-			return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)
-		}
-		if behind == 0 {
-			return n, nil
-		}
-		n += behind
-	}
 }

@@ -99,7 +99,7 @@ func checkOutages(t *testing.T, replicas int, runs ...outageRun) {
 	}
 
 	var n atomic.Int64
-	traffic := func(d time.Duration) { offer(t, s, runs, &n, d) }
+	traffic := func(d time.Duration) { offer(t, s, runs, outageKeys, &n, d) }
 	traffic(3 * time.Second)
 	before := make([]int, len(runs))
 	for j, o := range runs {
@@ -163,11 +163,12 @@ func checkOutages(t *testing.T, replicas int, runs ...outageRun) {
 }
 
 // offer commits one transaction a tick, outageRate a second, for d, with a
-// row for each run, its payload "key:n" with n counted in n. Each run has
+// row for each run over keys keys, its payload "key:n" with n counted in
+// n. Each run has
 // keys of its own: a key's rows are delivered in order across
 // destinations, and one destination's outage would hold back another's
 // rows of the same key. It may run off the test's goroutine.
-func offer(t *testing.T, s *pgtest.Schema, runs []outageRun, n *atomic.Int64, d time.Duration) {
+func offer(t *testing.T, s *pgtest.Schema, runs []outageRun, keys int, n *atomic.Int64, d time.Duration) {
 	tick := time.NewTicker(time.Second / outageRate)
 	defer tick.Stop()
 	for end := time.Now().Add(d); time.Now().Before(end); {
@@ -179,7 +180,7 @@ func offer(t *testing.T, s *pgtest.Schema, runs []outageRun, n *atomic.Int64, d 
 			if j > 0 {
 				q.WriteString(", ")
 			}
-			key := fmt.Sprintf("%s-k%d", o.name, i%outageKeys)
+			key := fmt.Sprintf("%s-k%d", o.name, i%int64(keys))
 			fmt.Fprintf(&q, "('%s', '%s', '%s:%d')", o.name, key, key, i)
 		}
 		if _, err := s.Pool.Exec(context.Background(), q.String()); err != nil {

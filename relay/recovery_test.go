@@ -20,6 +20,10 @@ import (
 // committed before it ended must be delivered.
 const healWithin = 5 * time.Second
 
+// healKeys is how many keys each destination's traffic spreads over in
+// the heal tests, as a producer's traffic over customers or orders does.
+const healKeys = 300
+
 // A ten-second outage at the default cool-downs (1s, doubling up to 30s)
 // and retry delays, keyed traffic flowing throughout: once the destination
 // answers again, every row committed before it did is delivered within
@@ -51,7 +55,7 @@ func checkHeals(t *testing.T, runs ...outageRun) {
 	defer h.stop()
 
 	var n atomic.Int64
-	traffic := func(d time.Duration) { offer(t, s, runs, &n, d) }
+	traffic := func(d time.Duration) { offer(t, s, runs, healKeys, &n, d) }
 	traffic(2 * time.Second)
 	for _, o := range runs {
 		o.down(true)

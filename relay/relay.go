@@ -67,6 +67,7 @@ type Relay struct {
 	turns     *turns
 	fleet     *flow.Replica // nil: flow control per process
 	fleetSync *service      // runs the fleet's syncs
+	pinging   *service      // pings the destinations whose breakers are open
 	epoch     time.Time     // a monotonic origin for the workers' busySince
 	// unleased is whether a live replica claims without leasing
 	// partitions, as the fleet last said.
@@ -97,6 +98,7 @@ func New(cfg Config) (*Relay, error) {
 		r.sources = append(r.sources, newSource(r, i, o))
 	}
 	r.turns = newTurns(cfg.Workers, len(r.sources))
+	r.pinging = newService("pinger", r.pingDown)
 	wakeWorkers := func() {
 		for _, s := range r.sources {
 			s.wakeAll()
@@ -173,8 +175,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, s := range r.sources {
 		s.run(g, ctx, inflight, fails)
 	}
+	r.pinging.start(ctx, fails)
 	r.log.Info("relay started", slog.Int("outboxes", len(r.sources)), slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize))
 	err := g.Wait()
+	r.pinging.stop()
 	for _, s := range r.sources {
 		s.stop(ctx)
 	}

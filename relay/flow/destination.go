@@ -162,6 +162,9 @@ type Dest struct {
 	changes   []BreakerChange
 	// holds are the rows held while it, a topic or a partition was down.
 	holds holds
+	// pings are what pinging its server showed while its breaker is open.
+	pings pingWatch
+	log   *slog.Logger
 }
 
 // BreakerChange is a change of a destination's breaker, as this replica
@@ -249,6 +252,7 @@ func NewDest(d Destination, cfg Settings) *Dest {
 		pauseBase:   cfg.PauseBase,
 		pauseMax:    cfg.PauseMax,
 		pauses:      newPauseSet(d.Name, cfg.PauseBase, cfg.PauseMax, log),
+		log:         log,
 	}
 	x.pauses.closed = func(s subject) { x.holds.release(s, time.Now()) }
 	x.pauses.starved = func(s subject) { x.holds.releaseProbes(s, time.Now()) }

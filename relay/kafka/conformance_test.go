@@ -68,6 +68,7 @@ func TestConformance(t *testing.T) {
 		// A topic name no broker takes: refused before it is sent.
 		Reject:   func(rec *sink.Record) { rec.Topic = "not a topic" },
 		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*conformanceLimit)) },
+		Pings:    true,
 		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

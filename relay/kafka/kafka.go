@@ -210,6 +210,20 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
+// Ping says whether a broker answers (sink.Pinger): an ApiVersions
+// request to the brokers.
+func (p *Publisher) Ping(ctx context.Context) error {
+	p.closing.RLock()
+	defer p.closing.RUnlock()
+	if p.closed {
+		return errors.New("kafka: publisher closed")
+	}
+	if _, err := p.conn.Load().client.ApiVersions(ctx, &kafkago.ApiVersionsRequest{}); err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	return nil
+}
+
 // batch is the records of one publish bound for one topic partition, in id
 // order.
 type batch struct {

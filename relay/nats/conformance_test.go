@@ -49,6 +49,7 @@ func TestConformance(t *testing.T) {
 		// The stream refuses a message that expects another stream.
 		Reject:   func(rec *sink.Record) { rec.Headers = map[string]string{"Nats-Expected-Stream": "ELSEWHERE"} },
 		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxPayload)) },
+		Pings:    true,
 		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

@@ -285,6 +285,21 @@ func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error 
 	return errs
 }
 
+// Ping says whether the server answers (sink.Pinger): a connection that
+// waits to reconnect tries at once (see reconnectNow), and the server
+// answers a flush.
+func (p *Publisher) Ping(ctx context.Context) error {
+	conn := p.acquire()
+	if conn == nil {
+		return errors.New("nats: publisher closed")
+	}
+	defer conn.inflight.Done()
+	if !conn.nc.IsConnected() && !p.reconnectNow(ctx, conn) {
+		return p.unreachable(conn)
+	}
+	return conn.nc.FlushWithContext(ctx)
+}
+
 // reconnectNow has a connection that waits to reconnect try at once,
 // rather than after its pause, and waits for the try (within ctx and the
 // connect timeout). A publish while the server is down is the relay's

@@ -1,6 +1,7 @@
 package publishertest
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -40,7 +41,9 @@ func serverStopped(t *testing.T, s Sink) {
 		}
 	}
 	sent = append(sent, before...)
+	ping(t, s, d.Publisher, true)
 	stop(t)
+	ping(t, s, d.Publisher, false)
 	for probe := range outageProbes + 1 {
 		recs := batch()
 		began := time.Now()
@@ -64,6 +67,7 @@ func serverStopped(t *testing.T, s Sink) {
 		}
 	}
 	start(t)
+	ping(t, s, d.Publisher, true)
 	after := batch()
 	for i, err := range publish(t, d.Publisher, after) {
 		if err != nil {
@@ -76,5 +80,30 @@ func serverStopped(t *testing.T, s Sink) {
 		if count[r.ID] == 0 {
 			t.Errorf("record %d acknowledged but not in the destination", r.ID)
 		}
+	}
+}
+
+// ping checks, for a sink that pings, that p's ping answers when up says
+// the server does, and fails fast when it does not.
+func ping(t *testing.T, s Sink, p sink.Publisher, up bool) {
+	t.Helper()
+	if !s.Pings {
+		return
+	}
+	pg, ok := p.(sink.Pinger)
+	if !ok {
+		t.Fatalf("the sink pings, but its publisher %T is no sink.Pinger", p)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	began := time.Now()
+	err := pg.Ping(ctx)
+	switch took := time.Since(began); {
+	case up && err != nil:
+		t.Errorf("ping of a server that is up: %v", err)
+	case !up && err == nil:
+		t.Error("ping of a server that is down answered")
+	case !up && took > failFastWithin:
+		t.Errorf("ping of a server that is down took %s, want at most %s", took.Round(time.Millisecond), failFastWithin)
 	}
 }

@@ -73,6 +73,10 @@ type Sink struct {
 	// publishes a row again after a crash before its write-back (a NATS
 	// stream's duplicate window, an SQS FIFO queue's deduplication).
 	Deduplicates bool
+	// Pings says that the sink's Publisher is a sink.Pinger: a ping fails
+	// while the server is unreachable or stopped, and answers once it is
+	// back.
+	Pings bool
 	// Unreachable returns a Publisher to a destination that refuses
 	// connections.
 	Unreachable func(t *testing.T) sink.Publisher
@@ -278,6 +282,7 @@ func cancelledContext(t *testing.T, s Sink) {
 
 func connectionRefused(t *testing.T, s Sink) {
 	p := s.Unreachable(t)
+	ping(t, s, p, false)
 	recs := []sink.Record{record(1, TopicA, "k"), record(2, TopicA, "k"), record(3, TopicB, "")}
 	for i, err := range publish(t, p, recs) {
 		if err == nil {

@@ -251,6 +251,21 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
+// Ping says whether the broker answers (sink.Pinger): it connects and
+// opens the channel the next publish takes, as needed. A publish under
+// way holds the connection: the ping then says nothing of it.
+func (p *Publisher) Ping(ctx context.Context) error {
+	if !p.mu.TryLock() {
+		return errors.New("rabbitmq: a publish is under way")
+	}
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("rabbitmq: publisher closed")
+	}
+	_, err := p.ready()
+	return err
+}
+
 // Publish publishes records in rounds, each key's in order, and returns
 // one error per record.
 func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {

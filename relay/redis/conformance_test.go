@@ -69,6 +69,7 @@ func TestConformance(t *testing.T) {
 		},
 		Reject:   func(rec *sink.Record) { rec.Topic = "" },
 		TooLarge: func(rec *sink.Record) { rec.Payload = []byte(strings.Repeat("x", 2*maxEntry)) },
+		Pings:    true,
 		Unreachable: func(t *testing.T) sink.Publisher {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

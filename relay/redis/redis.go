@@ -180,6 +180,16 @@ func (p *Publisher) acquire() *client {
 	return p.client
 }
 
+// Ping says whether the server answers a PING (sink.Pinger).
+func (p *Publisher) Ping(ctx context.Context) error {
+	c := p.acquire()
+	if c == nil {
+		return errors.New("redis: publisher closed")
+	}
+	defer c.inflight.Done()
+	return c.rdb.Ping(ctx).Err()
+}
+
 // Publish appends records in rounds, each key's in order, and returns one
 // error per record.
 func (p *Publisher) Publish(ctx context.Context, records []sink.Record) []error {

@@ -26,13 +26,25 @@ type Partitioner interface {
 
 // Decorate returns outer, a Publisher that wraps inner (to time, trace or
 // format its publishes), with the optional interfaces of inner that outer
-// lacks: Partitioner. A wrapper returns Decorate(inner, itself), so that
-// wrapping a publisher never hides what the relay asks of it.
+// lacks: Partitioner and Pinger. A wrapper returns Decorate(inner,
+// itself), so that wrapping a publisher never hides what the relay asks
+// of it.
 func Decorate(inner, outer Publisher) Publisher {
-	if pt, ok := inner.(Partitioner); ok {
-		if _, has := outer.(Partitioner); !has {
-			return partitioned{Publisher: outer, Partitioner: pt}
-		}
+	pt, addPart := inner.(Partitioner)
+	if _, has := outer.(Partitioner); has {
+		addPart = false
+	}
+	pg, addPing := inner.(Pinger)
+	if _, has := outer.(Pinger); has {
+		addPing = false
+	}
+	switch {
+	case addPart && addPing:
+		return partitionedPinged{Publisher: outer, Partitioner: pt, Pinger: pg}
+	case addPart:
+		return partitioned{Publisher: outer, Partitioner: pt}
+	case addPing:
+		return pinged{Publisher: outer, Pinger: pg}
 	}
 	return outer
 }
@@ -41,4 +53,27 @@ func Decorate(inner, outer Publisher) Publisher {
 type partitioned struct {
 	Publisher
 	Partitioner
+}
+
+// pinged is a wrapper with the Pinger of the publisher it wraps.
+type pinged struct {
+	Publisher
+	Pinger
+}
+
+// partitionedPinged is a wrapper with both.
+type partitionedPinged struct {
+	Publisher
+	Partitioner
+	Pinger
+}
+
+// Pinger says whether the destination's server answers at all, without
+// publishing: a connection it can open or keeps. The relay pings a
+// destination whose circuit breaker is open, and once a ping fails and a
+// later one succeeds (a server refused connections and is back), it
+// probes at once rather than at the end of the cool-down. A server that
+// answers pings while publishes fail is probed on the cool-downs alone.
+type Pinger interface {
+	Ping(ctx context.Context) error
 }

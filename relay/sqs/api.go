@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -48,11 +49,24 @@ func (t *targets) forget(topic string) {
 	delete(t.m, topic)
 }
 
+// endpoint is the address the service answers on, host:port.
+type endpoint string
+
+func (e endpoint) ping(ctx context.Context) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", string(e))
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
 // sqsAPI sends to SQS queues: a topic is a queue's name, or its URL.
 type sqsAPI struct {
 	client  *sqs.Client
 	timeout time.Duration
 	targets
+	endpoint
 }
 
 func (a *sqsAPI) target(ctx context.Context, topic string) (string, error) {
@@ -107,6 +121,7 @@ type snsAPI struct {
 	client  *sns.Client
 	timeout time.Duration
 	targets
+	endpoint
 }
 
 func (a *snsAPI) target(ctx context.Context, topic string) (string, error) {

@@ -38,8 +38,9 @@ func destination(t *testing.T, srv *sqstest.Server, kind string) publishertest.D
 		}
 		readers = append(readers, srv.Reader(url))
 	}
+	next := open(t, srv.Endpoint, kind)
 	return publishertest.Destination{
-		Publisher: renamed{next: open(t, srv.Endpoint, kind), names: names},
+		Publisher: sink.Decorate(next, renamed{next: next, names: names}),
 		Accepted: func(t *testing.T) []string {
 			var got []string
 			for _, r := range readers {
@@ -118,6 +119,7 @@ func TestConformance(t *testing.T) {
 				TooLarge: func(rec *sink.Record) {
 					rec.Payload = []byte(strings.Repeat("x", map[string]int{"sqs": 2 * maxQueueMessage, "sns": sqs.DefaultSNSMessageBytes}[kind]))
 				},
+				Pings: true,
 				Unreachable: func(t *testing.T) sink.Publisher {
 					ln, err := net.Listen("tcp", "127.0.0.1:0")
 					if err != nil {
@@ -128,7 +130,8 @@ func TestConformance(t *testing.T) {
 					// Named by URL or ARN, and by name: both the lookup
 					// and the send meet the refusal.
 					a := map[string]string{"sqs": endpoint + "/000000000000/a.fifo", "sns": "arn:aws:sns:us-east-1:000000000000:a.fifo"}[kind]
-					return renamed{next: open(t, endpoint, kind), names: map[string]string{publishertest.TopicA: a, publishertest.TopicB: "b"}}
+					next := open(t, endpoint, kind)
+					return sink.Decorate(next, renamed{next: next, names: map[string]string{publishertest.TopicA: a, publishertest.TopicB: "b"}})
 				},
 				Stoppable: func(t *testing.T) (publishertest.Destination, func(*testing.T), func(*testing.T)) {
 					own := sqstest.Start(t)

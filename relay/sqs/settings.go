@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -172,18 +173,32 @@ func (s *Settings) api() (api, error) {
 		return nil, fmt.Errorf("%s: no region: set region, AWS_REGION, or a profile with one", strings.ToLower(s.service))
 	}
 	timeout := cmp.Or(s.Timeout, DefaultTimeout)
+	at := s.address(cfg.Region)
 	if s.service == "SNS" {
-		return &snsAPI{timeout: timeout, client: sns.NewFromConfig(cfg, func(o *sns.Options) {
+		return &snsAPI{timeout: timeout, endpoint: at, client: sns.NewFromConfig(cfg, func(o *sns.Options) {
 			if s.Endpoint != "" {
 				o.BaseEndpoint = aws.String(s.Endpoint)
 			}
 		})}, nil
 	}
-	return &sqsAPI{timeout: timeout, client: sqs.NewFromConfig(cfg, func(o *sqs.Options) {
+	return &sqsAPI{timeout: timeout, endpoint: at, client: sqs.NewFromConfig(cfg, func(o *sqs.Options) {
 		if s.Endpoint != "" {
 			o.BaseEndpoint = aws.String(s.Endpoint)
 		}
 	})}, nil
+}
+
+// address is where the service answers: the endpoint's host and port, or
+// the region's AWS endpoint.
+func (s *Settings) address(region string) endpoint {
+	if u, err := url.Parse(s.Endpoint); err == nil && u.Host != "" {
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		return endpoint(net.JoinHostPort(u.Hostname(), port))
+	}
+	return endpoint(net.JoinHostPort(strings.ToLower(s.service)+"."+region+".amazonaws.com", "443"))
 }
 
 // ValidateQueue reports whether name can name an SQS queue: its URL, or a

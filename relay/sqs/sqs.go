@@ -84,6 +84,8 @@ type api interface {
 	// send makes one batch call and returns the failure of each entry it
 	// refused, by entry id, or the call's own error.
 	send(ctx context.Context, target string, entries []*entry) (map[string]refusal, error)
+	// ping connects to the service's endpoint, and hangs up.
+	ping(ctx context.Context) error
 }
 
 // refusal is a batch entry the service refused.
@@ -139,6 +141,19 @@ type entry struct {
 	attrs        [][2]string // name, value; in a stable order
 	group, dedup string      // FIFO only
 	size         int
+}
+
+// Ping says whether the service's endpoint takes a connection
+// (sink.Pinger): an emulator or a VPC endpoint that was down is back.
+func (p *Publisher) Ping(ctx context.Context) error {
+	a := p.current()
+	if a == nil {
+		return fmt.Errorf("%s: publisher closed", p.lower())
+	}
+	if err := a.ping(ctx); err != nil {
+		return fmt.Errorf("%s: %w", p.lower(), err)
+	}
+	return nil
 }
 
 // Publish sends records in rounds, each key's in order, and returns one

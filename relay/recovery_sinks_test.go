@@ -29,7 +29,7 @@ import (
 //
 // It is not yet in make test: beside the command's kill checkers and
 // fault tests, which make test runs at the same time on two cores, the
-// slowest sink of each of twelve runs healed in 1.5 to 4.5 s, too close to
+// slowest sink of each of six runs healed in 1.5 to 4.3 s, too close to
 // healWithin. OUTBOX_TEST_SINK_HEALS=1 runs it.
 func TestShortOutageOfEachSinkHealsWithinSeconds(t *testing.T) {
 	testwait.SkipShort(t)

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -16,13 +17,18 @@ import (
 // Once a ping has failed, the first that succeeds ends the cool-down: the
 // breaker is half-open at once and the next batch probes it. A server
 // that answers pings while its publishes fail never ends a cool-down
-// early: its probes keep to the cool-downs, as they would without pings.
+// early, and one whose pings misled once (the probe after a ping that
+// ended a cool-down failed) does not again in that outage: its probes keep
+// to the cool-downs, as they would without pings. A breaker shared with a
+// fleet keeps to the fleet's cool-downs.
 
 // pingWatch is what a destination's pings have shown in its outage.
 type pingWatch struct {
 	mu     sync.Mutex
 	outage time.Time // when the outage began (its first opening)
 	failed bool      // a ping failed since it began, or since a ping last ended a cool-down
+	ended  int       // the breaker's generation when a ping ended its cool-down, 0 for none
+	misled bool      // the probe after a ping that ended a cool-down failed
 }
 
 // Pings reports whether d can be pinged.
@@ -47,18 +53,29 @@ func (d *Dest) Ping(ctx context.Context, timeout time.Duration) bool {
 	if !open {
 		return false
 	}
-	pctx, cancel := context.WithTimeout(ctx, timeout)
-	err := p.Ping(pctx)
-	cancel()
-	if ctx.Err() != nil {
-		return false
-	}
 	w := &d.pings
 	w.mu.Lock()
 	if !w.outage.Equal(outage) {
 		// What earlier pings showed is of another outage.
-		w.outage, w.failed = outage, false
+		w.outage, w.failed, w.ended, w.misled = outage, false, 0, false
 	}
+	if w.ended != 0 && w.ended != gen {
+		// Open again after a ping ended the cool-down: the pings answer
+		// while publishes fail. The outage keeps to its cool-downs.
+		w.misled = true
+	}
+	misled := w.misled
+	w.mu.Unlock()
+	if misled {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	err := p.Ping(pctx)
+	cancel()
+	if ctx.Err() != nil || errors.Is(err, sink.ErrPingSkipped) {
+		return false
+	}
+	w.mu.Lock()
 	if err != nil {
 		w.failed = true
 		w.mu.Unlock()
@@ -67,31 +84,41 @@ func (d *Dest) Ping(ctx context.Context, timeout time.Duration) bool {
 	seen := w.failed
 	w.failed = false
 	w.mu.Unlock()
-	if !seen || !d.breaker.answering(time.Now(), gen) {
+	if !seen {
 		return false
 	}
+	halfOpen, ok := d.breaker.answering(time.Now(), gen)
+	if !ok {
+		return false
+	}
+	w.mu.Lock()
+	w.ended = halfOpen
+	w.mu.Unlock()
 	d.log.Info("destination answers a ping; probing it now, before the end of its cool-down")
 	return true
 }
 
 // openGen returns when the breaker's outage began, its state's
-// generation, and whether it is open.
+// generation, and whether it is open and its own: a breaker shared with a
+// fleet keeps to the fleet's cool-downs, which one replica's ping does not
+// end.
 func (b *breaker) openGen() (time.Time, int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cooled(time.Now())
-	return b.since, b.gen, b.state == BreakerOpen
+	return b.since, b.gen, b.state == BreakerOpen && !b.shared
 }
 
 // answering ends the cool-down of a breaker still open as it was at
-// generation gen: what it guards answers again. It reports whether it did.
-func (b *breaker) answering(now time.Time, gen int) bool {
+// generation gen: what it guards answers again. It reports whether it
+// did, and the generation of the half-open breaker it left.
+func (b *breaker) answering(now time.Time, gen int) (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.gen != gen || b.state != BreakerOpen {
-		return false
+		return 0, false
 	}
 	b.until = now
 	b.cooled(now)
-	return true
+	return b.gen, true
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/relay/flow"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
+	"github.com/outbox-relay/outbox-relay/relay/sink"
 )
 
 // pinged is a publisher whose server answers pings while up is true.
@@ -143,8 +144,51 @@ func TestPingsOfAnAnsweringServerKeepTheCoolDowns(t *testing.T) {
 				t.Fatal("answered pings ended a second cool-down with no refused ping since the first")
 			}
 		}
+		// The probe the ping let through failed: the pings misled, and
+		// end no cool-down of this outage again, refused and answered.
+		p.up = false
+		d.Ping(context.Background(), time.Second)
+		p.up = true
+		if d.Ping(context.Background(), time.Second) {
+			t.Fatal("pings ended a cool-down after the probe they let through failed")
+		}
 		if s, _ := d.BreakerState(); s != flow.BreakerOpen {
 			t.Fatalf("breaker %s, want still open", s)
+		}
+	})
+}
+
+// skipping is a publisher whose pings cannot look (its connection is
+// busy), then answer.
+type skipping struct {
+	nopPublisher
+	skip bool
+}
+
+func (p *skipping) Ping(context.Context) error {
+	if p.skip {
+		return sink.ErrPingSkipped
+	}
+	return nil
+}
+
+// A skipped ping tells nothing: it is no refused ping, after which an
+// answered one would end the cool-down.
+func TestSkippedPingTellsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &skipping{skip: true}
+		policy, err := retry.NewPolicy(retry.PolicyConfig{MaxAttempts: 5, MaxAge: time.Hour,
+			Strategy: retry.StrategyNone, BaseDelay: time.Second, MaxDelay: time.Minute, MaxRetryAfter: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := flow.NewDest(flow.Destination{Name: "a", Publisher: p}, flow.Settings{OnDeadLetter: flow.OnDeadLetterRelease,
+			PauseBase: time.Second, PauseMax: 30 * time.Second, Policy: policy, Logger: slog.New(slog.DiscardHandler)})
+		openFor(t, d, 2*time.Second)
+		d.Ping(context.Background(), time.Second)
+		p.skip = false
+		if d.Ping(context.Background(), time.Second) {
+			t.Fatal("an answered ping after a skipped one ended the cool-down")
 		}
 	})
 }

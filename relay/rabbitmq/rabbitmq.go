@@ -251,19 +251,25 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// Ping says whether the broker answers (sink.Pinger): it connects and
-// opens the channel the next publish takes, as needed. A publish under
-// way holds the connection: the ping then says nothing of it.
+// Ping says whether the broker answers (sink.Pinger): it connects as
+// needed, and opens and closes a channel, a round trip to the broker. A
+// publish under way holds the connection: the ping is then skipped.
 func (p *Publisher) Ping(ctx context.Context) error {
 	if !p.mu.TryLock() {
-		return errors.New("rabbitmq: a publish is under way")
+		return sink.ErrPingSkipped
 	}
 	defer p.mu.Unlock()
 	if p.closed {
 		return errors.New("rabbitmq: publisher closed")
 	}
-	_, err := p.ready()
-	return err
+	if _, err := p.ready(); err != nil {
+		return err
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return err
+	}
+	return ch.Close()
 }
 
 // Publish publishes records in rounds, each key's in order, and returns

@@ -1,6 +1,9 @@
 package sink
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Publisher delivers records to a destination. Publish returns one error
 // per record, nil for each record the destination acknowledged. Errors are
@@ -77,3 +80,7 @@ type partitionedPinged struct {
 type Pinger interface {
 	Ping(ctx context.Context) error
 }
+
+// ErrPingSkipped is what a Pinger returns when it cannot look now (its
+// connection is busy with a publish): the ping tells nothing either way.
+var ErrPingSkipped = errors.New("ping skipped")

@@ -130,6 +130,10 @@ func OnPartitionsWritten(s *Store, f func()) { s.partitionsWritten = f }
 // WhenReleasing runs f as a release of held rows makes them ready.
 func WhenReleasing(s *Store, f func()) { s.releasing = f }
 
+// BeforePulling runs f before a release of held rows pulls forward the
+// rows behind them.
+func BeforePulling(s *Store, f func()) { s.pulling = f }
+
 // AfterReleasing runs f once a release of held rows has made them
 // ready, before it records them for the claims under way.
 func AfterReleasing(s *Store, f func()) { s.released = f }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -39,7 +40,7 @@ type releases struct {
 	// it releases: every write-back has either committed before the
 	// release's statement runs, or sees what it released.
 	settle sync.RWMutex
-	log    []released
+	log    []*released
 }
 
 // released is what one release made ready, or was about to.
@@ -52,12 +53,17 @@ type released struct {
 }
 
 // record adds r to the log, once every write-back under way has
-// committed, and forgets what no claim under way can still need.
-func (rs *releases) record(f *floors, r released) {
+// committed, and forgets what no claim under way can still need. An open
+// record counts for every claim, whenever it began, until it is sealed:
+// for a release whose statement is still to run.
+func (rs *releases) record(f *floors, r *released, open bool) {
 	rs.settle.Lock()
 	defer rs.settle.Unlock()
 	oldest, live := f.oldestLive()
 	r.gen = f.lastGen()
+	if open {
+		r.gen = math.MaxUint64
+	}
 	kept := rs.log[:0]
 	for _, e := range rs.log {
 		if live && e.gen >= oldest {
@@ -65,6 +71,14 @@ func (rs *releases) record(f *floors, r released) {
 		}
 	}
 	rs.log = append(kept, r)
+}
+
+// seal has an open record count for the claims begun up to now only: its
+// release's statement has ended, and claims begun since see what it did.
+func (rs *releases) seal(f *floors, r *released) {
+	rs.settle.Lock()
+	defer rs.settle.Unlock()
+	r.gen = f.lastGen()
 }
 
 // readyAtWriteBack returns, for a claim begun at generation gen, the held
@@ -133,7 +147,7 @@ func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) 
 		ids[i], retries[i] = r.ID, int32(r.RetryCount)
 		held[r.ID] = true
 	}
-	s.releases.record(&s.floors, released{ids: held})
+	s.releases.record(&s.floors, &released{ids: held}, false)
 	if s.releasing != nil {
 		s.releasing()
 	}
@@ -147,11 +161,19 @@ func (s *Store) ReleaseHeld(ctx context.Context, rows []HeldRow) (int64, error) 
 	// Claims begun before the release committed may have read a held row
 	// as still waiting: those written back from now on make the rows
 	// they deferred behind it ready; those written back meanwhile have
-	// committed them, for the pull forward to find.
+	// committed them, for the pull forward to find. Claims begun before
+	// the pull forward commits may read those as still waiting, and
+	// defer their keys' later rows there too: the record counts for them
+	// until it has.
 	if s.released != nil {
 		s.released()
 	}
-	s.releases.record(&s.floors, released{keyed: keyed})
+	r := &released{keyed: keyed}
+	s.releases.record(&s.floors, r, true)
+	defer s.releases.seal(&s.floors, r)
+	if s.pulling != nil {
+		s.pulling()
+	}
 	behind, err := s.q.PullForward(ctx, s.pool, keyed)
 	if err != nil {
 		return n, fmt.Errorf("release the rows behind %d held rows: %w", len(keyed), err)

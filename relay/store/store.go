@@ -95,6 +95,7 @@ type Store struct {
 	partitionsWritten func() // tests: runs once a sync has written the partitions it holds
 	releasing         func() // tests: runs as a release of held rows makes them ready
 	released          func() // tests: runs once a release has made held rows ready, before it records them
+	pulling           func() // tests: runs before a release pulls forward the rows behind held rows
 	holdingBack       func() // tests: runs before a claim defers the rows its keys' blockers hold back
 }
 

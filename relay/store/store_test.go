@@ -903,6 +903,35 @@ func TestReleasePullsForwardWhatClaimsCommittedMeanwhile(t *testing.T) {
 	}
 }
 
+// A claim begun after the release recorded the keys it made ready, but
+// before its pull forward committed, may read a row that the pull forward
+// is about to move as still waiting, and defer its key's later rows to the
+// same moment: its write-back makes them ready.
+func TestClaimBegunBeforeThePullForwardReadiesTheRowsItDeferred(t *testing.T) {
+	t.Parallel()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload, next_attempt_at) VALUES ('t', 'k', 'x', '2100-01-01'), ('t', 'k', 'x', now())`)
+	c := claim(t, st, 10) // defers row 2 behind row 1, which the release's statement passes over
+	if c.Deferred != 1 {
+		t.Fatalf("claim took %v and deferred %d, want row 2 deferred behind row 1", ids(c.Records), c.Deferred)
+	}
+	store.AfterReleasing(st, func() { complete(t, c) }) // row 2 committed to row 1's old moment
+	var d *store.Claim
+	store.BeforePulling(st, func() {
+		s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+		d = claim(t, st, 10) // reads row 2 as waiting: defers row 3 behind it
+	})
+	released(t, st, 1)
+	if d == nil || d.Deferred != 1 {
+		t.Fatalf("the claim begun before the pull forward did not defer row 3 behind row 2")
+	}
+	complete(t, d)
+	if rowsWhere(t, s, "id = 3 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 3, deferred behind row 2 by a claim begun before the pull forward, still waits for row 1's old moment")
+	}
+}
+
 func rowsWhere(t *testing.T, s *pgtest.Schema, where string) int {
 	t.Helper()
 	var n int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -69,7 +70,8 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	q := c.store.q
 	rel := &c.store.releases
 	rel.settle.RLock()
-	defer rel.settle.RUnlock()
+	settled := sync.OnceFunc(rel.settle.RUnlock) // once committed
+	defer settled()
 	released, behind := rel.readyAtWriteBack(c.start.gen, c.deferrals)
 	var sent, deferIDs []int64
 	var deferAt []time.Time
@@ -132,6 +134,7 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 		return fmt.Errorf("commit %d outcomes: %w", len(outcomes), err)
 	}
 	c.end(c.leftOut(outcomes))
+	settled()
 	if len(c.behindLeases) > 0 {
 		c.releaseEndedLeases(ctx)
 	}

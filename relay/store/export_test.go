@@ -134,6 +134,15 @@ func WhenReleasing(s *Store, f func()) { s.releasing = f }
 // rows behind them.
 func BeforePulling(s *Store, f func()) { s.pulling = f }
 
+// AfterLookingAtReleases runs f in each write-back once it has looked at
+// the releases of held rows, before it writes.
+func AfterLookingAtReleases(s *Store, f func()) { s.looked = f }
+
+// WhenReleaseWaits runs f as a release of held rows waits for the
+// write-backs that looked before it recorded them (under the releases'
+// lock: f must not touch the store).
+func WhenReleaseWaits(s *Store, f func()) { s.releases.waiting = f }
+
 // AfterReleasing runs f once a release of held rows has made them
 // ready, before it records them for the claims under way.
 func AfterReleasing(s *Store, f func()) { s.released = f }

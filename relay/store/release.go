@@ -34,13 +34,19 @@ type HeldRow struct {
 
 // releases is what releases of held rows made ready, for the claims
 // under way to see at their write-back.
+//
+// A write-back looks at the log, writes and commits; a release that
+// records what it releases waits for the write-backs that looked before
+// it did to commit: every write-back has then either committed before the
+// release's statement runs, or sees what it released. Write-backs never
+// wait for a release.
 type releases struct {
-	// settle is held for reading by a write-back from its look at the
-	// log to its commit, and for writing by a release that records what
-	// it releases: every write-back has either committed before the
-	// release's statement runs, or sees what it released.
-	settle sync.RWMutex
-	log    []*released
+	waiting func() // tests: runs as a record waits for write-backs under way
+	mu      sync.Mutex
+	changed sync.Cond // a write-back committed
+	log     []*released
+	seq     uint64         // counts the records
+	looking map[uint64]int // write-backs under way, by the seq they looked at
 }
 
 // released is what one release made ready, or was about to.
@@ -52,39 +58,84 @@ type released struct {
 	keyed []outboxdb.LeasedKey // the keys they hold, to their moment
 }
 
-// record adds r to the log, once every write-back under way has
-// committed, and forgets what no claim under way can still need. An open
-// record counts for every claim, whenever it began, until it is sealed:
-// for a release whose statement is still to run.
+// record adds r to the log, and returns once every write-back that looked
+// at the log before has committed; it forgets what no claim under way can
+// still need. An open record counts for every claim, whenever it began,
+// until it is sealed: for a release whose statement is still to run.
 func (rs *releases) record(f *floors, r *released, open bool) {
-	rs.settle.Lock()
-	defer rs.settle.Unlock()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
 	oldest, live := f.oldestLive()
 	r.gen = f.lastGen()
 	if open {
 		r.gen = math.MaxUint64
 	}
-	kept := rs.log[:0]
+	var kept []*released
 	for _, e := range rs.log {
 		if live && e.gen >= oldest {
 			kept = append(kept, e)
 		}
 	}
 	rs.log = append(kept, r)
+	rs.seq++
+	if rs.changed.L == nil {
+		rs.changed.L = &rs.mu
+	}
+	for rs.lookedBefore(rs.seq) {
+		if rs.waiting != nil {
+			rs.waiting()
+		}
+		rs.changed.Wait()
+	}
+}
+
+// lookedBefore reports whether a write-back that looked at the log before
+// record seq is still under way.
+func (rs *releases) lookedBefore(seq uint64) bool {
+	for s, n := range rs.looking {
+		if s < seq && n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // seal has an open record count for the claims begun up to now only: its
 // release's statement has ended, and claims begun since see what it did.
 func (rs *releases) seal(f *floors, r *released) {
-	rs.settle.Lock()
-	defer rs.settle.Unlock()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
 	r.gen = f.lastGen()
+}
+
+// look is a write-back's look at the log, for a claim begun at generation
+// gen that deferred rows: see readyAtWriteBack. The write-back calls done
+// once committed, or failed.
+func (rs *releases) look(gen uint64, deferred []deferral) (released func(id int64) bool, behind []int64, done func()) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.looking == nil {
+		rs.looking = map[uint64]int{}
+	}
+	seq := rs.seq
+	rs.looking[seq]++
+	released, behind = rs.readyAtWriteBack(gen, deferred)
+	return released, behind, sync.OnceFunc(func() {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		if rs.looking[seq]--; rs.looking[seq] == 0 {
+			delete(rs.looking, seq)
+		}
+		if rs.changed.L != nil {
+			rs.changed.Broadcast()
+		}
+	})
 }
 
 // readyAtWriteBack returns, for a claim begun at generation gen, the held
 // rows released since that it must not defer again, and which of the
 // rows it deferred behind a released row, to exactly its moment, are
-// ready. The caller holds settle for reading.
+// ready. The caller holds mu.
 func (rs *releases) readyAtWriteBack(gen uint64, deferred []deferral) (released func(id int64) bool, behind []int64) {
 	var sets []map[int64]bool
 	type moment struct {

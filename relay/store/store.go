@@ -96,6 +96,7 @@ type Store struct {
 	releasing         func() // tests: runs as a release of held rows makes them ready
 	released          func() // tests: runs once a release has made held rows ready, before it records them
 	pulling           func() // tests: runs before a release pulls forward the rows behind held rows
+	looked            func() // tests: runs in a write-back once it looked at the releases, before it writes
 	holdingBack       func() // tests: runs before a claim defers the rows its keys' blockers hold back
 }
 

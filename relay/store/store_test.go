@@ -932,6 +932,45 @@ func TestClaimBegunBeforeThePullForwardReadiesTheRowsItDeferred(t *testing.T) {
 	}
 }
 
+// A release waits for the write-backs that looked at the releases before
+// it recorded its rows: one that holds a held row, and would defer it
+// again, has committed before the release's statement runs, which then
+// makes the row ready.
+func TestReleaseWaitsForTheWriteBacksThatLookedBefore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	st := newStore(t, s, false)
+	s.Exec(t, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+	c := claim(t, st, 10)
+	if len(c.Records) != 1 {
+		t.Fatalf("claimed %v, want row 1", ids(c.Records))
+	}
+	waits := make(chan struct{})
+	var once sync.Once
+	store.WhenReleaseWaits(st, func() { once.Do(func() { close(waits) }) })
+	var releaseErr error
+	released := make(chan struct{})
+	store.AfterLookingAtReleases(st, func() {
+		go func() {
+			defer close(released)
+			_, releaseErr = st.ReleaseHeld(ctx, []store.HeldRow{{ID: 1}})
+		}()
+		select {
+		case <-waits: // the release recorded row 1, and waits for this write-back
+		case <-released:
+		}
+	})
+	complete(t, c, store.Outcome{ID: 1, Kind: store.Deferred, Delay: time.Hour, Error: "circuit open"})
+	<-released
+	if releaseErr != nil {
+		t.Fatal(releaseErr)
+	}
+	if rowsWhere(t, s, "id = 1 AND next_attempt_at <= now()") != 1 {
+		t.Fatal("row 1, held by a write-back that looked before the release, waits for the end of its deferral")
+	}
+}
+
 func rowsWhere(t *testing.T, s *pgtest.Schema, where string) int {
 	t.Helper()
 	var n int

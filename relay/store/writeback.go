@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -68,11 +67,11 @@ type Outcome struct {
 // the rows it deferred behind them are made ready (see releases).
 func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	q := c.store.q
-	rel := &c.store.releases
-	rel.settle.RLock()
-	settled := sync.OnceFunc(rel.settle.RUnlock) // once committed
+	released, behind, settled := c.store.releases.look(c.start.gen, c.deferrals)
 	defer settled()
-	released, behind := rel.readyAtWriteBack(c.start.gen, c.deferrals)
+	if c.store.looked != nil {
+		c.store.looked()
+	}
 	var sent, deferIDs []int64
 	var deferAt []time.Time
 	var leased []int64

@@ -133,6 +133,7 @@ func (rs *releases) look(gen uint64, deferred []deferral) (released func(id int6
 }
 
 // readyAtWriteBack returns, for a claim begun at generation gen, the held
+// readyAtWriteBack returns, for a claim begun at generation gen, the held
 // rows released since that it must not defer again, and which of the
 // rows it deferred behind a released row, to exactly its moment, are
 // ready. The caller holds mu.

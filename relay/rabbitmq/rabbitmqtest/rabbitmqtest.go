@@ -26,6 +26,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
+	"github.com/outbox-relay/outbox-relay/internal/dev/memdir"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -72,7 +73,7 @@ func Start(tb testing.TB, o Options) *Node {
 		}
 		tb.Skip("rabbitmqtest: rabbitmq-server is not installed (scripts/ensure-rabbitmq installs it; make test does)")
 	}
-	n, err := Launch(tb.TempDir(), o)
+	n, err := Launch(memdir.Temp(tb), o)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
+	"github.com/outbox-relay/outbox-relay/internal/dev/memdir"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -56,7 +57,7 @@ func Start(tb testing.TB, o Options) *Server {
 		}
 		tb.Skip("redistest: redis-server is not installed (scripts/ensure-redis installs it; make test does)")
 	}
-	s, err := Launch(tb.TempDir(), o)
+	s, err := Launch(memdir.Temp(tb), o)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/freeport"
+	"github.com/outbox-relay/outbox-relay/internal/dev/memdir"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
@@ -84,7 +85,7 @@ func Start(tb testing.TB) *Server {
 		}
 		tb.Skip(err.Error() + " (make test does)")
 	}
-	s, err := Launch(tb.TempDir())
+	s, err := Launch(memdir.Temp(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"os"
 	"testing"
 	"time"
 
@@ -26,16 +25,8 @@ import (
 // again on their data; RabbitMQ's application stopped and started) heals
 // within healWithin of the server's return, as an HTTP endpoint's does
 // (not parallel, see there).
-//
-// It is not yet in make test: beside the command's kill checkers and
-// fault tests, which make test runs at the same time on two cores, the
-// slowest sink of each of six runs healed in 1.5 to 4.3 s, too close to
-// healWithin. OUTBOX_TEST_SINK_HEALS=1 runs it.
 func TestShortOutageOfEachSinkHealsWithinSeconds(t *testing.T) {
 	testwait.SkipShort(t)
-	if os.Getenv("OUTBOX_TEST_SINK_HEALS") == "" {
-		t.Skip("set OUTBOX_TEST_SINK_HEALS=1: beside make test's other fault tests a heal can take 10 s")
-	}
 	checkHeals(t,
 		kafkaRun(t, "kafka-heal", droppedConnections),
 		natsHealRun(t, "nats-heal"),

@@ -13,7 +13,8 @@
 //     lease it renews at every sync; a replica that dies loses it when its
 //     lease ends.
 //   - A destination's in-flight limit is split evenly among the live
-//     replicas. While some want more slots (rows waited for one), those
+//     replicas, each keeping what it used above its part while no one
+//     wants more. While some want more slots (rows waited for one), those
 //     that want none keep what they used and lend the rest, which those
 //     that want split. A replica grows only into
 //     slots no one holds, and the fleet records for it at least what it
@@ -221,7 +222,10 @@ type Demand struct {
 
 // Share is what a replica may have in flight of limit, among replicas
 // live replicas, the rank-th by name, while the others hold others. While
-// no replica wants more, an even split, the remainder to the first. While
+// no replica wants more, an even split, the remainder to the first, or
+// what the replica used if more (a replica that borrowed slots keeps them
+// while its rows fit, rather than handing them to replicas without rows
+// and asking again at the next sync). While
 // some do, those that want none keep what they used (never more than the
 // even split; none when they used none: a small limit split among many
 // replicas would otherwise stay idle where no rows are), and those that
@@ -247,7 +251,7 @@ func Share(limit, replicas, rank, others int, d Demand) int {
 		}
 		return min(max(part, 0), free)
 	case d.Wanting == 0:
-		return min(fair, free)
+		return min(max(fair, d.Used), free)
 	default:
 		return min(fair, free, d.Used)
 	}

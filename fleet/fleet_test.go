@@ -31,9 +31,12 @@ func TestShare(t *testing.T) {
 		{limit: 10, replicas: 2, rank: 1, others: 10, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1}, want: 0},
 		{limit: 10, replicas: 2, rank: 1, others: 12, d: fleet.Demand{Wants: true, Wanting: 1, WantingBefore: 1}, want: 0}, // over-held after a fallback
 		{limit: 2, replicas: 3, rank: 2, d: all(2), want: 0},
-		// No one wants: the even split.
+		// No one wants: the even split, or what the replica used, of the
+		// slots the others do not hold.
 		{limit: 10, replicas: 3, rank: 1, want: 3},
 		{limit: 10, replicas: 1, want: 10},
+		{limit: 3, replicas: 3, rank: 1, others: 1, d: fleet.Demand{Used: 2}, want: 2},
+		{limit: 3, replicas: 3, rank: 1, others: 2, d: fleet.Demand{Used: 2}, want: 1},
 		// The only one that wants: all the others do not hold.
 		{limit: 10, replicas: 3, rank: 2, others: 2, d: fleet.Demand{Wants: true, IdleHeld: 2}, want: 8},
 		{limit: 10, replicas: 3, rank: 2, others: 8, d: fleet.Demand{Wants: true, IdleHeld: 8}, want: 2},

@@ -15,6 +15,9 @@ type bulkhead struct {
 	n       int
 	shared  bool
 	slots   int // this replica's share, while shared
+	// recorded is the floor last told to the fleet: what it records for
+	// this replica until the next sync.
+	recorded int
 	// othersWant: the other replicas' rows wait for slots, and take what
 	// this one lends.
 	othersWant bool
@@ -140,14 +143,23 @@ func (h *bulkhead) demand() (wanted bool, peak int) {
 
 // floor is the share the fleet must keep for this replica: its share, or
 // more while rows taken under a larger one are still in flight; 0 when it
-// has no share.
+// has no share. What it returns is what the fleet records, once the sync
+// that tells it ends. A replica that used no slot since the last sync,
+// while the others want some, gives its share up here.
 func (h *bulkhead) floor() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.shared {
 		return 0
 	}
-	return max(h.slots, h.n)
+	if h.othersWant && h.n == 0 && h.peak == 0 && !h.wanted && h.opened == nil {
+		// No slot used since the last sync, and none wanted, while the
+		// others want: the fleet gives this replica's share to them at
+		// this sync, so it goes now rather than at the next one.
+		h.slots = 0
+	}
+	h.recorded = max(h.slots, h.n)
+	return h.recorded
 }
 
 // share sets this replica's share of the fleet's limit, and whether the
@@ -163,12 +175,13 @@ func (h *bulkhead) share(slots int, othersWant bool) bool {
 }
 
 // lends reports whether this replica holds slots of the fleet's limit
-// that the others want: what it does not use goes to them at its next
-// syncs.
+// that the others want, or the fleet still records more for it than its
+// share: what it does not use goes to them at its next syncs, and the
+// slots of a share the fleet just shrank at its next one.
 func (h *bulkhead) lends() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.shared && h.othersWant && h.slots > 0
+	return h.shared && h.othersWant && (h.slots > 0 || h.recorded > h.slots)
 }
 
 // unshare returns to the per-process limit.

@@ -57,7 +57,9 @@ func TestBulkheadSignalsAFreeSlot(t *testing.T) {
 // replica may have no rows for them, and would take slots back from the
 // replicas that have. Rows that then wait for a slot do want more, at
 // every sync until they get one. A replica lends while it holds slots
-// that the others want.
+// that the others want, and while the fleet records for it more than the
+// share a sync just gave it: the next sync, at once rather than at a
+// quiet replica's pace, tells the fleet so.
 func TestBulkheadWantsOnlyForRowsThatWait(t *testing.T) {
 	h := bulkhead{limited: true}
 	h.share(0, true)
@@ -92,5 +94,46 @@ func TestBulkheadWantsOnlyForRowsThatWait(t *testing.T) {
 		if got := h.lends(); got != c.lends {
 			t.Errorf("share %d, others want %v: lends = %v, want %v", c.slots, c.othersWant, got, c.lends)
 		}
+	}
+
+	// A slot used since the last sync: the fleet records it, and the
+	// sync may shrink the share below it.
+	h.share(1, true)
+	h.take(1)
+	h.give(1)
+	if f := h.floor(); f != 1 {
+		t.Fatalf("floor with a share of 1 used since the last sync = %d, want 1", f)
+	}
+	h.demand()
+	h.share(0, true)
+	if !h.lends() {
+		t.Error("a replica the fleet records a slot for, above its new share, does not lend it")
+	}
+	if f := h.floor(); f != 0 {
+		t.Fatalf("floor after the share shrank = %d, want 0", f)
+	}
+	h.share(0, true)
+	if h.lends() {
+		t.Error("a replica lends once the fleet records no slot for it")
+	}
+
+	// No slot used since the last sync, none wanted, and the others
+	// want: the share goes as the sync begins, and comes back if the
+	// fleet gives it.
+	h.share(1, true)
+	h.demand()
+	if f := h.floor(); f != 0 {
+		t.Fatalf("floor of an idle replica while the others want = %d, want 0", f)
+	}
+	if !h.full() {
+		t.Error("an idle replica kept its share after telling the fleet it holds none")
+	}
+	h.share(1, false)
+	if h.full() {
+		t.Error("the share the fleet gave back is not open")
+	}
+	h.demand()
+	if f := h.floor(); f != 1 {
+		t.Fatalf("floor of an idle replica while no other wants = %d, want its share, 1", f)
 	}
 }

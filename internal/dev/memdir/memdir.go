@@ -1,6 +1,7 @@
 // Package memdir gives tests throwaway directories in memory for servers
 // that sync every write to disk (an emulator's SQLite database, Redis's
-// append-only file with appendfsync always). What such a server writes
+// append-only file with appendfsync always, RabbitMQ's queues before a
+// publisher confirm). What such a server writes
 // survives a kill of its process on a tmpfs as on a disk, so the crash
 // tests prove the same thing; the syncs cost nothing there, where beside
 // other tests on a busy disk each one took milliseconds.

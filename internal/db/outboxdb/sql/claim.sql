@@ -288,6 +288,6 @@ sorts and JIT off, commits without waiting for the WAL flush, and, with
 setting is for the transaction only.
 */}}
 {{define "claim_begin"}}
-BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off
+BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_sort = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off; SET LOCAL plan_cache_mode = force_generic_plan
 {{- if .IdleMS}}; SET LOCAL idle_in_transaction_session_timeout = {{.IdleMS}}{{end}}
 {{end}}

@@ -36,14 +36,15 @@ test: postgres brokers browser vet fmt-check build
 test-containers: postgres
 	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
 
-## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats, pubsub, redis, rabbitmq or sqs sends the orders there instead of Kafka
+## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats, pubsub, redis, rabbitmq or sqs sends the orders there instead of Kafka; CAPTURE=log writes them into the write-ahead log
 SINK ?= kafka
+CAPTURE ?= table
 run: postgres build
 	@if [ "$(SINK)" = redis ]; then scripts/ensure-redis; fi
 	@if [ "$(SINK)" = rabbitmq ]; then scripts/ensure-rabbitmq; fi
 	@if [ "$(SINK)" = sqs ]; then scripts/ensure-fauxqs; fi
 	$(GO) build -o bin/localstack ./internal/dev/cmd/localstack
-	bin/localstack -relay bin/outbox-relay -sink $(SINK)
+	bin/localstack -relay bin/outbox-relay -sink $(SINK) -capture $(CAPTURE)
 
 ## bench: end-to-end throughput and latency figures, written to bench-results/ (not a pass/fail test)
 bench: postgres

@@ -47,7 +47,8 @@ type OutboxSettings struct {
 // made of the database section.
 func (c *Config) Outboxes() []OutboxSettings {
 	if len(c.OutboxList) == 0 {
-		return []OutboxSettings{{Outbox: relay.Outbox{Name: relay.DefaultOutbox, OrderScope: c.Relay.OrderScope}, Database: c.Database}}
+		return []OutboxSettings{{Outbox: relay.Outbox{Name: relay.DefaultOutbox, OrderScope: c.Relay.OrderScope, Capture: c.Relay.Capture},
+			Database: c.Database}}
 	}
 	out := make([]OutboxSettings, 0, len(c.OutboxList))
 	for _, o := range c.OutboxList {
@@ -63,6 +64,7 @@ func (c *Config) Outboxes() []OutboxSettings {
 		}
 		ro := o.Outbox
 		ro.OrderScope = cmp.Or(ro.OrderScope, c.Relay.OrderScope)
+		ro.Capture = cmp.Or(ro.Capture, c.Relay.Capture)
 		out = append(out, OutboxSettings{Outbox: ro, Database: db})
 	}
 	return out

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/metrics"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/relay/logsource"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	_ "github.com/outbox-relay/outbox-relay/relay/sink/builtin" // the deployed configuration names kafka and http destinations
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -88,6 +90,11 @@ func exposed(t *testing.T) series {
 	if _, err := metrics.NewHorizonWatch(labelled, nil, nil); err != nil {
 		t.Fatalf("NewHorizonWatch: %v", err)
 	}
+	capture, err := metrics.NewCaptureWatch(labelled, fakeSlot{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("NewCaptureWatch: %v", err)
+	}
+	capture.Check(context.Background())
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatalf("Gather: %v", err)
@@ -1050,3 +1057,10 @@ func matches(selector, labels map[string]string) bool {
 	}
 	return true
 }
+
+type fakeSlot struct{}
+
+func (fakeSlot) State(context.Context) (logsource.SlotState, error) {
+	return logsource.SlotState{Exists: true, Active: true, WALStatus: "reserved", Confirmed: "0/16B3748", LagBytes: 1024}, nil
+}
+func (fakeSlot) Streaming() bool { return true }

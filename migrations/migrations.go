@@ -215,30 +215,32 @@ func (m *Migrator) tryCreateSchema(ctx context.Context) (bool, error) {
 }
 
 // render returns the embedded migrations with the schema filled in.
-func render(schema string) (fs.FS, error) {
+func render(name string) (fs.FS, error) {
 	names, err := fs.Glob(files, "*.sql")
 	if err != nil {
 		return nil, err
 	}
-	data := struct{ Schema, SchemaText string }{
-		Schema:     pgx.Identifier{schema}.Sanitize(),
-		SchemaText: schema,
+	data := struct{ Schema, SchemaText, Slot, Prefix string }{
+		Schema:     pgx.Identifier{name}.Sanitize(),
+		SchemaText: name,
+		Slot:       schema.Slot(name),
+		Prefix:     schema.MessagePrefix(name),
 	}
 	out := fstest.MapFS{}
-	for _, name := range names {
-		src, err := files.ReadFile(name)
+	for _, file := range names {
+		src, err := files.ReadFile(file)
 		if err != nil {
 			return nil, err
 		}
-		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(src))
+		tmpl, err := template.New(file).Option("missingkey=error").Parse(string(src))
 		if err != nil {
-			return nil, fmt.Errorf("parse migration %s: %w", name, err)
+			return nil, fmt.Errorf("parse migration %s: %w", file, err)
 		}
 		var buf bytes.Buffer
 		if err := tmpl.Execute(&buf, data); err != nil {
-			return nil, fmt.Errorf("render migration %s: %w", name, err)
+			return nil, fmt.Errorf("render migration %s: %w", file, err)
 		}
-		out[name] = &fstest.MapFile{Data: buf.Bytes(), Mode: 0o444}
+		out[file] = &fstest.MapFile{Data: buf.Bytes(), Mode: 0o444}
 	}
 	return out, nil
 }

@@ -261,3 +261,54 @@ func Validate(msgs ...Message) error {
 func validText(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
+
+// Execer is what Emit needs from a connection: pgx.Tx, *pgx.Conn and
+// *pgxpool.Pool all satisfy it.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// ErrDelayInLog is returned by Emit for a message with a Delay: the
+// write-ahead log delivers in commit order, without delays.
+var ErrDelayInLog = fmt.Errorf("%w: a message written into the write-ahead log cannot have a delay", ErrInvalidMessage)
+
+// Emit writes msgs into the write-ahead log rather than the outbox table,
+// for an outbox the relay captures from the log (capture: log): one
+// logical decoding message each, through the schema's outbox_emit, in one
+// round trip and in order, and returns their event ids. They exist only
+// if db's transaction commits, and touch no table. The schema's
+// replication slot must exist ('outbox-relay capture setup'): without it
+// the statement fails rather than write messages nobody would read.
+// Messages are validated as by Write; a Delay is refused.
+func (p *Producer) Emit(ctx context.Context, db Execer, msgs ...Message) ([]uuid.UUID, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	if err := Validate(msgs...); err != nil {
+		return nil, err
+	}
+	traceHdr := p.traceHeaders(ctx)
+	m := outboxdb.Messages{EventIDs: make([]uuid.UUID, len(msgs)), Topics: make([]string, len(msgs)),
+		Keys: make([]pgtype.Text, len(msgs)), Payloads: make([][]byte, len(msgs)), Headers: make([]string, len(msgs))}
+	for i, msg := range msgs {
+		if msg.Delay != 0 {
+			return nil, fmt.Errorf("message %d: %w", i, ErrDelayInLog)
+		}
+		m.EventIDs[i] = msg.EventID
+		if m.EventIDs[i] == uuid.Nil {
+			m.EventIDs[i] = uuid.New()
+		}
+		m.Topics[i] = msg.Topic
+		m.Keys[i] = pgtype.Text{String: msg.Key, Valid: msg.Key != ""}
+		m.Payloads[i] = payloadOf(msg)
+		h, err := encodeHeaders(msg.Headers, traceHdr)
+		if err != nil {
+			return nil, err
+		}
+		m.Headers[i] = h
+	}
+	if err := p.insert.Emit(ctx, db, m); err != nil {
+		return nil, fmt.Errorf("emit %d outbox messages: %w", len(msgs), err)
+	}
+	return m.EventIDs, nil
+}

@@ -363,3 +363,25 @@ func TestWriteRejectsInvalidInput(t *testing.T) {
 		t.Error("NewProducer accepted an invalid schema name")
 	}
 }
+
+// Emit refuses, naming the slot, while the outbox's replication slot does
+// not exist: a message written then would never be read. A delay is
+// refused before the database is touched.
+func TestEmitNeedsTheSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	p := newProducer(t, s, outbox.ProducerConfig{})
+	_, err := p.Emit(ctx, s.Pool, outbox.Message{Topic: "orders", Key: "k", Payload: []byte("x")})
+	slot := "outbox_" + s.Name
+	if err == nil || !strings.Contains(err.Error(), slot) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("Emit without the slot: %v, want an error naming slot %s", err, slot)
+	}
+	_, err = p.Emit(ctx, s.Pool, outbox.Message{Topic: "orders", Delay: time.Second})
+	if !errors.Is(err, outbox.ErrDelayInLog) || !errors.Is(err, outbox.ErrInvalidMessage) {
+		t.Fatalf("Emit with a delay: %v, want ErrDelayInLog", err)
+	}
+	if _, err := p.Emit(ctx, s.Pool, outbox.Message{Topic: ""}); !errors.Is(err, outbox.ErrInvalidMessage) {
+		t.Fatalf("Emit without a topic: %v, want ErrInvalidMessage", err)
+	}
+}

@@ -153,6 +153,12 @@ type Config struct {
 	// destination and topic) or global (across every topic and
 	// destination). A parked key parks it in its scope only.
 	OrderScope string `koanf:"order_scope"`
+	// Capture is where the outboxes that do not set their own take their
+	// messages from: table (the default: rows producers insert) or log
+	// (messages producers write into the write-ahead log with
+	// outbox_emit, streamed from the outbox's replication slot; messages
+	// that must wait go into the table).
+	Capture string `koanf:"capture"`
 
 	// QueryTimeout bounds each claim, write-back and cleanup batch: a
 	// database that does not answer in time (a crash, a network black
@@ -182,6 +188,7 @@ func (c Config) WithDefaults() Config {
 	c.AuditRetention = cmp.Or(c.AuditRetention, DefaultAuditRetention)
 	c.OnDeadLetter = cmp.Or(c.OnDeadLetter, OnDeadLetterRelease)
 	c.OrderScope = cmp.Or(c.OrderScope, OrderScopeDestination)
+	c.Capture = cmp.Or(c.Capture, CaptureTable)
 	c.Pause = c.Pause.WithDefaults()
 	return c
 }
@@ -242,6 +249,9 @@ func (c *Config) ValidateSettings() error {
 		errs = append(errs, err)
 	}
 	if err := ValidateOrderScope(c.OrderScope); err != nil {
+		errs = append(errs, err)
+	}
+	if err := ValidateCapture(c.Capture); err != nil {
 		errs = append(errs, err)
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
@@ -361,4 +371,19 @@ func (c *Config) destSettings(changed *testsignal.Signal[BreakerChange]) flow.Se
 		OnDeadLetter: c.OnDeadLetter, InFleet: c.Fleet != nil, LeasedBound: c.Workers * c.largestBatch(),
 		PauseBase: c.Pause.Base, PauseMax: c.Pause.Max, Policy: c.Policy, Logger: c.Logger, Changed: changed,
 	}
+}
+
+// Where an outbox's messages come from (Config.Capture).
+const (
+	CaptureTable = "table"
+	CaptureLog   = "log"
+)
+
+// ValidateCapture checks a capture setting; "" takes the relay's.
+func ValidateCapture(c string) error {
+	switch c {
+	case "", CaptureTable, CaptureLog:
+		return nil
+	}
+	return fmt.Errorf("capture is %q; it must be table or log", c)
 }

@@ -2,7 +2,9 @@ package relay
 
 import (
 	"context"
+	"sync/atomic"
 
+	"github.com/outbox-relay/outbox-relay/relay/logsource"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -48,4 +50,45 @@ func (t tableRows) Claim(ctx context.Context, p store.ClaimParams) (Claimed, err
 		return nil, err
 	}
 	return c, nil
+}
+
+// logRows is an outbox captured from the write-ahead log: batches of the
+// messages its slot streams (to the replica that holds the slot) and of
+// its table, where messages that must wait went. The log goes first, the
+// table every fourth claim and whenever the log has nothing, so that
+// neither starves the other.
+type logRows struct {
+	tableRows
+	log  *logsource.Source
+	turn atomic.Uint32
+}
+
+func (l *logRows) Claim(ctx context.Context, p store.ClaimParams) (Claimed, error) {
+	tableFirst := l.turn.Add(1)%4 == 0
+	if tableFirst {
+		c, err := l.tableRows.Claim(ctx, p)
+		if err != nil || !empty(c) {
+			return c, err
+		}
+		if err := c.Release(ctx); err != nil {
+			return nil, err
+		}
+	}
+	b, err := l.log.Claim(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if !empty(b) || tableFirst {
+		return b, nil
+	}
+	if err := b.Release(ctx); err != nil {
+		return nil, err
+	}
+	return l.tableRows.Claim(ctx, p)
+}
+
+// empty says c holds nothing to deliver or write back.
+func empty(c Claimed) bool {
+	r := c.Rows()
+	return len(r.Records) == 0 && r.Deferred == 0
 }

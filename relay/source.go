@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/internal/problems"
+	"github.com/outbox-relay/outbox-relay/relay/logsource"
 	"github.com/outbox-relay/outbox-relay/relay/store"
 )
 
@@ -30,6 +31,10 @@ type Outbox struct {
 	// Listener wakes the outbox's workers when rows are inserted; without
 	// one they only poll.
 	Listener *store.Listener `koanf:"-"`
+	// Log, for an outbox captured from the write-ahead log, streams its
+	// messages (on the replica that holds its slot); its workers deliver
+	// them beside the rows that wait in the table. Nil: the table only.
+	Log *logsource.Source `koanf:"-"`
 	// Observer is told of the outbox's claims and outcomes. Default the
 	// relay's Observer.
 	Observer Observer `koanf:"-"`
@@ -42,6 +47,10 @@ type Outbox struct {
 	// destination, topic or global (see Config.OrderScope). Default the
 	// relay's.
 	OrderScope string `koanf:"order_scope"`
+	// Capture is where the outbox's messages come from: table or log
+	// (see Config.Capture); Log streams them for log. Default the
+	// relay's.
+	Capture string `koanf:"capture"`
 	// Prepare, when set, runs before the outbox's workers, listener and
 	// cleaner start, while the other outboxes already deliver: it waits
 	// for what the outbox needs (its database, its schema) until ctx
@@ -87,6 +96,9 @@ func (o *Outbox) ValidateSettings() error {
 		errs = append(errs, err)
 	}
 	if err := ValidateOrderScope(o.OrderScope); err != nil {
+		errs = append(errs, err)
+	}
+	if err := ValidateCapture(o.Capture); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -136,11 +148,16 @@ type source struct {
 	// down, once it answers again; release says there are some.
 	releasing *service
 	release   chan struct{}
+	// capture streams the outbox's messages from the write-ahead log, on
+	// the replica that holds its slot; nil for the table only.
+	capture   *logsource.Source
+	capturing *service
 }
 
 func newSource(r *Relay, index int, o Outbox) *source {
 	cfg := &r.cfg
 	s := &source{r: r, index: index, prepare: o.Prepare, name: o.Name, store: o.Store, rows: tableRows{o.Store}, listener: o.Listener, log: r.log,
+		capture:   o.Log,
 		batchSize: o.BatchSize, tally: tally{obs: o.Observer}, resync: make(chan struct{}, 1), release: make(chan struct{}, 1)}
 	if len(cfg.Outboxes) > 1 {
 		s.log = r.log.With(slog.String("outbox", o.Name))
@@ -173,6 +190,10 @@ func newSource(r *Relay, index int, o Outbox) *source {
 	})
 	s.cleaning = newService("cleaner", s.cleaner.run)
 	s.releasing = newService("releaser", s.releaseHeld)
+	if o.Log != nil {
+		s.rows = &logRows{tableRows: tableRows{o.Store}, log: o.Log}
+		s.capturing = newService("capture", func(ctx context.Context) error { return o.Log.Run(ctx, s.wakeAll) })
+	}
 	return s
 }
 
@@ -214,6 +235,11 @@ func (s *source) start(g *errgroup.Group, ctx, inflight context.Context, fails *
 		s.cleaning.start(ctx, fails)
 	}
 	s.releasing.start(ctx, fails)
+	if s.capture != nil {
+		// Stopped after the workers (see stop), so that the position of
+		// their last settled messages is confirmed.
+		s.capturing.start(context.WithoutCancel(ctx), fails)
+	}
 }
 
 // stop stops the outbox's services once its workers have ended: its
@@ -224,6 +250,9 @@ func (s *source) stop(ctx context.Context) {
 	s.listening.stop()
 	s.cleaning.stop()
 	s.releasing.stop()
+	if s.capture != nil {
+		s.capturing.stop()
+	}
 	s.leases.stop()
 	if s.partitions.stop(); s.ready.Load() {
 		s.leavePartitions(ctx)

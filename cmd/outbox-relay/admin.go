@@ -301,6 +301,17 @@ type outboxState struct {
 	// waits for it or checks its schema.
 	Database      string        `json:"database"`
 	Notifications notifications `json:"notifications"`
+	Capture       *captureState `json:"capture,omitempty"`
+}
+
+// captureState is an outbox captured from the write-ahead log.
+type captureState struct {
+	Slot string `json:"slot"`
+	// Streaming says this replica streams from the slot; the others
+	// stand by.
+	Streaming bool `json:"streaming"`
+	// Problem is why no replica can stream: the slot is missing or lost.
+	Problem string `json:"problem,omitempty"`
 }
 
 type notifications struct {
@@ -328,7 +339,8 @@ type pausedState struct {
 }
 
 // readyz answers 200 while the relay can deliver: the database answers,
-// no destination's circuit is open, and the relay is not stopping.
+// no destination's circuit is open, an outbox captured from the log has a
+// slot to stream from (not missing or lost), and the relay is not stopping.
 // Otherwise 503. Either way the JSON body shows the database, the wake-up
 // notifications (which a transaction-mode pooler silently stops: the
 // relay then polls, and stays ready), every destination's circuit and its
@@ -364,6 +376,9 @@ func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
 			if o.listener != nil {
 				st.Notifications.State, st.Notifications.Error = o.listener.Status()
 			}
+			if src := o.relay.Log; src != nil {
+				st.Capture = &captureState{Slot: src.Slot(), Streaming: src.Streaming(), Problem: src.Problem()}
+			}
 			states[i] = st
 		})
 	}
@@ -378,6 +393,13 @@ func (ad admin) readyz(w http.ResponseWriter, r *http.Request) {
 			rd.Problems = append(rd.Problems, what+": not reachable")
 		case st.Database == "starting":
 			rd.Problems = append(rd.Problems, what+": starting")
+		}
+		if st.Capture != nil && st.Capture.Problem != "" {
+			capture := "capture: "
+			if len(states) > 1 {
+				capture = "outbox " + st.Name + ": capture: "
+			}
+			rd.Problems = append(rd.Problems, capture+st.Capture.Problem)
 		}
 		rd.Outboxes = append(rd.Outboxes, st)
 	}

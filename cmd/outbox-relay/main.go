@@ -119,7 +119,7 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 		return usageError{err}
 	})
 	a.flags = config.Bind(root.PersistentFlags())
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd(), a.findCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd(), a.findCmd(), a.captureCmd())
 	root.SetArgs(args)
 
 	err := root.ExecuteContext(ctx)

@@ -27,6 +27,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/cloudevents"
+	"github.com/outbox-relay/outbox-relay/relay/logsource"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
 	"github.com/outbox-relay/outbox-relay/relay/sink"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -238,6 +239,9 @@ type runOutbox struct {
 	watch *metrics.OrderHoldWatch
 	// horizon shows what holds the database's xmin horizon.
 	horizon *metrics.HorizonWatch
+	// capture shows the replication slot of an outbox captured from the
+	// log; nil for the table.
+	capture *metrics.CaptureWatch
 	relay   relay.Outbox
 	// history is the console's per-minute history of the outbox.
 	history *history.Store
@@ -264,6 +268,9 @@ func (o *runOutbox) watches() []interface{ Run(context.Context) } {
 	w := []interface{ Run(context.Context) }{o.horizon}
 	if o.watch != nil {
 		w = append(w, o.watch)
+	}
+	if o.capture != nil {
+		w = append(w, o.capture)
 	}
 	return w
 }
@@ -332,6 +339,15 @@ func (a *app) openOutbox(ctx context.Context, s config.OutboxSettings, reg prome
 	observer := m.Outbox(s.Name, destinations)
 	o.relay = s.Outbox
 	o.relay.Store, o.relay.Listener, o.relay.Observer = o.store, o.listener, observer
+	if s.Capture == relay.CaptureLog {
+		o.relay.Log, err = logsource.New(logsource.Config{Conn: &pool.Config().ConnConfig.Config, Schema: schema, Store: o.store, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		if o.capture, err = metrics.NewCaptureWatch(labelled, slotOf{o.relay.Log, pool}, log); err != nil {
+			return nil, err
+		}
+	}
 	o.relay.Prepare = func(ctx context.Context) error { return a.prepareOutbox(ctx, o, log) }
 	return o, nil
 }
@@ -517,4 +533,14 @@ func buildDestinations(cfg *config.Config, wrap func(name, system string, p sink
 		out = append(out, d)
 	}
 	return out, routes, publishers, closeAll, nil
+}
+
+// slotOf is an outbox's replication slot, read through its pool.
+type slotOf struct {
+	*logsource.Source
+	pool *pgxpool.Pool
+}
+
+func (s slotOf) State(ctx context.Context) (logsource.SlotState, error) {
+	return s.Source.State(ctx, s.pool)
 }

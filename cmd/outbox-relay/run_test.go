@@ -26,10 +26,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-relay/outbox-relay/internal/db/schema"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
@@ -353,14 +355,38 @@ func TestKillRestartCheckerScopes(t *testing.T) {
 // checkerTopics are the checker's topics, and the destination of each.
 var checkerTopics = map[string]string{"events": "kafka", "changes": "kafka", "audit": "audit"}
 
+// Capture from the write-ahead log: producers write with outbox_emit,
+// one relay at a time streams from the slot and the others stand by,
+// messages that fail wait in the table, and every relay is killed again
+// and again. The order checked is the producers' commit order of each
+// key (a sequence taken under the key's lock), since a message read
+// again after a restart is delivered under a new id.
+func TestKillRestartCheckerLog(t *testing.T) {
+	testwait.SkipShort(t)
+	t.Parallel()
+	checkKillRestartIn(t, false, "destination", 10_000, relay.CaptureLog)
+}
+
 // checkKillRestart runs the checker in an order scope until producers
 // have committed rows rows.
 func checkKillRestart(t *testing.T, strict bool, scope string, rows int64) {
+	checkKillRestartIn(t, strict, scope, rows, relay.CaptureTable)
+}
+
+// checkKillRestartIn is checkKillRestart with the outbox's capture.
+func checkKillRestartIn(t *testing.T, strict bool, scope string, rows int64, capture string) {
 	const (
 		relays   = 3
 		minKills = 3
 	)
 	dsn, pool := migrated(t)
+	emit := capture == relay.CaptureLog
+	if emit {
+		captureLog(t, dsn, pool)
+		if _, err := pool.Exec(context.Background(), "CREATE SEQUENCE checker_order"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c := kafkatest.NewCluster(t, []string{"events", "changes", "audit"}, kfake.DefaultNumPartitions(6))
 	var produceRequests atomic.Int64
 	c.Fault(kfake.Fault{
@@ -371,23 +397,39 @@ func checkKillRestart(t *testing.T, strict bool, scope string, rows int64) {
 	// destinations: a row's first arrival is its first delivery.
 	var arrivedMu sync.Mutex
 	var arrived []arrival
-	firstArrival := map[int64]bool{}
+	firstArrival := map[string]bool{}
 	kafkatest.WatchProduce(c, func(topic string, _ int32, rec *kmsg.Record) {
+		a := arrival{key: string(rec.Key), topic: topic, at: time.Now()}
+		first := ""
 		for _, h := range rec.Headers {
-			if h.Key != kafka.HeaderID {
-				continue
+			switch {
+			case h.Key == kafka.HeaderID && !emit:
+				id, err := strconv.ParseInt(string(h.Value), 10, 64)
+				if err != nil {
+					return
+				}
+				a.id, first = id, string(h.Value)
+			case h.Key == kafka.HeaderEventID && emit:
+				// The producers' order: the key's sequence, then the
+				// message's place in its transaction.
+				seq, i, _ := strings.Cut(string(rec.Value), "/")
+				n, err1 := strconv.ParseInt(seq, 10, 64)
+				m, err2 := strconv.ParseInt(i, 10, 64)
+				if err1 != nil || err2 != nil {
+					return
+				}
+				a.id, first = n*100+m, string(h.Value)
 			}
-			id, err := strconv.ParseInt(string(h.Value), 10, 64)
-			if err != nil {
-				return
-			}
-			arrivedMu.Lock()
-			if !firstArrival[id] {
-				firstArrival[id] = true
-				arrived = append(arrived, arrival{id: id, key: string(rec.Key), topic: topic, at: time.Now()})
-			}
-			arrivedMu.Unlock()
 		}
+		if first == "" {
+			return
+		}
+		arrivedMu.Lock()
+		if !firstArrival[first] {
+			firstArrival[first] = true
+			arrived = append(arrived, a)
+		}
+		arrivedMu.Unlock()
 	})
 	cfgFile := filepath.Join(t.TempDir(), "relay.yaml")
 	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
@@ -406,9 +448,11 @@ routes:
 		"OUTBOX_RELAY_WORKERS=2",
 		"OUTBOX_RELAY_STRICT_ORDER="+strconv.FormatBool(strict),
 		"OUTBOX_RELAY_ORDER_SCOPE="+scope,
+		"OUTBOX_RELAY_CAPTURE="+capture,
 	)...)
 
 	book := newLedger()
+	book.emit = emit
 	producing := produceChecked(t, pool, book, strict, rows, []string{"events", "changes", "audit"})
 
 	// Chaos: each relay is SIGKILLed at a random moment and restarted,
@@ -418,7 +462,25 @@ routes:
 		return
 	}
 
-	drainCalmly(t, env, relays, pool)
+	if emit {
+		// Everything written is in the log before this position: drained
+		// once the slot has confirmed it and the table is empty.
+		var end string
+		if err := pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&end); err != nil {
+			t.Fatal(err)
+		}
+		drainCalmlyUntil(t, env, relays, func() bool {
+			var done bool
+			err := pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`,
+				end, schema.Slot(schema.Default)).Scan(&done)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return done && countRows(t, pool, "true") == 0
+		})
+	} else {
+		drainCalmly(t, env, relays, pool)
+	}
 
 	// Check.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -505,6 +567,16 @@ func produceChecked(t *testing.T, pool *pgxpool.Pool, book *ledger, strict bool,
 							return err
 						}
 					}
+					if book.emit {
+						// Under the keys' locks: the keys' commit order.
+						var seq int64
+						if err := tx.QueryRow(ctx, "SELECT nextval('checker_order')").Scan(&seq); err != nil {
+							return err
+						}
+						for i := range msgs {
+							msgs[i].Payload = []byte(fmt.Sprintf("%d/%d", seq, i))
+						}
+					}
 					return nil
 				})
 				if err != nil {
@@ -524,7 +596,7 @@ func produceChecked(t *testing.T, pool *pgxpool.Pool, book *ledger, strict bool,
 
 // arrival is a row's first arrival at a broker.
 type arrival struct {
-	id         int64
+	id         int64 // its row id; in capture from the log, its place in the producers' order
 	key, topic string
 	at         time.Time
 }
@@ -574,6 +646,12 @@ var checkerSettings = []string{
 // env drain what is left, then stop cleanly on SIGTERM.
 func drainCalmly(t *testing.T, env []string, relays int, pool *pgxpool.Pool) {
 	t.Helper()
+	drainCalmlyUntil(t, env, relays, func() bool { return countRows(t, pool, "true") == 0 })
+}
+
+// drainCalmlyUntil is drainCalmly until drained says all is delivered.
+func drainCalmlyUntil(t *testing.T, env []string, relays int, drained func() bool) {
+	t.Helper()
 	var final []*relayProcess
 	for range relays {
 		p := startRelay(t, append(env, "OUTBOX_LOG_LEVEL=info"))
@@ -582,7 +660,7 @@ func drainCalmly(t *testing.T, env []string, relays int, pool *pgxpool.Pool) {
 	}
 	// A key's rows alternating two topics of one destination move a row a
 	// batch; on a loaded machine the drain takes minutes.
-	testwait.Within(t, 4*time.Minute, "the outbox to drain", func() bool { return countRows(t, pool, "true") == 0 })
+	testwait.Within(t, 4*time.Minute, "the outbox to drain", drained)
 	for _, p := range final {
 		p.signal(t, syscall.SIGTERM)
 	}
@@ -644,6 +722,8 @@ var errRollback = fmt.Errorf("rolled back on purpose")
 type ledger struct {
 	mu                    sync.Mutex
 	committed, rolledBack map[uuid.UUID]bool
+	// emit writes into the write-ahead log (capture: log).
+	emit bool
 }
 
 func newLedger() *ledger {
@@ -662,7 +742,13 @@ func (l *ledger) write(ctx context.Context, pool *pgxpool.Pool, p *outbox.Produc
 			}
 		}
 		var err error
-		if ids, err = p.Write(ctx, tx, msgs...); err != nil {
+		write := p.Write
+		if l.emit {
+			write = func(ctx context.Context, tx outbox.DB, msgs ...outbox.Message) ([]uuid.UUID, error) {
+				return p.Emit(ctx, tx, msgs...)
+			}
+		}
+		if ids, err = write(ctx, tx, msgs...); err != nil {
 			return err
 		}
 		if rollback {
@@ -713,4 +799,34 @@ func (l *ledger) check(t *testing.T, delivered map[uuid.UUID]int) {
 	if missing > 0 || phantom > 0 {
 		t.Errorf("%d committed rows never delivered, %d rolled-back rows delivered", missing, phantom)
 	}
+}
+
+// captureLog sets the outbox of dsn up for capture from the log with the
+// binary, as an operator would, and drops its slot when the test ends
+// (a slot outlives the relays and holds the server's log).
+func captureLog(t *testing.T, dsn string, pool *pgxpool.Pool) {
+	t.Helper()
+	var level string
+	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		t.Skipf("the server runs with wal_level %s; capture from the log needs logical", level)
+	}
+	r := runBinary(t, []string{"OUTBOX_DATABASE_URL=" + dsn, "OUTBOX_RELAY_CAPTURE=log"}, "capture", "setup")
+	if r.code != 0 {
+		t.Fatalf("capture setup: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		slot := schema.Slot(schema.Default)
+		testwait.For(t, "the slot to be free", func() bool {
+			var active bool
+			err := pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+			return errors.Is(err, pgx.ErrNoRows) || (err == nil && !active)
+		})
+		if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
+			t.Errorf("drop slot: %v", err)
+		}
+	})
 }

@@ -25,7 +25,7 @@ var layers = [][]string{
 	{"relay/store", "outbox", "migrations", "relay/sink/builtin"},
 	// Flow control: each destination's breaker, pauses, bulkhead, gates
 	// and fleet share; judging and settling a publish's results.
-	{"relay/flow"},
+	{"relay/flow", "relay/logsource"},
 	// The delivery engine.
 	{"relay"},
 	// What runs beside it: coordination, dead letters, metrics, history.

@@ -72,55 +72,19 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 	if c.store.looked != nil {
 		c.store.looked()
 	}
-	var sent, deferIDs []int64
-	var deferAt []time.Time
-	var leased []int64
-	var leaseFor []time.Duration
-	var leaseTokens []uuid.UUID
-	var fails outboxdb.Failures
+	var w writes
 	for _, id := range behind {
-		deferIDs = append(deferIDs, id)
-		deferAt = append(deferAt, c.Now)
+		w.deferIDs = append(w.deferIDs, id)
+		w.deferAt = append(w.deferAt, c.Now)
 	}
 	for _, o := range outcomes {
 		if o.Kind == Deferred && released(o.ID) {
 			o.Delay = 0
 		}
-		if o.Kind == Sent {
-			sent = append(sent, o.ID)
-			continue
-		}
-		if o.Kind == Leased {
-			leased = append(leased, o.ID)
-			leaseTokens = append(leaseTokens, o.Token)
-			leaseFor = append(leaseFor, o.Delay)
-			continue
-		}
-		if o.Kind == Deferred && !o.Attempted {
-			// Never handed to the destination: nothing to record but when
-			// to look again.
-			deferIDs = append(deferIDs, o.ID)
-			deferAt = append(deferAt, c.Now.Add(o.Delay))
-			continue
-		}
-		inc := int32(0)
-		if o.Attempted && o.Kind != Deferred {
-			inc = 1
-		}
-		fails.Add(o.failure(inc, o.Attempted, pgtype.UUID{}))
+		w.add(o, c.Now)
 	}
 	b := &pgx.Batch{}
-	if len(sent) > 0 {
-		q.QueueSent(b, sent)
-	}
-	if len(deferIDs) > 0 {
-		q.QueueDefer(b, deferIDs, deferAt)
-	}
-	q.QueueFail(b, &fails, c.store.errorHistory)
-	if len(leased) > 0 {
-		c.LeaseExpiry = make(map[int64]time.Time, len(leased))
-		q.QueueLease(b, leased, leaseTokens, leaseFor, func(id int64, until time.Time) { c.LeaseExpiry[id] = until })
-	}
+	c.LeaseExpiry = w.queue(q, b, c.store.errorHistory)
 	if b.Len() > 0 {
 		if err := c.tx.SendBatch(ctx, b).Close(); err != nil {
 			_ = c.tx.Rollback(context.WithoutCancel(ctx))
@@ -138,6 +102,57 @@ func (c *Claim) Complete(ctx context.Context, outcomes []Outcome) error {
 		c.releaseEndedLeases(ctx)
 	}
 	return nil
+}
+
+// writes are the statements that write a claim's outcomes back.
+type writes struct {
+	sent, deferIDs []int64
+	deferAt        []time.Time
+	leased         []int64
+	leaseFor       []time.Duration
+	leaseTokens    []uuid.UUID
+	fails          outboxdb.Failures
+}
+
+// add sorts o among the writes; now is the claim's clock.
+func (w *writes) add(o Outcome, now time.Time) {
+	switch {
+	case o.Kind == Sent:
+		w.sent = append(w.sent, o.ID)
+	case o.Kind == Leased:
+		w.leased = append(w.leased, o.ID)
+		w.leaseTokens = append(w.leaseTokens, o.Token)
+		w.leaseFor = append(w.leaseFor, o.Delay)
+	case o.Kind == Deferred && !o.Attempted:
+		// Never handed to the destination: nothing to record but when
+		// to look again.
+		w.deferIDs = append(w.deferIDs, o.ID)
+		w.deferAt = append(w.deferAt, now.Add(o.Delay))
+	default:
+		inc := int32(0)
+		if o.Attempted && o.Kind != Deferred {
+			inc = 1
+		}
+		w.fails.Add(o.failure(inc, o.Attempted, pgtype.UUID{}))
+	}
+}
+
+// queue adds the writes to b, and returns when each leased row's lease
+// ends, filled as b runs (nil without leases).
+func (w *writes) queue(q *outboxdb.Queries, b *pgx.Batch, history int) map[int64]time.Time {
+	if len(w.sent) > 0 {
+		q.QueueSent(b, w.sent)
+	}
+	if len(w.deferIDs) > 0 {
+		q.QueueDefer(b, w.deferIDs, w.deferAt)
+	}
+	q.QueueFail(b, &w.fails, history)
+	if len(w.leased) == 0 {
+		return nil
+	}
+	expiry := make(map[int64]time.Time, len(w.leased))
+	q.QueueLease(b, w.leased, w.leaseTokens, w.leaseFor, func(id int64, until time.Time) { expiry[id] = until })
+	return expiry
 }
 
 // failure is the write-back of o, a failed, deferred or dead-lettered

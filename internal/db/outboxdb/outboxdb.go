@@ -88,6 +88,7 @@ type Queries struct {
 	insertAudit, auditedRows                    string
 	groupRows                                   string
 	findRow, keyRows, keyHolders                string
+	logReserveIDs, logKeysInTable, logAdopt     string
 	server                                      Server
 }
 
@@ -181,6 +182,8 @@ type names struct {
 	History, HistoryAdd string
 	// Changes are the breakers' changes.
 	Changes string
+	// Emit writes a message into the write-ahead log.
+	Emit string
 }
 
 // quoted returns the names of schemaName's tables and functions, quoted.
@@ -198,7 +201,7 @@ func quoted(schemaName string) (names, error) {
 		Claimers: id("outbox_claimers"), Partitions: id("outbox_claim_partitions"),
 		Replicas: id("outbox_fleet_replicas"), Breakers: id("outbox_fleet_breakers"), Shares: id("outbox_fleet_shares"),
 		History: id("outbox_history"), HistoryAdd: id("outbox_history_add"),
-		Changes: id("outbox_breaker_changes"),
+		Changes: id("outbox_breaker_changes"), Emit: id("outbox_emit"),
 	}, nil
 }
 
@@ -295,6 +298,7 @@ func New(schemaName string, opts Options) (*Queries, error) {
 		"lock_for_edit": &q.lockForEdit, "edit": &q.edit, "release_key": &q.releaseKey,
 		"lock_behind_keys": &q.lockBehindKeys, "unpark": &q.unpark,
 		"insert_audit": &q.insertAudit, "audited_rows": &q.auditedRows,
+		"log_reserve_ids": &q.logReserveIDs, "log_keys_in_table": &q.logKeysInTable, "log_adopt": &q.logAdopt,
 		"group_rows": &q.groupRows, "find_row": &q.findRow, "key_rows": &q.keyRows, "key_holders": &q.keyHolders,
 		"strict_check": &q.server.StrictCheck, "observe_last": &q.server.ObserveLast,
 		"observe_xids": &q.server.ObserveXids, "order_holder": &q.server.OrderHolder,

@@ -16,7 +16,7 @@ type Execer interface {
 
 // Producer is the producer's statement on one schema's outbox
 // (sql/produce.sql).
-type Producer struct{ insert string }
+type Producer struct{ insert, emit string }
 
 // NewProducer renders the producer's statement for schemaName (default
 // "public").
@@ -25,8 +25,12 @@ func NewProducer(schemaName string) (Producer, error) {
 	if err != nil {
 		return Producer{}, err
 	}
-	s, err := render("produce", n)
-	return Producer{insert: s}, err
+	var p Producer
+	if p.insert, err = render("produce", n); err != nil {
+		return Producer{}, err
+	}
+	p.emit, err = render("emit", n)
+	return p, err
 }
 
 // Messages are the columns of the messages one write inserts, an element
@@ -43,5 +47,13 @@ type Messages struct {
 // Insert writes m in one statement through db.
 func (p Producer) Insert(ctx context.Context, db Execer, m Messages) error {
 	_, err := db.Exec(ctx, p.insert, m.EventIDs, m.Topics, m.Keys, m.Payloads, m.Headers, m.DelaysUS)
+	return err
+}
+
+// Emit writes m into the write-ahead log through db, one logical decoding
+// message each (the schema's outbox_emit), in one statement. m.DelaysUS
+// is not read: a message in the log has no delay.
+func (p Producer) Emit(ctx context.Context, db Execer, m Messages) error {
+	_, err := db.Exec(ctx, p.emit, m.EventIDs, m.Topics, m.Keys, m.Payloads, m.Headers)
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"regexp"
+	"strings"
 )
 
 // Default is the schema used when none is configured.
@@ -41,3 +42,26 @@ func LockID(name string) int64 {
 	h.Write([]byte("outbox-relay migrations " + name))
 	return int64(h.Sum64())
 }
+
+// Slot names the replication slot, and the publication, through which the
+// relay reads the messages an outbox's producers write into the
+// write-ahead log: "outbox_" and the schema in lower case (slot names
+// allow no capitals), with a hash of the schema where lowering changed it,
+// so that two schemas never share a slot. At most 63 bytes.
+func Slot(name string) string {
+	lower := strings.ToLower(name)
+	if lower == name {
+		return "outbox_" + name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	if len(lower) > 47 {
+		lower = lower[:47]
+	}
+	return fmt.Sprintf("outbox_%s_%08x", lower, h.Sum32())
+}
+
+// MessagePrefix is the prefix of the logical decoding messages that carry
+// an outbox's messages: it names the outbox, so that several outboxes can
+// share a database, and other writers' messages are told apart.
+func MessagePrefix(name string) string { return "outbox-relay:" + name }

@@ -117,9 +117,13 @@ func start() (stop func() error, err error) {
 	}
 	// Prepared transactions are allowed: tests of what holds the xmin
 	// horizon prepare one. pg_stat_statements counts what each statement
-	// reads, for tests of what a claim costs the database.
+	// reads, for tests of what a claim costs the database. Logical
+	// decoding serves the outboxes captured from the write-ahead log.
 	srv, err := pgserver.Start(ctx, pgserver.Options{Settings: map[string]string{
 		"max_prepared_transactions": "10",
+		"wal_level":                 "logical",
+		"max_replication_slots":     "40",
+		"max_wal_senders":           "40",
 		"shared_preload_libraries":  "pg_stat_statements",
 		"pg_stat_statements.max":    "10000",
 	}})
@@ -285,7 +289,13 @@ func randomSuffix() string {
 // that stop a database while another keeps running.
 func NewServer(tb testing.TB) *pgserver.Server {
 	tb.Helper()
-	srv, err := pgserver.Start(context.Background(), pgserver.Options{})
+	return NewServerWith(tb, nil)
+}
+
+// NewServerWith is NewServer with extra server settings.
+func NewServerWith(tb testing.TB, settings map[string]string) *pgserver.Server {
+	tb.Helper()
+	srv, err := pgserver.Start(context.Background(), pgserver.Options{Settings: settings})
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}

@@ -12,3 +12,16 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::big
      WITH ORDINALITY AS m(event_id, topic, key, payload, headers, delay_us, ord)
 ORDER BY m.ord
 {{end}}
+
+{{/*
+The producer's write into the write-ahead log (an outbox captured from
+the log): outbox_emit once a message, in the caller's order, which the
+sort keeps (a volatile function is computed after ORDER BY).
+*/}}
+
+{{define "emit"}}
+SELECT {{.Emit}}(m.topic, m.key, m.payload, m.headers::jsonb, m.event_id)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[])
+     WITH ORDINALITY AS m(event_id, topic, key, payload, headers, ord)
+ORDER BY m.ord
+{{end}}

@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -53,26 +54,31 @@ func main() {
 	relayBin := flag.String("relay", "bin/outbox-relay", "the outbox-relay binary to run")
 	rate := flag.Int("rate", 200, "order transactions per second")
 	customers := flag.Int("customers", 300, "distinct customers (message keys)")
+	capture := flag.String("capture", "table", "where the producer writes: table (the outbox table) or log (the write-ahead log, with outbox_emit)")
 	sinkKind := flag.String("sink", "kafka", "where the orders go: kafka (an in-process Kafka-protocol broker), nats (an in-process NATS server with JetStream), pubsub (Pub/Sub's in-process emulator), redis or rabbitmq (a local redis-server or RabbitMQ node), sqs (a local SQS emulator)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *relayBin, *sinkKind, *rate, *customers); err != nil {
+	if err := run(ctx, *relayBin, *sinkKind, *capture, *rate, *customers); err != nil {
 		fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) error {
+func run(ctx context.Context, relayBin, sinkKind, capture string, rate, customers int) error {
 	switch sinkKind {
 	case "kafka", "nats", "pubsub", "redis", "rabbitmq", "sqs":
 	default:
 		return fmt.Errorf("-sink %s: use kafka, nats, pubsub, redis, rabbitmq or sqs", sinkKind)
 	}
+	if capture != "table" && capture != "log" {
+		return fmt.Errorf("-capture %s: use table or log", capture)
+	}
 	dsn := os.Getenv("OUTBOX_DATABASE_URL")
 	if dsn == "" {
 		fmt.Println("starting a throwaway PostgreSQL cluster ...")
-		srv, err := pgserver.Start(context.WithoutCancel(ctx), pgserver.Options{})
+		// Logical decoding, for capture from the log.
+		srv, err := pgserver.Start(context.WithoutCancel(ctx), pgserver.Options{Settings: map[string]string{"wal_level": "logical"}})
 		if err != nil {
 			return err
 		}
@@ -176,6 +182,15 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 	if err := migrate(ctx, pool); err != nil {
 		return err
 	}
+	if capture == "log" {
+		// As an operator would: 'outbox-relay capture setup'.
+		setup := exec.CommandContext(ctx, relayBin, "capture", "setup")
+		setup.Env = append(os.Environ(), "OUTBOX_DATABASE_URL="+dsn, "OUTBOX_RELAY_CAPTURE=log")
+		setup.Stdout, setup.Stderr = os.Stdout, os.Stderr
+		if err := setup.Run(); err != nil {
+			return fmt.Errorf("capture setup: %w", err)
+		}
+	}
 
 	adminAddr, err := freeAddr(envOr("OUTBOX_ADMIN_LISTEN", ""))
 	if err != nil {
@@ -188,7 +203,8 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_CONFIG="+cfgFile,
 		// The console's trends fill within seconds, not at the minute.
 		"OUTBOX_ADMIN_HISTORY_INTERVAL="+envOr("OUTBOX_ADMIN_HISTORY_INTERVAL", "5s"),
-		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"))
+		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"),
+		"OUTBOX_RELAY_CAPTURE="+capture)
 	relay.Env = append(relay.Env, ordersEnv...)
 	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr
 	// Its own process group: Ctrl-C reaches it through us, as SIGTERM.
@@ -222,7 +238,7 @@ func run(ctx context.Context, relayBin, sinkKind string, rate, customers int) er
 	fmt.Println()
 
 	var produced atomic.Int64
-	go produce(ctx, pool, rate, customers, &produced)
+	go produce(ctx, pool, capture == "log", rate, customers, &produced)
 	var d int64
 
 	tick := time.NewTicker(time.Second)
@@ -277,11 +293,20 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 
 // produce places orders: each transaction inserts an order and its outbox
 // message, keyed by customer, and one in ten rolls back.
-func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produced *atomic.Int64) {
+func produce(ctx context.Context, pool *pgxpool.Pool, emit bool, rate, customers int, produced *atomic.Int64) {
 	producer, err := outbox.NewProducer(outbox.ProducerConfig{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "localstack: producer:", err)
 		return
+	}
+	// Into the table, or with capture from the log into the log.
+	write := func(ctx context.Context, tx pgx.Tx, m outbox.Message) ([]uuid.UUID, error) {
+		return producer.Write(ctx, tx, m)
+	}
+	if emit {
+		write = func(ctx context.Context, tx pgx.Tx, m outbox.Message) ([]uuid.UUID, error) {
+			return producer.Emit(ctx, tx, m)
+		}
 	}
 	rng := mrand.New(mrand.NewPCG(mrand.Uint64(), mrand.Uint64()))
 	tick := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
@@ -308,7 +333,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produ
 				customer, total).Scan(&id); err != nil {
 				return err
 			}
-			_, err := producer.Write(ctx, tx, outbox.Message{
+			_, err := write(ctx, tx, outbox.Message{
 				Topic:   topic,
 				Key:     customer,
 				Payload: fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"total_cents":%d,"notes":%q}`, id, customer, total, notes),
@@ -318,7 +343,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool, rate, customers int, produ
 				return err
 			}
 			if notify {
-				_, err = producer.Write(ctx, tx, outbox.Message{
+				_, err = write(ctx, tx, outbox.Message{
 					Topic:   notifyTopic,
 					Key:     customer,
 					Payload: fmt.Appendf(nil, `{"order_id":%d,"customer":%q,"email":true,"poison":%t}`, id, customer, poison),

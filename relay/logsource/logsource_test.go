@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -42,8 +44,14 @@ type capture struct {
 
 func newCapture(t *testing.T) *capture {
 	t.Helper()
+	return newCaptureIn(t, pgtest.URL(t))
+}
+
+// newCaptureIn is newCapture in the database dbURL names.
+func newCaptureIn(t *testing.T, dbURL string) *capture {
+	t.Helper()
 	ctx := context.Background()
-	s := pgtest.NewSchema(t)
+	s := pgtest.NewSchemaIn(t, dbURL)
 	var level string
 	if err := s.Pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
 		t.Fatal(err)
@@ -527,5 +535,106 @@ func TestALostSlotIsReported(t *testing.T) {
 	checks, err := logsource.Setup(ctx, s.Pool, s.Name, logsource.SetupOptions{Create: true, Recreate: true})
 	if err != nil || logsource.Missing(checks) != "" {
 		t.Fatalf("recreate: %v %v", checks, err)
+	}
+}
+
+// A PostgreSQL crash and restart: the stream starts again from the
+// position the server kept, messages it had not kept are read again, once
+// more at most, and those already written into the table stay one row.
+func TestAServerRestart(t *testing.T) {
+	testwait.SkipShort(t)
+	t.Parallel()
+	ctx := context.Background()
+	srv := pgtest.NewServerWith(t, map[string]string{"wal_level": "logical"})
+	c := newCaptureIn(t, srv.DSN("postgres"))
+	src, _ := c.source()
+	c.emit(true, msg("orders", "a", "1"), msg("orders", "b", "1"))
+	b := c.claim(src, store.ClaimParams{})
+	if got := payloads(b.Records); fmt.Sprint(got) != "[a/1 b/1]" {
+		t.Fatalf("claimed %v", got)
+	}
+	if err := b.Complete(ctx, []store.Outcome{
+		{ID: b.Records[0].ID, Kind: store.Retried, Delay: time.Hour, Error: "503", Attempted: true},
+		{ID: b.Records[1].ID, Kind: store.Sent},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The pool's connections died with the server.
+	c.s.Pool.Reset()
+	testwait.For(t, "the server to answer", func() bool { return c.s.Pool.Ping(ctx) == nil })
+	c.emit(true, msg("orders", "a", "2"), msg("orders", "b", "2"))
+	var got []string
+	for !slices.Contains(got, "b/2") {
+		b := c.claim(src, store.ClaimParams{})
+		got = append(got, payloads(b.Records)...)
+		if err := b.Complete(ctx, sent(b.Records)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fmt.Sprint(got) != "[b/2]" && fmt.Sprint(got) != "[b/1 b/2]" {
+		t.Fatalf("after the restart delivered %v, want b/2 (after b/1 read again, at most)", got)
+	}
+	want := []string{"a/1 pending 1 later", "a/2 pending 0 due"}
+	if rows := c.tableRows(); fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Fatalf("table holds %q, want %q", rows, want)
+	}
+}
+
+// Serializable producers, each updating its own row in transactions of
+// its own and writing a message: outbox_emit touches no table, so it
+// adds no serialization failure to what the updates have without any
+// outbox; the table's insert is measured beside.
+func TestSerializableProducers(t *testing.T) {
+	testwait.SkipShort(t)
+	t.Parallel()
+	ctx := context.Background()
+	c := newCapture(t)
+	c.s.Exec(t, "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
+	c.s.Exec(t, "INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 8) g")
+	pool := c.s.WithConns(t, 10).Pool
+	failures := func(write func(tx pgx.Tx, id int) error) int {
+		var mu sync.Mutex
+		failed := 0
+		var wg sync.WaitGroup
+		for id := 1; id <= 8; id++ {
+			wg.Go(func() {
+				for range 150 {
+					err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
+						if _, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance + 1 WHERE id = $1", id); err != nil {
+							return err
+						}
+						return write(tx, id)
+					})
+					var pe *pgconn.PgError
+					switch {
+					case errors.As(err, &pe) && pe.Code == "40001":
+						mu.Lock()
+						failed++
+						mu.Unlock()
+					case err != nil:
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return failed
+	}
+	none := failures(func(pgx.Tx, int) error { return nil })
+	emit := failures(func(tx pgx.Tx, id int) error {
+		_, err := c.prod.Emit(ctx, tx, msg("accounts", strconv.Itoa(id), "changed"))
+		return err
+	})
+	table := failures(func(tx pgx.Tx, id int) error {
+		_, err := c.prod.Write(ctx, tx, msg("accounts", strconv.Itoa(id), "changed"))
+		return err
+	})
+	t.Logf("serialization failures in 1,200 transactions: %d without an outbox, %d with outbox_emit, %d with the table", none, emit, table)
+	if emit > none {
+		t.Errorf("outbox_emit added serialization failures: %d against %d without an outbox", emit, none)
 	}
 }

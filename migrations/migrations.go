@@ -220,11 +220,11 @@ func render(name string) (fs.FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	data := struct{ Schema, SchemaText, Slot, Prefix string }{
-		Schema:     pgx.Identifier{name}.Sanitize(),
-		SchemaText: name,
-		Slot:       schema.Slot(name),
-		Prefix:     schema.MessagePrefix(name),
+	data := struct{ Schema, SchemaText, Publication, Prefix string }{
+		Schema:      pgx.Identifier{name}.Sanitize(),
+		SchemaText:  name,
+		Publication: schema.Publication(name),
+		Prefix:      schema.MessagePrefix(name),
 	}
 	out := fstest.MapFS{}
 	for _, file := range names {

@@ -373,7 +373,10 @@ func TestEmitNeedsTheSlot(t *testing.T) {
 	s := pgtest.NewSchema(t)
 	p := newProducer(t, s, outbox.ProducerConfig{})
 	_, err := p.Emit(ctx, s.Pool, outbox.Message{Topic: "orders", Key: "k", Payload: []byte("x")})
-	slot := "outbox_" + s.Name
+	var slot string
+	if err := s.Pool.QueryRow(ctx, "SELECT outbox_capture_slot()").Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
 	if err == nil || !strings.Contains(err.Error(), slot) || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("Emit without the slot: %v, want an error naming slot %s", err, slot)
 	}

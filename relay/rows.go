@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay/logsource"
 	"github.com/outbox-relay/outbox-relay/relay/store"
@@ -55,18 +56,25 @@ func (t tableRows) Claim(ctx context.Context, p store.ClaimParams) (Claimed, err
 // logRows is an outbox captured from the write-ahead log: batches of the
 // messages its slot streams (to the replica that holds the slot) and of
 // its table, where messages that must wait went. The log goes first, the
-// table every fourth claim and whenever the log has nothing, so that
-// neither starves the other.
+// table every fourth claim and whenever the log has nothing, but only
+// when it may hold ready rows: a notification came (rows were inserted,
+// by this source too), held rows were released, a claim of it last found
+// some, or the poll interval passed since one found none.
 type logRows struct {
 	tableRows
 	log  *logsource.Source
+	poll time.Duration
 	turn atomic.Uint32
+	// notified: rows may have become ready in the table since its last
+	// claim; emptyAt: when its last claim found none (0: it found some).
+	notified atomic.Bool
+	emptyAt  atomic.Int64
 }
 
 func (l *logRows) Claim(ctx context.Context, p store.ClaimParams) (Claimed, error) {
-	tableFirst := l.turn.Add(1)%4 == 0
+	tableFirst := l.turn.Add(1)%4 == 0 && l.tableDue()
 	if tableFirst {
-		c, err := l.tableRows.Claim(ctx, p)
+		c, err := l.claimTable(ctx, p)
 		if err != nil || !empty(c) {
 			return c, err
 		}
@@ -78,13 +86,44 @@ func (l *logRows) Claim(ctx context.Context, p store.ClaimParams) (Claimed, erro
 	if err != nil {
 		return nil, err
 	}
-	if !empty(b) || tableFirst {
+	if !empty(b) || tableFirst || !l.tableDue() {
 		return b, nil
 	}
 	if err := b.Release(ctx); err != nil {
 		return nil, err
 	}
-	return l.tableRows.Claim(ctx, p)
+	return l.claimTable(ctx, p)
+}
+
+// tableDue says the table may hold ready rows.
+func (l *logRows) tableDue() bool {
+	if l.notified.Swap(false) {
+		return true
+	}
+	at := l.emptyAt.Load()
+	return at == 0 || time.Since(time.Unix(0, at)) >= l.poll
+}
+
+// claimTable claims the table's rows, noting whether it found any.
+func (l *logRows) claimTable(ctx context.Context, p store.ClaimParams) (Claimed, error) {
+	c, err := l.tableRows.Claim(ctx, p)
+	switch {
+	case err != nil:
+		l.notified.Store(true)
+	case empty(c):
+		l.emptyAt.Store(time.Now().UnixNano())
+	default:
+		l.emptyAt.Store(0)
+	}
+	return c, err
+}
+
+// ReleaseHeld makes the held rows ready in the table, which then has
+// rows to claim.
+func (l *logRows) ReleaseHeld(ctx context.Context, rows []store.HeldRow) (int64, error) {
+	n, err := l.tableRows.ReleaseHeld(ctx, rows)
+	l.notified.Store(true)
+	return n, err
 }
 
 // empty says c holds nothing to deliver or write back.

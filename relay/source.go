@@ -191,8 +191,14 @@ func newSource(r *Relay, index int, o Outbox) *source {
 	s.cleaning = newService("cleaner", s.cleaner.run)
 	s.releasing = newService("releaser", s.releaseHeld)
 	if o.Log != nil {
-		s.rows = &logRows{tableRows: tableRows{o.Store}, log: o.Log}
+		rows := &logRows{tableRows: tableRows{o.Store}, log: o.Log, poll: cfg.PollInterval}
+		s.rows = rows
 		s.capturing = newService("capture", func(ctx context.Context) error { return o.Log.Run(ctx, s.wakeAll) })
+		// A notification says the table has new rows: the log's, written
+		// into it, or a producer's.
+		s.listening = newService("listener", func(ctx context.Context) error {
+			return s.listener.Run(ctx, func() { rows.notified.Store(true); s.wakeAll() }, s.resyncSoon)
+		})
 	}
 	return s
 }

@@ -46,7 +46,7 @@ func TestCaptureFromTheLogThroughTheBinary(t *testing.T) {
 	addr := adminAddr(t, p)
 	testwait.For(t, "readiness to name the missing slot", func() bool {
 		code, body := get(t, addr, "/readyz")
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "capture: replication slot outbox_public does not exist")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "capture: replication slot outbox_public_") && strings.Contains(body, "does not exist")
 	})
 
 	captureLog(t, dsn, pool) // 'capture setup', as an operator would
@@ -151,7 +151,7 @@ func TestCaptureSIGKILLMidStream(t *testing.T) {
 	p = startRelay(t, env)
 	testwait.Within(t, 2*time.Minute, "the slot to confirm every message", func() bool {
 		var done bool
-		if err := pool.QueryRow(ctx, "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'outbox_public'", end).Scan(&done); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = outbox_capture_slot()", end).Scan(&done); err != nil {
 			t.Fatal(err)
 		}
 		return done

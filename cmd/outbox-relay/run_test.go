@@ -26,7 +26,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/outbox-relay/outbox-relay/internal/db/schema"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -471,8 +470,8 @@ routes:
 		}
 		drainCalmlyUntil(t, env, relays, func() bool {
 			var done bool
-			err := pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`,
-				end, schema.Slot(schema.Default)).Scan(&done)
+			err := pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = outbox_capture_slot()`,
+				end).Scan(&done)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -819,13 +818,12 @@ func captureLog(t *testing.T, dsn string, pool *pgxpool.Pool) {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
-		slot := schema.Slot(schema.Default)
 		testwait.For(t, "the slot to be free", func() bool {
 			var active bool
-			err := pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+			err := pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = outbox_capture_slot()").Scan(&active)
 			return errors.Is(err, pgx.ErrNoRows) || (err == nil && !active)
 		})
-		if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
+		if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = outbox_capture_slot()"); err != nil {
 			t.Errorf("drop slot: %v", err)
 		}
 	})

@@ -78,7 +78,7 @@ func newCaptureIn(t *testing.T, dbURL string) *capture {
 	t.Cleanup(func() {
 		c.stopAll()
 		// A slot outlives its schema, and holds the log: drop it.
-		slot := schema.Slot(s.Name)
+		slot := slotName(t, s)
 		testwait.For(t, "the slot to be free", func() bool {
 			var active bool
 			err := s.Pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
@@ -87,7 +87,7 @@ func newCaptureIn(t *testing.T, dbURL string) *capture {
 		if _, err := s.Pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot); err != nil {
 			t.Errorf("drop slot: %v", err)
 		}
-		s.Exec(t, "DROP PUBLICATION IF EXISTS "+slot)
+		s.Exec(t, "DROP PUBLICATION IF EXISTS "+schema.Publication(s.Name))
 	})
 	return c
 }
@@ -198,7 +198,7 @@ func sent(recs []sink.Record) []store.Outcome {
 func (c *capture) slotConfirmed() string {
 	var lsn string
 	if err := c.s.Pool.QueryRow(context.Background(),
-		"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", schema.Slot(c.s.Name)).Scan(&lsn); err != nil {
+		"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = outbox_capture_slot()").Scan(&lsn); err != nil {
 		c.t.Fatal(err)
 	}
 	return lsn
@@ -504,7 +504,7 @@ func TestALostSlotIsReported(t *testing.T) {
 		s.Exec(t, "SELECT pg_switch_wal()")
 		s.Exec(t, "CHECKPOINT")
 		var status string
-		err := s.Pool.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", schema.Slot(s.Name)).Scan(&status)
+		err := s.Pool.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = outbox_capture_slot()").Scan(&status)
 		return err == nil && status == "lost"
 	})
 	conn, err := pgconn.ParseConfig(s.URL)
@@ -637,4 +637,14 @@ func TestSerializableProducers(t *testing.T) {
 	if emit > none {
 		t.Errorf("outbox_emit added serialization failures: %d against %d without an outbox", emit, none)
 	}
+}
+
+// slotName is the name of s's slot, as its schema's function gives it.
+func slotName(t *testing.T, s *pgtest.Schema) string {
+	t.Helper()
+	var n string
+	if err := s.Pool.QueryRow(context.Background(), "SELECT outbox_capture_slot()").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

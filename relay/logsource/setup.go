@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/internal/db/outboxdb"
-	"github.com/outbox-relay/outbox-relay/internal/db/schema"
 )
 
 // Check is one thing capture from the log needs, and whether it holds.
@@ -58,18 +57,18 @@ func Setup(ctx context.Context, db Conn, schemaName string, opts SetupOptions) (
 		}
 	}
 	if !ok["slot"] {
-		var state string
-		err := db.QueryRow(ctx, sql.Slot).Scan(new(string), &state)
+		var slot, confirmed, state string
+		if err := db.QueryRow(ctx, sql.Slot).Scan(&slot, &confirmed, &state); err != nil {
+			return checks, fmt.Errorf("read the slot: %w", err)
+		}
 		switch {
-		case err == nil && state == "lost" && !opts.Recreate:
-			return checks, fmt.Errorf("slot %s is lost: the messages it had not confirmed are gone from the log; "+
-				"recreate it with --recreate once the loss is accounted for (docs/operations.md)", schema.Slot(schemaName))
-		case err == nil && state == "lost":
+		case state == "lost" && !opts.Recreate:
+			return checks, fmt.Errorf("slot %s is lost: the messages it had not confirmed, from %s on, are gone from the log; "+
+				"recreate it with --recreate once the loss is accounted for (docs/capture.md)", slot, confirmed)
+		case state == "lost":
 			if _, err := db.Exec(ctx, sql.DropSlot); err != nil {
 				return checks, fmt.Errorf("drop the lost slot: %w", err)
 			}
-		case err != nil && err != pgx.ErrNoRows:
-			return checks, fmt.Errorf("read the slot: %w", err)
 		}
 		if _, err := db.Exec(ctx, sql.CreateSlot); err != nil {
 			return checks, fmt.Errorf("create the slot: %w", err)
@@ -79,15 +78,29 @@ func Setup(ctx context.Context, db Conn, schemaName string, opts SetupOptions) (
 }
 
 func readChecks(ctx context.Context, db Conn, sql outboxdb.Capture) ([]Check, error) {
-	rows, err := db.Query(ctx, sql.Check)
-	if err != nil {
-		return nil, fmt.Errorf("check capture's set-up: %w", err)
+	read := func(statement string) ([]Check, error) {
+		rows, err := db.Query(ctx, statement)
+		if err != nil {
+			return nil, fmt.Errorf("check capture's set-up: %w", err)
+		}
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Check, error) {
+			var c Check
+			err := r.Scan(&c.What, &c.OK, &c.Found)
+			return c, err
+		})
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Check, error) {
-		var c Check
-		err := r.Scan(&c.What, &c.OK, &c.Found)
-		return c, err
-	})
+	checks, err := read(sql.Check)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range checks {
+		if c.What == "function" && !c.OK {
+			// The slot is named by the function: without it, no slot.
+			return append(checks, Check{What: "slot", Found: "slot (named by outbox_capture_slot)"}), nil
+		}
+	}
+	slot, err := read(sql.SlotCheck)
+	return append(checks, slot...), err
 }
 
 // Missing describes the checks that fail, with what to do about each; ""

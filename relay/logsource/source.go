@@ -62,10 +62,11 @@ type Config struct {
 type Source struct {
 	cfg    Config
 	store  *store.Store
-	slot   string
 	prefix string
 	q      *queue
 	sql    outboxdb.Capture
+	// slot is the slot's name, once read from the database.
+	slot atomic.Value
 	// streaming says this replica holds the slot.
 	streaming atomic.Bool
 	// problem is why it cannot stream: a slot missing or lost.
@@ -100,11 +101,15 @@ func New(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("logsource: %w", err)
 	}
-	return &Source{cfg: cfg, store: cfg.Store, slot: schema.Slot(cfg.Schema), prefix: schema.MessagePrefix(cfg.Schema), q: newQueue(), sql: sql}, nil
+	return &Source{cfg: cfg, store: cfg.Store, prefix: schema.MessagePrefix(cfg.Schema), q: newQueue(), sql: sql}, nil
 }
 
-// Slot names the replication slot it streams from.
-func (s *Source) Slot() string { return s.slot }
+// Slot names the replication slot it streams from, once it has read the
+// name (the schema's outbox_capture_slot()).
+func (s *Source) Slot() string {
+	n, _ := s.slot.Load().(string)
+	return n
+}
 
 // Streaming says whether this replica holds the slot now.
 func (s *Source) Streaming() bool { return s.streaming.Load() }
@@ -138,14 +143,14 @@ func (s *Source) Run(ctx context.Context, wake func()) error {
 			return nil
 		case errors.As(err, &slotErr):
 			if s.Problem() != slotErr.Error() {
-				s.cfg.Log.Error("cannot capture from the write-ahead log", slog.String("slot", s.slot), slog.Any("error", err))
+				s.cfg.Log.Error("cannot capture from the write-ahead log", slog.String("slot", s.Slot()), slog.Any("error", err))
 			}
 			s.problem.Store(slotErr.Error())
 			standing = false
 		case errors.Is(err, errStandby):
 			s.problem.Store("")
 			if !standing {
-				s.cfg.Log.Info("standing by: another replica captures from the slot", slog.String("slot", s.slot))
+				s.cfg.Log.Info("standing by: another replica captures from the slot", slog.String("slot", s.Slot()))
 			}
 			standing = true
 		default:
@@ -155,7 +160,7 @@ func (s *Source) Run(ctx context.Context, wake func()) error {
 			}
 			wait, backoff = backoff, min(2*backoff, 30*time.Second)
 			s.cfg.Log.Warn("capture from the write-ahead log failed; starting again from the confirmed position",
-				slog.String("slot", s.slot), slog.Any("error", err), slog.Duration("retry_in", wait))
+				slog.String("slot", s.Slot()), slog.Any("error", err), slog.Duration("retry_in", wait))
 		}
 		select {
 		case <-ctx.Done():
@@ -176,26 +181,26 @@ func (s *Source) stream(ctx context.Context, wake func()) error {
 		return fmt.Errorf("connect for replication: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	start, err := s.slotStart(ctx, conn)
+	slot, start, err := s.slotStart(ctx, conn)
 	if err != nil {
 		return err
 	}
-	err = pglogrepl.StartReplication(ctx, conn, s.slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
-		"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.slot), "messages 'true'",
+	err = pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+		"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.sql.Publication), "messages 'true'",
 	}})
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55006" { // object_in_use
 			return errStandby
 		}
-		return fmt.Errorf("start replication from slot %s: %w", s.slot, err)
+		return fmt.Errorf("start replication from slot %s: %w", slot, err)
 	}
 	s.problem.Store("")
 	// Messages of an earlier stream are read again from here.
 	s.q.start(start)
 	defer s.q.stop()
 	s.streaming.Store(true)
-	s.cfg.Log.Info("capturing from the write-ahead log", slog.String("slot", s.slot), slog.String("from", start.String()))
+	s.cfg.Log.Info("capturing from the write-ahead log", slog.String("slot", s.Slot()), slog.String("from", start.String()))
 	r := reader{src: s, conn: conn, wake: wake}
 	err = r.run(ctx)
 	// Tell the server what was settled, as a clean stop.
@@ -206,20 +211,26 @@ func (s *Source) stream(ctx context.Context, wake func()) error {
 // slotStart reads where the slot's stream starts: the position it has
 // confirmed. A missing slot, or one whose messages are gone, is an error
 // that says so.
-func (s *Source) slotStart(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+func (s *Source) slotStart(ctx context.Context, conn *pgconn.PgConn) (string, pglogrepl.LSN, error) {
 	res, err := conn.Exec(ctx, s.sql.Slot).ReadAll()
 	if err != nil {
-		return 0, fmt.Errorf("read slot %s: %w", s.slot, err)
+		return "", 0, fmt.Errorf("read the slot: %w", err)
 	}
 	if len(res) == 0 || len(res[0].Rows) == 0 {
-		return 0, &slotError{fmt.Sprintf("replication slot %s does not exist: run 'outbox-relay capture setup'", s.slot)}
+		return "", 0, errors.New("read the slot: no row")
 	}
 	row := res[0].Rows[0]
-	if string(row[1]) == "lost" {
-		return 0, &slotError{fmt.Sprintf("replication slot %s is lost: the server removed write-ahead log it had not confirmed, "+
-			"so the messages written from %s on until it was lost are gone; see docs/capture.md, then 'outbox-relay capture setup --recreate'", s.slot, row[0])}
+	slot, confirmed, status := string(row[0]), string(row[1]), string(row[2])
+	s.slot.Store(slot)
+	if confirmed == "" {
+		return "", 0, &slotError{fmt.Sprintf("replication slot %s does not exist: run 'outbox-relay capture setup'", slot)}
 	}
-	return pglogrepl.ParseLSN(string(row[0]))
+	if status == "lost" {
+		return "", 0, &slotError{fmt.Sprintf("replication slot %s is lost: the server removed write-ahead log it had not confirmed, "+
+			"so the messages written from %s on until it was lost are gone; see docs/capture.md, then 'outbox-relay capture setup --recreate'", slot, confirmed)}
+	}
+	lsn, err := pglogrepl.ParseLSN(confirmed)
+	return slot, lsn, err
 }
 
 // reader reads one stream.

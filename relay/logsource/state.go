@@ -38,7 +38,7 @@ func (s *Source) State(ctx context.Context, db outboxdb.DB) (SlotState, error) {
 		return SlotState{}, nil
 	}
 	if err != nil {
-		return SlotState{}, fmt.Errorf("read slot %s: %w", s.slot, err)
+		return SlotState{}, fmt.Errorf("read the slot: %w", err)
 	}
 	return st, nil
 }

@@ -54,34 +54,40 @@ func (q *Queries) QueueAdopt(b *pgx.Batch, a *Adopted) {
 }
 
 // Capture are the statements of an outbox captured from the write-ahead
-// log (sql/log.sql), rendered for one schema: they name its slot and
-// publication, so that they run on a replication connection too.
+// log (sql/log.sql), rendered for one schema: they name its publication,
+// and its slot through the schema's outbox_capture_slot(), so that they
+// run on a replication connection too.
 type Capture struct {
-	// Slot reads the slot's confirmed position and wal_status.
+	// Publication is the publication's name.
+	Publication string
+	// Slot reads the slot's name, its confirmed position and wal_status.
 	Slot string
 	// SlotState reads whether it streams, its wal_status, its confirmed
 	// position and how many bytes of the log are behind it.
 	SlotState string
-	// Check returns what capture needs, a row each: what, ok, found.
-	Check string
+	// Check returns what capture needs, a row each: what, ok, found;
+	// SlotCheck the slot's row, once the function exists.
+	Check, SlotCheck string
 	// CreatePublication, CreateSlot and DropSlot set it up.
 	CreatePublication, CreateSlot, DropSlot string
 }
 
 // NewCapture renders the statements of Capture for schemaName.
 func NewCapture(schemaName string) (Capture, error) {
+	schemaName = cmp.Or(schemaName, schema.Default)
 	n, err := quoted(schemaName)
 	if err != nil {
 		return Capture{}, err
 	}
-	slot := schema.Slot(cmp.Or(schemaName, schema.Default))
+	pub := schema.Publication(schemaName)
 	data := struct {
 		names
-		Slot, SlotIdent string
-	}{n, slot, pgx.Identifier{slot}.Sanitize()}
-	var c Capture
+		Schema, Publication, PublicationIdent string
+	}{n, pgx.Identifier{schemaName}.Sanitize(), pub, pgx.Identifier{pub}.Sanitize()}
+	c := Capture{Publication: pub}
 	for name, dst := range map[string]*string{
-		"capture_slot": &c.Slot, "capture_slot_state": &c.SlotState, "capture_check": &c.Check, "capture_create_publication": &c.CreatePublication,
+		"capture_slot": &c.Slot, "capture_slot_state": &c.SlotState, "capture_check": &c.Check,
+		"capture_slot_check": &c.SlotCheck, "capture_create_publication": &c.CreatePublication,
 		"capture_create_slot": &c.CreateSlot, "capture_drop_slot": &c.DropSlot,
 	} {
 		if *dst, err = render(name, data); err != nil {

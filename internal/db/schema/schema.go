@@ -43,12 +43,13 @@ func LockID(name string) int64 {
 	return int64(h.Sum64())
 }
 
-// Slot names the replication slot, and the publication, through which the
-// relay reads the messages an outbox's producers write into the
-// write-ahead log: "outbox_" and the schema in lower case (slot names
-// allow no capitals), with a hash of the schema where lowering changed it,
-// so that two schemas never share a slot. At most 63 bytes.
-func Slot(name string) string {
+// Publication names the publication through which the relay reads the
+// messages an outbox's producers write into the write-ahead log:
+// "outbox_" and the schema in lower case, with a hash of the schema where
+// lowering changed it, so that two schemas never share one. At most 63
+// bytes. (The slot's name, unique in the whole cluster, is the schema's
+// outbox_capture_slot(): it names the database too.)
+func Publication(name string) string {
 	lower := strings.ToLower(name)
 	if lower == name {
 		return "outbox_" + name

@@ -95,9 +95,16 @@ type Config struct {
 	// it. Zero SoakFor skips the soak.
 	SoakFor, SoakMinute, SoakIdle time.Duration
 	SoakRate                      int
+	// CaptureFor is how long each round of the capture scenario offers
+	// CaptureRate messages a second (SoakRate when zero), into the table
+	// and into the write-ahead log in turn, CaptureRounds times (3 when
+	// zero). Zero CaptureFor skips it.
+	CaptureFor    time.Duration
+	CaptureRate   int
+	CaptureRounds int
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: binary, drain, latency, producer, baseline, claim,
-	// fleet, fairness, console, soak). Without it every group runs but drain, the
+	// fleet, fairness, console, soak, capture). Without it every group runs but drain, the
 	// relay's drains in process, beside its own claim: the binary's
 	// measure what users run.
 	Only string
@@ -146,6 +153,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 	}
 	cfg.SoakRate = cmp.Or(cfg.SoakRate, 2000)
+	cfg.CaptureRate = cmp.Or(cfg.CaptureRate, cfg.SoakRate)
+	cfg.CaptureRounds = cmp.Or(cfg.CaptureRounds, 3)
 	r := &runner{cfg: cfg}
 	steps := []struct {
 		group     string
@@ -155,7 +164,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		{"binary", r.users, true}, {"drain", r.drains, false}, {"latency", r.latencies, true},
 		{"producer", r.producers, true}, {"baseline", r.naive, true}, {"claim", r.claimsUnderMaintenance, true},
 		{"fleet", r.fleetCost, true}, {"fairness", r.fairness, true}, {"console", r.consolePages, true},
-		{"soak", r.soaks, true},
+		{"soak", r.soaks, true}, {"capture", r.captures, true},
 	}
 	for _, step := range steps {
 		if cfg.Only == "" && !step.byDefault || cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), step.group) {

@@ -30,7 +30,8 @@ func TestSmoke(t *testing.T) {
 		FairnessRows: 30000, FairnessRate: 500, ConsoleLetters: 500, FleetOutage: 2 * time.Second,
 		UserRows: []int{2000}, LargeRows: 3000,
 		SoakFor: 3 * time.Second, SoakMinute: time.Second, SoakIdle: time.Second, SoakRate: 500,
-		Only:   "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak",
+		CaptureFor: 2 * time.Second, CaptureRate: 300, CaptureRounds: 1,
+		Only:   "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak,capture",
 		Binary: os.Getenv("OUTBOX_TEST_RELAY_BINARY"), // built by make test; else built here
 		Logf:   t.Logf,
 	})
@@ -84,7 +85,7 @@ func TestSmoke(t *testing.T) {
 		}
 		delete(groups, "soak")
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 6, "fairness": 3, "binary": 7, "raw ceiling": 6, "order ceiling": 3, "console": 15} {
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 6, "fairness": 3, "binary": 7, "raw ceiling": 6, "order ceiling": 3, "console": 15, "capture": 3} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

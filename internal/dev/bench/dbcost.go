@@ -83,7 +83,8 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
 	if !ok {
 		return c
 	}
-	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-relay'`)
+	// The relay's connections, its stream from a replication slot too.
+	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%'`)
 	if err != nil {
 		return c
 	}

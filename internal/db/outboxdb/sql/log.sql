@@ -39,14 +39,19 @@ ON CONFLICT (event_id) DO NOTHING
 {{end}}
 
 {{/*
-Capture from the log: the outbox's slot and publication ({{.Slot}}, the
-same name), read and set up. The stream's connection is a replication
-connection, which takes no parameters: the names are written in.
+Capture from the log: the outbox's slot (named by the schema's
+outbox_capture_slot(), unique in the cluster) and publication
+({{.Publication}}), read and set up. The stream's connection is a
+replication connection, which takes no parameters: the names are written
+in.
 */}}
 
 {{define "capture_slot"}}
-SELECT confirmed_flush_lsn::text, coalesce(wal_status, '') FROM pg_replication_slots
-WHERE slot_name = '{{.Slot}}' AND database = current_database()
+-- The slot's name, and where its stream starts; no position: the slot
+-- does not exist.
+SELECT n.name, coalesce(s.confirmed_flush_lsn::text, ''), coalesce(s.wal_status, '')
+FROM (SELECT {{.Schema}}.outbox_capture_slot() AS name) AS n
+LEFT JOIN pg_replication_slots AS s ON s.slot_name = n.name AND s.database = current_database()
 {{end}}
 
 {{define "capture_check"}}
@@ -56,26 +61,30 @@ UNION ALL
 SELECT 'replication', r.rolreplication OR r.rolsuper, 'role ' || r.rolname
 FROM pg_roles AS r WHERE r.rolname = current_user
 UNION ALL
-SELECT 'function', to_regprocedure('{{.Emit}}(text, text, bytea, jsonb, uuid)') IS NOT NULL, 'outbox_emit'
+SELECT 'function', to_regprocedure('{{.Emit}}(text, text, bytea, jsonb, uuid)') IS NOT NULL
+    AND to_regprocedure('{{.Schema}}.outbox_capture_slot()') IS NOT NULL, 'outbox_emit'
 UNION ALL
-SELECT 'publication', EXISTS (SELECT FROM pg_publication WHERE pubname = '{{.Slot}}'), 'publication {{.Slot}}'
-UNION ALL
-SELECT 'slot', EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '{{.Slot}}' AND database = current_database()
-    AND coalesce(wal_status, '') <> 'lost'), 'slot {{.Slot}}'
+SELECT 'publication', EXISTS (SELECT FROM pg_publication WHERE pubname = '{{.Publication}}'), 'publication {{.Publication}}'
+{{end}}
+
+{{define "capture_slot_check"}}
+-- Once the function exists: the slot, there and not lost.
+SELECT 'slot', EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = {{.Schema}}.outbox_capture_slot()
+    AND database = current_database() AND coalesce(wal_status, '') <> 'lost'), 'slot ' || {{.Schema}}.outbox_capture_slot()
 {{end}}
 
 {{define "capture_create_publication"}}
 -- No tables: pgoutput sends the messages, and with PostgreSQL 15 and
 -- later skips the transactions without one.
-CREATE PUBLICATION {{.SlotIdent}}
+CREATE PUBLICATION {{.PublicationIdent}}
 {{end}}
 
 {{define "capture_create_slot"}}
-SELECT lsn::text FROM pg_create_logical_replication_slot('{{.Slot}}', 'pgoutput')
+SELECT lsn::text FROM pg_create_logical_replication_slot({{.Schema}}.outbox_capture_slot(), 'pgoutput')
 {{end}}
 
 {{define "capture_drop_slot"}}
-SELECT pg_drop_replication_slot('{{.Slot}}')
+SELECT pg_drop_replication_slot({{.Schema}}.outbox_capture_slot())
 {{end}}
 
 {{define "capture_slot_state"}}
@@ -84,5 +93,5 @@ SELECT pg_drop_replication_slot('{{.Slot}}')
 -- still there (wal_status). No row: the slot does not exist.
 SELECT active, coalesce(wal_status, ''), coalesce(confirmed_flush_lsn::text, ''),
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
-FROM pg_replication_slots WHERE slot_name = '{{.Slot}}' AND database = current_database()
+FROM pg_replication_slots WHERE slot_name = {{.Schema}}.outbox_capture_slot() AND database = current_database()
 {{end}}

@@ -33,11 +33,12 @@ func main() {
 	batch := flag.Int("batch", 1000, "claim batch size of the in-process scenarios (the binary runs with its default)")
 	payload := flag.Int("payload", 200, "payload bytes per message")
 	out := flag.String("out", "bench-results", "directory for results.md, results.json and chart.png")
-	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness, console, soak (comma-separated)")
+	only := flag.String("only", "", "run only these scenario groups: binary, drain (the relay in process; not run by default), latency, producer, baseline, claim, fleet, fairness, console, soak, capture (comma-separated)")
 	match := flag.String("match", "", "run only the drain and fleet scenarios whose name contains this, such as \"1M rows, 10k keys, delete-on-send, 1 process\"")
 	binary := flag.String("binary", "", "the outbox-relay binary the binary group runs (default: built from this module), to compare versions")
 	quick := flag.Bool("quick", false, "drain 200k-row backlogs only (no 1M and 10M), for a run of a few minutes")
 	soak := flag.Duration("soak", 5*time.Minute, "how long the soak offers 2,000 rows/s, with a snapshot held and again without (30m for the long run)")
+	capture := flag.Duration("capture", 30*time.Second, "how long each round of the capture scenario offers 2,000 messages/s, into the table and into the write-ahead log in turn")
 	stores := flag.Bool("broker-stores", false, "have the in-process broker keep the records it acknowledges, on the cores the relay and PostgreSQL share (by default it checks and acknowledges each batch, then discards it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
@@ -55,13 +56,13 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(ctx, *rows, *batch, *payload, *only, *match, *stores, *quick, *soak, *binary, *out); err != nil {
+	if err := run(ctx, *rows, *batch, *payload, *only, *match, *stores, *quick, *soak, *capture, *binary, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, rows, batch, payload int, only, match string, stores, quick bool, soak time.Duration, binary, out string) error {
+func run(ctx context.Context, rows, batch, payload int, only, match string, stores, quick bool, soak, capture time.Duration, binary, out string) error {
 	url := os.Getenv("OUTBOX_BENCH_DATABASE_URL")
 	if url == "" {
 		srv, err := pgserver.Start(ctx, pgserver.Options{Durable: true, Settings: map[string]string{
@@ -70,6 +71,8 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 			// What the relay's statements cost the database, per row.
 			"shared_preload_libraries": "pg_stat_statements",
 			"pg_stat_statements.max":   "10000",
+			// Capture from the write-ahead log, beside the table.
+			"wal_level": "logical",
 		}})
 		if err != nil {
 			return err
@@ -101,7 +104,7 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
 		FairnessRows: fairnessRows, FairnessRate: 2000, ConsoleLetters: 100_000, ConsoleRows: consoleRows,
-		UserRows: userRows, LargeRows: largeRows, Binary: binary, SoakFor: soak,
+		UserRows: userRows, LargeRows: largeRows, Binary: binary, SoakFor: soak, CaptureFor: capture,
 		Only: only, Match: match, BrokerStores: stores,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})

@@ -112,6 +112,23 @@ type OutboxStatus struct {
 	// Delivered, Retried and DeadLettered count rows since the relay
 	// started.
 	Delivered, Retried, DeadLettered int64
+	// Capture is the replication slot of an outbox captured from the
+	// write-ahead log; nil for the table.
+	Capture *CaptureStatus
+}
+
+// CaptureStatus is an outbox's replication slot, as the overview shows it.
+type CaptureStatus struct {
+	Slot string
+	// Streaming says this replica streams from the slot.
+	Streaming bool
+	// WALStatus is the server's (reserved, extended, unreserved, lost),
+	// or missing; Confirmed the slot's confirmed position, LagBytes the
+	// log past it. Error says why they are unknown, Problem why no
+	// replica can stream.
+	WALStatus, Confirmed string
+	LagBytes             int64
+	Error, Problem       string
 }
 
 // DestinationStatus is one destination's flow control.

@@ -53,7 +53,9 @@ func newEnv(t *testing.T) *env {
 		Tokens:   tokens,
 		Status: func(context.Context) console.Status {
 			return console.Status{
-				Outboxes: []console.OutboxStatus{{Name: "main", Pending: 12, OldestPending: 3 * time.Second, Delivered: 100}},
+				Outboxes: []console.OutboxStatus{{Name: "main", Pending: 12, OldestPending: 3 * time.Second, Delivered: 100,
+					Capture: &console.CaptureStatus{Slot: "outbox_public_0a1b2c3d", WALStatus: "unreserved", Confirmed: "0/16B3748", LagBytes: 5 << 20,
+						Problem: "replication slot outbox_public_0a1b2c3d is lost: see docs/capture.md"}}},
 				Destinations: []console.DestinationStatus{{Name: "hooks", Breaker: "open", LastError: "HTTP 503 from hooks",
 					OpenUntil: time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC),
 					Paused:    []string{"orders (open)"}, InFlight: 4,
@@ -607,8 +609,9 @@ func TestConsolePages(t *testing.T) {
 	}
 	b := e.loggedIn()
 	for path, want := range map[string][]string{
-		"/console/":                             {"hooks", "open", "HTTP 503 from hooks", "orders (open)", ">12<", ">4<"},
-		"/console/live":                         {`id="live"`, "hooks"},
+		"/console/": {"hooks", "open", "HTTP 503 from hooks", "orders (open)", ">12<", ">4<"},
+		"/console/live": {`id="live"`, "hooks", "Capture from the log", "outbox_public_0a1b2c3d", ">unreserved<", "5.0 MiB", "0/16B3748", "stands by",
+			"is lost: see docs/capture.md"},
 		"/console/dead-letters?key=customer-7":  {"customer-7", "parks key"},
 		"/console/dead-letters?key=nobody":      {"No dead letters match"},
 		"/console/parked-keys":                  {"customer-7", "Release"},

@@ -31,6 +31,18 @@ func parsePages() (map[string]*template.Template, error) {
 			}
 			return *k
 		},
+		"bytes": func(n int64) string {
+			const unit = 1024
+			if n < unit {
+				return fmt.Sprintf("%d B", n)
+			}
+			div, exp := int64(unit), 0
+			for m := n / unit; m >= unit; m /= unit {
+				div *= unit
+				exp++
+			}
+			return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+		},
 		"dash": func(s string) string {
 			if s == "" {
 				return "–"
@@ -166,8 +178,10 @@ func (c *console) live(w http.ResponseWriter, r *http.Request) {
 type liveView struct {
 	Shown    bool
 	Outboxes []liveOutbox
-	Dests    []DestinationStatus
-	At       time.Time
+	// Capture says an outbox is captured from the log.
+	Capture bool
+	Dests   []DestinationStatus
+	At      time.Time
 	// Trends are the outbox's history, on the overview only.
 	Trends *trendsView
 }
@@ -200,6 +214,7 @@ func (c *console) liveData(r *http.Request) liveView {
 			lo.DeadLettered, lo.Parked = ds.DeadLettered, ds.ParkedKeys
 		}
 		v.Outboxes = append(v.Outboxes, lo)
+		v.Capture = v.Capture || lo.Capture != nil
 	}
 	v.Dests = st.Destinations
 	return v

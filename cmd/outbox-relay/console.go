@@ -58,7 +58,7 @@ func consoleStatus(r *relay.Relay, outboxes []*runOutbox, redact func(string) st
 			s := stats[o.name]
 			st.Outboxes = append(st.Outboxes, console.OutboxStatus{Name: o.name, Pending: b.pending,
 				OldestPending: b.oldest.Round(time.Millisecond), BacklogError: b.err,
-				Delivered: s.Delivered, Retried: s.Retried, DeadLettered: s.DeadLettered})
+				Delivered: s.Delivered, Retried: s.Retried, DeadLettered: s.DeadLettered, Capture: captureStatus(ctx, o, redact)})
 		}
 		for _, d := range r.Destinations() {
 			ds := console.DestinationStatus{Name: d.Name, Breaker: d.Breaker.String(), OpenUntil: d.OpenUntil,
@@ -77,4 +77,26 @@ func consoleStatus(r *relay.Relay, outboxes []*runOutbox, redact func(string) st
 		}
 		return st
 	}
+}
+
+// captureStatus is the slot of an outbox captured from the log, nil for
+// the table.
+func captureStatus(ctx context.Context, o *runOutbox, redact func(string) string) *console.CaptureStatus {
+	src := o.relay.Log
+	if src == nil {
+		return nil
+	}
+	c := &console.CaptureStatus{Slot: src.Slot(), Streaming: src.Streaming(), Problem: src.Problem()}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), consoleTimeout)
+	defer cancel()
+	st, err := src.State(cctx, o.pool)
+	switch {
+	case err != nil:
+		c.Error = "slot unknown: " + redact(err.Error())
+	case !st.Exists:
+		c.WALStatus = "missing"
+	default:
+		c.WALStatus, c.Confirmed, c.LagBytes = st.WALStatus, st.Confirmed, st.LagBytes
+	}
+	return c
 }

@@ -320,3 +320,51 @@ VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + i
 		t.Fatalf("exit code %d; output:\n%s", code, p.output)
 	}
 }
+
+// An outbox captured from the log, in a real browser: the overview shows
+// its slot, the replica that streams from it, and, once the slot is gone,
+// that no replica can.
+func TestConsoleShowsTheSlotInBrowser(t *testing.T) {
+	testwait.SkipShort(t)
+	t.Parallel()
+	ctx := newBrowser(t, 1280, 800)
+	dsn, pool := migrated(t)
+	captureLog(t, dsn, pool)
+	var slot string
+	if err := pool.QueryRow(context.Background(), "SELECT outbox_capture_slot()").Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
+	c := kafkatest.NewCluster(t, []string{"orders"})
+	const token = "browser-test-token-0123456789"
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_RELAY_CAPTURE=log"))
+	base := "http://" + logged(t, p, "admin listener started")
+	capture := func() string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector("#capture") || {textContent: ""}).textContent`))
+		if err != nil {
+			t.Fatalf("the capture table: %v", err)
+		}
+		return s
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(`input[name=token]`),
+		chromedp.SendKeys(`input[name=token]`, token), chromedp.Click(`main button[type=submit]`), chromedp.WaitVisible(`#live`)); err != nil {
+		t.Fatalf("log in: %v", err)
+	}
+	testwait.Within(t, 30*time.Second, "the overview to show the slot streamed from", func() bool {
+		s := capture()
+		return strings.Contains(s, slot) && strings.Contains(s, "reserved") && strings.Contains(s, "streams")
+	})
+	// The slot dropped under the relay (its stream is ended first): the
+	// overview says it is missing, and why no replica can stream.
+	if _, err := pool.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot); err != nil {
+		t.Fatal(err)
+	}
+	testwait.Within(t, 30*time.Second, "the slot to be dropped", func() bool {
+		_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil
+	})
+	testwait.Within(t, 30*time.Second, "the overview to show the slot missing", func() bool {
+		s := capture()
+		return strings.Contains(s, "missing") && strings.Contains(s, "does not exist") && strings.Contains(s, "stands by")
+	})
+}

@@ -96,11 +96,11 @@ type Config struct {
 	SoakFor, SoakMinute, SoakIdle time.Duration
 	SoakRate                      int
 	// CaptureFor is how long each round of the capture scenario offers
-	// CaptureRate messages a second (SoakRate when zero), into the table
-	// and into the write-ahead log in turn, CaptureRounds times (3 when
-	// zero). Zero CaptureFor skips it.
+	// each of CaptureRates messages a second (1k, SoakRate and 20k when
+	// empty), into the table and into the write-ahead log in turn,
+	// CaptureRounds times (3 when zero). Zero CaptureFor skips it.
 	CaptureFor    time.Duration
-	CaptureRate   int
+	CaptureRates  []int
 	CaptureRounds int
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: binary, drain, latency, producer, baseline, claim,
@@ -153,7 +153,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 	}
 	cfg.SoakRate = cmp.Or(cfg.SoakRate, 2000)
-	cfg.CaptureRate = cmp.Or(cfg.CaptureRate, cfg.SoakRate)
+	if len(cfg.CaptureRates) == 0 {
+		cfg.CaptureRates = []int{1000, cfg.SoakRate, 20000}
+	}
 	cfg.CaptureRounds = cmp.Or(cfg.CaptureRounds, 3)
 	r := &runner{cfg: cfg}
 	steps := []struct {

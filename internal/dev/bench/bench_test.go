@@ -30,7 +30,7 @@ func TestSmoke(t *testing.T) {
 		FairnessRows: 30000, FairnessRate: 500, ConsoleLetters: 500, FleetOutage: 2 * time.Second,
 		UserRows: []int{2000}, LargeRows: 3000,
 		SoakFor: 3 * time.Second, SoakMinute: time.Second, SoakIdle: time.Second, SoakRate: 500,
-		CaptureFor: 2 * time.Second, CaptureRate: 300, CaptureRounds: 1,
+		CaptureFor: 2 * time.Second, CaptureRates: []int{300}, CaptureRounds: 1,
 		Only:   "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak,capture",
 		Binary: os.Getenv("OUTBOX_TEST_RELAY_BINARY"), // built by make test; else built here
 		Logf:   t.Logf,

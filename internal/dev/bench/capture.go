@@ -21,8 +21,8 @@ import (
 )
 
 // captures compares the two sources of rows at the binary's defaults, in
-// the same run and in alternating rounds: producers offer CaptureRate
-// messages a second (transactions of one to seven over 1000 keys, as the
+// the same run and in alternating rounds: producers offer each of
+// CaptureRates messages a second (transactions of one to seven over 1000 keys, as the
 // soak's) for CaptureFor, into the table (INSERT) or the write-ahead log
 // (outbox_emit), and the relay delivers them. Each reports, per message,
 // the whole server's CPU (the producers' backends, the relay's, and the
@@ -39,6 +39,16 @@ func (r *runner) captures(ctx context.Context) error {
 		return err
 	}
 	defer cleanup()
+	for _, rate := range r.cfg.CaptureRates {
+		if err := r.captureAt(ctx, bin, rate); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// captureAt runs the capture scenario at rate messages a second.
+func (r *runner) captureAt(ctx context.Context, bin string, rate int) error {
 	type round struct {
 		cpu, relayCPU, process, wal, p50, p99 float64
 		size, dead                            int64
@@ -49,13 +59,13 @@ func (r *runner) captures(ctx context.Context) error {
 	for range r.cfg.CaptureRounds {
 		for _, mode := range modes {
 			var rd round
-			err := r.captureRound(ctx, bin, mode, func(msgs int64, spent roundCost, relayCPU time.Duration, wal int64, lat []time.Duration, size, dead int64) {
+			err := r.captureRound(ctx, bin, mode, rate, func(msgs int64, spent roundCost, relayCPU time.Duration, wal int64, lat []time.Duration, size, dead int64) {
 				n := float64(max(msgs, 1))
 				rd = round{cpu: us(spent.cluster) / n, relayCPU: us(spent.backends) / n, process: us(relayCPU) / n, wal: float64(wal) / n,
 					p50: ms(percentile(lat, 50)), p99: ms(percentile(lat, 99)), size: size, dead: dead, msgs: msgs}
 			})
 			if err != nil {
-				return fmt.Errorf("capture %s: %w", mode, err)
+				return fmt.Errorf("capture %s at %d messages/s: %w", mode, rate, err)
 			}
 			results[mode] = append(results[mode], rd)
 		}
@@ -70,14 +80,15 @@ func (r *runner) captures(ctx context.Context) error {
 	}
 	for _, mode := range modes {
 		last := results[mode][len(results[mode])-1]
-		r.add(Result{Group: "capture", Name: fmt.Sprintf("%s, %d messages/s: server CPU a message", mode, r.cfg.CaptureRate),
+		r.add(Result{Group: "capture", Name: fmt.Sprintf("%s, %d messages/s: server CPU a message", mode, rate),
 			Value: med(mode, func(x round) float64 { return x.cpu }), Unit: "µs",
-			Detail: fmt.Sprintf("median of %d rounds; the relay's backends %.1f µs and the relay %.1f µs a message; WAL %.0f bytes a message; commit→ack p50 %.1f ms, p99 %.1f ms; after the last round the table is %d kB with %d dead tuples",
-				len(results[mode]), med(mode, func(x round) float64 { return x.relayCPU }), med(mode, func(x round) float64 { return x.process }),
+			Detail: fmt.Sprintf("median of %d rounds, %.0f messages/s committed; the relay's backends %.1f µs and the relay %.1f µs a message; WAL %.0f bytes a message; commit→ack p50 %.1f ms, p99 %.1f ms; after the last round the table is %d kB with %d dead tuples",
+				len(results[mode]), med(mode, func(x round) float64 { return float64(x.msgs) / r.cfg.CaptureFor.Seconds() }),
+				med(mode, func(x round) float64 { return x.relayCPU }), med(mode, func(x round) float64 { return x.process }),
 				med(mode, func(x round) float64 { return x.wal }),
 				med(mode, func(x round) float64 { return x.p50 }), med(mode, func(x round) float64 { return x.p99 }), last.size/1024, last.dead)})
 	}
-	r.add(Result{Group: "capture", Name: fmt.Sprintf("log ÷ table, %d messages/s: server CPU a message", r.cfg.CaptureRate),
+	r.add(Result{Group: "capture", Name: fmt.Sprintf("log ÷ table, %d messages/s: server CPU a message", rate),
 		Value: med("log", func(x round) float64 { return x.cpu }) / med("table", func(x round) float64 { return x.cpu }), Unit: "×",
 		Detail: fmt.Sprintf("WAL a message %.2f×; p99 %.2f×",
 			med("log", func(x round) float64 { return x.wal })/med("table", func(x round) float64 { return x.wal }),
@@ -90,7 +101,7 @@ func (r *runner) captures(ctx context.Context) error {
 type roundCost struct{ cluster, backends time.Duration }
 
 // captureRound runs one round of captures in mode and reports it to done.
-func (r *runner) captureRound(ctx context.Context, bin, mode string,
+func (r *runner) captureRound(ctx context.Context, bin, mode string, rate int,
 	done func(msgs int64, s roundCost, relayCPU time.Duration, wal int64, lat []time.Duration, size, dead int64)) error {
 	const producers, keys = 8, 1000
 	e, err := r.newEnv(ctx, producers+2)
@@ -124,7 +135,7 @@ func (r *runner) captureRound(ctx context.Context, bin, mode string,
 		}
 	}
 	payload := make([]byte, r.cfg.PayloadBytes)
-	interval := time.Duration(float64(time.Second) * producers * 4 / float64(r.cfg.CaptureRate))
+	interval := time.Duration(float64(time.Second) * producers * 4 / float64(rate))
 	write := `INSERT INTO outbox (topic, key, payload) SELECT 'bench', k, $2 FROM unnest($1::text[]) AS k RETURNING event_id`
 	if mode == "log" {
 		write = `SELECT outbox_emit('bench', k, $2) FROM unnest($1::text[]) AS k`

@@ -38,7 +38,7 @@ func main() {
 	binary := flag.String("binary", "", "the outbox-relay binary the binary group runs (default: built from this module), to compare versions")
 	quick := flag.Bool("quick", false, "drain 200k-row backlogs only (no 1M and 10M), for a run of a few minutes")
 	soak := flag.Duration("soak", 5*time.Minute, "how long the soak offers 2,000 rows/s, with a snapshot held and again without (30m for the long run)")
-	capture := flag.Duration("capture", 30*time.Second, "how long each round of the capture scenario offers 2,000 messages/s, into the table and into the write-ahead log in turn")
+	capture := flag.Duration("capture", 30*time.Second, "how long each round of the capture scenario offers 1k, 2k and 20k messages/s, into the table and into the write-ahead log in turn")
 	stores := flag.Bool("broker-stores", false, "have the in-process broker keep the records it acknowledges, on the cores the relay and PostgreSQL share (by default it checks and acknowledges each batch, then discards it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()

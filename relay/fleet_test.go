@@ -360,3 +360,29 @@ func TestFleetRestsWhileQuiet(t *testing.T) {
 	testwait.For(t, "the row delivered", func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
 	testwait.For(t, "the replica to rest again", h.relay.FleetResting)
 }
+
+// A steady trickle leaves nothing in flight between its batches; the
+// replica must not take each gap for quiet and sync on every batch: it
+// rests only once no batch has come for a few intervals.
+func TestFleetDoesNotRestBetweenBatches(t *testing.T) {
+	s := pgtest.NewSchema(t)
+	store, err := fleet.New(s.Pool, s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf := &countingFleet{Fleet: store}
+	h := start(t, s, &fakePublisher{}, options{cfg: relay.Config{
+		Fleet: &relay.FleetConfig{Fleet: cf, Replica: "r0", Interval: time.Hour, Lease: 4 * time.Hour},
+	}})
+	testwait.For(t, "the quiet replica to rest", h.relay.FleetResting)
+	before := cf.syncs.Load()
+	for i := range 10 {
+		insert(t, s, `INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'x')`)
+		testwait.For(t, fmt.Sprintf("row %d delivered", i+1), func() bool { return count(t, s.Pool, "status = 'pending'") == 0 })
+	}
+	// The first batch ends the rest; the others find the replica awake,
+	// its next sync an interval (an hour) away.
+	if n := cf.syncs.Load() - before; n > 2 {
+		t.Errorf("%d syncs for 10 batches one after another, want 1 (2 at most)", n)
+	}
+}

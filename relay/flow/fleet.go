@@ -192,6 +192,8 @@ type Replica struct {
 	// (resting) until work arrives.
 	Quiet   func() bool
 	resting atomic.Bool
+	// stirred is when rows were last claimed, in Unix nanoseconds.
+	stirred atomic.Int64
 	log     *slog.Logger
 	timeout time.Duration
 
@@ -248,7 +250,11 @@ func (f *Replica) Run(ctx context.Context) error {
 // once (stir): the replica then learns of the others' breakers while it
 // publishes its first batch, as it would within an interval.
 func (f *Replica) next() time.Duration {
-	if f.Quiet != nil && f.Quiet() {
+	// A steady trickle leaves nothing in flight between its batches: the
+	// replica rests only once no batch has come for a few intervals, else
+	// it would sync on each.
+	stirred := time.Duration(time.Now().UnixNano() - f.stirred.Load())
+	if f.Quiet != nil && f.Quiet() && stirred >= restAfter*f.cfg.Interval {
 		f.resting.Store(true)
 		return max(f.cfg.Interval, f.cfg.Lease/4)
 	}
@@ -259,8 +265,13 @@ func (f *Replica) next() time.Duration {
 // Resting reports whether the replica syncs at its quiet pace.
 func (f *Replica) Resting() bool { return f.resting.Load() }
 
+// restAfter is how many intervals without a claimed batch a quiet
+// replica waits before it rests.
+const restAfter = 5
+
 // Stir has a resting replica sync now: it claimed rows.
 func (f *Replica) Stir() {
+	f.stirred.Store(time.Now().UnixNano())
 	if f.resting.Load() {
 		f.wake()
 	}

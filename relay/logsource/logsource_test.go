@@ -648,3 +648,39 @@ func slotName(t *testing.T, s *pgtest.Schema) string {
 	}
 	return n
 }
+
+// Messages are delivered under ids from the sequence the id column's
+// identity made; set-up checks that it is the one the relay names, and
+// says what to do when it is not.
+func TestSetUpChecksTheIdentity(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.NewSchema(t)
+	check := func() []logsource.Check {
+		checks, err := logsource.Setup(ctx, s.Pool, s.Name, logsource.SetupOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return checks
+	}
+	identity := func(checks []logsource.Check) logsource.Check {
+		for _, c := range checks {
+			if c.What == "identity" {
+				return c
+			}
+		}
+		t.Fatalf("no identity check among %v", checks)
+		return logsource.Check{}
+	}
+	if c := identity(check()); !c.OK {
+		t.Fatalf("a migrated outbox's identity: %+v", c)
+	}
+	if _, err := s.Pool.Exec(ctx, `ALTER SEQUENCE outbox_id_seq RENAME TO outbox_ids`); err != nil {
+		t.Fatal(err)
+	}
+	checks := check()
+	if c := identity(checks); c.OK || !strings.Contains(c.Found, "outbox_ids") ||
+		!strings.Contains(logsource.Missing(checks), "identity (the outbox's id column takes its values from "+s.Name+".outbox_ids): messages are delivered under ids from the sequence outbox_id_seq") {
+		t.Errorf("a renamed sequence: %+v\n%s", c, logsource.Missing(checks))
+	}
+}

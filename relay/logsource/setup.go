@@ -12,7 +12,7 @@ import (
 
 // Check is one thing capture from the log needs, and whether it holds.
 type Check struct {
-	What  string // wal_level, replication, function, publication, slot
+	What  string // wal_level, replication, function, publication, identity, slot
 	OK    bool
 	Found string
 }
@@ -111,6 +111,7 @@ func Missing(checks []Check) string {
 		"replication": "give the role the replication privilege (as a superuser), or connect as a role that has it",
 		"function":    "run 'outbox-relay migrate up'",
 		"publication": "run 'outbox-relay capture setup'",
+		"identity":    "messages are delivered under ids from the sequence outbox_id_seq of the outbox's schema: rename the id column's sequence to it",
 		"slot":        "run 'outbox-relay capture setup'",
 	}
 	var out []string

@@ -168,6 +168,9 @@ func (q *Queries) Server() *Server { return &q.server }
 // names are the quoted tables a statement is rendered with.
 type names struct {
 	Outbox, Audit string
+	// IDs is the sequence of the outbox's id column, as PostgreSQL names
+	// an identity's.
+	IDs string
 	// Fingerprint and Group are the functions that mask an error, and
 	// name a dead letter's failure group; Partition the one that gives a
 	// row's partition.
@@ -196,7 +199,7 @@ func quoted(schemaName string) (names, error) {
 	}
 	id := func(name string) string { return pgx.Identifier{schemaName, name}.Sanitize() }
 	return names{
-		Outbox: id("outbox"), Audit: id("outbox_audit"),
+		Outbox: id("outbox"), Audit: id("outbox_audit"), IDs: id("outbox_id_seq"),
 		Fingerprint: id("outbox_error_fingerprint"), Group: id("outbox_error_group"), Partition: id("outbox_partition"),
 		Claimers: id("outbox_claimers"), Partitions: id("outbox_claim_partitions"),
 		Replicas: id("outbox_fleet_replicas"), Breakers: id("outbox_fleet_breakers"), Shares: id("outbox_fleet_shares"),

@@ -8,9 +8,10 @@ backoff, dead letters and operator tools own them.
 {{define "log_reserve_ids"}}
 -- Ids for messages read from the log, from the table's own identity: a
 -- message written into the table later keeps the id it was delivered
--- under, and its key's later messages get higher ones.
-SELECT nextval(q.seq) FROM (SELECT pg_get_serial_sequence('{{.Outbox}}', 'id')::regclass AS seq) AS q,
-    generate_series(1, $1)
+-- under, and its key's later messages get higher ones. The sequence is
+-- named here, not looked up on every call: capture_check checks it is
+-- the id column's.
+SELECT nextval('{{.IDs}}'::regclass) FROM generate_series(1, $1)
 {{end}}
 
 {{define "log_keys_in_table"}}
@@ -65,6 +66,9 @@ SELECT 'function', to_regprocedure('{{.Emit}}(text, text, bytea, jsonb, uuid)') 
     AND to_regprocedure('{{.Schema}}.outbox_capture_slot()') IS NOT NULL, 'outbox_emit'
 UNION ALL
 SELECT 'publication', EXISTS (SELECT FROM pg_publication WHERE pubname = '{{.Publication}}'), 'publication {{.Publication}}'
+UNION ALL
+SELECT 'identity', coalesce(pg_get_serial_sequence('{{.Outbox}}', 'id')::regclass = to_regclass('{{.IDs}}'), false),
+    'the outbox''s id column takes its values from ' || coalesce(pg_get_serial_sequence('{{.Outbox}}', 'id'), 'no sequence')
 {{end}}
 
 {{define "capture_slot_check"}}

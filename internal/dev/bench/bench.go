@@ -102,6 +102,9 @@ type Config struct {
 	CaptureFor    time.Duration
 	CaptureRates  []int
 	CaptureRounds int
+	// CaptureBacklog is the backlog the capture scenario drains in each
+	// mode (1M when zero).
+	CaptureBacklog int
 	// Only, when set, runs just the scenario groups it names
 	// (comma-separated: binary, drain, latency, producer, baseline, claim,
 	// fleet, fairness, console, soak, capture). Without it every group runs but drain, the
@@ -157,6 +160,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		cfg.CaptureRates = []int{1000, cfg.SoakRate, 20000}
 	}
 	cfg.CaptureRounds = cmp.Or(cfg.CaptureRounds, 3)
+	cfg.CaptureBacklog = cmp.Or(cfg.CaptureBacklog, 1_000_000)
 	r := &runner{cfg: cfg}
 	steps := []struct {
 		group     string

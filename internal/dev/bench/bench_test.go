@@ -30,7 +30,7 @@ func TestSmoke(t *testing.T) {
 		FairnessRows: 30000, FairnessRate: 500, ConsoleLetters: 500, FleetOutage: 2 * time.Second,
 		UserRows: []int{2000}, LargeRows: 3000,
 		SoakFor: 3 * time.Second, SoakMinute: time.Second, SoakIdle: time.Second, SoakRate: 500,
-		CaptureFor: 2 * time.Second, CaptureRates: []int{300}, CaptureRounds: 1,
+		CaptureFor: 2 * time.Second, CaptureRates: []int{300}, CaptureRounds: 1, CaptureBacklog: 3000,
 		Only:   "binary,drain,latency,producer,baseline,claim,fleet,fairness,console,soak,capture",
 		Binary: os.Getenv("OUTBOX_TEST_RELAY_BINARY"), // built by make test; else built here
 		Logf:   t.Logf,
@@ -61,9 +61,9 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	// The soak: three intervals and the idle cost, with a snapshot held
-	// and without; the ratio of buffers a claim where pg_stat_statements
+	// and without, and from the log with a snapshot held; the ratio of buffers a claim where pg_stat_statements
 	// is loaded.
-	for _, phase := range []string{"held snapshot", "no snapshot"} {
+	for _, phase := range []string{"held snapshot", "no snapshot", "log, held snapshot"} {
 		intervals, idle := 0, 0
 		for _, r := range results {
 			switch {
@@ -85,7 +85,7 @@ func TestSmoke(t *testing.T) {
 		}
 		delete(groups, "soak")
 	}
-	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 6, "fairness": 3, "binary": 7, "raw ceiling": 6, "order ceiling": 3, "console": 15, "capture": 3} {
+	for g, want := range map[string]int{"drain": 12, "ceiling": 12, "latency": 7, "producer": 6, "baseline": 2, "claim": 2, "fleet": 6, "fairness": 3, "binary": 7, "raw ceiling": 6, "order ceiling": 3, "console": 15, "capture": 5} {
 		if groups[g] != want {
 			t.Errorf("%d %s results, want %d", groups[g], g, want)
 		}

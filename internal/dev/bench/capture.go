@@ -11,12 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/internal/db/schema"
-	"github.com/outbox-relay/outbox-relay/relay/kafka"
-	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 	"github.com/outbox-relay/outbox-relay/relay/logsource"
 )
 
@@ -29,7 +25,7 @@ import (
 // rest: checkpoints, vacuum, the WAL writer), the relay's backends' (the
 // log's sender included), the WAL written, commit → broker ack
 // percentiles, and the table's size and dead tuples once all is
-// delivered.
+// delivered. Then a backlog of CaptureBacklog messages, in each mode.
 func (r *runner) captures(ctx context.Context) error {
 	if r.cfg.CaptureFor <= 0 {
 		return nil
@@ -44,15 +40,20 @@ func (r *runner) captures(ctx context.Context) error {
 			return err
 		}
 	}
+	for _, mode := range []string{"table", "log"} {
+		if err := r.captureBacklog(ctx, bin, mode, r.cfg.CaptureBacklog); err != nil {
+			return fmt.Errorf("capture %s, a backlog: %w", mode, err)
+		}
+	}
 	return nil
 }
 
 // captureAt runs the capture scenario at rate messages a second.
 func (r *runner) captureAt(ctx context.Context, bin string, rate int) error {
 	type round struct {
-		cpu, relayCPU, process, wal, p50, p99 float64
-		size, dead                            int64
-		msgs                                  int64
+		cpu, relayCPU, sender, process, wal, p50, p99 float64
+		size, dead                                    int64
+		msgs                                          int64
 	}
 	results := map[string][]round{}
 	modes := []string{"table", "log"}
@@ -61,7 +62,7 @@ func (r *runner) captureAt(ctx context.Context, bin string, rate int) error {
 			var rd round
 			err := r.captureRound(ctx, bin, mode, rate, func(msgs int64, spent roundCost, relayCPU time.Duration, wal int64, lat []time.Duration, size, dead int64) {
 				n := float64(max(msgs, 1))
-				rd = round{cpu: us(spent.cluster) / n, relayCPU: us(spent.backends) / n, process: us(relayCPU) / n, wal: float64(wal) / n,
+				rd = round{cpu: us(spent.cluster) / n, relayCPU: us(spent.backends) / n, sender: us(spent.senders) / n, process: us(relayCPU) / n, wal: float64(wal) / n,
 					p50: ms(percentile(lat, 50)), p99: ms(percentile(lat, 99)), size: size, dead: dead, msgs: msgs}
 			})
 			if err != nil {
@@ -82,9 +83,10 @@ func (r *runner) captureAt(ctx context.Context, bin string, rate int) error {
 		last := results[mode][len(results[mode])-1]
 		r.add(Result{Group: "capture", Name: fmt.Sprintf("%s, %d messages/s: server CPU a message", mode, rate),
 			Value: med(mode, func(x round) float64 { return x.cpu }), Unit: "µs",
-			Detail: fmt.Sprintf("median of %d rounds, %.0f messages/s committed; the relay's backends %.1f µs and the relay %.1f µs a message; WAL %.0f bytes a message; commit→ack p50 %.1f ms, p99 %.1f ms; after the last round the table is %d kB with %d dead tuples",
+			Detail: fmt.Sprintf("median of %d rounds, %.0f messages/s committed; the relay's backends %.1f µs (the log's sender %.1f µs) and the relay %.1f µs a message; WAL %.0f bytes a message; commit→ack p50 %.1f ms, p99 %.1f ms; after the last round the table is %d kB with %d dead tuples",
 				len(results[mode]), med(mode, func(x round) float64 { return float64(x.msgs) / r.cfg.CaptureFor.Seconds() }),
-				med(mode, func(x round) float64 { return x.relayCPU }), med(mode, func(x round) float64 { return x.process }),
+				med(mode, func(x round) float64 { return x.relayCPU }), med(mode, func(x round) float64 { return x.sender }),
+				med(mode, func(x round) float64 { return x.process }),
 				med(mode, func(x round) float64 { return x.wal }),
 				med(mode, func(x round) float64 { return x.p50 }), med(mode, func(x round) float64 { return x.p99 }), last.size/1024, last.dead)})
 	}
@@ -96,55 +98,92 @@ func (r *runner) captureAt(ctx context.Context, bin string, rate int) error {
 	return nil
 }
 
-// roundCost is what a round cost the server, whole and the relay's
-// backends.
-type roundCost struct{ cluster, backends time.Duration }
+// roundCost is what a round cost the server: whole, the relay's backends,
+// and of those the log's sender.
+type roundCost struct{ cluster, backends, senders time.Duration }
 
 // captureRound runs one round of captures in mode and reports it to done.
 func (r *runner) captureRound(ctx context.Context, bin, mode string, rate int,
 	done func(msgs int64, s roundCost, relayCPU time.Duration, wal int64, lat []time.Duration, size, dead int64)) error {
-	const producers, keys = 8, 1000
+	const producers = 8
 	e, err := r.newEnv(ctx, producers+2)
 	if err != nil {
 		return err
 	}
 	defer e.close()
-	env := r.relayEnv(e, false)
-	if mode == "log" {
-		checks, err := logsource.Setup(ctx, e.pool, e.schema, logsource.SetupOptions{Create: true})
-		if err != nil {
-			return err
-		}
-		if m := logsource.Missing(checks); m != "" {
-			return fmt.Errorf("capture from the log is not set up on the benchmark's server:\n%s", m)
-		}
-		defer dropSlot(e)
-		env = append(env, "OUTBOX_RELAY_CAPTURE=log")
-	}
 	book := newEventBook()
 	watchEventAcks(e.cluster, "bench", book.acked)
-	relays, err := startRelays(ctx, bin, env, 1)
+	relays, cleanup, err := r.startCapture(ctx, bin, e, mode)
 	if err != nil {
 		return err
 	}
-	defer relays.stop()
+	defer cleanup()
 	pid := relays.cmds[0].Process.Pid
+	before, walBefore, cpuBefore := readCost(ctx, e.pool, e.schema), walLSN(ctx, e), relayCPU(pid)
+	if err := r.produce(ctx, e, mode, producers, rate, time.Now().Add(r.cfg.CaptureFor), book); err != nil {
+		return err
+	}
+	if err := waitUntil(ctx, 5*time.Minute, func() bool { return book.unacked() == 0 }); err != nil {
+		return fmt.Errorf("%d messages committed were not acknowledged within 5 minutes of the load's end", book.unacked())
+	}
+	after, walAfter, cpuAfter := readCost(ctx, e.pool, e.schema), walLSN(ctx, e), relayCPU(pid)
+	spent := before.until(after)
+	var size, dead int64
+	_ = e.pool.QueryRow(ctx, `SELECT pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables
+		WHERE schemaname = $1 AND relname = 'outbox'`, e.schema).Scan(&size, &dead)
+	lat := book.latencies()
+	done(int64(len(lat)), roundCost{cluster: spent.cluster, backends: spent.relayBackends, senders: spent.senders}, cpuAfter-cpuBefore, walAfter-walBefore, lat, size, dead)
+	return relays.stop()
+}
+
+// startCapture starts one outbox-relay on e's outbox at its defaults,
+// capturing from mode: for the log, with the publication and the slot
+// made first, and once the relay streams from the slot. cleanup stops the
+// relay, and drops the slot.
+func (r *runner) startCapture(ctx context.Context, bin string, e *env, mode string) (_ *relays, cleanup func(), err error) {
+	env := r.relayEnv(e, false)
+	drop := func() {}
+	if mode == "log" {
+		checks, err := logsource.Setup(ctx, e.pool, e.schema, logsource.SetupOptions{Create: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		if m := logsource.Missing(checks); m != "" {
+			return nil, nil, fmt.Errorf("capture from the log is not set up on the benchmark's server:\n%s", m)
+		}
+		drop = func() { dropSlot(e) }
+		env = append(env, "OUTBOX_RELAY_CAPTURE=log")
+	}
+	relays, err := startRelays(ctx, bin, env, 1)
+	if err != nil {
+		drop()
+		return nil, nil, err
+	}
+	cleanup = func() { _ = relays.stop(); drop() }
 	if mode == "log" {
 		if err := waitUntil(ctx, time.Minute, func() bool { return slotActive(ctx, e) }); err != nil {
-			return fmt.Errorf("no relay streams from the slot: %w", err)
+			cleanup()
+			return nil, nil, fmt.Errorf("no relay streams from the slot: %w", err)
 		}
 	}
+	return relays, cleanup, nil
+}
+
+// produce has producers offer rate messages a second until deadline, in
+// transactions of one to seven over 1000 keys, into mode: the table
+// (INSERT) or the write-ahead log (outbox_emit). It records each commit in
+// book.
+func (r *runner) produce(ctx context.Context, e *env, mode string, producers, rate int, deadline time.Time, book *eventBook) error {
+	const keys = 1000
 	payload := make([]byte, r.cfg.PayloadBytes)
-	interval := time.Duration(float64(time.Second) * producers * 4 / float64(rate))
+	interval := time.Duration(float64(time.Second) * float64(producers) * 4 / float64(rate))
 	write := `INSERT INTO outbox (topic, key, payload) SELECT 'bench', k, $2 FROM unnest($1::text[]) AS k RETURNING event_id`
 	if mode == "log" {
 		write = `SELECT outbox_emit('bench', k, $2) FROM unnest($1::text[]) AS k`
 	}
-	before, walBefore, cpuBefore := readCost(ctx, e.pool, e.schema), walLSN(ctx, e), relayCPU(pid)
-	start := time.Now()
-	deadline := start.Add(r.cfg.CaptureFor)
-	err = parallel(producers, func(p int) error {
-		rng := rand.New(rand.NewPCG(uint64(p), uint64(start.UnixNano())))
+	seed := uint64(time.Now().UnixNano())
+	return parallel(producers, func(p int) error {
+		rng := rand.New(rand.NewPCG(uint64(p), seed))
 		tick := time.NewTicker(interval)
 		defer tick.Stop()
 		for time.Now().Before(deadline) {
@@ -173,23 +212,6 @@ func (r *runner) captureRound(ctx context.Context, bin, mode string, rate int,
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if err := waitUntil(ctx, 5*time.Minute, func() bool { return book.unacked() == 0 }); err != nil {
-		return fmt.Errorf("%d messages committed were not acknowledged within 5 minutes of the load's end", book.unacked())
-	}
-	after, walAfter, cpuAfter := readCost(ctx, e.pool, e.schema), walLSN(ctx, e), relayCPU(pid)
-	var backends time.Duration
-	for p, t := range after.relayBackends {
-		backends += t - before.relayBackends[p]
-	}
-	var size, dead int64
-	_ = e.pool.QueryRow(ctx, `SELECT pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables
-		WHERE schemaname = $1 AND relname = 'outbox'`, e.schema).Scan(&size, &dead)
-	lat := book.latencies()
-	done(int64(len(lat)), roundCost{cluster: after.cluster - before.cluster, backends: backends}, cpuAfter-cpuBefore, walAfter-walBefore, lat, size, dead)
-	return relays.stop()
 }
 
 // walLSN is the server's WAL insert position, in bytes.
@@ -214,71 +236,81 @@ func dropSlot(e *env) {
 	_, _ = e.pool.Exec(ctx, "DROP PUBLICATION IF EXISTS "+schema.Publication(e.schema))
 }
 
-// eventBook records when each message committed and was first
-// acknowledged, by event id.
-type eventBook struct {
-	mu      sync.Mutex
-	pending map[uuid.UUID]time.Time // committed, not yet acknowledged
-	lat     []time.Duration
-	early   map[uuid.UUID]time.Time // acknowledged before its commit was recorded
-}
-
-func newEventBook() *eventBook {
-	return &eventBook{pending: map[uuid.UUID]time.Time{}, early: map[uuid.UUID]time.Time{}}
-}
-
-func (b *eventBook) committed(ids []uuid.UUID, at time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, id := range ids {
-		if acked, ok := b.early[id]; ok {
-			delete(b.early, id)
-			b.lat = append(b.lat, max(acked.Sub(at), 0))
-			continue
-		}
-		b.pending[id] = at
+// captureBacklog times one outbox-relay at its defaults delivering a
+// backlog of n messages over 10,000 keys, written beforehand into mode (in
+// transactions of 1000, while no relay runs): from the relay's start to
+// the broker's ack of the last. It reports the drain rate, the server's
+// CPU a message while draining, the WAL a message written by the
+// producers, and the table's size and dead tuples at the end.
+func (r *runner) captureBacklog(ctx context.Context, bin, mode string, n int) error {
+	const sessions, perTx = 2, 1000
+	e, err := r.newEnv(ctx, sessions+2)
+	if err != nil {
+		return err
 	}
-}
-
-func (b *eventBook) acked(id uuid.UUID, at time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c, ok := b.pending[id]
-	if !ok {
-		if _, dup := b.early[id]; !dup {
-			b.early[id] = at
+	defer e.close()
+	if mode == "log" {
+		// The slot must be there before the messages are written: it
+		// keeps the log from its creation on.
+		checks, err := logsource.Setup(ctx, e.pool, e.schema, logsource.SetupOptions{Create: true})
+		if err != nil {
+			return err
 		}
-		return
+		if m := logsource.Missing(checks); m != "" {
+			return fmt.Errorf("capture from the log is not set up on the benchmark's server:\n%s", m)
+		}
+		defer dropSlot(e)
 	}
-	delete(b.pending, id)
-	b.lat = append(b.lat, at.Sub(c))
-}
-
-func (b *eventBook) unacked() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.pending)
-}
-
-func (b *eventBook) latencies() []time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.Clone(b.lat)
-}
-
-// watchEventAcks calls acked for each record of topic the broker
-// receives, with its event id.
-func watchEventAcks(c *kfake.Cluster, topic string, acked func(id uuid.UUID, at time.Time)) {
-	kafkatest.WatchProduce(c, func(t string, _ int32, rec *kmsg.Record) {
-		if t != topic {
-			return
-		}
-		for _, h := range rec.Headers {
-			if h.Key == kafka.HeaderEventID {
-				if id, err := uuid.Parse(string(h.Value)); err == nil {
-					acked(id, time.Now())
-				}
+	write := `INSERT INTO outbox (topic, key, payload) SELECT 'bench', 'key-' || (random() * 9999)::int, $1 FROM generate_series(1, $2)`
+	if mode == "log" {
+		write = `SELECT count(outbox_emit('bench', 'key-' || (random() * 9999)::int, $1)) FROM generate_series(1, $2)`
+	}
+	payload := make([]byte, r.cfg.PayloadBytes)
+	walBefore := walLSN(ctx, e)
+	writeStart := time.Now()
+	err = parallel(sessions, func(s int) error {
+		for i := s * perTx; i < n; i += sessions * perTx {
+			if _, err := e.pool.Exec(ctx, write, payload, min(perTx, n-i)); err != nil {
+				return err
 			}
 		}
+		return nil
 	})
+	if err != nil {
+		return fmt.Errorf("write the backlog: %w", err)
+	}
+	writeFor, wal := time.Since(writeStart), walLSN(ctx, e)-walBefore
+
+	var mu sync.Mutex
+	seen := make(map[uuid.UUID]struct{}, n)
+	watchEventAcks(e.cluster, "bench", func(id uuid.UUID, _ time.Time) {
+		mu.Lock()
+		seen[id] = struct{}{}
+		mu.Unlock()
+	})
+	delivered := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen)
+	}
+	statementsReady(ctx, e.pool)
+	before := readCost(ctx, e.pool, e.schema)
+	relays, cleanup, err := r.startCapture(ctx, bin, e, mode)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if err := waitUntil(ctx, 30*time.Minute, func() bool { return delivered() >= n }); err != nil {
+		return fmt.Errorf("%d of the backlog's %d messages were delivered in 30 minutes", delivered(), n)
+	}
+	elapsed := time.Since(relays.started)
+	spent := before.until(readCost(ctx, e.pool, e.schema))
+	var size, dead int64
+	_ = e.pool.QueryRow(ctx, `SELECT pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables
+		WHERE schemaname = $1 AND relname = 'outbox'`, e.schema).Scan(&size, &dead)
+	r.add(Result{Group: "capture", Name: fmt.Sprintf("%s, a backlog of %s messages: drain rate", mode, count(n)),
+		Value: float64(n) / elapsed.Seconds(), Unit: "messages/s",
+		Detail: fmt.Sprintf("from the relay's start to the last ack; server CPU %.1f µs a message while draining (the relay's backends %.1f µs, the log's sender %.1f µs); written in %.1f s, %.0f bytes of WAL a message; then the table is %d kB with %d dead tuples",
+			us(spent.cluster)/float64(n), us(spent.relayBackends)/float64(n), us(spent.senders)/float64(n), writeFor.Seconds(), float64(wal)/float64(n), size/1024, dead)})
+	return relays.stop()
 }

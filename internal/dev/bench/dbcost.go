@@ -38,7 +38,9 @@ type dbCost struct {
 	// relay (application_name outbox-relay), by pid; cluster the CPU time
 	// of the whole server, exited processes included.
 	relayBackends map[int]time.Duration
-	cluster       time.Duration
+	// senders are those of relayBackends that stream the log.
+	senders map[int]bool
+	cluster time.Duration
 	// vacuum: ok when the outbox table's statistics answered; the times
 	// autovacuum has run on it, and its size with its indexes.
 	vacuum      bool
@@ -84,16 +86,18 @@ FROM pg_stat_statements WHERE query LIKE '%"' || $1 || '".%'`, schema).Scan(
 		return c
 	}
 	// The relay's connections, its stream from a replication slot too.
-	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%'`)
+	rows, err := pool.Query(ctx, `SELECT pid, backend_type = 'walsender' FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%'`)
 	if err != nil {
 		return c
 	}
-	c.relayBackends = map[int]time.Duration{}
+	c.relayBackends, c.senders = map[int]time.Duration{}, map[int]bool{}
 	for rows.Next() {
 		var pid int
-		if rows.Scan(&pid) == nil {
+		var sender bool
+		if rows.Scan(&pid, &sender) == nil {
 			if t, ok := processCPU(pid); ok {
 				c.relayBackends[pid] = t
+				c.senders[pid] = sender
 			}
 		}
 	}
@@ -157,6 +161,9 @@ type spent struct {
 	byQuery                []statement // by buffers, the most first
 	cpu                    bool
 	relayBackends, cluster time.Duration
+	// senders is what the relay's backends that stream the log (WAL
+	// senders, which decode it) spent of relayBackends.
+	senders time.Duration
 	// vacuum: autovacuum's runs on the outbox table meanwhile, and the
 	// table's size with its indexes at the end.
 	vacuum      bool
@@ -187,6 +194,9 @@ func (c dbCost) until(later dbCost) spent {
 		for pid, t := range later.relayBackends {
 			// A backend that started since counts whole.
 			s.relayBackends += t - c.relayBackends[pid]
+			if later.senders[pid] {
+				s.senders += t - c.relayBackends[pid]
+			}
 		}
 		s.cluster = later.cluster - c.cluster
 	}
@@ -206,6 +216,9 @@ func (s spent) perRow(rows int64) string {
 	}
 	if s.cpu {
 		parts = append(parts, fmt.Sprintf("%.1f µs CPU in the relay's backends, %.1f µs in all of PostgreSQL", us(s.relayBackends)/float64(rows), us(s.cluster)/float64(rows)))
+		if s.senders > 0 {
+			parts = append(parts, fmt.Sprintf("of the relay's backends, the log's sender %.1f µs", us(s.senders)/float64(rows)))
+		}
 	}
 	if s.vacuum {
 		parts = append(parts, fmt.Sprintf("the outbox autovacuumed %d times, %.0f MB with its indexes", s.autovacuums, float64(s.tableBytes)/(1<<20)))

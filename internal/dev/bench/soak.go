@@ -3,15 +3,14 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-relay/outbox-relay/relay/kafka"
 	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
@@ -38,9 +37,12 @@ func (r *runner) soaks(ctx context.Context) error {
 		return err
 	}
 	defer cleanup()
-	for _, held := range []bool{true, false} {
-		if err := r.soak(ctx, bin, held); err != nil {
-			return fmt.Errorf("soak (held snapshot %v): %w", held, err)
+	for _, p := range []struct {
+		mode string
+		held bool
+	}{{"table", true}, {"table", false}, {"log", true}} {
+		if err := r.soak(ctx, bin, p.mode, p.held); err != nil {
+			return fmt.Errorf("soak (%s, held snapshot %v): %w", p.mode, p.held, err)
 		}
 	}
 	return nil
@@ -56,11 +58,14 @@ type soakMinute struct {
 	intervalOf time.Duration
 }
 
-func (r *runner) soak(ctx context.Context, bin string, held bool) error {
-	const producers, keys = 8, 1000
+func (r *runner) soak(ctx context.Context, bin, mode string, held bool) error {
+	const producers = 8
 	phase := "no snapshot"
 	if held {
 		phase = "held snapshot"
+	}
+	if mode == "log" {
+		phase = "log, " + phase
 	}
 	e, err := r.newEnv(ctx, producers+2)
 	if err != nil {
@@ -69,9 +74,14 @@ func (r *runner) soak(ctx context.Context, bin string, held bool) error {
 	defer e.close()
 	statementsReady(ctx, e.pool)
 
-	book := newAckBook()
-	watchAcks(e.cluster, "bench", book.acked)
+	book := newEventBook()
+	watchEventAcks(e.cluster, "bench", book.acked)
 
+	relays, cleanup, err := r.startCapture(ctx, bin, e, mode)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
 	if held {
 		conn, err := e.pool.Acquire(ctx)
 		if err != nil {
@@ -89,15 +99,8 @@ func (r *runner) soak(ctx context.Context, bin string, held bool) error {
 		defer conn.Exec(context.WithoutCancel(ctx), "ROLLBACK") //nolint:errcheck // the connection is released either way
 	}
 
-	relays, err := startRelays(ctx, bin, r.relayEnv(e, false), 1)
-	if err != nil {
-		return err
-	}
-	defer relays.stop()
 	pid := relays.cmds[0].Process.Pid
 
-	payload := make([]byte, r.cfg.PayloadBytes)
-	interval := time.Duration(float64(time.Second) * producers * 4 / float64(r.cfg.SoakRate))
 	loadStart := time.Now()
 	deadline := loadStart.Add(r.cfg.SoakFor)
 	minutes := int((r.cfg.SoakFor + r.cfg.SoakMinute - 1) / r.cfg.SoakMinute)
@@ -130,38 +133,7 @@ func (r *runner) soak(ctx context.Context, bin string, held bool) error {
 		sampled <- nil
 	}()
 
-	err = parallel(producers, func(p int) error {
-		rng := rand.New(rand.NewPCG(uint64(p), uint64(loadStart.UnixNano())))
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for time.Now().Before(deadline) {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-tick.C:
-			}
-			ks := make([]string, 1+rng.IntN(7))
-			for i := range ks {
-				ks[i] = "key-" + strconv.Itoa(rng.IntN(keys))
-			}
-			var ids []int64
-			err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				rows, err := tx.Query(ctx, `INSERT INTO outbox (topic, key, payload)
-					SELECT 'bench', k, $2 FROM unnest($1::text[]) AS k RETURNING id`, ks, payload)
-				if err != nil {
-					return err
-				}
-				ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			book.committed(ids, time.Now())
-		}
-		return nil
-	})
-	if err != nil {
+	if err := r.produce(ctx, e, mode, producers, r.cfg.SoakRate, deadline, book); err != nil {
 		return err
 	}
 	if err := <-sampled; err != nil {
@@ -235,85 +207,96 @@ func relayCPU(pid int) time.Duration {
 	return t
 }
 
-// ackBook records when each row was committed and when the broker first
-// received it, by the row's id.
-type ackBook struct {
-	mu                   sync.Mutex
-	commit, ack          []time.Time // by id
-	committedN, ackedN   int64
-	ackedBeforeCommitted map[int64]time.Time
+// eventBook records when each message committed and was first
+// acknowledged, by event id.
+type eventBook struct {
+	mu      sync.Mutex
+	pending map[uuid.UUID]time.Time // committed, not yet acknowledged
+	early   map[uuid.UUID]time.Time // acknowledged before its commit was recorded
+	done    []delivery
 }
 
-func newAckBook() *ackBook { return &ackBook{ackedBeforeCommitted: map[int64]time.Time{}} }
-
-func grow(s []time.Time, id int64) []time.Time {
-	if int(id) < len(s) {
-		return s
-	}
-	return append(s, make([]time.Time, int(id)+1-len(s)+len(s)/2)...)
+// delivery is one message's commit and its latency to the broker's ack.
+type delivery struct {
+	commit time.Time
+	lat    time.Duration
 }
 
-func (b *ackBook) committed(ids []int64, at time.Time) {
+func newEventBook() *eventBook {
+	return &eventBook{pending: map[uuid.UUID]time.Time{}, early: map[uuid.UUID]time.Time{}}
+}
+
+func (b *eventBook) committed(ids []uuid.UUID, at time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, id := range ids {
-		b.commit = grow(b.commit, id)
-		b.commit[id] = at
-		b.committedN++
+		if acked, ok := b.early[id]; ok {
+			// An ack can land before the producer reads the clock after
+			// its commit returns: a latency of about zero.
+			delete(b.early, id)
+			b.done = append(b.done, delivery{at, max(acked.Sub(at), 0)})
+			continue
+		}
+		b.pending[id] = at
 	}
 }
 
-func (b *ackBook) acked(id int64, at time.Time) {
+func (b *eventBook) acked(id uuid.UUID, at time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.ack = grow(b.ack, id)
-	if b.ack[id].IsZero() {
-		b.ack[id] = at
-		b.ackedN++
+	c, ok := b.pending[id]
+	if !ok {
+		if _, dup := b.early[id]; !dup {
+			b.early[id] = at
+		}
+		return
 	}
+	delete(b.pending, id)
+	b.done = append(b.done, delivery{c, at.Sub(c)})
 }
 
-func (b *ackBook) unacked() int64 {
+func (b *eventBook) unacked() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.committedN - b.ackedN
+	return int64(len(b.pending))
 }
 
-// byInterval returns the commit → ack latency of the rows committed in
-// each interval since start.
-func (b *ackBook) byInterval(start time.Time, interval time.Duration) [][]time.Duration {
+func (b *eventBook) latencies() []time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lat := make([]time.Duration, len(b.done))
+	for i, d := range b.done {
+		lat[i] = d.lat
+	}
+	return lat
+}
+
+// byInterval returns the commit → ack latency of the messages committed
+// in each interval since start.
+func (b *eventBook) byInterval(start time.Time, interval time.Duration) [][]time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var out [][]time.Duration
-	for id, c := range b.commit {
-		if c.IsZero() {
-			continue
-		}
-		i := int(c.Sub(start) / interval)
+	for _, d := range b.done {
+		i := max(int(d.commit.Sub(start)/interval), 0)
 		for len(out) <= i {
 			out = append(out, nil)
 		}
-		var a time.Time
-		if id < len(b.ack) {
-			a = b.ack[id]
-		}
-		// An ack can land before the producer reads the clock after its
-		// commit returns: a latency of about zero.
-		out[i] = append(out[i], max(0, a.Sub(c)))
+		out[i] = append(out[i], d.lat)
 	}
 	return out
 }
 
-// watchAcks has the broker tell each row it receives for topic, by the
-// outbox-id header of its record, as it receives it.
-func watchAcks(c *kfake.Cluster, topic string, acked func(id int64, at time.Time)) {
+// watchEventAcks calls acked for each record of topic the broker
+// receives, with its event id.
+func watchEventAcks(c *kfake.Cluster, topic string, acked func(id uuid.UUID, at time.Time)) {
 	kafkatest.WatchProduce(c, func(t string, _ int32, rec *kmsg.Record) {
 		if t != topic {
 			return
 		}
 		for _, h := range rec.Headers {
-			if h.Key == "outbox-id" {
-				if id, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+			if h.Key == kafka.HeaderEventID {
+				if id, err := uuid.Parse(string(h.Value)); err == nil {
 					acked(id, time.Now())
 				}
 			}

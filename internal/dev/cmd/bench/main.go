@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,7 +39,19 @@ func main() {
 	binary := flag.String("binary", "", "the outbox-relay binary the binary group runs (default: built from this module), to compare versions")
 	quick := flag.Bool("quick", false, "drain 200k-row backlogs only (no 1M and 10M), for a run of a few minutes")
 	soak := flag.Duration("soak", 5*time.Minute, "how long the soak offers 2,000 rows/s, with a snapshot held and again without (30m for the long run)")
-	capture := flag.Duration("capture", 30*time.Second, "how long each round of the capture scenario offers 1k, 2k and 20k messages/s, into the table and into the write-ahead log in turn")
+	capture := flag.Duration("capture", 30*time.Second, "how long each round of the capture scenario offers each of -capture-rates messages/s, into the table and into the write-ahead log in turn")
+	var captureRates []int
+	flag.Func("capture-rates", "the capture scenario's rates, messages/s (comma-separated; default 1000,2000,20000)", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				return fmt.Errorf("%q is not a rate of messages a second", f)
+			}
+			captureRates = append(captureRates, n)
+		}
+		return nil
+	})
+	captureBacklog := flag.Int("capture-backlog", 1_000_000, "the backlog the capture scenario drains from the table and from the log (200k with -quick)")
 	stores := flag.Bool("broker-stores", false, "have the in-process broker keep the records it acknowledges, on the cores the relay and PostgreSQL share (by default it checks and acknowledges each batch, then discards it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
@@ -56,13 +69,31 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(ctx, *rows, *batch, *payload, *only, *match, *stores, *quick, *soak, *capture, *binary, *out); err != nil {
+	c := capturing{For: *capture, Rates: captureRates, Backlog: *captureBacklog}
+	if *quick && !flagSet("capture-backlog") {
+		c.Backlog = 200_000
+	}
+	if err := run(ctx, *rows, *batch, *payload, *only, *match, *stores, *quick, *soak, c, *binary, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, rows, batch, payload int, only, match string, stores, quick bool, soak, capture time.Duration, binary, out string) error {
+// capturing is how the capture scenario runs.
+type capturing struct {
+	For     time.Duration
+	Rates   []int
+	Backlog int
+}
+
+// flagSet says the command line sets the flag named name.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+func run(ctx context.Context, rows, batch, payload int, only, match string, stores, quick bool, soak time.Duration, capture capturing, binary, out string) error {
 	url := os.Getenv("OUTBOX_BENCH_DATABASE_URL")
 	if url == "" {
 		srv, err := pgserver.Start(ctx, pgserver.Options{Durable: true, Settings: map[string]string{
@@ -104,7 +135,8 @@ func run(ctx context.Context, rows, batch, payload int, only, match string, stor
 		ProducersFor: 16 * time.Second,
 		NaiveRows:    5000, NaiveFor: 15 * time.Second,
 		FairnessRows: fairnessRows, FairnessRate: 2000, ConsoleLetters: 100_000, ConsoleRows: consoleRows,
-		UserRows: userRows, LargeRows: largeRows, Binary: binary, SoakFor: soak, CaptureFor: capture,
+		UserRows: userRows, LargeRows: largeRows, Binary: binary, SoakFor: soak,
+		CaptureFor: capture.For, CaptureRates: capture.Rates, CaptureBacklog: capture.Backlog,
 		Only: only, Match: match, BrokerStores: stores,
 		Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 	})

@@ -1,5 +1,6 @@
-// Package access holds who may use the operators' surfaces: the named
-// bearer tokens of the HTTP API and the console.
+// Package access holds who may use the operators' surfaces, and what they
+// may do there: the named bearer tokens of the HTTP API and the console,
+// and the roles that tokens and signed-in people hold.
 package access
 
 import (
@@ -23,10 +24,17 @@ type Tokens struct {
 type namedToken struct {
 	name string
 	sum  [32]byte
+	role Role
+}
+
+// Token is an accepted token and the role it grants.
+type Token struct {
+	Value string
+	Role  Role
 }
 
 // NewTokens returns the set of byName (name → token).
-func NewTokens(byName map[string]string) (*Tokens, error) {
+func NewTokens(byName map[string]Token) (*Tokens, error) {
 	t := &Tokens{}
 	if err := t.Replace(byName); err != nil {
 		return nil, err
@@ -35,9 +43,10 @@ func NewTokens(byName map[string]string) (*Tokens, error) {
 }
 
 // Replace makes byName the accepted tokens. It refuses an empty set, an
-// empty name or token, and one token under two names (the audit could not
-// tell who used it), and then keeps the tokens it had.
-func (t *Tokens) Replace(byName map[string]string) error {
+// empty name or token, a token without a role, and one token under two
+// names (the audit could not tell who used it), and then keeps the tokens
+// it had.
+func (t *Tokens) Replace(byName map[string]Token) error {
 	if len(byName) == 0 {
 		return errors.New("no token; the API is off without one")
 	}
@@ -49,15 +58,19 @@ func (t *Tokens) Replace(byName map[string]string) error {
 	set := make([]namedToken, 0, len(names))
 	seen := map[[32]byte]string{}
 	for _, name := range names {
-		if name == "" || byName[name] == "" {
+		tok := byName[name]
+		if name == "" || tok.Value == "" {
 			return fmt.Errorf("token %q: empty name or token", name)
 		}
-		sum := sha256.Sum256([]byte(byName[name]))
+		if tok.Role == 0 {
+			return fmt.Errorf("token %s has no role: grant it one of %s (admin.roles: %s=viewer)", name, RoleNames(), name)
+		}
+		sum := sha256.Sum256([]byte(tok.Value))
 		if other, dup := seen[sum]; dup {
 			return fmt.Errorf("tokens %s and %s are the same token; give each holder its own", other, name)
 		}
 		seen[sum] = name
-		set = append(set, namedToken{name: name, sum: sum})
+		set = append(set, namedToken{name: name, sum: sum, role: tok.Role})
 	}
 	t.set.Store(&set)
 	return nil
@@ -73,17 +86,28 @@ func (t *Tokens) Names() []string {
 	return out
 }
 
-// Match returns the name of the accepted token given, comparing it with
-// every accepted token in constant time: how long it takes says nothing
-// about which token, or how much of one, matched.
-func (t *Tokens) Match(given string) (name string, ok bool) {
+// Match returns the name and role of the accepted token given, comparing
+// it with every accepted token in constant time: how long it takes says
+// nothing about which token, or how much of one, matched.
+func (t *Tokens) Match(given string) (name string, role Role, ok bool) {
 	sum := sha256.Sum256([]byte(given))
 	for _, nt := range *t.set.Load() {
 		if subtle.ConstantTimeCompare(sum[:], nt.sum[:]) == 1 {
-			name, ok = nt.name, true
+			name, role, ok = nt.name, nt.role, true
 		}
 	}
-	return name, ok
+	return name, role, ok
+}
+
+// Role returns the role of the accepted token named name: its role now,
+// for a session begun with it.
+func (t *Tokens) Role(name string) (Role, bool) {
+	for _, nt := range *t.set.Load() {
+		if nt.name == name {
+			return nt.role, true
+		}
+	}
+	return 0, false
 }
 
 // Secret returns a key derived from the accepted token named name, for

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -42,7 +43,10 @@ type HandlerConfig struct {
 	// Tokens are the bearer tokens a request may carry, by name. Required:
 	// the API is off without one.
 	Tokens *access.Tokens
-	Logger *slog.Logger
+	// Throttle slows down guessing tokens, by client address; nil does
+	// not.
+	Throttle *access.Throttle
+	Logger   *slog.Logger
 }
 
 // NewHandler returns the dead-letter API: the same operations as the
@@ -59,34 +63,17 @@ func NewHandler(cfg HandlerConfig) (http.Handler, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	h := &api{cfg: cfg}
+	table, err := h.routes()
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	p := strings.TrimSuffix(Prefix, "/")
-	handle := func(route string, handler http.HandlerFunc) {
-		method, path, _ := strings.Cut(route, " ")
-		mux.HandleFunc(method+" "+p+path, h.in(handler))
-		mux.HandleFunc(method+" "+p+"/outboxes/{outbox}"+path, h.in(handler))
+	for _, rt := range table {
+		handler := h.allow(rt.Role, h.in(rt.handler))
+		mux.HandleFunc(rt.Method+" "+p+rt.Path, handler)
+		mux.HandleFunc(rt.Method+" "+p+"/outboxes/{outbox}"+rt.Path, handler)
 	}
-	handle("GET /dead-letters", h.list)
-	handle("GET /dead-letters/{ref}", h.show)
-	handle("GET /dead-letter-groups", h.groups)
-	handle("GET /parked-keys", h.keys)
-	// Actions on a selection share one handler; edit and release have
-	// their own.
-	actions := map[string]http.HandlerFunc{deadletter.ActionEdit: h.edit, deadletter.ActionRelease: h.release}
-	for _, a := range deadletter.Actions {
-		method, path, _ := strings.Cut(a.Route, " ")
-		handler, ok := actions[a.Name]
-		if a.Apply != nil {
-			handler, ok = h.selection(a), true
-		}
-		if !ok {
-			return nil, fmt.Errorf("dead-letter API: no handler for action %s", a.Name)
-		}
-		handle(method+" "+path, handler)
-	}
-	handle("GET /audit", h.audit)
-	handle("GET /stats", h.stats)
-	handle("GET /find", h.find)
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := methods.Allowed(mux, r, p+"/"); len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -102,7 +89,74 @@ type api struct {
 	cfg HandlerConfig
 }
 
-type tokenNameKey struct{}
+// Route is one of the API's endpoints, below Prefix (and below
+// Prefix/outboxes/{outbox}), and the role it needs.
+type Route struct {
+	Method, Path string
+	Role         access.Role
+	handler      http.HandlerFunc
+}
+
+// Routes are the API's endpoints, each with the role it needs.
+func Routes() []Route {
+	table, _ := (&api{}).routes()
+	return table
+}
+
+// routes is the API's table of endpoints: every one names the role it
+// needs. Reads need a viewer (a reader to see payloads); what changes
+// rows, dry runs included, needs an operator.
+func (h *api) routes() ([]Route, error) {
+	var table []Route
+	handle := func(route string, role access.Role, handler http.HandlerFunc) {
+		method, path, _ := strings.Cut(route, " ")
+		table = append(table, Route{Method: method, Path: path, Role: role, handler: handler})
+	}
+	handle("GET /dead-letters", access.Viewer, h.list)
+	handle("GET /dead-letters/{ref}", access.Viewer, h.show)
+	handle("GET /dead-letter-groups", access.Viewer, h.groups)
+	handle("GET /parked-keys", access.Viewer, h.keys)
+	// Actions on a selection share one handler; edit and release have
+	// their own.
+	actions := map[string]http.HandlerFunc{deadletter.ActionEdit: h.edit, deadletter.ActionRelease: h.release}
+	for _, a := range deadletter.Actions {
+		handler, ok := actions[a.Name]
+		if a.Apply != nil {
+			handler, ok = h.selection(a), true
+		}
+		if !ok {
+			return nil, fmt.Errorf("dead-letter API: no handler for action %s", a.Name)
+		}
+		handle(a.Route, access.Operator, handler)
+	}
+	handle("GET /audit", access.Viewer, h.audit)
+	handle("GET /stats", access.Viewer, h.stats)
+	handle("GET /find", access.Viewer, h.find)
+	return table, nil
+}
+
+type principalKey struct{}
+
+// principal is who the request comes from.
+func principal(r *http.Request) access.Principal {
+	p, _ := r.Context().Value(principalKey{}).(access.Principal)
+	return p
+}
+
+// allow runs next for a principal whose role allows needs, and answers
+// others 403, naming the role.
+func (h *api) allow(needs access.Role, next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if p := principal(r); !p.Role.Allows(needs) {
+			writeError(w, http.StatusForbidden, p.Denied(needs))
+			return
+		}
+		next(w, r)
+	}
+}
+
+// showsPayloads says the request's principal may see payloads.
+func showsPayloads(r *http.Request) bool { return principal(r).Role.Allows(access.Reader) }
 
 type storeKey struct{}
 
@@ -141,14 +195,24 @@ func store(r *http.Request) *deadletter.Store {
 // before anything else is looked at, and passes on the token's name.
 func (h *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		client := access.Client(r)
+		if wait := h.cfg.Throttle.Wait(client); wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many wrong tokens from %s: try again in %s", client, wait.Round(time.Second)))
+			return
+		}
 		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		name, matched := h.cfg.Tokens.Match(given)
+		name, role, matched := h.cfg.Tokens.Match(given)
+		if ok && !matched {
+			h.cfg.Throttle.Failed(client, "API token")
+		}
 		if !ok || !matched {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox-relay"`)
 			writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tokenNameKey{}, name)))
+		p := access.Principal{Name: name, Source: "api", Credential: name, Role: role}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
 }
 
@@ -198,8 +262,14 @@ func (h *api) show(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := store(r).Get(r.Context(), ref)
-	if err == nil {
+	switch {
+	case err != nil:
+	case showsPayloads(r):
 		w.Header().Set("ETag", strconv.Quote(d.Version))
+	default:
+		// The version is a digest of the payload: it would confirm a
+		// guess of it. A viewer cannot edit, and needs none.
+		d.HidePayload()
 	}
 	h.reply(w, r, d, err)
 }
@@ -421,6 +491,9 @@ func (h *api) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	page, err := store(r).Audit(r.Context(), p)
+	if err == nil && !showsPayloads(r) {
+		page.HidePayloads()
+	}
 	h.reply(w, r, page, err)
 }
 
@@ -449,18 +522,21 @@ func (h *api) find(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f, err := store(r).Find(r.Context(), p)
+	if err == nil && !showsPayloads(r) {
+		f.HidePayloads()
+	}
 	h.reply(w, r, f, err)
 }
 
 // apiActor records who acted through the API: the name the caller gives
 // (the token's name when it gives none), marked as coming from the API
-// with the token it authenticated with.
+// with the token it authenticated with and its role.
 func apiActor(r *http.Request, name string) deadletter.Actor {
-	token, _ := r.Context().Value(tokenNameKey{}).(string)
+	p := principal(r)
 	if strings.TrimSpace(name) == "" {
-		name = token
+		name = p.Name
 	}
-	return deadletter.Actor{Name: name, Source: "api", Credential: token}
+	return deadletter.Actor{Name: name, Source: p.Source, Credential: p.Credential, Role: p.Role.String()}
 }
 
 // query returns the request's query parameters, refusing unknown and

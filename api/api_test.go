@@ -44,7 +44,7 @@ const apiToken = "s3cret-admin-token-0123"
 
 func newAPI(t *testing.T, s *pgtest.Schema) http.Handler {
 	t.Helper()
-	tokens, err := access.NewTokens(map[string]string{"ops": apiToken})
+	tokens, err := access.NewTokens(map[string]access.Token{"ops": {Value: apiToken, Role: access.Operator}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestAPIRequiresToken(t *testing.T) {
 func TestAPITokensAreNamedInTheAudit(t *testing.T) {
 	t.Parallel()
 	const alice, bob = "alice-token-0123456789", "bob-token-0123456789"
-	tokens, err := access.NewTokens(map[string]string{"alice": alice, "bob-ci": bob})
+	tokens, err := access.NewTokens(map[string]access.Token{"alice": {Value: alice, Role: access.Operator}, "bob-ci": {Value: bob, Role: access.Operator}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,13 +163,13 @@ func TestAPITokensAreNamedInTheAudit(t *testing.T) {
 		t.Fatalf("audit: %v, want %v (%s)", got, want, body)
 	}
 
-	if err := tokens.Replace(map[string]string{"bob-ci": bob, "bob-2": bob}); err == nil {
+	if err := tokens.Replace(map[string]access.Token{"bob-ci": {Value: bob, Role: access.Operator}, "bob-2": {Value: bob, Role: access.Viewer}}); err == nil {
 		t.Fatal("one token under two names was accepted")
 	}
 	if code, _ := call(h, "GET", "/api/v1/stats", "", alice); code != 200 {
 		t.Fatalf("alice's token stopped working after a refused replacement: %d", code)
 	}
-	if err := tokens.Replace(map[string]string{"bob-ci": bob}); err != nil {
+	if err := tokens.Replace(map[string]access.Token{"bob-ci": {Value: bob, Role: access.Operator}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := call(h, "GET", "/api/v1/stats", "", alice); code != http.StatusUnauthorized {
@@ -354,7 +354,7 @@ func TestAPIServesEachOutbox(t *testing.T) {
 	a, b := pgtest.NewSchema(t), pgtest.NewSchema(t)
 	idA, _ := addDead(t, a, dead{Topic: "orders.a"})
 	addDead(t, b, dead{Topic: "orders.b"})
-	tokens, err := access.NewTokens(map[string]string{"ops": apiToken})
+	tokens, err := access.NewTokens(map[string]access.Token{"ops": {Value: apiToken, Role: access.Operator}})
 	if err != nil {
 		t.Fatal(err)
 	}

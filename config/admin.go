@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +36,11 @@ type Admin struct {
 	// are accepted, beside Token: add a token, move its clients, remove
 	// the old one. The audit records which one a change came with.
 	TokensDir string `koanf:"tokens_dir"`
+	// Roles grant each token its role, name=role: viewer (reads, payloads
+	// hidden), reader (reads with payloads) or operator (also replays,
+	// releases, edits, reroutes and discards), such as
+	// [admin=operator, oncall=viewer]. A token without one is refused.
+	Roles []string `koanf:"roles"`
 	// TLS serves the admin listeners over HTTPS.
 	TLS AdminTLS `koanf:"tls"`
 	// HistoryInterval is how often each replica adds its counts to the
@@ -82,12 +88,13 @@ func (a Admin) APIEnabled() bool { return a.Token != "" || a.TokenFile != "" || 
 // tokenName is what a token's file may be called.
 var tokenName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$`)
 
-// ReadTokens reads the dead-letter API's tokens, by name: admin.token
-// (admin.token_file read again when the token came from it) and every
-// file of admin.tokens_dir. Files whose names start with a dot are
-// skipped: Kubernetes keeps its bookkeeping of a mounted Secret there. It
-// returns every problem found; the tokens are usable only without any.
-func (a Admin) ReadTokens() (map[string]string, []string) {
+// ReadTokens reads the dead-letter API's tokens, by name, with the roles
+// admin.roles grants them: admin.token (admin.token_file read again when
+// the token came from it) and every file of admin.tokens_dir. Files whose
+// names start with a dot are skipped: Kubernetes keeps its bookkeeping of
+// a mounted Secret there. It returns every problem found; the tokens are
+// usable only without any.
+func (a Admin) ReadTokens() (map[string]access.Token, []string) {
 	var p []string
 	out := map[string]string{}
 	token := a.Token
@@ -135,12 +142,22 @@ func (a Admin) ReadTokens() (map[string]string, []string) {
 			p = append(p, "admin.tokens_dir: "+a.TokensDir+" holds no token file")
 		}
 	}
+	roles, rp := access.ParseGrants("admin.roles", a.Roles)
+	p = append(p, rp...)
+	tokens := make(map[string]access.Token, len(out))
+	for name, t := range out {
+		tokens[name] = access.Token{Value: t, Role: roles[name]}
+		if roles[name] == 0 && len(rp) == 0 {
+			p = append(p, fmt.Sprintf("admin.roles: token %s has no role; grant it one of %s, as in %s=viewer", name, access.RoleNames(), name))
+		}
+	}
+	slices.Sort(p)
 	if len(p) == 0 && len(out) > 0 {
-		if _, err := access.NewTokens(out); err != nil {
+		if _, err := access.NewTokens(tokens); err != nil {
 			p = append(p, "admin tokens: "+err.Error())
 		}
 	}
-	return out, p
+	return tokens, p
 }
 
 func (a Admin) problems() []string {

@@ -150,7 +150,7 @@ func TestAdminSettings(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("from-a-file-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_TOKEN_FILE=" + tokenFile}, config.NeedDatabase)
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_TOKEN_FILE=" + tokenFile, "OUTBOX_ADMIN_ROLES=admin=reader"}, config.NeedDatabase)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestAdminSettings(t *testing.T) {
 	}
 
 	_, err = config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_LISTEN=9780",
-		"OUTBOX_ADMIN_TOKEN=short-secret", "OUTBOX_RELAY_DEAD_LETTER_RETENTION=-1h"}, config.NeedDatabase)
+		"OUTBOX_ADMIN_TOKEN=short-secret", "OUTBOX_ADMIN_ROLES=admin=viewer", "OUTBOX_RELAY_DEAD_LETTER_RETENTION=-1h"}, config.NeedDatabase)
 	var ce *config.Error
 	if !errors.As(err, &ce) || len(ce.Problems) != 3 {
 		t.Fatalf("err = %v, want three problems", err)
@@ -211,7 +211,7 @@ routes:
   - topics: ["b"]
     destination: nowhere
 `)
-	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_ADMIN_TOKEN=too-short"},
+	_, err := config.Load(nil, []string{"OUTBOX_CONFIG=" + path, "OUTBOX_ADMIN_TOKEN=too-short", "OUTBOX_ADMIN_ROLES=admin=operator"},
 		config.NeedDatabase|config.NeedDestinations)
 	var ce *config.Error
 	if !errors.As(err, &ce) {
@@ -370,7 +370,7 @@ func TestAdminProblems(t *testing.T) {
 		}
 	}
 	check([]string{"OUTBOX_ADMIN_API_LISTEN=:9781", "OUTBOX_ADMIN_TLS_CERT_FILE=" + filepath.Join(dir, "missing.crt"),
-		"OUTBOX_ADMIN_TOKENS_DIR=" + tokens},
+		"OUTBOX_ADMIN_TOKENS_DIR=" + tokens, "OUTBOX_ADMIN_ROLES=twin-a=viewer,twin-b=viewer"},
 		"admin.tokens_dir: short: the token is 4 characters",
 		"admin.tokens_dir: bad name!: name the file with letters",
 		"admin.tls: set both cert_file and key_file")
@@ -383,7 +383,13 @@ func TestAdminProblems(t *testing.T) {
 	twins := filepath.Join(dir, "twins")
 	writeAt(t, filepath.Join(twins, "twin-a"), "the-same-token-0123456")
 	writeAt(t, filepath.Join(twins, "twin-b"), "the-same-token-0123456")
-	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + twins}, "tokens twin-a and twin-b are the same token")
+	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + twins, "OUTBOX_ADMIN_ROLES=twin-a=viewer,twin-b=operator"}, "tokens twin-a and twin-b are the same token")
+	// Every token needs a role, and a role is one of three.
+	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + twins, "OUTBOX_ADMIN_ROLES=twin-a=viewer"},
+		"admin.roles: token twin-b has no role; grant it one of viewer, reader or operator, as in twin-b=viewer")
+	check([]string{"OUTBOX_ADMIN_TOKEN=long-enough-token-0123", "OUTBOX_ADMIN_ROLES=admin=root,oncall"},
+		`admin.roles: admin: "root" is not a role: use viewer, reader or operator`,
+		`admin.roles: "oncall" is not name=role, such as oncall=viewer`)
 	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + filepath.Join(dir, "nowhere")}, "admin.tokens_dir: open")
 }
 

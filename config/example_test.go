@@ -30,13 +30,14 @@ const (
 // exampleSecrets are the settings the example shows only commented out:
 // secrets are never written in it, and the files the *_file forms (and the
 // admin listeners' tokens directory and certificate) name do not exist
-// where the example is tried.
+// where the example is tried; the tokens' roles go with the tokens.
 var exampleSecrets = map[string]bool{
 	"database.url":             true,
 	"database.url_file":        true,
 	"admin.token":              true,
 	"admin.token_file":         true,
 	"admin.tokens_dir":         true,
+	"admin.roles":              true,
 	"admin.tls.cert_file":      true,
 	"admin.tls.key_file":       true,
 	"kafka.sasl.password":      true,

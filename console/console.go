@@ -30,6 +30,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"path"
@@ -63,6 +64,9 @@ type Config struct {
 	// Tokens are the admin tokens a login may give. Required: the
 	// console is off without one.
 	Tokens *access.Tokens
+	// Throttle slows down guessing tokens, by client address; nil does
+	// not.
+	Throttle *access.Throttle
 	// Status reports the relay's live state for the overview; nil shows
 	// none.
 	Status func(context.Context) Status
@@ -199,26 +203,16 @@ func New(cfg Config) (http.Handler, error) {
 	mux := http.NewServeMux()
 	p := strings.TrimSuffix(Prefix, "/")
 	mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", cacheFor(time.Hour, http.FileServerFS(static))))
-	mux.HandleFunc("GET "+p+"/login", c.loginPage)
-	mux.HandleFunc("POST "+p+"/login", c.sameOrigin(c.login))
-	mux.HandleFunc("POST "+p+"/logout", c.change(c.logout))
-	mux.HandleFunc("GET "+p+"/{$}", c.view(c.overview))
-	mux.HandleFunc("GET "+p+"/live", c.view(c.live))
-	mux.HandleFunc("GET "+p+"/groups", c.view(c.groups))
-	mux.HandleFunc("GET "+p+"/groups/{group}/{action}", c.view(c.confirmGroup))
-	mux.HandleFunc("POST "+p+"/groups/{group}/{action}", c.change(c.actOnGroup))
-	mux.HandleFunc("GET "+p+"/dead-letters", c.view(c.letters))
-	mux.HandleFunc("GET "+p+"/dead-letters/{ref}", c.view(c.letter))
-	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/preview", c.change(c.preview))
-	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/edit", c.change(c.edit))
-	mux.HandleFunc("POST "+p+"/dead-letters/{ref}/{action}", c.change(c.actOnRow))
-	mux.HandleFunc("GET "+p+"/parked-keys", c.view(c.keys))
-	mux.HandleFunc("POST "+p+"/parked-keys/release", c.change(c.release))
-	mux.HandleFunc("GET "+p+"/audit", c.view(c.audit))
-	mux.HandleFunc("GET "+p+"/find", c.view(c.find))
-	mux.HandleFunc("GET "+p+"/messages/{ref}", c.view(c.message))
-	mux.HandleFunc("GET "+p+"/key", c.view(c.key))
-	mux.HandleFunc("GET "+p+"/destinations/{name}", c.view(c.destination))
+	for _, rt := range c.routes() {
+		switch {
+		case rt.Public:
+			mux.HandleFunc(rt.Method+" "+p+rt.Path, rt.handler)
+		case rt.Method == http.MethodGet:
+			mux.HandleFunc(rt.Method+" "+p+rt.Path, c.view(rt.Role, rt.handler))
+		default:
+			mux.HandleFunc(rt.Method+" "+p+rt.Path, c.change(rt.Role, rt.handler))
+		}
+	}
 	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
 		// Every pattern but this one names its method, so a page asked for
 		// with another method lands here too: that is a 405, not a 404.
@@ -230,6 +224,58 @@ func New(cfg Config) (http.Handler, error) {
 		c.fail(w, r, http.StatusNotFound, "No such page: "+r.Method+" "+r.URL.Path)
 	})
 	return securityHeaders(mux), nil
+}
+
+// Route is one of the console's pages or forms, below Prefix, and the
+// role it needs: pages (GET) are shown in a session, forms (POST) are
+// taken from the console's own pages in a session. Public routes are the
+// way in.
+type Route struct {
+	Method, Path string
+	Role         access.Role
+	Public       bool
+	handler      http.HandlerFunc
+}
+
+// Routes are the console's pages and forms, each with the role it needs;
+// its static files need none.
+func Routes() []Route { return (&console{}).routes() }
+
+// routes is the console's table of pages and forms: every one names the
+// role it needs, or is public. Pages need a viewer (a reader to see
+// payloads); what changes rows, and the pages that prepare a change (a
+// group's dry run, an edit's preview), need an operator.
+func (c *console) routes() []Route {
+	var table []Route
+	add := func(route string, role access.Role, h http.HandlerFunc) {
+		method, path, _ := strings.Cut(route, " ")
+		table = append(table, Route{Method: method, Path: path, Role: role, handler: h})
+	}
+	public := func(route string, h http.HandlerFunc) {
+		method, path, _ := strings.Cut(route, " ")
+		table = append(table, Route{Method: method, Path: path, Public: true, handler: h})
+	}
+	public("GET /login", c.loginPage)
+	public("POST /login", c.sameOrigin(c.login))
+	add("POST /logout", access.Viewer, c.logout)
+	add("GET /{$}", access.Viewer, c.overview)
+	add("GET /live", access.Viewer, c.live)
+	add("GET /groups", access.Viewer, c.groups)
+	add("GET /groups/{group}/{action}", access.Operator, c.confirmGroup)
+	add("POST /groups/{group}/{action}", access.Operator, c.actOnGroup)
+	add("GET /dead-letters", access.Viewer, c.letters)
+	add("GET /dead-letters/{ref}", access.Viewer, c.letter)
+	add("POST /dead-letters/{ref}/preview", access.Operator, c.preview)
+	add("POST /dead-letters/{ref}/edit", access.Operator, c.edit)
+	add("POST /dead-letters/{ref}/{action}", access.Operator, c.actOnRow)
+	add("GET /parked-keys", access.Viewer, c.keys)
+	add("POST /parked-keys/release", access.Operator, c.release)
+	add("GET /audit", access.Viewer, c.audit)
+	add("GET /find", access.Viewer, c.find)
+	add("GET /messages/{ref}", access.Viewer, c.message)
+	add("GET /key", access.Viewer, c.key)
+	add("GET /destinations/{name}", access.Viewer, c.destination)
+	return table
 }
 
 type console struct {
@@ -273,9 +319,18 @@ func (c *console) deadStats(ctx context.Context, o Outbox) (*deadletter.Stats, e
 
 // session is a logged-in request's: who, and its CSRF token.
 type session struct {
-	Token string // the name of the token logged in with
-	CSRF  string
+	access.Principal
+	CSRF string
 }
+
+// In says the request has a session.
+func (s session) In() bool { return s.Name != "" }
+
+// Operator says the session may act on rows.
+func (s session) Operator() bool { return s.Role.Allows(access.Operator) }
+
+// Payloads says the session may see payloads.
+func (s session) Payloads() bool { return s.Role.Allows(access.Reader) }
 
 type sessionKey struct{}
 
@@ -284,26 +339,36 @@ func sessionOf(r *http.Request) session {
 	return s
 }
 
-// view serves a page to a logged-in browser, and sends others to log in.
-func (c *console) view(next http.HandlerFunc) http.HandlerFunc {
+// view serves a page to a logged-in browser whose role allows needs,
+// sends others to log in, and answers 403 to a session without the role.
+func (c *console) view(needs access.Role, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s, ok := c.session(r)
 		if !ok {
 			http.Redirect(w, r, Prefix+"login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)))
+		r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, s))
+		if !s.Role.Allows(needs) {
+			c.fail(w, r, http.StatusForbidden, "Not allowed: "+s.Denied(needs)+".")
+			return
+		}
+		next(w, r)
 	}
 }
 
 // change runs a change: a POST from the console's own page (same origin),
-// in a session, with the session's CSRF token. Anything else changes
-// nothing.
-func (c *console) change(next http.HandlerFunc) http.HandlerFunc {
+// in a session whose role allows needs, with the session's CSRF token.
+// Anything else changes nothing.
+func (c *console) change(needs access.Role, next http.HandlerFunc) http.HandlerFunc {
 	return c.sameOrigin(func(w http.ResponseWriter, r *http.Request) {
 		s, ok := c.session(r)
 		if !ok {
 			c.fail(w, r, http.StatusUnauthorized, "Your session has ended: log in again.")
+			return
+		}
+		if !s.Role.Allows(needs) {
+			c.fail(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)), http.StatusForbidden, "Not allowed: "+s.Denied(needs)+".")
 			return
 		}
 		if err := r.ParseForm(); err != nil {
@@ -362,7 +427,10 @@ func (c *console) session(r *http.Request) (session, bool) {
 	if !hmac.Equal([]byte(parts[2]), []byte(want)) {
 		return session{}, false
 	}
-	return session{Token: name, CSRF: sign(key, "csrf", ck.Value)}, true
+	// The token's role now: a change of role applies to its sessions.
+	role, _ := c.cfg.Tokens.Role(name)
+	return session{Principal: access.Principal{Name: name, Source: "console", Credential: name, Role: role},
+		CSRF: sign(key, "csrf", ck.Value)}, true
 }
 
 // sign is the hex HMAC-SHA256 of purpose and msg under key.
@@ -402,9 +470,15 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusForbidden, "The login form expired: try again.")
 		return
 	}
-	name, ok := c.cfg.Tokens.Match(r.PostForm.Get("token"))
+	client := access.Client(r)
+	if wait := c.cfg.Throttle.Wait(client); wait > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		c.showLogin(w, r, http.StatusTooManyRequests, fmt.Sprintf("Too many failed logins from your address: try again in %s.", wait.Round(time.Second)))
+		return
+	}
+	name, _, ok := c.cfg.Tokens.Match(r.PostForm.Get("token"))
 	if !ok {
-		c.cfg.Logger.Warn("console login refused: wrong token", slog.String("remote", r.RemoteAddr))
+		c.cfg.Throttle.Failed(client, "console token")
 		c.showLogin(w, r, http.StatusUnauthorized, "That token is not accepted.")
 		return
 	}
@@ -450,10 +524,11 @@ func (c *console) outbox(r *http.Request) (Outbox, error) {
 	return Outbox{}, fmt.Errorf("no outbox %q", name)
 }
 
-// actor is who acts through the console: the token logged in with.
+// actor is who acts through the console: who signed in, how, and their
+// role.
 func actor(r *http.Request) deadletter.Actor {
 	s := sessionOf(r)
-	return deadletter.Actor{Name: s.Token, Source: "console", Credential: s.Token}
+	return deadletter.Actor{Name: s.Name, Source: s.Source, Credential: s.Credential, Role: s.Role.String()}
 }
 
 // securityHeaders keeps the console's pages to themselves: no framing, no

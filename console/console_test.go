@@ -22,7 +22,12 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m, pgtest.WaitingTests) }
 
-const token = "console-test-token-0123456789"
+// The console's tokens: an operator's, a viewer's and a reader's.
+const (
+	token       = "console-test-token-0123456789"
+	viewerToken = "console-viewer-token-0123456789"
+	readerToken = "console-reader-token-0123456789"
+)
 
 // env is a console on one outbox, served over HTTP.
 type env struct {
@@ -40,7 +45,8 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, err := access.NewTokens(map[string]string{"ops": token})
+	tokens, err := access.NewTokens(map[string]access.Token{"ops": {Value: token, Role: access.Operator},
+		"watcher": {Value: viewerToken, Role: access.Viewer}, "auditor": {Value: readerToken, Role: access.Reader}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,10 +156,13 @@ func (b *browser) post(path string, form url.Values) (int, string) {
 	return code, body
 }
 
-func (e *env) loggedIn() *browser {
+func (e *env) loggedIn() *browser { return e.loggedInWith(token) }
+
+// loggedInWith is a browser logged in with tok.
+func (e *env) loggedInWith(tok string) *browser {
 	e.t.Helper()
 	b := e.browser()
-	if code := b.login(token); code != http.StatusSeeOther {
+	if code := b.login(tok); code != http.StatusSeeOther {
 		e.t.Fatalf("login: %d", code)
 	}
 	if code, _, body := b.do("GET", "/console/", nil); code != http.StatusOK || b.csrf == "" {
@@ -353,7 +362,7 @@ func TestConsoleLogin(t *testing.T) {
 		t.Errorf("a tampered session: %d, want a redirect to log in", code)
 	}
 	// Removing the token ends its sessions.
-	if err := e.tokens.Replace(map[string]string{"other": "another-token-0123456789"}); err != nil {
+	if err := e.tokens.Replace(map[string]access.Token{"other": {Value: "another-token-0123456789", Role: access.Viewer}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _, _ := b.do("GET", "/console/groups", nil); code != http.StatusSeeOther {

@@ -396,6 +396,9 @@ func (c *console) rowView(r *http.Request, st *deadletter.Store, ref deadletter.
 	if err != nil {
 		return rowView{}, err
 	}
+	if !sessionOf(r).Payloads() {
+		d.HidePayload()
+	}
 	v := rowView{Row: d, Headers: indentJSON(d.Headers)}
 	switch deadletter.PayloadEncoding(d.Payload) {
 	case deadletter.EncodingJSON:

@@ -23,11 +23,14 @@ import (
 type Actor struct {
 	// Name is the person or system acting.
 	Name string
-	// Source is how: cli or api.
+	// Source is how: cli, api, console or sso.
 	Source string
-	// Credential names the API token the request came with; empty from
-	// the command line.
+	// Credential names the API token the request came with, or the
+	// identity provider's subject; empty from the command line.
 	Credential string
+	// Role is the role the actor held (access.Role's name); empty from
+	// the command line.
+	Role string
 }
 
 func (a Actor) validate() error {
@@ -438,8 +441,8 @@ func (s *Store) record(ctx context.Context, tx pgx.Tx, a Actor, action, reason s
 	if r := strings.TrimSpace(reason); r != "" {
 		why = &r
 	}
-	err := s.q.InsertAudit(ctx, tx, outboxdb.AuditEntry{Actor: a.Name, Source: a.Source, Credential: a.Credential, Action: action,
-		Reason: why, RowIDs: ids, Details: details})
+	err := s.q.InsertAudit(ctx, tx, outboxdb.AuditEntry{Actor: a.Name, Source: a.Source, Credential: a.Credential, Role: a.Role,
+		Action: action, Reason: why, RowIDs: ids, Details: details})
 	if err != nil {
 		return fmt.Errorf("write the audit record: %w", err)
 	}
@@ -507,6 +510,12 @@ type AuditRecord struct {
 	Reason  string          `json:"reason,omitempty"`
 	RowIDs  []int64         `json:"row_ids"`
 	Details json.RawMessage `json:"details"`
+	// Role is the role the actor held; empty from the command line,
+	// which works on the database directly.
+	Role string `json:"role,omitempty"`
+	// PayloadsHidden says payloads are left out of Details: the reader's
+	// role does not show them.
+	PayloadsHidden bool `json:"payloads_hidden,omitempty"`
 }
 
 // AuditParams select audit records, newest first.
@@ -556,7 +565,8 @@ func (s *Store) Audit(ctx context.Context, p AuditParams) (*AuditPage, error) {
 	}
 	page := &AuditPage{Records: make([]AuditRecord, len(recs))}
 	for i, r := range recs {
-		page.Records[i] = AuditRecord(r)
+		page.Records[i] = AuditRecord{ID: r.ID, At: r.At, Actor: r.Actor, Source: r.Source, Credential: r.Credential,
+			Action: r.Action, Reason: r.Reason, RowIDs: r.RowIDs, Details: r.Details, Role: r.Role}
 	}
 	if len(recs) > limit {
 		page.Records = page.Records[:limit]

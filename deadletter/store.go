@@ -164,6 +164,9 @@ type Detail struct {
 	// made from what was read carries it, and changes nothing if another
 	// edit came first (EditParams.Version).
 	Version string `json:"version"`
+	// PayloadHidden says the payload is left out: the reader's role does
+	// not show payloads.
+	PayloadHidden bool `json:"payload_hidden,omitempty"`
 }
 
 // contentVersion is the Version of a row with this topic, headers and
@@ -221,6 +224,12 @@ func PayloadEncoding(b []byte) string {
 // when it is text, else base64, with payload_encoding saying which.
 func (d Detail) MarshalJSON() ([]byte, error) {
 	type plain Detail // without this method
+	if d.PayloadHidden {
+		return json.Marshal(struct {
+			plain
+			Payload any `json:"payload"`
+		}{plain(d), nil})
+	}
 	enc := PayloadEncoding(d.Payload)
 	var payload any
 	switch enc {

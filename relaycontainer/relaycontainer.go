@@ -172,9 +172,10 @@ func WithKafkaBrokers(brokers ...string) testcontainers.CustomizeRequestOption {
 }
 
 // WithAdminToken turns on the dead-letter API and the console, with token
-// as their bearer token (at least 16 characters).
+// as their bearer token (at least 16 characters), named admin and granted
+// the operator role.
 func WithAdminToken(token string) testcontainers.CustomizeRequestOption {
-	return testcontainers.WithEnv(map[string]string{"OUTBOX_ADMIN_TOKEN": token})
+	return testcontainers.WithEnv(map[string]string{"OUTBOX_ADMIN_TOKEN": token, "OUTBOX_ADMIN_ROLES": "admin=operator"})
 }
 
 // WithConfig gives the relay a YAML configuration file

@@ -118,10 +118,13 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		if len(ad.outboxes) == 1 {
 			only = ad.outboxes[0].dead
 		}
+		// One throttle for both: a guess is a guess, wherever it is made.
+		throttle := access.DefaultThrottle(a.log)
 		apiH, err = api.NewHandler(api.HandlerConfig{
 			Store:    only,
 			Outboxes: stores,
 			Tokens:   ad.tokens,
+			Throttle: throttle,
 			Logger:   a.log,
 		})
 		if err != nil {
@@ -135,6 +138,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		ui, err = console.New(console.Config{
 			Outboxes:        outboxes,
 			Tokens:          ad.tokens,
+			Throttle:        throttle,
 			Status:          consoleStatus(ad.relay, ad.outboxes, ad.redact),
 			Route:           routeOf(a.cfg),
 			Shares:          ad.consoleShares(),

@@ -89,7 +89,7 @@ func TestAdminListenersTLSAndNamedTokens(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_API_LISTEN=127.0.0.1:0", "OUTBOX_ADMIN_TOKENS_DIR="+tokens,
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_API_LISTEN=127.0.0.1:0", "OUTBOX_ADMIN_TOKENS_DIR="+tokens, "OUTBOX_ADMIN_ROLES=alice=operator,ci=operator",
 		"OUTBOX_ADMIN_TLS_CERT_FILE="+certFile, "OUTBOX_ADMIN_TLS_KEY_FILE="+keyFile))
 	ops := "https://" + logged(t, p, "admin listener started")
 	api := "https://" + logged(t, p, "dead-letter API listener started")

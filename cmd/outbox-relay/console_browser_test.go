@@ -91,7 +91,7 @@ VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + i
 	}
 
 	const token = "browser-test-token-0123456789"
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_HISTORY_INTERVAL=1s", "OUTBOX_RELAY_SENT_RETENTION=1h"))
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_ROLES=admin=operator", "OUTBOX_ADMIN_HISTORY_INTERVAL=1s", "OUTBOX_RELAY_SENT_RETENTION=1h"))
 	base := "http://" + logged(t, p, "admin listener started")
 	shots := os.Getenv("OUTBOX_CONSOLE_SCREENSHOTS")
 	if shots == "" {
@@ -336,7 +336,7 @@ func TestConsoleShowsTheSlotInBrowser(t *testing.T) {
 	}
 	c := kafkatest.NewCluster(t, []string{"orders"})
 	const token = "browser-test-token-0123456789"
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_RELAY_CAPTURE=log"))
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_ROLES=admin=viewer", "OUTBOX_RELAY_CAPTURE=log"))
 	base := "http://" + logged(t, p, "admin listener started")
 	capture := func() string {
 		t.Helper()

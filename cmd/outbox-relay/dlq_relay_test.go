@@ -90,7 +90,7 @@ routes:
 		t.Fatal(err)
 	}
 	const token = "admin-token-0123456789"
-	c.env = append(c.env, "OUTBOX_CONFIG="+cfgFile, "OUTBOX_ADMIN_TOKEN="+token)
+	c.env = append(c.env, "OUTBOX_CONFIG="+cfgFile, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_ROLES=admin=operator")
 
 	// Key a: order 1 is rejected and parks the key; 2 and 3 wait behind it.
 	// Key b: likewise 10, with 11 and 12 behind. Order 20 has no key and

@@ -341,7 +341,7 @@ routes:
   - topics: ["hooks.*"]
     destination: hooks
 `)
-	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfg, "OUTBOX_LOG_LEVEL=debug", "OUTBOX_ADMIN_TOKEN="+adminToken))
+	p := startRelay(t, relayEnv(dsn, c, "OUTBOX_CONFIG="+cfg, "OUTBOX_LOG_LEVEL=debug", "OUTBOX_ADMIN_TOKEN="+adminToken, "OUTBOX_ADMIN_ROLES=admin=viewer"))
 	addr := adminAddr(t, p)
 	status := func(path string) func() (int, string) {
 		return func() (int, string) { return get(t, addr, path) }

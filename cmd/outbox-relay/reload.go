@@ -52,7 +52,7 @@ func newReloader(a *app, need config.Need, tokens *access.Tokens, certs *certifi
 }
 
 // readTokens reads the API's tokens of cfg; none when the API is off.
-func (r *reloader) readTokens(cfg *config.Config) (map[string]string, []string) {
+func (r *reloader) readTokens(cfg *config.Config) (map[string]access.Token, []string) {
 	if r.tokens == nil {
 		return nil, nil
 	}
@@ -61,7 +61,7 @@ func (r *reloader) readTokens(cfg *config.Config) (map[string]string, []string) 
 
 // digests fingerprints each part of cfg that a reload may apply, with the
 // contents of the files it reads; byName are its API tokens.
-func (r *reloader) digests(cfg *config.Config, byName map[string]string) map[string]string {
+func (r *reloader) digests(cfg *config.Config, byName map[string]access.Token) map[string]string {
 	out := map[string]string{"configuration file": fileDigest(config.File(r.a.flags, r.a.env))}
 	if r.tokens != nil {
 		names := make([]string, 0, len(byName))
@@ -71,7 +71,7 @@ func (r *reloader) digests(cfg *config.Config, byName map[string]string) map[str
 		sort.Strings(names)
 		h := sha256.New()
 		for _, n := range names {
-			fmt.Fprintf(h, "%q=%q\n", n, byName[n])
+			fmt.Fprintf(h, "%q=%q %s\n", n, byName[n].Value, byName[n].Role)
 		}
 		out["admin tokens"] = hex.EncodeToString(h.Sum(nil))
 	}

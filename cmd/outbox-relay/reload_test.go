@@ -136,6 +136,7 @@ func TestRunReloadsSecrets(t *testing.T) {
 	cfgFile := writeFile(t, "relay.yaml", []byte(`
 admin:
   tokens_dir: `+admin.dir+`
+  roles: [alice=operator, bob=viewer]
 destinations:
   hook:
     http:

@@ -472,19 +472,24 @@ type AuditEntry struct {
 	// Credential names the API token the action came with; empty from
 	// the command line.
 	Credential string
-	Reason     *string
-	RowIDs     []int64
+	// Role is the role the actor held; empty from the command line.
+	Role   string
+	Reason *string
+	RowIDs []int64
 	// Details are stored as JSON.
 	Details any
 }
 
 // InsertAudit records e. Statement: insert_audit.
 func (q *Queries) InsertAudit(ctx context.Context, tx pgx.Tx, e AuditEntry) error {
-	var cred *string
+	var cred, role *string
 	if e.Credential != "" {
 		cred = &e.Credential
 	}
-	_, err := tx.Exec(ctx, q.insertAudit, e.Actor, e.Source, e.Action, e.Reason, e.RowIDs, e.Details, cred)
+	if e.Role != "" {
+		role = &e.Role
+	}
+	_, err := tx.Exec(ctx, q.insertAudit, e.Actor, e.Source, e.Action, e.Reason, e.RowIDs, e.Details, cred, role)
 	return err
 }
 
@@ -500,6 +505,7 @@ type AuditRecord struct {
 	Reason     string          `json:"reason,omitempty"`
 	RowIDs     []int64         `json:"row_ids"`
 	Details    json.RawMessage `json:"details"`
+	Role       string          `json:"role,omitempty"`
 }
 
 // AuditArgs select audit records, newest first; zero fields match all.
@@ -541,7 +547,7 @@ func (q *Queries) ListAudit(ctx context.Context, db DB, a AuditArgs) ([]AuditRec
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (AuditRecord, error) {
 		var a AuditRecord
 		var details []byte
-		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Source, &a.Credential, &a.Action, &a.Reason, &a.RowIDs, &details)
+		err := r.Scan(&a.ID, &a.At, &a.Actor, &a.Source, &a.Credential, &a.Action, &a.Reason, &a.RowIDs, &details, &a.Role)
 		a.Details = details
 		return a, err
 	})

@@ -72,7 +72,7 @@ SELECT m, '', '', $1, 1500 FROM generate_series(date_trunc('minute', now()) - in
 		return err
 	}
 	const token = "bench-console-token-0123456789"
-	tokens, err := access.NewTokens(map[string]string{"bench": token})
+	tokens, err := access.NewTokens(map[string]access.Token{"bench": {Value: token, Role: access.Operator}})
 	if err != nil {
 		return err
 	}

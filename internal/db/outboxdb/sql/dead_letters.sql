@@ -179,8 +179,8 @@ WHERE key = ANY($1) AND status = 'pending' AND lease_token IS NULL
 {{end}}
 
 {{define "insert_audit"}}
-INSERT INTO {{.Audit}} (actor, source, action, reason, row_ids, details, credential)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO {{.Audit}} (actor, source, action, reason, row_ids, details, credential, role)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 {{end}}
 
 {{define "audited_rows"}}
@@ -191,6 +191,6 @@ WHERE a.row_ids && $1::bigint[] AND r = ANY($1)
 
 {{define "list_audit"}}
 -- dynamic
-SELECT id, at, actor, source, coalesce(credential, ''), action, coalesce(reason, ''), row_ids, details
+SELECT id, at, actor, source, coalesce(credential, ''), action, coalesce(reason, ''), row_ids, details, coalesce(role, '')
 FROM {{.Audit}} WHERE {{.Where}} ORDER BY id DESC LIMIT {{.Limit}}
 {{end}}

@@ -200,7 +200,7 @@ func run(ctx context.Context, relayBin, sinkKind, capture string, rate, customer
 	relay := exec.Command(relayBin, "run")
 	relay.Env = append(os.Environ(),
 		"OUTBOX_DATABASE_URL="+dsn,
-		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_CONFIG="+cfgFile,
+		"OUTBOX_ADMIN_LISTEN="+adminAddr, "OUTBOX_ADMIN_TOKEN="+token, "OUTBOX_ADMIN_ROLES=admin=operator", "OUTBOX_CONFIG="+cfgFile,
 		// The console's trends fill within seconds, not at the minute.
 		"OUTBOX_ADMIN_HISTORY_INTERVAL="+envOr("OUTBOX_ADMIN_HISTORY_INTERVAL", "5s"),
 		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"),

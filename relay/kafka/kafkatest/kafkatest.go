@@ -56,6 +56,10 @@ func Consume(ctx context.Context, tb testing.TB, brokers []string, topic string,
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(100*time.Millisecond),
+		// Without fetch sessions: franz-go's Close reads a session's id
+		// while a fetch still in flight may write it (a data race in the
+		// library, seen under -race).
+		kgo.DisableFetchSessions(),
 	)
 	if err != nil {
 		tb.Fatalf("kafkatest: consumer: %v", err)

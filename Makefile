@@ -3,7 +3,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
-.PHONY: all build static image test test-containers run bench vet fmt-check postgres browser brokers clean
+.PHONY: all build static image test test-containers fuzz run bench vet fmt-check postgres browser brokers clean
 
 all: build
 
@@ -35,6 +35,13 @@ test: postgres brokers browser vet fmt-check build
 ## test-containers: the container tests alone
 test-containers: postgres
 	OUTBOX_TEST_CONTAINERS=1 scripts/with-docker $(GO) test -race -count=1 -timeout 20m -run 'TestScenariosContainers|TestImage|TestRunReports|TestMigrateUpReports|TestOrderPlaced|TestDockerfiles|TestDocs' -v ./cmd/outbox-relay/ ./relaycontainer/ ./internal/dev/containertest/
+
+## fuzz: the fuzz tests of what operators type (the API's requests, the console's forms, searches and filters), FUZZTIME each (default 1m); make test runs their seed corpora
+FUZZTIME ?= 1m
+fuzz: postgres
+	$(GO) test -run '^$$' -fuzz '^FuzzAPI$$' -fuzztime $(FUZZTIME) ./api/
+	$(GO) test -run '^$$' -fuzz '^FuzzConsole$$' -fuzztime $(FUZZTIME) ./console/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./deadletter/
 
 ## run: a throwaway local stack with the relay at work (Ctrl-C stops and removes it); SINK=nats, pubsub, redis, rabbitmq or sqs sends the orders there instead of Kafka; CAPTURE=log writes them into the write-ahead log
 SINK ?= kafka

@@ -51,7 +51,7 @@ func newAPI(t *testing.T, s *pgtest.Schema) http.Handler {
 	return newAPIWith(t, s, tokens)
 }
 
-func newAPIWith(t *testing.T, s *pgtest.Schema, tokens *access.Tokens) http.Handler {
+func newAPIWith(t testing.TB, s *pgtest.Schema, tokens *access.Tokens) http.Handler {
 	t.Helper()
 	h, err := api.NewHandler(api.HandlerConfig{
 		Store: newStoreWith(t, s, deadletter.Config{

@@ -25,7 +25,7 @@ var roleTokens = map[access.Role]string{
 	access.Operator: "operator-token-0123456789",
 }
 
-func newAPIWithRoles(t *testing.T, s *pgtest.Schema) http.Handler {
+func newAPIWithRoles(t testing.TB, s *pgtest.Schema) http.Handler {
 	t.Helper()
 	set := map[string]access.Token{}
 	for role, tok := range roleTokens {

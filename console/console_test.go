@@ -31,14 +31,14 @@ const (
 
 // env is a console on one outbox, served over HTTP.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	s      *pgtest.Schema
 	srv    *httptest.Server
 	tokens *access.Tokens
 	hist   *history.Store
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	s := pgtest.NewSchema(t)
 	dead, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name})

@@ -1,0 +1,7 @@
+package deadletter
+
+// For the tests of package deadletter_test.
+var (
+	ParseFind   = parseFind
+	ParseCursor = parseCursor
+)

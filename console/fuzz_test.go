@@ -41,15 +41,16 @@ func FuzzConsole(f *testing.F) {
 		rt := routes[int(route)%len(routes)]
 		path := "/console" + strings.NewReplacer("{ref}", url.PathEscape(value), "{group}", url.PathEscape(value),
 			"{action}", "replay", "{name}", url.PathEscape(value), "{$}", "").Replace(rt.Path)
+		// As a browser sends it: encoded.
+		v, err := url.ParseQuery(form)
+		if err != nil {
+			return
+		}
 		var code int
 		var body string
 		if rt.Method == http.MethodGet {
-			code, _, body = b.do("GET", path+"?"+form, nil)
+			code, _, body = b.do("GET", path+"?"+v.Encode(), nil)
 		} else {
-			v, err := url.ParseQuery(form)
-			if err != nil {
-				return
-			}
 			code, body = b.post(path, v)
 		}
 		if code >= 500 {

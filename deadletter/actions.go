@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -33,11 +34,28 @@ type Actor struct {
 	Role string
 }
 
-func (a Actor) validate() error {
+// validate checks the actor, and the text given with the action, as name
+// and value pairs (the reason first), is text the database keeps.
+func (a Actor) validate(text ...string) error {
 	if strings.TrimSpace(a.Name) == "" || a.Source == "" {
 		return &InputError{Problems: []string{"the actor is unknown: every action is recorded with who took it"}}
 	}
+	if p := badText(append([]string{"the actor", a.Name}, text...)...); len(p) > 0 {
+		return &InputError{Problems: p}
+	}
 	return nil
+}
+
+// badText describes the fields, given as name and value pairs, that are
+// not text a PostgreSQL text column takes: valid UTF-8 without NUL.
+func badText(pairs ...string) []string {
+	var p []string
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if v := pairs[i+1]; !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			p = append(p, fmt.Sprintf("%s is not valid text (UTF-8 without NUL)", pairs[i]))
+		}
+	}
+	return p
 }
 
 // Limiter paces bulk actions: WaitN blocks until n more rows may change.
@@ -215,7 +233,7 @@ func (s *Store) bulk(ctx context.Context, action string, p BulkParams, details m
 	if err := p.Selection.validate(); err != nil {
 		return nil, err
 	}
-	if err := p.Actor.validate(); err != nil {
+	if err := p.Actor.validate("the reason", p.Reason); err != nil {
 		return nil, err
 	}
 	batch := p.BatchSize
@@ -462,7 +480,7 @@ type ReleaseParams struct {
 
 // Release lets a parked key's later rows go on, in order, at once.
 func (s *Store) Release(ctx context.Context, p ReleaseParams) (*Result, error) {
-	if err := p.Actor.validate(); err != nil {
+	if err := p.Actor.validate("the reason", p.Reason, "the key", p.Key); err != nil {
 		return nil, err
 	}
 	if p.Key == "" {

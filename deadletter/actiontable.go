@@ -165,6 +165,9 @@ func (a ActionInfo) Run(ctx context.Context, s *Store, p BulkParams, in Inputs) 
 	if noReason {
 		problems = append(problems, fmt.Sprintf("%s needs a reason: say why, for the audit trail", a.Name))
 	}
+	for _, name := range slices.Sorted(maps.Keys(in)) {
+		problems = append(problems, badText(name, in[name])...)
+	}
 	if len(problems) > 0 {
 		return nil, &InputError{Problems: problems}
 	}

@@ -46,7 +46,7 @@ type EditParams struct {
 // replays it, in one transaction, keeping the row as it was in the audit
 // record. Invalid input changes nothing.
 func (s *Store) Edit(ctx context.Context, p EditParams) (*Result, error) {
-	if err := p.Actor.validate(); err != nil {
+	if err := p.Actor.validate("the reason", p.Reason, "the topic", p.Topic); err != nil {
 		return nil, err
 	}
 	var headers map[string]string

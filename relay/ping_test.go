@@ -46,14 +46,16 @@ func (p *pingedPublisher) Ping(context.Context) error {
 // A destination whose server refused connections and is back is probed
 // at its next ping, not at the end of its cool-down (here the base, 30 s):
 // the rows held for the outage are delivered while the cool-down would
-// still run.
+// still run. The backlog is there before the relay starts, so that the
+// first batch, which fails, holds every row: the probe can only take
+// rows the ping's answer hands back.
 func TestServerBackIsProbedAtItsNextPing(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
 	pub := &pingedPublisher{}
 	pub.down.Store(true)
-	h := start(t, s, pub, options{cfg: relay.Config{Pause: relay.PauseConfig{Base: 30 * time.Second, Max: 10 * time.Minute}}})
 	insert(t, s, `INSERT INTO outbox (topic, key, payload) SELECT 'orders', 'k' || (g % 5), 'x' FROM generate_series(1, 50) g`)
+	h := start(t, s, pub, options{cfg: relay.Config{Pause: relay.PauseConfig{Base: 30 * time.Second, Max: 10 * time.Minute}}})
 	var until time.Time
 	testwait.For(t, "the breaker open, and a ping refused", func() bool {
 		st := h.relay.Destinations()[0]

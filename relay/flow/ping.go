@@ -94,6 +94,10 @@ func (d *Dest) Ping(ctx context.Context, timeout time.Duration) bool {
 	w.mu.Lock()
 	w.ended = halfOpen
 	w.mu.Unlock()
+	// The rows held for the outage wait for the cool-down it had: unless
+	// they go now, the half-open breaker has nothing to probe with when
+	// they are all there is (a backlog held whole by the first failure).
+	d.holds.release(destWide, time.Now())
 	d.log.Info("destination answers a ping; probing it now, before the end of its cool-down")
 	return true
 }

@@ -531,8 +531,8 @@ type AuditRecord struct {
 	// Role is the role the actor held; empty from the command line,
 	// which works on the database directly.
 	Role string `json:"role,omitempty"`
-	// PayloadsHidden says payloads are left out of Details: the reader's
-	// role does not show them.
+	// PayloadsHidden says payloads are left out of Details: the
+	// role of whoever asked does not show them.
 	PayloadsHidden bool `json:"payloads_hidden,omitempty"`
 }
 

@@ -164,8 +164,8 @@ type Detail struct {
 	// made from what was read carries it, and changes nothing if another
 	// edit came first (EditParams.Version).
 	Version string `json:"version"`
-	// PayloadHidden says the payload is left out: the reader's role does
-	// not show payloads.
+	// PayloadHidden says the payload is left out: the role of whoever
+	// asked does not show payloads.
 	PayloadHidden bool `json:"payload_hidden,omitempty"`
 }
 

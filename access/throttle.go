@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,10 @@ type Throttle struct {
 	// minute.
 	LogEvery time.Duration
 	Logger   *slog.Logger
+	// Proxies are the addresses of the proxies in front of the
+	// listeners (an ingress, a load balancer) whose X-Forwarded-For is
+	// believed: a request through one is the client's that header names.
+	Proxies []netip.Prefix
 
 	mu      sync.Mutex
 	clients map[string]*rate.Limiter
@@ -47,13 +52,48 @@ func DefaultThrottle(log *slog.Logger) *Throttle {
 // not failed lately are forgotten first.
 const maxClients = 100_000
 
-// Client is the address a request comes from: its connection's peer.
-func Client(r *http.Request) string {
+// Client is the address a request comes from: its connection's peer,
+// or, when that is one of Proxies, the address X-Forwarded-For names
+// last that is not one of them (each proxy appends the address it was
+// reached from; a client can write anything before them).
+func (t *Throttle) Client(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		host = r.RemoteAddr
+	}
+	if t == nil || !t.proxy(host) {
+		return host
+	}
+	var hops []string
+	for _, h := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(h, ",")...)
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		hop := strings.TrimSpace(hops[i])
+		if _, err := netip.ParseAddr(hop); err != nil {
+			break // not an address: trust nothing before it
+		}
+		if !t.proxy(hop) {
+			return hop
+		}
+		host = hop
 	}
 	return host
+}
+
+// proxy says addr is one of Proxies.
+func (t *Throttle) proxy(addr string) bool {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false
+	}
+	a = a.Unmap()
+	for _, p := range t.Proxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Wait reports how long client must wait before its next attempt is

@@ -3,6 +3,8 @@ package access
 import (
 	"bytes"
 	"log/slog"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -85,5 +87,45 @@ func TestThrottle(t *testing.T) {
 	th.mu.Unlock()
 	if left != 0 {
 		t.Errorf("%d addresses remembered an hour later", left)
+	}
+}
+
+// Behind a trusted proxy the client is the address X-Forwarded-For names
+// last that is not a trusted proxy's; an address a client writes before
+// them is not believed, and without a trusted proxy the header is not
+// read at all.
+func TestThrottleClient(t *testing.T) {
+	t.Parallel()
+	th := &Throttle{Proxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")}}
+	for _, c := range []struct {
+		peer string
+		xff  []string
+		want string
+	}{
+		{"203.0.113.9:5000", nil, "203.0.113.9"},
+		{"203.0.113.9:5000", []string{"198.51.100.1"}, "203.0.113.9"}, // not through a trusted proxy
+		{"10.1.2.3:5000", nil, "10.1.2.3"},
+		{"10.1.2.3:5000", []string{"198.51.100.1"}, "198.51.100.1"},
+		{"10.1.2.3:5000", []string{"1.1.1.1, 198.51.100.1, 10.9.9.9"}, "198.51.100.1"}, // a client's own entry is not believed
+		{"10.1.2.3:5000", []string{"198.51.100.1", "192.0.2.7"}, "198.51.100.1"},       // two headers, two proxies
+		{"10.1.2.3:5000", []string{"10.2.2.2"}, "10.2.2.2"},                            // every hop a proxy: the first
+		{"10.1.2.3:5000", []string{"198.51.100.1, not-an-address"}, "10.1.2.3"},
+		{"[::ffff:10.1.2.3]:5000", []string{"198.51.100.1"}, "198.51.100.1"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = c.peer
+		for _, h := range c.xff {
+			r.Header.Add("X-Forwarded-For", h)
+		}
+		if got := th.Client(r); got != c.want {
+			t.Errorf("peer %s, X-Forwarded-For %q: client %s, want %s", c.peer, c.xff, got, c.want)
+		}
+	}
+	var none *Throttle
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "10.1.2.3:5000"
+	r.Header.Set("X-Forwarded-For", "198.51.100.1")
+	if got := none.Client(r); got != "10.1.2.3" {
+		t.Errorf("without a throttle: %s", got)
 	}
 }

@@ -195,7 +195,7 @@ func store(r *http.Request) *deadletter.Store {
 // before anything else is looked at, and passes on the token's name.
 func (h *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		client := access.Client(r)
+		client := h.cfg.Throttle.Client(r)
 		if wait := h.cfg.Throttle.Wait(client); wait > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many wrong tokens from %s: try again in %s", client, wait.Round(time.Second)))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,6 +197,27 @@ func TestWrongTokensAreThrottled(t *testing.T) {
 	}
 	if code, _ := from("198.51.100.2:50000", apiToken); code != http.StatusOK {
 		t.Errorf("the right token from another address: %d, want 200", code)
+	}
+	// Behind a trusted proxy, the clients it forwards are told apart by
+	// the address it appends.
+	throttle.Proxies = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	through := func(client, tok string) int {
+		req := httptest.NewRequest("GET", "/api/v1/stats", nil)
+		req.RemoteAddr = "10.0.0.1:443"
+		req.Header.Set("X-Forwarded-For", client)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	for i := range throttle.Burst {
+		through("198.51.100.9", fmt.Sprintf("guess-%02d-0123456789", i))
+	}
+	if code := through("198.51.100.9", apiToken); code != http.StatusTooManyRequests {
+		t.Errorf("the guesser behind the proxy: %d, want 429", code)
+	}
+	if code := through("198.51.100.10", apiToken); code != http.StatusOK {
+		t.Errorf("another client behind the same proxy: %d, want 200", code)
 	}
 	if lines := strings.Count(logged.String(), "failed sign-ins"); lines != 1 {
 		t.Errorf("%d log lines for the failures, want 1:\n%s", lines, logged.String())

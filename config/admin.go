@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -41,6 +42,11 @@ type Admin struct {
 	// releases, edits, reroutes and discards), such as
 	// [admin=operator, oncall=viewer]. A token without one is refused.
 	Roles []string `koanf:"roles"`
+	// TrustedProxies are the addresses (or CIDR ranges) of the proxies in
+	// front of the admin listeners, such as an ingress, whose
+	// X-Forwarded-For names the client: failed sign-ins are throttled by
+	// the client's address rather than the proxy's.
+	TrustedProxies []string `koanf:"trusted_proxies"`
 	// TLS serves the admin listeners over HTTPS.
 	TLS AdminTLS `koanf:"tls"`
 	// HistoryInterval is how often each replica adds its counts to the
@@ -160,8 +166,33 @@ func (a Admin) ReadTokens() (map[string]access.Token, []string) {
 	return tokens, p
 }
 
+// Proxies are TrustedProxies, read; with every problem found.
+func (a Admin) Proxies() ([]netip.Prefix, []string) {
+	var out []netip.Prefix
+	var p []string
+	for _, s := range a.TrustedProxies {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if addr, err := netip.ParseAddr(s); err == nil {
+			out = append(out, netip.PrefixFrom(addr.Unmap(), addr.Unmap().BitLen()))
+			continue
+		}
+		pre, err := netip.ParsePrefix(s)
+		if err != nil {
+			p = append(p, fmt.Sprintf("admin.trusted_proxies: %q is not an address or a CIDR range, such as 10.0.0.0/8", s))
+			continue
+		}
+		out = append(out, pre.Masked())
+	}
+	return out, p
+}
+
 func (a Admin) problems() []string {
 	var p []string
+	_, pp := a.Proxies()
+	p = append(p, pp...)
 	listen := func(setting, addr, hint string) {
 		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 			p = append(p, fmt.Sprintf("%s: %q is not host:port (%s)", setting, addr, hint))

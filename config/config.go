@@ -130,7 +130,7 @@ func defaults() Config {
 			QueryTimeout:   DefaultQueryTimeout,
 		},
 		Log:   Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
-		Admin: Admin{Listen: DefaultAdminListen, HistoryInterval: time.Minute},
+		Admin: Admin{Listen: DefaultAdminListen, HistoryInterval: time.Minute, TrustedProxies: []string{}},
 		Relay: defaultRelay(),
 		Retry: Retry{
 			PolicyConfig: retry.PolicyConfig{}.WithDefaults(),

@@ -387,6 +387,9 @@ func TestAdminProblems(t *testing.T) {
 	// Every token needs a role, and a role is one of three.
 	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + twins, "OUTBOX_ADMIN_ROLES=twin-a=viewer"},
 		"admin.roles: token twin-b has no role; grant it one of viewer, reader or operator, as in twin-b=viewer")
+	check([]string{"OUTBOX_ADMIN_TRUSTED_PROXIES=10.0.0.0/8,192.0.2.7,::1,10.0.0.0/99,ingress"},
+		`admin.trusted_proxies: "10.0.0.0/99" is not an address or a CIDR range`,
+		`admin.trusted_proxies: "ingress" is not an address or a CIDR range`)
 	check([]string{"OUTBOX_ADMIN_TOKEN=long-enough-token-0123", "OUTBOX_ADMIN_ROLES=admin=root,oncall"},
 		`admin.roles: admin: "root" is not a role: use viewer, reader or operator`,
 		`admin.roles: "oncall" is not name=role, such as oncall=viewer`)

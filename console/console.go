@@ -470,7 +470,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusForbidden, "The login form expired: try again.")
 		return
 	}
-	client := access.Client(r)
+	client := c.cfg.Throttle.Client(r)
 	if wait := c.cfg.Throttle.Wait(client); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 		c.showLogin(w, r, http.StatusTooManyRequests, fmt.Sprintf("Too many failed logins from your address: try again in %s.", wait.Round(time.Second)))

@@ -120,6 +120,7 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		}
 		// One throttle for both: a guess is a guess, wherever it is made.
 		throttle := access.DefaultThrottle(a.log)
+		throttle.Proxies, _ = cfg.Admin.Proxies() // checked by Load
 		apiH, err = api.NewHandler(api.HandlerConfig{
 			Store:    only,
 			Outboxes: stores,

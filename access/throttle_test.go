@@ -1,41 +1,23 @@
 package access
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/dev/syncbuf"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // An address may fail Burst times in a row, then once each Every; other
 // addresses are untouched; the failures are logged as they begin and
 // then once each LogEvery, counted by address.
 func TestThrottle(t *testing.T) {
 	t.Parallel()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	now := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
 	th := &Throttle{Burst: 3, Every: 10 * time.Second, LogEvery: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&out, nil)), now: func() time.Time { return now }}

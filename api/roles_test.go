@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,13 +9,13 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/api"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/syncbuf"
 )
 
 // The tokens of the role tests, one a role.
@@ -165,7 +164,7 @@ func TestViewersSeeNoPayloads(t *testing.T) {
 func TestWrongTokensAreThrottled(t *testing.T) {
 	t.Parallel()
 	s := pgtest.NewSchema(t)
-	var logged syncBuffer
+	var logged syncbuf.Buffer
 	throttle := access.DefaultThrottle(slog.New(slog.NewTextHandler(&logged, nil)))
 	tokens, err := access.NewTokens(map[string]access.Token{"ops": {Value: apiToken, Role: access.Operator}})
 	if err != nil {
@@ -225,22 +224,4 @@ func TestWrongTokensAreThrottled(t *testing.T) {
 	if !strings.Contains(logged.String(), "203.0.113.7") {
 		t.Errorf("the log line does not name the address:\n%s", logged.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/internal/dev/pgtest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/syncbuf"
 	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outbox"
@@ -35,23 +35,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay/kafka/kafkatest"
 )
 
-// syncBuffer is a bytes.Buffer safe for a process's output and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer safe for a process's output and the test.
+type syncBuffer = syncbuf.Buffer
 
 // relayProcess is "outbox-relay run" as a subprocess.
 type relayProcess struct {

@@ -119,6 +119,13 @@ func (q *queue) backlog() int {
 	return q.unset
 }
 
+// taken reports whether batches hold messages not yet settled.
+func (q *queue) taken() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.out > 0
+}
+
 // position is what may be confirmed.
 func (q *queue) position() pglogrepl.LSN {
 	q.mu.Lock()

@@ -263,7 +263,16 @@ func (r *reader) run(ctx context.Context) error {
 			}
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		// While batches hold messages, the stream is waited on briefly: a
+		// position their settling moves is told within a couple of
+		// milliseconds rather than a tenth of a second, and what was
+		// delivered and not yet confirmed, delivered again after a
+		// crash, stays about the batch in flight.
+		wait := 100 * time.Millisecond
+		if r.src.q.taken() {
+			wait = 2 * time.Millisecond
+		}
+		rctx, cancel := context.WithTimeout(ctx, wait)
 		raw, err := r.conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {

@@ -76,8 +76,12 @@ func (t *Tokens) Replace(byName map[string]Token) error {
 	return nil
 }
 
-// Names are the names of the accepted tokens, sorted.
+// Names are the names of the accepted tokens, sorted; none when t is
+// nil.
 func (t *Tokens) Names() []string {
+	if t == nil {
+		return nil
+	}
 	set := *t.set.Load()
 	out := make([]string, len(set))
 	for i, nt := range set {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -47,6 +48,13 @@ type Admin struct {
 	// X-Forwarded-For names the client: failed sign-ins are throttled by
 	// the client's address rather than the proxy's.
 	TrustedProxies []string `koanf:"trusted_proxies"`
+	// OIDC signs people in to the console through an OpenID Connect
+	// provider.
+	OIDC AdminOIDC `koanf:"oidc"`
+	// ConsoleTokenLogin lets a token sign in to the console. Turn it off
+	// when people sign in through OIDC: tokens then serve the API alone.
+	// Default true.
+	ConsoleTokenLogin bool `koanf:"console_token_login"`
 	// TLS serves the admin listeners over HTTPS.
 	TLS AdminTLS `koanf:"tls"`
 	// HistoryInterval is how often each replica adds its counts to the
@@ -56,6 +64,96 @@ type Admin struct {
 	HistoryInterval time.Duration `koanf:"history_interval"`
 
 	tokenFromFile bool // Token was read from TokenFile
+}
+
+// AdminOIDC is the console's single sign-on: an OpenID Connect provider
+// (Okta, Microsoft Entra ID, Keycloak, Google, Dex, …) with a
+// confidential client for the console.
+type AdminOIDC struct {
+	// Issuer is the provider's issuer URL; setting it turns single
+	// sign-on on.
+	Issuer string `koanf:"issuer"`
+	// ClientID and ClientSecret are the console's client at the
+	// provider. ClientSecret is a secret: set it with its variable, or
+	// put it in a file named by client_secret_file, read at each sign-in.
+	ClientID         string `koanf:"client_id"`
+	ClientSecret     string `koanf:"client_secret"`
+	ClientSecretFile string `koanf:"client_secret_file"`
+	// RedirectURL is the console's callback as the provider knows it:
+	// https://host/console/oidc/callback.
+	RedirectURL string `koanf:"redirect_url"`
+	// Scopes are asked for. Default [openid, profile, email]; add the
+	// one that brings the groups claim where the provider needs one.
+	Scopes []string `koanf:"scopes"`
+	// GroupsClaim is the claim that lists a person's groups, in the ID
+	// token or else from the userinfo endpoint. Default groups.
+	GroupsClaim string `koanf:"groups_claim"`
+	// GroupRoles grant roles to groups, group=role, such as
+	// [relay-operators=operator, support=viewer]; a person has the
+	// greatest of their groups' roles, and whoever has none is not let in.
+	GroupRoles []string `koanf:"group_roles"`
+	// Name is how the login page names the provider. Default "single
+	// sign-on".
+	Name string `koanf:"name"`
+
+	secretFromFile bool // ClientSecret was read from ClientSecretFile
+}
+
+// Enabled reports whether the console signs in through the provider.
+func (o AdminOIDC) Enabled() bool { return o.Issuer != "" }
+
+// Secret reads the client secret: client_secret_file again when the
+// secret came from it.
+func (o AdminOIDC) Secret() (string, error) {
+	if o.secretFromFile {
+		return sink.ReadSecretFile("admin.oidc.client_secret_file", o.ClientSecretFile)
+	}
+	return o.ClientSecret, nil
+}
+
+// Roles are GroupRoles, read; with every problem found.
+func (o AdminOIDC) Roles() (map[string]access.Role, []string) {
+	return access.ParseGrants("admin.oidc.group_roles", o.GroupRoles)
+}
+
+func (o AdminOIDC) problems() []string {
+	if !o.Enabled() {
+		if o.ClientID != "" || o.RedirectURL != "" || len(o.GroupRoles) > 0 {
+			return []string{"admin.oidc is set, but admin.oidc.issuer is not: set the provider's issuer URL"}
+		}
+		return nil
+	}
+	var p []string
+	url := func(setting, v, hint string) {
+		u, err := neturl.Parse(v)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			p = append(p, fmt.Sprintf("%s: %q is not an http(s) URL (%s)", setting, v, hint))
+		}
+	}
+	url("admin.oidc.issuer", o.Issuer, "the provider's issuer, such as https://login.example.com/realms/ops")
+	if o.RedirectURL == "" {
+		p = append(p, "admin.oidc.redirect_url is not set: give the console's callback, https://host/console/oidc/callback, as registered at the provider")
+	} else {
+		url("admin.oidc.redirect_url", o.RedirectURL, "such as https://relay.example.com/console/oidc/callback")
+		if !strings.HasSuffix(o.RedirectURL, "/console/oidc/callback") {
+			p = append(p, fmt.Sprintf("admin.oidc.redirect_url: %q must end in /console/oidc/callback, the console's callback", o.RedirectURL))
+		}
+	}
+	if o.ClientID == "" {
+		p = append(p, "admin.oidc.client_id is not set: give the console's client id at the provider")
+	}
+	if o.ClientSecret == "" && o.ClientSecretFile == "" {
+		p = append(p, "admin.oidc.client_secret is not set: set OUTBOX_ADMIN_OIDC_CLIENT_SECRET or admin.oidc.client_secret_file")
+	}
+	if o.GroupsClaim == "" {
+		p = append(p, "admin.oidc.groups_claim is empty: name the claim that lists groups (default groups)")
+	}
+	roles, rp := o.Roles()
+	p = append(p, rp...)
+	if len(roles) == 0 && len(rp) == 0 {
+		p = append(p, "admin.oidc.group_roles is empty: nobody could sign in; grant roles to groups, as in relay-operators=operator")
+	}
+	return p
 }
 
 // AdminTLS is the admin listeners' server certificate.
@@ -206,13 +304,17 @@ func (a Admin) problems() []string {
 		switch {
 		case a.APIListen == a.Listen && !strings.HasSuffix(a.Listen, ":0"):
 			p = append(p, "admin.api_listen is admin.listen; leave it empty to serve the API there")
-		case !a.APIEnabled():
+		case !a.APIEnabled() && !a.OIDC.Enabled():
 			p = append(p, "admin.api_listen is set, but no token is: set admin.token, admin.token_file or admin.tokens_dir")
 		}
 	}
 	if a.TokensDir != "" || a.tokenFromFile || a.Token != "" {
 		_, tp := a.ReadTokens()
 		p = append(p, tp...)
+	}
+	p = append(p, a.OIDC.problems()...)
+	if !a.ConsoleTokenLogin && !a.OIDC.Enabled() {
+		p = append(p, "admin.console_token_login is off, but admin.oidc is not set: nobody could sign in to the console")
 	}
 	if a.HistoryInterval < time.Second || a.HistoryInterval > time.Minute || time.Minute%a.HistoryInterval != 0 {
 		p = append(p, fmt.Sprintf("admin.history_interval is %s; it must be from 1s to 1m and divide a minute (such as 5s, 15s, 30s)", a.HistoryInterval))

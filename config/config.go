@@ -129,8 +129,9 @@ func defaults() Config {
 			ConnectTimeout: DefaultConnectTimeout,
 			QueryTimeout:   DefaultQueryTimeout,
 		},
-		Log:   Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
-		Admin: Admin{Listen: DefaultAdminListen, HistoryInterval: time.Minute, TrustedProxies: []string{}},
+		Log: Log{Level: DefaultLogLevel, Format: DefaultLogFormat},
+		Admin: Admin{Listen: DefaultAdminListen, HistoryInterval: time.Minute, TrustedProxies: []string{}, ConsoleTokenLogin: true,
+			OIDC: AdminOIDC{Scopes: []string{"openid", "profile", "email"}, GroupsClaim: "groups", GroupRoles: []string{}, Name: "single sign-on"}},
 		Relay: defaultRelay(),
 		Retry: Retry{
 			PolicyConfig: retry.PolicyConfig{}.WithDefaults(),
@@ -272,6 +273,10 @@ func Load(flags *Flags, environ []string, need Need) (*Config, error) {
 	for i := range cfg.OutboxList {
 		o := &cfg.OutboxList[i]
 		readSecret(fmt.Sprintf("outboxes[%d].url_file", i), o.URLFile, &o.URL)
+	}
+	if cfg.Admin.OIDC.ClientSecret == "" && cfg.Admin.OIDC.ClientSecretFile != "" {
+		cfg.Admin.OIDC.secretFromFile = true
+		readSecret("admin.oidc.client_secret_file", cfg.Admin.OIDC.ClientSecretFile, &cfg.Admin.OIDC.ClientSecret)
 	}
 	if cfg.Admin.Token == "" && cfg.Admin.TokenFile != "" {
 		cfg.Admin.tokenFromFile = true

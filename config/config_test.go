@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/config"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/relay/retry"
@@ -394,6 +395,49 @@ func TestAdminProblems(t *testing.T) {
 		`admin.roles: admin: "root" is not a role: use viewer, reader or operator`,
 		`admin.roles: "oncall" is not name=role, such as oncall=viewer`)
 	check([]string{"OUTBOX_ADMIN_TOKENS_DIR=" + filepath.Join(dir, "nowhere")}, "admin.tokens_dir: open")
+	// Single sign-on: every missing or wrong setting at once.
+	check([]string{"OUTBOX_ADMIN_OIDC_ISSUER=login.example.com", "OUTBOX_ADMIN_OIDC_REDIRECT_URL=https://relay.example.com/callback",
+		"OUTBOX_ADMIN_OIDC_GROUP_ROLES=ops=admin", "OUTBOX_ADMIN_OIDC_GROUPS_CLAIM="},
+		`admin.oidc.issuer: "login.example.com" is not an http(s) URL`,
+		`admin.oidc.redirect_url: "https://relay.example.com/callback" must end in /console/oidc/callback`,
+		"admin.oidc.client_id is not set",
+		"admin.oidc.client_secret is not set",
+		"admin.oidc.groups_claim is empty",
+		`admin.oidc.group_roles: ops: "admin" is not a role`)
+	check([]string{"OUTBOX_ADMIN_OIDC_ISSUER=https://login.example.com", "OUTBOX_ADMIN_OIDC_CLIENT_ID=console",
+		"OUTBOX_ADMIN_OIDC_CLIENT_SECRET_FILE=" + filepath.Join(dir, "no-secret"),
+		"OUTBOX_ADMIN_OIDC_REDIRECT_URL=https://relay.example.com/console/oidc/callback"},
+		"admin.oidc.client_secret_file: open",
+		"admin.oidc.group_roles is empty: nobody could sign in")
+	check([]string{"OUTBOX_ADMIN_OIDC_CLIENT_ID=console", "OUTBOX_ADMIN_CONSOLE_TOKEN_LOGIN=false"},
+		"admin.oidc is set, but admin.oidc.issuer is not",
+		"admin.console_token_login is off, but admin.oidc is not set")
+}
+
+// The client secret is read from its file again at each sign-in: a
+// rotated secret applies without a restart.
+func TestOIDCSecretFileIsReadAgain(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "client-secret")
+	writeAt(t, file, "first-secret\n")
+	cfg, err := config.Load(nil, []string{"OUTBOX_DATABASE_URL=postgres://db/app", "OUTBOX_ADMIN_OIDC_ISSUER=https://login.example.com",
+		"OUTBOX_ADMIN_OIDC_CLIENT_ID=console", "OUTBOX_ADMIN_OIDC_CLIENT_SECRET_FILE=" + file,
+		"OUTBOX_ADMIN_OIDC_REDIRECT_URL=https://relay.example.com/console/oidc/callback",
+		"OUTBOX_ADMIN_OIDC_GROUP_ROLES=relay-operators=operator,support=viewer"}, config.NeedDatabase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := cfg.Admin.OIDC.Secret(); s != "first-secret" || err != nil {
+		t.Fatalf("secret %q, %v", s, err)
+	}
+	writeAt(t, file, "second-secret")
+	if s, err := cfg.Admin.OIDC.Secret(); s != "second-secret" || err != nil {
+		t.Fatalf("after the rotation: secret %q, %v", s, err)
+	}
+	roles, _ := cfg.Admin.OIDC.Roles()
+	if len(roles) != 2 || roles["relay-operators"] != access.Operator || roles["support"] != access.Viewer {
+		t.Fatalf("roles %v", roles)
+	}
 }
 
 func writeAt(t *testing.T, path, body string) {

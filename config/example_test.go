@@ -32,17 +32,23 @@ const (
 // admin listeners' tokens directory and certificate) name do not exist
 // where the example is tried; the tokens' roles go with the tokens.
 var exampleSecrets = map[string]bool{
-	"database.url":             true,
-	"database.url_file":        true,
-	"admin.token":              true,
-	"admin.token_file":         true,
-	"admin.tokens_dir":         true,
-	"admin.roles":              true,
-	"admin.tls.cert_file":      true,
-	"admin.tls.key_file":       true,
-	"kafka.sasl.password":      true,
-	"kafka.sasl.password_env":  true,
-	"kafka.sasl.password_file": true,
+	"database.url":                  true,
+	"database.url_file":             true,
+	"admin.token":                   true,
+	"admin.token_file":              true,
+	"admin.tokens_dir":              true,
+	"admin.roles":                   true,
+	"admin.oidc.issuer":             true,
+	"admin.oidc.client_id":          true,
+	"admin.oidc.client_secret":      true,
+	"admin.oidc.client_secret_file": true,
+	"admin.oidc.redirect_url":       true,
+	"admin.oidc.group_roles":        true,
+	"admin.tls.cert_file":           true,
+	"admin.tls.key_file":            true,
+	"kafka.sasl.password":           true,
+	"kafka.sasl.password_env":       true,
+	"kafka.sasl.password_file":      true,
 }
 
 // exampleDiffers lists the settings the example sets to something other

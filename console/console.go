@@ -8,7 +8,10 @@
 // session cookie (HttpOnly, SameSite=Lax, Secure over HTTPS) signed
 // with a key derived from that token, so any replica with the same tokens
 // accepts it and removing the token ends its sessions (logging out drops
-// the cookie; a copy of it lasts until then, or its 12 hours). Lax rather
+// the cookie; a copy of it lasts until then, or its 12 hours). People
+// may sign in through an OpenID Connect provider instead (OIDC): those
+// sessions are kept in the database, so that signing out ends them on
+// every replica. Lax rather
 // than Strict, so that a link to a page, from an alert or a chat, opens it
 // in the session: the cookie then goes with top-level GETs from other
 // sites, which change no row's state. Every change is a POST from a page of
@@ -61,9 +64,14 @@ type Config struct {
 	// Outboxes are the relay's outboxes, in order; the first is shown
 	// unless a page names another. Required.
 	Outboxes []Outbox
-	// Tokens are the admin tokens a login may give. Required: the
-	// console is off without one.
+	// Tokens are the admin tokens a login may give. The console needs
+	// them or OIDC.
 	Tokens *access.Tokens
+	// OIDC signs people in through an identity provider; nil does not.
+	OIDC *OIDC
+	// NoTokenLogin refuses tokens at the login form: people sign in
+	// through OIDC, and tokens serve the API alone.
+	NoTokenLogin bool
 	// Throttle slows down guessing tokens, by client address; nil does
 	// not.
 	Throttle *access.Throttle
@@ -176,8 +184,16 @@ func New(cfg Config) (http.Handler, error) {
 	if len(cfg.Outboxes) == 0 {
 		return nil, errors.New("console: no outbox")
 	}
+	if cfg.Tokens == nil && cfg.OIDC == nil {
+		return nil, errors.New("console: no token and no single sign-on; the console is off without one")
+	}
+	if cfg.OIDC != nil {
+		if err := cfg.OIDC.check(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Tokens == nil {
-		return nil, errors.New("console: no token; the console is off without one")
+		cfg.NoTokenLogin = true
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -257,6 +273,8 @@ func (c *console) routes() []Route {
 	}
 	public("GET /login", c.loginPage)
 	public("POST /login", c.sameOrigin(c.login))
+	public("GET /oidc/start", c.withOIDC(c.oidcStart))
+	public("GET /oidc/callback", c.withOIDC(c.oidcCallback))
 	add("POST /logout", access.Viewer, c.logout)
 	add("GET /{$}", access.Viewer, c.overview)
 	add("GET /live", access.Viewer, c.live)
@@ -343,7 +361,11 @@ func sessionOf(r *http.Request) session {
 // sends others to log in, and answers 403 to a session without the role.
 func (c *console) view(needs access.Role, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		s, ok := c.session(r)
+		s, ok, err := c.session(r)
+		if err != nil {
+			c.sessionFailed(w, r, err)
+			return
+		}
 		if !ok {
 			http.Redirect(w, r, Prefix+"login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
@@ -362,7 +384,11 @@ func (c *console) view(needs access.Role, next http.HandlerFunc) http.HandlerFun
 // Anything else changes nothing.
 func (c *console) change(needs access.Role, next http.HandlerFunc) http.HandlerFunc {
 	return c.sameOrigin(func(w http.ResponseWriter, r *http.Request) {
-		s, ok := c.session(r)
+		s, ok, err := c.session(r)
+		if err != nil {
+			c.sessionFailed(w, r, err)
+			return
+		}
 		if !ok {
 			c.fail(w, r, http.StatusUnauthorized, "Your session has ended: log in again.")
 			return
@@ -398,39 +424,70 @@ func (c *console) sameOrigin(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// session checks the request's session cookie: the token it names must
-// still be accepted, the cookie signed with that token's key, and not
-// expired.
-func (c *console) session(r *http.Request) (session, bool) {
+// session checks the request's session cookie. A session signed in
+// through the identity provider must be in the session store. A token's
+// session names the token, which must still be accepted, and is signed
+// with that token's key, and not expired. err says the store could not
+// tell.
+func (c *console) session(r *http.Request) (session, bool, error) {
 	ck, err := r.Cookie(sessionCookie)
 	if err != nil {
-		return session{}, false
+		return session{}, false, nil
+	}
+	if id, ok := strings.CutPrefix(ck.Value, ssoPrefix); ok {
+		if c.cfg.OIDC == nil || id == "" {
+			return session{}, false, nil
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		p, ok, err := c.cfg.OIDC.Sessions.get(ctx, id)
+		if !ok || err != nil {
+			return session{}, false, err
+		}
+		return session{Principal: p, CSRF: sign([]byte(id), "csrf", ck.Value)}, true, nil
 	}
 	parts := strings.Split(ck.Value, ".")
-	if len(parts) != 3 {
-		return session{}, false
+	if c.cfg.NoTokenLogin || len(parts) != 3 {
+		return session{}, false, nil
 	}
 	nameBytes, err := base64.RawURLEncoding.DecodeString(parts[0])
 	if err != nil {
-		return session{}, false
+		return session{}, false, nil
 	}
 	expires, err := strconv.ParseInt(parts[1], 10, 64)
 	if err != nil || c.cfg.now().Unix() >= expires {
-		return session{}, false
+		return session{}, false, nil
 	}
 	name := string(nameBytes)
 	key, ok := c.cfg.Tokens.Secret(name)
 	if !ok {
-		return session{}, false
+		return session{}, false, nil
 	}
 	want := sign(key, "session", parts[0]+"."+parts[1])
 	if !hmac.Equal([]byte(parts[2]), []byte(want)) {
-		return session{}, false
+		return session{}, false, nil
 	}
 	// The token's role now: a change of role applies to its sessions.
 	role, _ := c.cfg.Tokens.Role(name)
 	return session{Principal: access.Principal{Name: name, Source: "console", Credential: name, Role: role},
-		CSRF: sign(key, "csrf", ck.Value)}, true
+		CSRF: sign(key, "csrf", ck.Value)}, true, nil
+}
+
+// sessionFailed answers a request whose session could not be checked.
+func (c *console) sessionFailed(w http.ResponseWriter, r *http.Request, err error) {
+	c.cfg.Logger.Warn("console: a session cannot be checked", slog.Any("error", err))
+	c.fail(w, r, http.StatusServiceUnavailable, "Your session cannot be checked now: "+c.cfg.Redact(err.Error()))
+}
+
+// withOIDC serves next when single sign-on is configured.
+func (c *console) withOIDC(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c.cfg.OIDC == nil {
+			c.fail(w, r, http.StatusNotFound, "Single sign-on is not configured (admin.oidc).")
+			return
+		}
+		next(w, r)
+	}
 }
 
 // sign is the hex HMAC-SHA256 of purpose and msg under key.
@@ -441,7 +498,7 @@ func sign(key []byte, purpose, msg string) string {
 }
 
 func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
-	if _, ok := c.session(r); ok {
+	if _, ok, _ := c.session(r); ok {
 		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
 		return
 	}
@@ -457,7 +514,11 @@ func (c *console) showLogin(w http.ResponseWriter, r *http.Request, status int, 
 	nonce := hex.EncodeToString(b[:])
 	http.SetCookie(w, &http.Cookie{Name: loginCookie, Value: nonce, Path: Prefix, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure, MaxAge: 3600})
-	c.render(w, r, status, "login", map[string]any{"Nonce": nonce, "Next": safeNext(r.FormValue("next")), "Problem": problem})
+	data := map[string]any{"Nonce": nonce, "Next": safeNext(r.FormValue("next")), "Problem": problem, "Tokens": !c.cfg.NoTokenLogin}
+	if c.cfg.OIDC != nil {
+		data["SSO"] = c.cfg.OIDC.Name
+	}
+	c.render(w, r, status, "login", data)
 }
 
 func (c *console) login(w http.ResponseWriter, r *http.Request) {
@@ -468,6 +529,10 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	nonce, err := r.Cookie(loginCookie)
 	if err != nil || nonce.Value == "" || !hmac.Equal([]byte(nonce.Value), []byte(r.PostForm.Get("nonce"))) {
 		c.showLogin(w, r, http.StatusForbidden, "The login form expired: try again.")
+		return
+	}
+	if c.cfg.NoTokenLogin {
+		c.showLogin(w, r, http.StatusForbidden, "Tokens do not sign in to this console: use single sign-on.")
 		return
 	}
 	client := c.cfg.Throttle.Client(r)
@@ -493,6 +558,14 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	if ck, err := r.Cookie(sessionCookie); err == nil && c.cfg.OIDC != nil {
+		if id, ok := strings.CutPrefix(ck.Value, ssoPrefix); ok {
+			if err := c.cfg.OIDC.Sessions.end(r.Context(), id); err != nil {
+				c.sessionFailed(w, r, err)
+				return
+			}
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Path: Prefix, MaxAge: -1, HttpOnly: true,
 		SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)

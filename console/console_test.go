@@ -38,7 +38,7 @@ type env struct {
 	hist   *history.Store
 }
 
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB, opts ...func(e *env, cfg *console.Config)) *env {
 	t.Helper()
 	s := pgtest.NewSchema(t)
 	dead, err := deadletter.NewStore(s.Pool, deadletter.Config{Schema: s.Name})
@@ -54,7 +54,7 @@ func newEnv(t testing.TB) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := console.New(console.Config{
+	cfg := console.Config{
 		Outboxes: []console.Outbox{{Name: "main", Dead: dead, History: hist}},
 		Tokens:   tokens,
 		Status: func(context.Context) console.Status {
@@ -75,13 +75,23 @@ func newEnv(t testing.TB) *env {
 			return "hooks", topic, true
 		},
 		HistoryInterval: time.Second,
-	})
+	}
+	// The server's address is known before the console is made: a
+	// provider's redirect names it.
+	e := &env{t: t, s: s, srv: httptest.NewUnstartedServer(nil), tokens: tokens, hist: hist}
+	e.srv.URL = "http://" + e.srv.Listener.Addr().String()
+	for _, o := range opts {
+		o(e, &cfg)
+	}
+	h, err := console.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return &env{t: t, s: s, srv: srv, tokens: tokens, hist: hist}
+	e.srv.Config.Handler = h
+	e.srv.URL = "" // Start sets it again, to the same
+	e.srv.Start()
+	t.Cleanup(e.srv.Close)
+	return e
 }
 
 // browser is a client with its own cookies, not following redirects.

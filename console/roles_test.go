@@ -30,7 +30,7 @@ func TestEveryPageChecksItsRole(t *testing.T) {
 	// The role each page and form needs, written out here: a route added
 	// to the console fails until it is added here too.
 	want := map[string]access.Role{
-		"GET /login": 0, "POST /login": 0, "POST /logout": access.Viewer,
+		"GET /login": 0, "POST /login": 0, "GET /oidc/start": 0, "GET /oidc/callback": 0, "POST /logout": access.Viewer,
 		"GET /{$}": access.Viewer, "GET /live": access.Viewer, "GET /groups": access.Viewer,
 		"GET /groups/{group}/{action}": access.Operator, "POST /groups/{group}/{action}": access.Operator,
 		"GET /dead-letters": access.Viewer, "GET /dead-letters/{ref}": access.Viewer,

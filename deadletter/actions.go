@@ -521,7 +521,8 @@ type AuditRecord struct {
 	At     time.Time `json:"at"`
 	Actor  string    `json:"actor"`
 	Source string    `json:"source"`
-	// Credential is the name of the API token the action came with.
+	// Credential is the name of the API token the action came with, or
+	// the identity provider's issuer and subject (issuer|sub).
 	Credential string `json:"credential,omitempty"`
 	// Action is one of Actions.
 	Action  string          `json:"action"`

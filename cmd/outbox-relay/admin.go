@@ -109,6 +109,9 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 	}))
 	apiState := "off (no admin token)"
 	var apiH, ui http.Handler
+	// One throttle for both: a guess is a guess, wherever it is made.
+	throttle := access.DefaultThrottle(a.log)
+	throttle.Proxies, _ = cfg.Admin.Proxies() // checked by Load
 	if ad.tokens != nil {
 		stores := make(map[string]*deadletter.Store, len(ad.outboxes))
 		for _, o := range ad.outboxes {
@@ -118,9 +121,6 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		if len(ad.outboxes) == 1 {
 			only = ad.outboxes[0].dead
 		}
-		// One throttle for both: a guess is a guess, wherever it is made.
-		throttle := access.DefaultThrottle(a.log)
-		throttle.Proxies, _ = cfg.Admin.Proxies() // checked by Load
 		apiH, err = api.NewHandler(api.HandlerConfig{
 			Store:    only,
 			Outboxes: stores,
@@ -132,13 +132,21 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 			return nil, err
 		}
 		apiState = api.Prefix
+	}
+	if ad.tokens != nil || cfg.Admin.OIDC.Enabled() {
 		var outboxes []console.Outbox
 		for _, o := range ad.outboxes {
 			outboxes = append(outboxes, console.Outbox{Name: o.name, Dead: o.dead, History: o.history})
 		}
+		sso, err := consoleOIDC(cfg.Admin.OIDC, ad.outboxes[0])
+		if err != nil {
+			return nil, err
+		}
 		ui, err = console.New(console.Config{
 			Outboxes:        outboxes,
 			Tokens:          ad.tokens,
+			OIDC:            sso,
+			NoTokenLogin:    !cfg.Admin.ConsoleTokenLogin,
 			Throttle:        throttle,
 			Status:          consoleStatus(ad.relay, ad.outboxes, ad.redact),
 			Route:           routeOf(a.cfg),
@@ -171,19 +179,25 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		stops = append(stops, s)
 		return bound, nil
 	}
-	if apiH != nil && cfg.Admin.APIListen != "" {
+	mount := func(mux *http.ServeMux) {
+		if apiH != nil {
+			mux.Handle(api.Prefix, apiH)
+		}
+		if ui != nil {
+			mux.Handle(console.Prefix, ui)
+		}
+	}
+	if ui != nil && cfg.Admin.APIListen != "" {
 		only := http.NewServeMux()
-		only.Handle(api.Prefix, apiH)
-		only.Handle(console.Prefix, ui)
+		mount(only)
 		bound, err := serve("dead-letter API listener", cfg.Admin.APIListen, only, slog.Any("tokens", ad.tokens.Names()),
 			slog.String("console", console.Prefix))
 		if err != nil {
 			return nil, err
 		}
 		apiState = "on " + bound
-	} else if apiH != nil {
-		ops.Handle(api.Prefix, apiH)
-		ops.Handle(console.Prefix, ui)
+	} else {
+		mount(ops)
 	}
 	if cfg.Admin.Listen != "" {
 		if _, err := serve("admin listener", cfg.Admin.Listen, ops, slog.String("dead_letter_api", apiState)); err != nil {
@@ -191,6 +205,21 @@ func (a *app) startAdmin(ad admin) (stop func(), err error) {
 		}
 	}
 	return stopAll, nil
+}
+
+// consoleOIDC is the console's single sign-on, its sessions kept in the
+// first outbox's schema; nil when admin.oidc is not set.
+func consoleOIDC(cfg config.AdminOIDC, first *runOutbox) (*console.OIDC, error) {
+	if !cfg.Enabled() {
+		return nil, nil
+	}
+	sessions, err := console.NewSessions(first.pool, first.settings.Database.Schema)
+	if err != nil {
+		return nil, err
+	}
+	roles, _ := cfg.Roles() // checked by Load
+	return &console.OIDC{Issuer: cfg.Issuer, ClientID: cfg.ClientID, ClientSecret: cfg.Secret, RedirectURL: cfg.RedirectURL,
+		Scopes: cfg.Scopes, GroupsClaim: cfg.GroupsClaim, GroupRoles: roles, Name: cfg.Name, Sessions: sessions}, nil
 }
 
 // adminTokens reads the dead-letter API's tokens; nil when none is

@@ -54,6 +54,26 @@ func newBrowser(t *testing.T, width, height int) context.Context {
 	return ctx
 }
 
+// steps returns the browser's two common steps, failing t: run takes
+// actions, text reads an element's text.
+func steps(ctx context.Context, t *testing.T) (run func(what string, steps ...chromedp.Action[chromedp.Void]), text func(sel string) string) {
+	run = func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text = func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+	return run, text
+}
+
 // The console in a real browser against a running relay: log in, dry-run
 // and replay a failure group, edit a row's payload and replay it, and find
 // those rows delivered to the broker; an unauthenticated request and a
@@ -107,20 +127,7 @@ VALUES ('orders', 'c7', '{"order":21}', 1, 'HTTP 503 from the broker', now() + i
 			t.Fatal(err)
 		}
 	}
-	run := func(what string, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	text := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(sel))
-		if err != nil {
-			t.Fatalf("text of %s: %v", sel, err)
-		}
-		return s
-	}
+	run, text := steps(ctx, t)
 
 	// Logging in from a page of the console lands on that page.
 	run("open the console", chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(`input[name=token]`))

@@ -187,6 +187,8 @@ type names struct {
 	Changes string
 	// Emit writes a message into the write-ahead log.
 	Emit string
+	// Sessions are the console's sign-ins through an identity provider.
+	Sessions string
 }
 
 // quoted returns the names of schemaName's tables and functions, quoted.
@@ -205,6 +207,7 @@ func quoted(schemaName string) (names, error) {
 		Replicas: id("outbox_fleet_replicas"), Breakers: id("outbox_fleet_breakers"), Shares: id("outbox_fleet_shares"),
 		History: id("outbox_history"), HistoryAdd: id("outbox_history_add"),
 		Changes: id("outbox_breaker_changes"), Emit: id("outbox_emit"),
+		Sessions: id("outbox_console_sessions"),
 	}, nil
 }
 

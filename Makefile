@@ -1,9 +1,11 @@
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
-LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION)
+# The commit's time, so that builds of one commit are the same files.
+BUILD_DATE ?= $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+LDFLAGS := -X main.version=$(VERSION) -X main.revision=$(REVISION) -X main.buildDate=$(BUILD_DATE)
 
-.PHONY: all build static image test test-containers fuzz run bench vet fmt-check postgres browser brokers clean
+.PHONY: all build static image dist test test-containers fuzz run bench vet fmt-check postgres browser brokers clean
 
 all: build
 
@@ -15,9 +17,13 @@ build:
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w $(LDFLAGS)" -o bin/outbox-relay-static ./cmd/outbox-relay
 
-## image: the relay's image, outbox-relay:local, built FROM scratch without a registry (needs a Docker engine)
+## dist: the release's files in dist/: static binaries for linux and darwin on amd64 and arm64 in archives, a CycloneDX SBOM of each, SHA256SUMS
+dist:
+	@VERSION=$(VERSION) REVISION=$(REVISION) BUILD_DATE=$(BUILD_DATE) scripts/dist
+
+## image: the relay's image, outbox-relay:local, built FROM scratch without a registry (with a Docker engine: one is installed and started for the build when none answers)
 image:
-	@scripts/build-image outbox-relay:local
+	@scripts/with-docker scripts/build-image outbox-relay:local
 
 ## test: vet, formatting, and every test with the race detector against a real PostgreSQL, the console in a real browser, and the container tests under a Docker engine (started for the run when none answers)
 ## (the tests link without debug information, which they do not use, and run one relay binary built once)
@@ -78,4 +84,4 @@ brokers:
 	@scripts/ensure-fauxqs
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -76,7 +76,7 @@ func exposed(t *testing.T) series {
 			}}, {Name: "hooks", Breaker: relay.BreakerClosed}}
 		}),
 		metrics.NewFleet(func() (relay.FleetStatus, bool) { return relay.FleetStatus{Up: true, Replicas: 3, Syncs: 10}, true }),
-		metrics.NewBuildInfo("v1.2.3", "0123abc"),
+		metrics.NewBuildInfo("v1.2.3", "0123abc", "2026-11-30T12:00:00Z"),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -253,12 +253,12 @@ func boolValue(b bool) float64 {
 }
 
 // NewBuildInfo returns outbox_build_info: always 1, with the version, the
-// VCS revision and the Go version as labels.
-func NewBuildInfo(version, revision string) prometheus.Collector {
+// VCS revision, the build date and the Go version as labels.
+func NewBuildInfo(version, revision, date string) prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "build_info",
 		Help:        "Always 1; the labels say which build is running.",
-		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "go_version": runtime.Version()},
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision, "build_date": date, "go_version": runtime.Version()},
 	})
 	g.Set(1)
 	return g

@@ -295,16 +295,20 @@ func adminCertificate(t config.AdminTLS) (*certificate, error) {
 
 // livez answers 200 while every worker loop makes progress, and 503 when
 // one has been on a batch for longer than any batch can take, so that
-// Kubernetes restarts the process.
+// Kubernetes restarts the process. Its JSON names the build too.
 func (ad admin) livez(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	answer := struct {
+		Status string `json:"status"`
+		Error  string `json:"error,omitempty"`
+		build
+	}{Status: "ok", build: currentBuild()}
 	if err := ad.relay.Wedged(); err != nil {
+		answer.Status, answer.Error = "wedged", err.Error()
 		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintln(w, err)
-		return
 	}
-	fmt.Fprintln(w, "ok")
+	_ = json.NewEncoder(w).Encode(answer)
 }
 
 // readiness is the body of /readyz.

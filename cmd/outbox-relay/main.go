@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -24,30 +23,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/gctune"
 	"github.com/outbox-relay/outbox-relay/migrations"
 )
-
-// version and revision name the build, set at build time with
-// -ldflags "-X main.version=v1.2.3 -X main.revision=<commit>"; when empty,
-// buildInfo takes them from the binary's build information.
-var version, revision string
-
-// buildInfo returns the running build's version and VCS revision.
-func buildInfo() (v, rev string) {
-	v, rev = version, revision
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v == "" {
-			v = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && rev == "" {
-				rev = s.Value
-			}
-		}
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	return v, rev
-}
 
 // Exit codes.
 const (
@@ -99,7 +74,7 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 			f()
 		}
 	}()
-	ver, _ := buildInfo()
+	ver := currentBuild().Version
 	root := &cobra.Command{
 		Use:           "outbox-relay",
 		Short:         "Deliver PostgreSQL outbox rows to Kafka and HTTP, at least once and in order per key",
@@ -119,7 +94,7 @@ func run(ctx context.Context, args, env []string, stdin io.Reader, stdout, stder
 		return usageError{err}
 	})
 	a.flags = config.Bind(root.PersistentFlags())
-	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd(), a.findCmd(), a.captureCmd())
+	root.AddCommand(a.migrateCmd(), a.runCmd(), a.dlqCmd(), a.findCmd(), a.captureCmd(), a.versionCmd())
 	root.SetArgs(args)
 
 	err := root.ExecuteContext(ctx)

@@ -42,7 +42,14 @@ func TestMain(m *testing.M) {
 		}
 		cleanup := func() { os.RemoveAll(dir) }
 		binary = filepath.Join(dir, "outbox-relay")
-		out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+		// Named as make names it: the commit and its time.
+		var ldflags string
+		if head, err := exec.Command("git", "log", "-1", "--format=%H %cI").Output(); err == nil {
+			if rev, date, ok := strings.Cut(strings.TrimSpace(string(head)), " "); ok {
+				ldflags = "-X main.revision=" + rev + " -X main.buildDate=" + date
+			}
+		}
+		out, err := exec.Command("go", "build", "-ldflags", ldflags, "-o", binary, ".").CombinedOutput()
 		if err != nil {
 			cleanup()
 			return nil, fmt.Errorf("build outbox-relay: %v: %s", err, out)

@@ -357,8 +357,8 @@ routes:
 	}
 	// Ready, with the wake-up notifications' probe seen.
 	waitStatus("ready", readyz, http.StatusOK, `"state": "arriving"`)
-	if code, _ := livez(); code != http.StatusOK {
-		t.Fatalf("/livez: %d", code)
+	if code, body := livez(); code != http.StatusOK || !strings.Contains(body, `"status":"ok"`) || !strings.Contains(body, `"go_version":"go`) {
+		t.Fatalf("/livez: %d %s", code, body)
 	}
 	insert := func(topic string) {
 		t.Helper()

@@ -62,12 +62,13 @@ func (a *app) run(ctx context.Context) error {
 	if err := a.schemaGate(ctx); err != nil {
 		return err
 	}
-	ver, rev := buildInfo()
+	b := currentBuild()
+	ver := b.Version
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		metrics.NewBuildInfo(ver, rev),
+		metrics.NewBuildInfo(b.Version, b.Revision, b.Date),
 	)
 	relayMetrics, err := metrics.NewRelay(reg)
 	if err != nil {

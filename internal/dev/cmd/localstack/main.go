@@ -44,6 +44,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
+// term is the demo's terminal: the progress line, and every other line
+// above it.
+var term = newScreen(os.Stdout)
+
 const (
 	topic        = "orders"
 	notifyTopic  = "notifications"
@@ -60,7 +64,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, *relayBin, *sinkKind, *capture, *rate, *customers); err != nil {
-		fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
+		term.Done()
+		fmt.Fprintln(os.Stderr, "localstack:", err)
 		os.Exit(1)
 	}
 }
@@ -206,7 +211,8 @@ func run(ctx context.Context, relayBin, sinkKind, capture string, rate, customer
 		"OUTBOX_LOG_LEVEL="+envOr("OUTBOX_LOG_LEVEL", "warn"),
 		"OUTBOX_RELAY_CAPTURE="+capture)
 	relay.Env = append(relay.Env, ordersEnv...)
-	relay.Stdout, relay.Stderr = os.Stdout, os.Stderr
+	// Its log lines go above the progress line, never onto it.
+	relay.Stdout, relay.Stderr = term.Lines(os.Stdout), term.Lines(os.Stderr)
 	// Its own process group: Ctrl-C reaches it through us, as SIGTERM.
 	relay.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := relay.Start(); err != nil {
@@ -218,7 +224,7 @@ func run(ctx context.Context, relayBin, sinkKind, capture string, rate, customer
 		_ = relay.Process.Signal(syscall.SIGTERM)
 		select {
 		case err := <-relayDone:
-			fmt.Println("relay stopped:", exitText(err))
+			term.Printf("relay stopped: %s", exitText(err))
 		case <-time.After(time.Minute):
 			_ = relay.Process.Kill()
 		}
@@ -247,7 +253,7 @@ func run(ctx context.Context, relayBin, sinkKind, capture string, rate, customer
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Println()
+			term.Done()
 			return nil
 		case err := <-relayDone:
 			relayDone <- err
@@ -267,8 +273,8 @@ func run(ctx context.Context, relayBin, sinkKind, capture string, rate, customer
 			d = stored(ctx, d)
 			perSec := float64(d-last) / now.Sub(lastAt).Seconds()
 			last, lastAt = d, now
-			fmt.Printf("\rproduced %7d | delivered %7d (%6.0f/s) | webhook %5d | pending %5d | dead-lettered %d | oldest pending %6s   ",
-				produced.Load(), d, perSec, hook.delivered.Load(), pending, dead, (time.Duration(oldestMS) * time.Millisecond).String())
+			term.Status(fmt.Sprintf("produced %7d | delivered %7d (%6.0f/s) | webhook %5d | pending %5d | dead-lettered %d | oldest pending %6s",
+				produced.Load(), d, perSec, hook.delivered.Load(), pending, dead, (time.Duration(oldestMS) * time.Millisecond).String()))
 		}
 	}
 }
@@ -363,7 +369,7 @@ func produce(ctx context.Context, pool *pgxpool.Pool, emit bool, rate, customers
 			produced.Add(1)
 		case errors.Is(err, errRollback) || ctx.Err() != nil:
 		default:
-			fmt.Fprintln(os.Stderr, "\nlocalstack: producer:", err)
+			term.Errorf("localstack: producer: %v", err)
 		}
 	}
 }

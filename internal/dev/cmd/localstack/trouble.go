@@ -39,17 +39,17 @@ func outages(ctx context.Context, what, whose string, down func(), up func() err
 		case <-t.C:
 		}
 		down()
-		fmt.Printf("\n%s down for %s (on purpose): the webhook count keeps rising, its rows are not held back by %s\n", what, outageLength, whose)
+		term.Printf("%s down for %s (on purpose): the webhook count keeps rising, its rows are not held back by %s", what, outageLength, whose)
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(outageLength):
 		}
 		if err := up(); err != nil {
-			fmt.Fprintln(os.Stderr, "\nlocalstack:", err)
+			term.Errorf("localstack: %v", err)
 			return
 		}
-		fmt.Printf("\n%s back: %s rows catch up, each key's in id order\n", what, whose)
+		term.Printf("%s back: %s rows catch up, each key's in id order", what, whose)
 	}
 }
 

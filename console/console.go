@@ -187,16 +187,17 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Tokens == nil && cfg.OIDC == nil {
 		return nil, errors.New("console: no token and no single sign-on; the console is off without one")
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	if cfg.OIDC != nil {
 		if err := cfg.OIDC.check(); err != nil {
 			return nil, err
 		}
+		cfg.OIDC.log = cfg.Logger
 	}
 	if cfg.Tokens == nil {
 		cfg.NoTokenLogin = true
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.now == nil {
 		cfg.now = time.Now
@@ -440,7 +441,7 @@ func (c *console) session(r *http.Request) (session, bool, error) {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
-		p, ok, err := c.cfg.OIDC.Sessions.get(ctx, id)
+		p, ok, err := c.cfg.OIDC.session(ctx, id)
 		if !ok || err != nil {
 			return session{}, false, err
 		}
@@ -513,7 +514,7 @@ func (c *console) showLogin(w http.ResponseWriter, r *http.Request, status int, 
 	_, _ = rand.Read(b[:])
 	nonce := hex.EncodeToString(b[:])
 	http.SetCookie(w, &http.Cookie{Name: loginCookie, Value: nonce, Path: Prefix, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: c.cfg.Secure, MaxAge: 3600})
+		SameSite: http.SameSiteStrictMode, Secure: c.secure(), MaxAge: 3600})
 	data := map[string]any{"Nonce": nonce, "Next": safeNext(r.FormValue("next")), "Problem": problem, "Tokens": !c.cfg.NoTokenLogin}
 	if c.cfg.OIDC != nil {
 		data["SSO"] = c.cfg.OIDC.Name
@@ -551,7 +552,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	expires := c.cfg.now().Add(SessionLength)
 	payload := base64.RawURLEncoding.EncodeToString([]byte(name)) + "." + strconv.FormatInt(expires.Unix(), 10)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: payload + "." + sign(key, "session", payload), Path: Prefix,
-		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure, Expires: expires})
+		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: c.secure(), Expires: expires})
 	http.SetCookie(w, &http.Cookie{Name: loginCookie, Path: Prefix, MaxAge: -1})
 	c.cfg.Logger.Info("console login", slog.String("token", name), slog.String("remote", r.RemoteAddr))
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
@@ -567,7 +568,7 @@ func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Path: Prefix, MaxAge: -1, HttpOnly: true,
-		SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure})
+		SameSite: http.SameSiteLaxMode, Secure: c.secure()})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
 }
 

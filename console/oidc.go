@@ -59,6 +59,30 @@ type OIDC struct {
 
 	mu       sync.Mutex
 	provider *oidc.Provider
+	log      *slog.Logger
+}
+
+func (o *OIDC) logger() *slog.Logger {
+	if o.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return o.log
+}
+
+// role is the greatest role of groups.
+func (o *OIDC) role(groups []string) access.Role {
+	var r access.Role
+	for _, g := range groups {
+		r = max(r, o.GroupRoles[g])
+	}
+	return r
+}
+
+// secure says the cookies go over HTTPS only: the listener serves TLS, or
+// the console is reached over HTTPS (through a proxy that ends TLS), as the
+// redirect URL says.
+func (c *console) secure() bool {
+	return c.cfg.Secure || (c.cfg.OIDC != nil && strings.HasPrefix(c.cfg.OIDC.RedirectURL, "https://"))
 }
 
 // DefaultGroupsClaim is the claim that lists groups unless told otherwise.
@@ -155,7 +179,7 @@ func (c *console) oidcStart(w http.ResponseWriter, r *http.Request) {
 	}
 	state, nonce, verifier := randomText(24), randomText(24), oauth2.GenerateVerifier()
 	next := safeNext(r.URL.Query().Get("next"))
-	http.SetCookie(w, &http.Cookie{Name: oidcCookie, Path: Prefix + "oidc/", HttpOnly: true, Secure: c.cfg.Secure,
+	http.SetCookie(w, &http.Cookie{Name: oidcCookie, Path: Prefix + "oidc/", HttpOnly: true, Secure: c.secure(),
 		// Lax: the provider's redirect back is a top-level GET from its
 		// site, which a Strict cookie would not go with.
 		SameSite: http.SameSiteLaxMode, MaxAge: int(oidcWait.Seconds()),
@@ -176,7 +200,7 @@ type signIn struct {
 func (c *console) oidcCallback(w http.ResponseWriter, r *http.Request) {
 	o := c.cfg.OIDC
 	ck, err := r.Cookie(oidcCookie)
-	http.SetCookie(w, &http.Cookie{Name: oidcCookie, Path: Prefix + "oidc/", MaxAge: -1, HttpOnly: true, Secure: c.cfg.Secure, SameSite: http.SameSiteLaxMode})
+	http.SetCookie(w, &http.Cookie{Name: oidcCookie, Path: Prefix + "oidc/", MaxAge: -1, HttpOnly: true, Secure: c.secure(), SameSite: http.SameSiteLaxMode})
 	var parts []string
 	if err == nil {
 		parts = strings.Split(ck.Value, ".")
@@ -204,10 +228,7 @@ func (c *console) oidcCallback(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusBadGateway, "The sign-in could not be completed: "+err.Error())
 		return
 	}
-	var role access.Role
-	for _, g := range who.groups {
-		role = max(role, o.GroupRoles[g])
-	}
+	role := o.role(who.groups)
 	if role == 0 {
 		c.cfg.Logger.Warn("console: signed in at the identity provider, but no group of theirs has a role",
 			slog.String("name", who.name), slog.String("subject", who.subject), slog.Any("groups", who.groups))
@@ -219,16 +240,24 @@ func (c *console) oidcCallback(w http.ResponseWriter, r *http.Request) {
 			"(groups in the %q claim: %s). Ask for a group that admin.oidc.group_roles maps.", who.name, o.GroupsClaim, groups))
 		return
 	}
+	// A new id at every sign-in; the browser's session before, if any,
+	// ends.
+	if old, err := r.Cookie(sessionCookie); err == nil {
+		if oldID, ok := strings.CutPrefix(old.Value, ssoPrefix); ok && oldID != "" {
+			if err := o.Sessions.end(ctx, oldID); err != nil {
+				c.cfg.Logger.Warn("console: the session before a sign-in cannot be ended", slog.Any("error", err))
+			}
+		}
+	}
 	id := randomText(32)
-	p := access.Principal{Name: who.name, Source: "sso", Credential: o.Issuer + "|" + who.subject, Role: role}
 	expires := c.cfg.now().Add(SessionLength)
-	if err := o.Sessions.create(ctx, id, p, expires); err != nil {
+	if err := o.Sessions.create(ctx, id, who.name, o.Issuer+"|"+who.subject, who.groups, expires); err != nil {
 		c.cfg.Logger.Error("console: a session cannot be stored", slog.Any("error", err))
 		c.showLogin(w, r, http.StatusServiceUnavailable, "The session cannot be stored: "+c.cfg.Redact(err.Error()))
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: ssoPrefix + id, Path: Prefix,
-		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: c.cfg.Secure, Expires: expires})
+		HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: c.secure(), Expires: expires})
 	c.cfg.Logger.Info("console sign-in", slog.String("name", who.name), slog.String("subject", who.subject),
 		slog.String("role", role.String()), slog.String("remote", r.RemoteAddr))
 	http.Redirect(w, r, safeNext(string(nextBytes)), http.StatusSeeOther)
@@ -242,8 +271,10 @@ func (o *OIDC) exchange(ctx context.Context, code, nonce, verifier string) (sign
 		return signIn{}, fmt.Errorf("the identity provider cannot be reached: %w", err)
 	}
 	secret, err := o.ClientSecret()
-	if err != nil {
-		return signIn{}, err
+	if err != nil || secret == "" {
+		// The detail (a file's path) is the log's, not the page's.
+		o.logger().Error("console: the single sign-on's client secret cannot be read", slog.Any("error", cmpErr(err, errors.New("it is empty"))))
+		return signIn{}, errors.New("the client secret cannot be read (the relay's log says why)")
 	}
 	ctx = oidc.ClientContext(ctx, o.Client)
 	tok, err := o.oauth2(p, secret).Exchange(ctx, code, oauth2.VerifierOption(verifier))
@@ -265,18 +296,15 @@ func (o *OIDC) exchange(ctx context.Context, code, nonce, verifier string) (sign
 	if err := idt.Claims(&claims); err != nil {
 		return signIn{}, fmt.Errorf("the ID token's claims: %w", err)
 	}
-	if _, ok := claims[o.GroupsClaim]; !ok || displayName(claims) == "" {
-		// Many providers keep groups, or names, to the userinfo endpoint.
-		info, err := p.UserInfo(ctx, oauth2.StaticTokenSource(tok))
-		if err != nil {
-			return signIn{}, fmt.Errorf("the ID token has no %q claim and the userinfo endpoint failed: %w", o.GroupsClaim, err)
-		}
-		if info.Subject != idt.Subject {
-			return signIn{}, errors.New("the userinfo endpoint names another subject than the ID token")
-		}
-		more := map[string]any{}
-		if err := info.Claims(&more); err != nil {
-			return signIn{}, fmt.Errorf("the userinfo claims: %w", err)
+	if _, hasGroups := claims[o.GroupsClaim]; !hasGroups || displayName(claims) == "" {
+		// Many providers keep groups, or names, to the userinfo endpoint;
+		// it is needed for the groups, and welcome for a name.
+		more, err := o.userinfo(ctx, p, tok, idt.Subject)
+		switch {
+		case err != nil && !hasGroups:
+			return signIn{}, fmt.Errorf("the ID token has no %q claim, and the userinfo endpoint failed: %w", o.GroupsClaim, err)
+		case err != nil:
+			o.logger().Warn("console: the userinfo endpoint failed; the ID token's claims are used", slog.Any("error", err))
 		}
 		for k, v := range more {
 			if _, ok := claims[k]; !ok {
@@ -289,6 +317,32 @@ func (o *OIDC) exchange(ctx context.Context, code, nonce, verifier string) (sign
 		who.name = idt.Subject
 	}
 	return who, nil
+}
+
+// userinfo reads the claims of the userinfo endpoint, which must be about
+// subject.
+func (o *OIDC) userinfo(ctx context.Context, p *oidc.Provider, tok *oauth2.Token, subject string) (map[string]any, error) {
+	info, err := p.UserInfo(ctx, oauth2.StaticTokenSource(tok))
+	if err != nil {
+		return nil, err
+	}
+	if info.Subject != subject {
+		return nil, errors.New("it names another subject than the ID token")
+	}
+	claims := map[string]any{}
+	if err := info.Claims(&claims); err != nil {
+		return nil, err
+	}
+	return claims, nil
+}
+
+func cmpErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
 }
 
 // displayName is the name the audit trail records for a person.
@@ -324,8 +378,9 @@ const ssoPrefix = "sso."
 
 // Sessions keeps the sessions signed in through the identity provider in
 // the database (table outbox_console_sessions of the schema), by the
-// SHA-256 of their random id: every replica accepts them, and signing out
-// ends one on all.
+// SHA-256 of their random id, with the person's groups: every replica
+// accepts them and maps the groups to a role on each request, and signing
+// out ends one on all.
 type Sessions struct {
 	pool *pgxpool.Pool
 	q    outboxdb.Sessions
@@ -345,23 +400,24 @@ func sessionDigest(id string) []byte {
 	return sum[:]
 }
 
-func (s *Sessions) create(ctx context.Context, id string, p access.Principal, expires time.Time) error {
-	return s.q.Create(ctx, s.pool, sessionDigest(id), outboxdb.Session{Name: p.Name, Source: p.Source,
-		Credential: p.Credential, Role: p.Role.String(), Expires: expires})
+func (s *Sessions) create(ctx context.Context, id, name, credential string, groups []string, expires time.Time) error {
+	if groups == nil {
+		groups = []string{}
+	}
+	return s.q.Create(ctx, s.pool, sessionDigest(id), outboxdb.Session{Name: name, Source: "sso",
+		Credential: credential, Groups: groups, Expires: expires})
 }
 
-// get returns the session of id; ok is false when there is none, or it
-// expired.
-func (s *Sessions) get(ctx context.Context, id string) (p access.Principal, ok bool, err error) {
-	got, ok, err := s.q.Get(ctx, s.pool, sessionDigest(id))
+// get returns the session of id, with the role its groups have now; ok is
+// false when there is none, it expired, or its groups no longer have a
+// role.
+func (o *OIDC) session(ctx context.Context, id string) (p access.Principal, ok bool, err error) {
+	got, ok, err := o.Sessions.q.Get(ctx, o.Sessions.pool, sessionDigest(id))
 	if !ok || err != nil {
 		return p, false, err
 	}
-	role, err := access.ParseRole(got.Role)
-	if err != nil {
-		return p, false, err
-	}
-	return access.Principal{Name: got.Name, Source: got.Source, Credential: got.Credential, Role: role}, true, nil
+	p = access.Principal{Name: got.Name, Source: got.Source, Credential: got.Credential, Role: o.role(got.Groups)}
+	return p, p.Role != 0, nil
 }
 
 func (s *Sessions) end(ctx context.Context, id string) error {

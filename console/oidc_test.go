@@ -80,8 +80,9 @@ func (s *sso) signIn(b *browser, u oidctest.User) (int, string) {
 // is at the provider's login page.
 func (s *sso) signInAnd(b *browser, u oidctest.User, atProvider func()) (int, string) {
 	s.t.Helper()
-	_, _, login := b.do("GET", "/console/login?next=/console/groups", nil)
-	if !strings.Contains(login, `href="/console/oidc/start?next=%2fconsole%2fgroups"`) || !strings.Contains(login, "Sign in with Example ID") {
+	// (A browser signed in already is sent on from the login page.)
+	code, _, login := b.do("GET", "/console/login?next=/console/groups", nil)
+	if code != http.StatusSeeOther && (!strings.Contains(login, `href="/console/oidc/start?next=%2fconsole%2fgroups"`) || !strings.Contains(login, "Sign in with Example ID")) {
 		s.t.Fatalf("the login page has no sign-in link:\n%s", login)
 	}
 	follow := &http.Client{Jar: b.c.Jar}
@@ -180,6 +181,60 @@ func TestSignInWithGroupsAtUserinfo(t *testing.T) {
 	}
 }
 
+// A provider whose userinfo endpoint fails: the ID token's groups and name
+// are enough; without groups in the ID token, the sign-in fails, saying
+// why.
+func TestSignInWithUserinfoDown(t *testing.T) {
+	t.Parallel()
+	s := newSSO(t, oidctest.Options{UserinfoDown: true})
+	if code, page := s.signIn(s.browser(), otto); code != http.StatusOK || !strings.Contains(page, "otto") {
+		t.Fatalf("otto, with the groups in the ID token: %d\n%s", code, page)
+	}
+	s = newSSO(t, oidctest.Options{UserinfoDown: true, GroupsAtUserinfo: true})
+	if code, page := s.signIn(s.browser(), otto); code != http.StatusBadGateway ||
+		!strings.Contains(page, `the ID token has no &#34;groups&#34; claim, and the userinfo endpoint failed`) {
+		t.Fatalf("otto, with the groups at the userinfo endpoint only: %d\n%s", code, page)
+	}
+}
+
+// The session keeps the person's groups, and every request maps them with
+// the mapping in force: a replica started with another mapping gives the
+// same session another role, or none.
+func TestChangedMappingAppliesAtOnce(t *testing.T) {
+	t.Parallel()
+	s := newSSO(t, oidctest.Options{})
+	b := s.browser()
+	if code, page := s.signIn(b, otto); code != http.StatusOK || !strings.Contains(page, "operator") {
+		t.Fatalf("otto: %d\n%s", code, page)
+	}
+	replica := func(roles map[string]access.Role) *browser {
+		other := newEnv(t, func(e *env, cfg *console.Config) {
+			e.s = s.s
+			cfg.OIDC = oidcOf(t, e, s.idp, s.secret)
+			cfg.OIDC.GroupRoles = roles
+		})
+		return copyTo(t, b, s.env, other)
+	}
+	demoted := replica(map[string]access.Role{"relay-viewers": access.Viewer, "relay-operators": access.Viewer})
+	if code, _, page := demoted.do("GET", "/console/groups", nil); code != http.StatusOK || !strings.Contains(page, `otto <small class="tag">viewer</small>`) {
+		t.Fatalf("with the operators mapped to viewer: %d\n%s", code, page)
+	}
+	gone := replica(map[string]access.Role{"finance": access.Operator})
+	if code, loc, _ := gone.do("GET", "/console/groups", nil); code != http.StatusSeeOther || !strings.HasPrefix(loc, "/console/login") {
+		t.Fatalf("with no group of otto's mapped: %d %s", code, loc)
+	}
+}
+
+// copyTo is a browser on the console of to with b's cookies for from.
+func copyTo(t *testing.T, b *browser, from, to *env) *browser {
+	t.Helper()
+	u, _ := url.Parse(from.srv.URL + "/console/")
+	jar, _ := cookiejar.New(nil)
+	tu, _ := url.Parse(to.srv.URL + "/console/")
+	jar.SetCookies(tu, b.c.Jar.Cookies(u))
+	return &browser{e: to, c: &http.Client{Jar: jar, CheckRedirect: b.c.CheckRedirect}}
+}
+
 // Signing out ends the session on every replica: the sessions are in the
 // database, and a copy of the cookie is refused once it is signed out.
 func TestSignOutEndsTheSessionEverywhere(t *testing.T) {
@@ -195,15 +250,19 @@ func TestSignOutEndsTheSessionEverywhere(t *testing.T) {
 		cfg.OIDC = oidcOf(t, e, s.idp, s.secret)
 		cfg.OIDC.RedirectURL = s.srv.URL + "/console/oidc/callback"
 	})
-	u, _ := url.Parse(s.srv.URL + "/console/")
-	cookie := b.c.Jar.Cookies(u)
-	copyJar, _ := cookiejar.New(nil)
-	ou, _ := url.Parse(other.srv.URL + "/console/")
-	copyJar.SetCookies(ou, cookie)
-	copied := &browser{e: other, c: &http.Client{Jar: copyJar, CheckRedirect: b.c.CheckRedirect}}
+	copied := copyTo(t, b, s.env, other)
 	if code, _, page := copied.do("GET", "/console/groups", nil); code != http.StatusOK || !strings.Contains(page, "vera") {
 		t.Fatalf("the other replica refuses the session: %d\n%s", code, page)
 	}
+	// Signing in again gives a new session and ends the one before.
+	before := copyTo(t, b, s.env, s.env)
+	if code, page := s.signIn(b, vera); code != http.StatusOK {
+		t.Fatalf("vera again: %d\n%s", code, page)
+	}
+	if code, loc, _ := before.do("GET", "/console/groups", nil); code != http.StatusSeeOther || !strings.HasPrefix(loc, "/console/login") {
+		t.Fatalf("the session before signing in again still works: %d %s", code, loc)
+	}
+	copied = copyTo(t, b, s.env, other)
 	if code, _ := b.post("/console/logout", nil); code != http.StatusSeeOther {
 		t.Fatalf("sign out: %d", code)
 	}
@@ -222,6 +281,10 @@ func TestSignInFailures(t *testing.T) {
 	b := s.browser()
 	if code, page := s.signIn(b, otto); code != http.StatusBadGateway || !strings.Contains(page, "the code was not exchanged") {
 		t.Fatalf("with a wrong secret: %d\n%s", code, page)
+	}
+	s.secret.Store("") // a secret file emptied in a rotation
+	if code, page := s.signIn(b, otto); code != http.StatusBadGateway || !strings.Contains(page, "the client secret cannot be read") {
+		t.Fatalf("with an empty secret: %d\n%s", code, page)
 	}
 	s.secret.Store(clientSecret)
 	if code, page := s.signIn(b, otto); code != http.StatusOK {
@@ -244,6 +307,15 @@ func TestSignInFailures(t *testing.T) {
 	})
 	if code != http.StatusBadGateway || !strings.Contains(page, "nonce mismatch") {
 		t.Fatalf("with another nonce: %d\n%s", code, page)
+	}
+	// A callback with another state than the browser's sign-in.
+	started := s.browser()
+	if code, _, _ := started.do("GET", "/console/oidc/start", nil); code != http.StatusSeeOther {
+		t.Fatalf("start: %d", code)
+	}
+	if code, _, page := started.do("GET", "/console/oidc/callback?code=abc&state=not-this-sign-ins", nil); code != http.StatusBadRequest ||
+		!strings.Contains(page, "not started here") {
+		t.Fatalf("a callback with another state: %d\n%s", code, page)
 	}
 	stranger := s.browser()
 	if code, _, page := stranger.do("GET", "/console/oidc/callback?code=abc&state=def", nil); code != http.StatusBadRequest ||

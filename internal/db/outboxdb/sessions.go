@@ -14,11 +14,12 @@ type Sessions struct {
 	create, get, remove string
 }
 
-// Session is a console session as stored: who signed in, how, with which
-// role, until when.
+// Session is a console session as stored: who signed in, how, their
+// groups at the identity provider, until when.
 type Session struct {
-	Name, Source, Credential, Role string
-	Expires                        time.Time
+	Name, Source, Credential string
+	Groups                   []string
+	Expires                  time.Time
 }
 
 // NewSessions renders the sessions' statements for schemaName (default
@@ -42,14 +43,14 @@ func NewSessions(schemaName string) (Sessions, error) {
 // Create stores the session whose id has the digest id, and deletes the
 // expired ones (session_create).
 func (q Sessions) Create(ctx context.Context, db DB, id []byte, s Session) error {
-	_, err := db.Exec(ctx, q.create, id, s.Name, s.Source, s.Credential, s.Role, s.Expires)
+	_, err := db.Exec(ctx, q.create, id, s.Name, s.Source, s.Credential, s.Groups, s.Expires)
 	return err
 }
 
 // Get returns the unexpired session whose id has the digest id; ok is
 // false when there is none (session_get).
 func (q Sessions) Get(ctx context.Context, db DB, id []byte) (s Session, ok bool, err error) {
-	err = db.QueryRow(ctx, q.get, id).Scan(&s.Name, &s.Source, &s.Credential, &s.Role, &s.Expires)
+	err = db.QueryRow(ctx, q.get, id).Scan(&s.Name, &s.Source, &s.Credential, &s.Groups, &s.Expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Session{}, false, nil
 	}

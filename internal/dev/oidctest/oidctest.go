@@ -7,6 +7,7 @@ package oidctest
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"testing"
@@ -48,9 +49,13 @@ func Listen(t testing.TB) *Provider {
 
 // Options vary what the provider tells.
 type Options struct {
-	// GroupsAtUserinfo leaves the groups out of the ID token: the
-	// userinfo endpoint alone tells them, as some providers do.
+	// GroupsAtUserinfo leaves the groups and the user's name out of the
+	// ID token: the userinfo endpoint alone tells them, as some providers
+	// do. Without it the ID token has both, as a provider configured to
+	// put them there does.
 	GroupsAtUserinfo bool
+	// UserinfoDown makes the userinfo endpoint fail.
+	UserinfoDown bool
 }
 
 // Start serves the provider until the test ends, with one confidential
@@ -104,11 +109,17 @@ func (s *groupStorage) SetUserinfoFromRequest(ctx context.Context, info *oidc.Us
 	}
 	if !s.opts.GroupsAtUserinfo {
 		info.AppendClaims(GroupsClaim, s.users.groups[req.GetSubject()])
+		if u := s.users.byID[req.GetSubject()]; u != nil {
+			info.AppendClaims("preferred_username", u.Username)
+		}
 	}
 	return nil
 }
 
 func (s *groupStorage) SetUserinfoFromToken(ctx context.Context, info *oidc.UserInfo, tokenID, subject, origin string) error {
+	if s.opts.UserinfoDown {
+		return errors.New("the userinfo endpoint is down (on purpose)")
+	}
 	if err := s.Storage.SetUserinfoFromToken(ctx, info, tokenID, subject, origin); err != nil {
 		return err
 	}

@@ -90,40 +90,64 @@ type rendered struct {
 }
 
 type hook struct {
-	events []string
-	weight int
+	events         []string
+	weight         int
+	deletePolicies []string
 }
 
 // render lints the chart with values (a file under testdata, or none) and
 // renders it as a first install named orders in namespace shop.
 func render(t *testing.T, valuesFile string) rendered {
 	t.Helper()
-	values := map[string]any{}
-	if valuesFile != "" {
-		v, err := chartutil.ReadValuesFile(filepath.Join("testdata", valuesFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		values = v
+	lintWith(t, valuesFile)
+	r, err := renderAs(t, valuesFile, "orders")
+	if err != nil {
+		t.Fatalf("render: %v", err)
 	}
-	linter := lint.All(chartDir, values, "shop", false)
+	return r
+}
+
+// values reads a values file under testdata; none for "".
+func values(t *testing.T, valuesFile string) map[string]any {
+	t.Helper()
+	if valuesFile == "" {
+		return map[string]any{}
+	}
+	v, err := chartutil.ReadValuesFile(filepath.Join("testdata", valuesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// lintWith lints the chart with the values of valuesFile: no warning, no
+// error.
+func lintWith(t *testing.T, valuesFile string) {
+	t.Helper()
+	linter := lint.All(chartDir, values(t, valuesFile), "shop", false)
 	for _, m := range linter.Messages {
 		if m.Severity >= support.WarningSev {
 			t.Errorf("helm lint (%s): %s", cmpOr(valuesFile, "default values"), m)
 		}
 	}
+}
+
+// renderAs renders the chart as a first install named release.
+func renderAs(t *testing.T, valuesFile, release string) (rendered, error) {
+	t.Helper()
+	values := values(t, valuesFile)
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	caps := chartutil.DefaultCapabilities.Copy()
-	rv, err := chartutil.ToRenderValues(chrt, values, chartutil.ReleaseOptions{Name: "orders", Namespace: "shop", Revision: 1, IsInstall: true}, caps)
+	rv, err := chartutil.ToRenderValues(chrt, values, chartutil.ReleaseOptions{Name: release, Namespace: "shop", Revision: 1, IsInstall: true}, caps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	files, err := engine.Render(chrt, rv)
 	if err != nil {
-		t.Fatalf("render: %v", err)
+		return rendered{}, err
 	}
 	var r rendered
 	r.objects, r.hooks = objects{}, map[string]hook{}
@@ -149,9 +173,14 @@ func render(t *testing.T, valuesFile string) rendered {
 			events = append(events, string(e))
 		}
 		sort.Strings(events)
-		r.hooks[key(kind, name)] = hook{events: events, weight: h.Weight}
+		var policies []string
+		for _, p := range h.DeletePolicies {
+			policies = append(policies, string(p))
+		}
+		sort.Strings(policies)
+		r.hooks[key(kind, name)] = hook{events: events, weight: h.Weight, deletePolicies: policies}
 	}
-	return r
+	return r, nil
 }
 
 func cmpOr(a, b string) string {
@@ -317,8 +346,11 @@ func TestChartMatchesTheManifests(t *testing.T) {
 	diff(t, "minReadySeconds", dep.Spec.MinReadySeconds, pdep.Spec.MinReadySeconds)
 	diff(t, "the grace period", dep.Spec.Template.Spec.TerminationGracePeriodSeconds, pdep.Spec.Template.Spec.TerminationGracePeriodSeconds)
 	diff(t, "the service account token", dep.Spec.Template.Spec.AutomountServiceAccountToken, pdep.Spec.Template.Spec.AutomountServiceAccountToken)
-	diff(t, "the migration's retries", job.Spec.BackoffLimit, pjob.Spec.BackoffLimit)
-	diff(t, "the migration's deadline", job.Spec.ActiveDeadlineSeconds, pjob.Spec.ActiveDeadlineSeconds)
+	// helm waits for a hook 5 minutes by default, then gives up on it and
+	// deletes the configuration it reads: the Job ends first.
+	if d := *job.Spec.ActiveDeadlineSeconds; d >= 300 {
+		t.Errorf("the migration's deadline is %ds, not under helm's default --timeout of 5m", d)
+	}
 
 	// The same configuration, read from the same files.
 	cm := get[*corev1.ConfigMap](t, r.objects, "ConfigMap", name)
@@ -381,6 +413,13 @@ func TestChartMatchesTheManifests(t *testing.T) {
 	if !(cmh.weight < jh.weight && sh.weight < jh.weight) {
 		t.Errorf("the Job's weight %d does not come after its ConfigMap's %d and Secret's %d", jh.weight, cmh.weight, sh.weight)
 	}
+	// Each is replaced at the next upgrade, and removed once the
+	// migration succeeded (a failed Job stays, for its logs).
+	for _, h := range []hook{jh, cmh, sh} {
+		if want := []string{"before-hook-creation", "hook-succeeded"}; !reflect.DeepEqual(h.deletePolicies, want) {
+			t.Errorf("a migration hook's delete policies are %v, want %v", h.deletePolicies, want)
+		}
+	}
 	for k := range r.objects {
 		if _, isHook := r.hooks[k]; isHook != strings.HasSuffix(k, "-migrate") {
 			t.Errorf("%s: hook %v", k, isHook)
@@ -427,6 +466,17 @@ func TestChartWithEveryOption(t *testing.T) {
 		dep.Spec.Template.Labels["example.com/cost-center"] != "42" || c.Env[len(c.Env)-1].Name != "OTEL_TRACES_EXPORTER" {
 		t.Errorf("the Deployment does not carry the options:\n%+v", dep.Spec.Template)
 	}
+	// The migration runs as the relays do: their environment, labels,
+	// annotations and placement.
+	js := job.Spec.Template
+	ds := dep.Spec.Template
+	jc := js.Spec.Containers[0]
+	diff(t, "the migration's extra environment", jc.Env[1:], c.Env[2:])
+	if js.Labels["example.com/cost-center"] != "42" || js.Annotations["example.com/team"] != "payments" {
+		t.Errorf("the migration's pods lack podLabels or podAnnotations: %v %v", js.Labels, js.Annotations)
+	}
+	diff(t, "the migration's placement", []any{js.Spec.Affinity, js.Spec.Tolerations, js.Spec.NodeSelector, js.Spec.PriorityClassName, js.Spec.ServiceAccountName, js.Spec.ImagePullSecrets},
+		[]any{ds.Spec.Affinity, ds.Spec.Tolerations, ds.Spec.NodeSelector, ds.Spec.PriorityClassName, ds.Spec.ServiceAccountName, ds.Spec.ImagePullSecrets})
 	// Every file relay.yaml names is in the pods' config volume.
 	cfg := relayYAML(t, get[*corev1.ConfigMap](t, r.objects, "ConfigMap", name))
 	admin := cfg["admin"].(map[string]any)
@@ -458,8 +508,17 @@ func TestChartWithEveryOption(t *testing.T) {
 		t.Errorf("the ServiceMonitor with TLS: %+v", sm)
 	}
 	// The scrape's job is outbox-relay, as the alerts select, whatever the
-	// release is called.
+	// release is called; the ServiceMonitor selects the Service, and its
+	// port is the Service's.
 	svc := get[*corev1.Service](t, r.objects, "Service", name)
+	for k, v := range sm.Spec.Selector.MatchLabels {
+		if svc.Labels[k] != v {
+			t.Errorf("the ServiceMonitor selects %s=%s, which the Service does not have", k, v)
+		}
+	}
+	if !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == ep.Port }) {
+		t.Errorf("the ServiceMonitor scrapes port %q, which the Service does not have", ep.Port)
+	}
 	if sm.Spec.JobLabel == "" || svc.Labels[sm.Spec.JobLabel] != "outbox-relay" {
 		t.Errorf("the job label: %q on the Service is %q, want outbox-relay", sm.Spec.JobLabel, svc.Labels[sm.Spec.JobLabel])
 	}
@@ -478,5 +537,67 @@ func TestChartWithEveryOption(t *testing.T) {
 	diff(t, "the alert rules and deploy/prometheus/alerts.yaml", rule.Spec, alerts)
 	if n := len(rule.Spec.Groups); n == 0 || len(rule.Spec.Groups[0].Rules) == 0 {
 		t.Error("no alert rules")
+	}
+}
+
+// Options that change the objects' shape: the API on the admin port, a
+// long release name, a name override, one replica, a Secret with more keys.
+func TestChartEdges(t *testing.T) {
+	t.Parallel()
+	const release = "payments-eu-west-1-production-blue-green-canary-2026"
+	lintWith(t, "edges.yaml")
+	r, err := renderAs(t, "edges.yaml", release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = release + "-relay"
+	if len(name) > 63 {
+		t.Fatalf("the test's name %s is too long itself", name)
+	}
+	for k, o := range r.objects {
+		n := o.(interface{ GetName() string }).GetName()
+		if len(n) > 63 {
+			t.Errorf("%s: a name of %d characters", k, len(n))
+		}
+	}
+	job := get[*batchv1.Job](t, r.objects, "Job", name[:55]+"-migrate")
+	if len(job.Name) > 63 {
+		t.Errorf("the Job's name %q is longer than a label's value may be", job.Name)
+	}
+	dep := get[*appsv1.Deployment](t, r.objects, "Deployment", name)
+	if got := dep.Spec.Template.Labels["app.kubernetes.io/name"]; got != "relay" {
+		t.Errorf("the pods' name label %q, want the override", got)
+	}
+	// The API on the admin port: no api port, and its clients let in there.
+	if ports := dep.Spec.Template.Spec.Containers[0].Ports; len(ports) != 1 || ports[0].Name != "admin" {
+		t.Errorf("container ports %v, want admin alone", ports)
+	}
+	if ports := get[*corev1.Service](t, r.objects, "Service", name).Spec.Ports; len(ports) != 1 {
+		t.Errorf("Service ports %v, want admin alone", ports)
+	}
+	admin := relayYAML(t, get[*corev1.ConfigMap](t, r.objects, "ConfigMap", name))["admin"].(map[string]any)
+	if admin["api_listen"] != "" {
+		t.Errorf("admin.api_listen %v, want none", admin["api_listen"])
+	}
+	np := get[*networkingv1.NetworkPolicy](t, r.objects, "NetworkPolicy", name)
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) != 2 || np.Spec.Ingress[0].From[1].PodSelector == nil {
+		t.Errorf("the network policy's ingress %+v, want the monitoring namespace and the API's clients on admin", np.Spec.Ingress)
+	}
+	// One replica: no budget that would block every drain.
+	if _, ok := r.objects[key("PodDisruptionBudget", name)]; ok {
+		t.Error("a PodDisruptionBudget for one replica with minAvailable 1")
+	}
+	// The Secret's extra key, made and mounted.
+	secret := get[*corev1.Secret](t, r.objects, "Secret", name)
+	if secret.StringData["oidc-client-secret"] != "from-the-values" {
+		t.Errorf("the Secret's keys %v", secret.StringData)
+	}
+	if got := mounted(&dep.Spec.Template.Spec)["secrets/oidc-client-secret"]; got != "secret/"+name+"/oidc-client-secret" {
+		t.Errorf("the extra key is mounted as %q", got)
+	}
+
+	// An empty list of peers is refused, not taken as everyone.
+	if _, err := renderAs(t, "open-policy.yaml", "orders"); err == nil || !strings.Contains(err.Error(), "must each name a peer") {
+		t.Errorf("an empty apiFrom: %v, want it refused", err)
 	}
 }

@@ -27,9 +27,14 @@ app.kubernetes.io/part-of: outbox-relay
 {{- end -}}
 
 {{- define "outbox-relay.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "outbox-relay.name" .ctx }}
-app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/name: {{ include "outbox-relay.name" .ctx | quote }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name | quote }}
 app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The migration's objects' name: within 63 characters, as the Job's pods carry it in a label. */}}
+{{- define "outbox-relay.migrateName" -}}
+{{- printf "%s-migrate" (include "outbox-relay.fullname" . | trunc 55 | trimSuffix "-") -}}
 {{- end -}}
 
 {{- define "outbox-relay.image" -}}
@@ -108,6 +113,10 @@ tolerations:
 {{- end }}
 {{- with .Values.priorityClassName }}
 priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 

@@ -42,6 +42,14 @@ type Claimed interface {
 	Release(ctx context.Context) error
 }
 
+// tellingClaim is a Claimed whose source tells a server how far it got
+// (a replication slot): the worker lets it catch up on the batches before
+// it (WaitTold) before it publishes the batch, so that a crash delivers
+// again the batch in flight, and not the one settled before it too.
+type tellingClaim interface {
+	WaitTold(ctx context.Context)
+}
+
 // tableRows is the outbox table's RowSource: the store's claims.
 type tableRows struct{ *store.Store }
 

@@ -443,6 +443,9 @@ func (w *worker) deliver(ctx, inflight context.Context, t taken) (more bool, uns
 	if len(t.rows.Records) == 0 {
 		return w.deliverNothing(ctx, t)
 	}
+	if tc, ok := t.claim.(tellingClaim); ok {
+		tc.WaitTold(ctx)
+	}
 	publishing := time.Now()
 	endPublishing := w.startPublishing()
 	defer endPublishing()

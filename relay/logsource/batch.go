@@ -177,6 +177,16 @@ func (b *Batch) Complete(ctx context.Context, outcomes []store.Outcome) error {
 	return nil
 }
 
+// toldWait bounds how long a batch waits for the stream to tell the server
+// where the batches before it left the slot.
+const toldWait = 20 * time.Millisecond
+
+// WaitTold waits, briefly, until the server has been told the position the
+// batches settled before this one moved the slot to, as the stream does
+// within milliseconds: a crash while this batch is published then
+// delivers this batch again, not the one before it too.
+func (b *Batch) WaitTold(ctx context.Context) { b.src.q.waitTold(ctx, toldWait) }
+
 // Release gives the batch back: its messages are ready again.
 func (b *Batch) Release(context.Context) error {
 	b.src.q.settle(b.gen, b.msgs, false)

@@ -1,8 +1,10 @@
 package logsource
 
 import (
+	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -52,10 +54,14 @@ type queue struct {
 	gen     uint64        // the stream the messages came from
 	seq     uint64        // the last message's place
 	open    bool          // a stream fills it: batches may take
+	// told is the position last sent to the server, and tellings is
+	// closed (and replaced) when it moves.
+	told     pglogrepl.LSN
+	tellings chan struct{}
 }
 
 func newQueue() *queue {
-	q := &queue{room: make(chan struct{}, 1), moved: make(chan struct{}, 1)}
+	q := &queue{room: make(chan struct{}, 1), moved: make(chan struct{}, 1), tellings: make(chan struct{})}
 	q.drained.L = &q.mu
 	return q
 }
@@ -69,7 +75,44 @@ func (q *queue) start(start pglogrepl.LSN) {
 	for q.out > 0 {
 		q.drained.Wait()
 	}
-	q.confirmed, q.open = start, true
+	q.confirmed, q.open, q.told = start, true, start
+}
+
+// tell notes that the server was sent the position at.
+func (q *queue) tell(at pglogrepl.LSN) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if at > q.told {
+		q.told = at
+		close(q.tellings)
+		q.tellings = make(chan struct{})
+	}
+}
+
+// waitTold waits, at most for d, until the server has been sent the
+// position confirmed now, while a stream runs.
+func (q *queue) waitTold(ctx context.Context, d time.Duration) {
+	var timeout <-chan time.Time
+	q.mu.Lock()
+	target := q.confirmed
+	for q.open && q.told < target {
+		ch := q.tellings
+		q.mu.Unlock()
+		if timeout == nil {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return
+		case <-ctx.Done():
+			return
+		}
+		q.mu.Lock()
+	}
+	q.mu.Unlock()
 }
 
 // stop ends a stream: its messages are dropped (they will be read again),
@@ -119,11 +162,12 @@ func (q *queue) backlog() int {
 	return q.unset
 }
 
-// taken reports whether batches hold messages not yet settled.
-func (q *queue) taken() bool {
+// unsettled reports whether messages read are not yet settled: in
+// batches, or ready for one.
+func (q *queue) unsettled() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.out > 0
+	return q.unset > 0
 }
 
 // position is what may be confirmed.

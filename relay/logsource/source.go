@@ -203,8 +203,11 @@ func (s *Source) stream(ctx context.Context, wake func()) error {
 	s.cfg.Log.Info("capturing from the write-ahead log", slog.String("slot", s.Slot()), slog.String("from", start.String()))
 	r := reader{src: s, conn: conn, wake: wake}
 	err = r.run(ctx)
-	// Tell the server what was settled, as a clean stop.
-	_ = r.status(context.WithoutCancel(ctx))
+	// Tell the server what was settled, as a clean stop; not on a
+	// connection that failed, which pgconn closes in the background.
+	if !conn.IsClosed() {
+		_ = r.status(context.WithoutCancel(ctx))
+	}
 	return err
 }
 
@@ -263,14 +266,15 @@ func (r *reader) run(ctx context.Context) error {
 			}
 			continue
 		}
-		// While batches hold messages, the stream is waited on briefly: a
-		// position their settling moves is told within a couple of
-		// milliseconds rather than a tenth of a second, and what was
-		// delivered and not yet confirmed, delivered again after a
-		// crash, stays about the batch in flight.
+		// While messages read are not yet settled, the stream is waited on
+		// briefly: a position their settling moves is told within half a
+		// millisecond rather than a tenth of a second. The next batch waits
+		// for it before it is published (Batch.WaitTold), so that what is
+		// delivered again after a crash is the batch in flight. (Shorter
+		// waits cost the relay's CPU; longer ones, that batch's latency.)
 		wait := 100 * time.Millisecond
-		if r.src.q.taken() {
-			wait = 2 * time.Millisecond
+		if r.src.q.unsettled() {
+			wait = 500 * time.Microsecond
 		}
 		rctx, cancel := context.WithTimeout(ctx, wait)
 		raw, err := r.conn.ReceiveMessage(rctx)
@@ -298,6 +302,7 @@ func (r *reader) status(ctx context.Context) error {
 		return fmt.Errorf("confirm %s: %w", at, err)
 	}
 	r.sent, r.next = at, time.Now().Add(r.src.cfg.Status)
+	r.src.q.tell(at)
 	return nil
 }
 

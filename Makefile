@@ -32,17 +32,15 @@ image:
 # end rather than leaving a long one to finish alone, and the fault tests
 # that mostly wait overlap with the ones that need the CPU.
 SLOW_PACKAGES := ./relay ./cmd/outbox-relay ./internal/dev/bench ./relay/rabbitmq ./relaycontainer ./relay/nats ./relay/store ./relay/sqs
-# The chart's test only renders templates, with Helm's and Kubernetes'
-# packages: it runs without the race detector, which would compile those
-# again, for a minute and more of CPU, to find nothing.
+# The chart's test renders templates with Helm's and Kubernetes' packages,
+# which nothing else compiles: it runs beside the rest, without the race
+# detector (scripts/test).
 NORACE_PACKAGES := ./internal/dev/charttest
 
-test: postgres brokers browser vet fmt-check build
-	$(GO) test -count=1 $(NORACE_PACKAGES)
-	GORACE=atexit_sleep_ms=0 OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 OUTBOX_TEST_SQS=1 \
+test: postgres brokers browser fmt-check build
+	OUTBOX_TEST_BROWSER=1 OUTBOX_TEST_CONTAINERS=1 OUTBOX_TEST_REDIS=1 OUTBOX_TEST_RABBITMQ=1 OUTBOX_TEST_SQS=1 \
 	OUTBOX_TEST_RELAY_BINARY=$(CURDIR)/bin/outbox-relay \
-	scripts/with-docker $(GO) test -race -ldflags=-w -count=1 -timeout 20m $(SLOW_PACKAGES) \
-	  $$($(GO) list ./... | grep -v -x -F $(patsubst ./%,-e $(shell $(GO) list -m)/%,$(NORACE_PACKAGES)))
+	GO=$(GO) SLOW_PACKAGES="$(SLOW_PACKAGES)" NORACE_PACKAGES="$(NORACE_PACKAGES)" scripts/test
 
 ## test-containers: the container tests alone
 test-containers: postgres

@@ -62,8 +62,9 @@ const StartupTimeout = 2 * time.Minute
 
 // DatabaseWait is how long Run lets a relay wait for a database it cannot
 // reach (it logs "waiting for the database") before it gives up, with the
-// relay's reason. A relay in production waits for its database as long as
-// it takes; a test's database is either there or misconfigured.
+// relay's reason, unless WithDatabaseWait says otherwise. A relay in
+// production waits for its database as long as it takes; a test's
+// database is either there or misconfigured.
 const DatabaseWait = 15 * time.Second
 
 // Container is a running relay.
@@ -83,7 +84,7 @@ func Run(ctx context.Context, image string, opts ...testcontainers.ContainerCust
 	if err != nil {
 		return nil, err
 	}
-	req.WaitingFor = ready{hostPort: set.hostPort, timeout: set.startup}
+	req.WaitingFor = ready{hostPort: set.hostPort, timeout: set.startup, database: set.database}
 	c, err := testcontainers.GenericContainer(ctx, req)
 	var relay *Container
 	if c != nil {
@@ -99,6 +100,7 @@ func Run(ctx context.Context, image string, opts ...testcontainers.ContainerCust
 type ready struct {
 	hostPort int // the admin listener's port on the host's network; 0 on Docker's
 	timeout  time.Duration
+	database time.Duration // how long the relay may wait for its database
 }
 
 // Timeout is the wait's bound, for testcontainers.
@@ -130,7 +132,7 @@ func (r ready) WaitUntilReady(ctx context.Context, target wait.StrategyTarget) e
 			return fmt.Errorf("the relay exited (code %d) before it was ready", st.ExitCode)
 		}
 		// The log once a second, once the database has had its time.
-		if since := time.Since(began); since >= DatabaseWait && time.Since(lastLog) >= time.Second {
+		if since := time.Since(began); since >= r.database && time.Since(lastLog) >= time.Second {
 			lastLog = time.Now()
 			if line := waitingLine(ctx, target); line != "" {
 				return fmt.Errorf("the relay has waited %s for its database: %s", since.Round(time.Second), line)
@@ -218,6 +220,7 @@ type settings struct {
 	// on Docker's default network.
 	hostPort int
 	startup  time.Duration
+	database time.Duration
 }
 
 // request builds the container request of image with opts.
@@ -230,7 +233,7 @@ func request(image string, opts []testcontainers.ContainerCustomizer) (testconta
 		},
 		Started: true,
 	}
-	set := settings{startup: StartupTimeout}
+	set := settings{startup: StartupTimeout, database: DatabaseWait}
 	host := false
 	for _, opt := range opts {
 		if err := opt.Customize(&req); err != nil {
@@ -241,6 +244,8 @@ func request(image string, opts []testcontainers.ContainerCustomizer) (testconta
 			host = true
 		case startupTimeout:
 			set.startup = time.Duration(opt)
+		case databaseWait:
+			set.database = time.Duration(opt)
 		}
 	}
 	if !host {
@@ -327,6 +332,15 @@ func WithStartupTimeout(d time.Duration) testcontainers.ContainerCustomizer { re
 type startupTimeout time.Duration
 
 func (startupTimeout) Customize(*testcontainers.GenericContainerRequest) error { return nil }
+
+// WithDatabaseWait is how long Run lets the relay wait for a database it
+// cannot reach: DatabaseWait without it. Raise it for a database that
+// takes longer to start than the test waits for it.
+func WithDatabaseWait(d time.Duration) testcontainers.ContainerCustomizer { return databaseWait(d) }
+
+type databaseWait time.Duration
+
+func (databaseWait) Customize(*testcontainers.GenericContainerRequest) error { return nil }
 
 // AdminURL is the admin listener's base URL where the test reaches it,
 // such as http://localhost:32768: /livez, /readyz, /metrics, the console.

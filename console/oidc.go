@@ -59,6 +59,8 @@ type OIDC struct {
 
 	mu       sync.Mutex
 	provider *oidc.Provider
+	failedAt time.Time // the last failed discovery, and why
+	failed   error
 	log      *slog.Logger
 }
 
@@ -138,20 +140,35 @@ func (o *OIDC) check() error {
 
 // discover returns the provider, read from its discovery document the
 // first time a sign-in needs it: the relay starts, and delivers, while
-// the provider is away.
+// the provider is away. The lock is not held over the network: a sign-in
+// does not queue behind another's discovery; and a failure is answered
+// again for discoveryRetry, rather than asked anew at every attempt.
 func (o *OIDC) discover(ctx context.Context) (*oidc.Provider, error) {
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.provider != nil {
-		return o.provider, nil
+	p, failedAt, failed := o.provider, o.failedAt, o.failed
+	o.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	if failed != nil && time.Since(failedAt) < discoveryRetry {
+		return nil, failed
 	}
 	p, err := oidc.NewProvider(oidc.ClientContext(ctx, o.Client), o.Issuer)
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	if err != nil {
+		o.failedAt, o.failed = time.Now(), err
 		return nil, err
 	}
-	o.provider = p
-	return p, nil
+	if o.provider == nil {
+		o.provider = p
+	}
+	return o.provider, nil
 }
+
+// discoveryRetry is how long a failed discovery stands before the provider
+// is asked again.
+const discoveryRetry = 5 * time.Second
 
 func (o *OIDC) oauth2(p *oidc.Provider, secret string) *oauth2.Config {
 	return &oauth2.Config{ClientID: o.ClientID, ClientSecret: secret, Endpoint: p.Endpoint(),

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/access"
 	"github.com/outbox-relay/outbox-relay/console"
 	"github.com/outbox-relay/outbox-relay/internal/dev/oidctest"
+	"github.com/outbox-relay/outbox-relay/internal/dev/testwait"
 )
 
 const (
@@ -345,6 +346,30 @@ func TestTokenLoginOff(t *testing.T) {
 		!strings.Contains(page, "Tokens do not sign in to this console") {
 		t.Fatalf("a token login: %d\n%s", code, page)
 	}
+	if code, page := s.signIn(b, vera); code != http.StatusOK {
+		t.Fatalf("vera: %d\n%s", code, page)
+	}
+}
+
+// A provider that is away when the first sign-in starts: the page says so,
+// the failure stands a few seconds rather than being asked anew at each
+// attempt, and sign-ins work once it is back.
+func TestProviderBack(t *testing.T) {
+	t.Parallel()
+	s := newSSO(t, oidctest.Options{})
+	s.idp.Down()
+	b := s.browser()
+	if code, _, page := b.do("GET", "/console/oidc/start", nil); code != http.StatusBadGateway || !strings.Contains(page, "cannot be reached") {
+		t.Fatalf("with the provider down: %d\n%s", code, page)
+	}
+	s.idp.Up()
+	if code, _, _ := b.do("GET", "/console/oidc/start", nil); code != http.StatusBadGateway {
+		t.Fatalf("at once after the provider came back: %d, want the failure standing", code)
+	}
+	testwait.For(t, "a sign-in to start again", func() bool {
+		code, _, _ := b.do("GET", "/console/oidc/start", nil)
+		return code == http.StatusSeeOther
+	})
 	if code, page := s.signIn(b, vera); code != http.StatusOK {
 		t.Fatalf("vera: %d\n%s", code, page)
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/zitadel/oidc/v3/example/server/exampleop"
@@ -33,7 +34,14 @@ type Provider struct {
 	// Issuer is the provider's URL.
 	Issuer string
 	ln     net.Listener
+	down   atomic.Bool
 }
+
+// Down makes the provider answer every request 503 until Up.
+func (p *Provider) Down() { p.down.Store(true) }
+
+// Up makes it answer again.
+func (p *Provider) Up() { p.down.Store(false) }
 
 // Listen binds the provider's address, so that its issuer is known
 // before the client it will serve.
@@ -72,7 +80,14 @@ func (p *Provider) Start(t testing.TB, clientID, secret, redirectURL string, opt
 	}
 	st := &groupStorage{Storage: storage.NewStorageWithClients(us,
 		map[string]*storage.Client{clientID: storage.WebClient(clientID, secret, redirectURL)}), users: us, opts: opts}
-	srv := &http.Server{Handler: exampleop.SetupServer(p.Issuer, st, nil, false)}
+	op := exampleop.SetupServer(p.Issuer, st, nil, false)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.down.Load() {
+			http.Error(w, "down (on purpose)", http.StatusServiceUnavailable)
+			return
+		}
+		op.ServeHTTP(w, r)
+	})}
 	go srv.Serve(p.ln)
 	t.Cleanup(func() { srv.Close() })
 }
